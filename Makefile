@@ -1,0 +1,36 @@
+# The two commands of the README: `make demo` (set up, then run the demo) and `make test`.
+PYTHON ?= python3
+PACKAGES := $(shell $(PYTHON) tools/venvs.py list)
+
+.PHONY: setup demo test lint test-packages test-cross bench clean $(addprefix test-,$(PACKAGES))
+
+setup:
+	$(PYTHON) tools/venvs.py full
+
+demo: setup
+	.venv/bin/python tools/demo.py
+
+# Each package's own tests run in a venv holding only that package and what it declares, so a
+# dependency missing from a pyproject.toml fails here. Then the cross-package and compatibility
+# tests run in the full venv. pytest's exit status 5 (no tests collected) fails the target.
+test: lint test-packages test-cross
+
+lint: setup
+	.venv/bin/ruff check packages tests tools
+	.venv/bin/ruff format --check packages tests tools
+
+test-packages: $(addprefix test-,$(PACKAGES))
+
+$(addprefix test-,$(PACKAGES)): test-%:
+	$(PYTHON) tools/venvs.py package $*
+	.venvs/$*/bin/python tools/check_isolation.py $*
+	.venvs/$*/bin/python -m pytest packages/$*/tests
+
+test-cross: setup
+	.venv/bin/python -m pytest tests
+
+bench: setup
+	.venv/bin/python tools/bench/bench_megafmt.py
+
+clean:
+	rm -rf .venv .venvs build

@@ -1,0 +1,63 @@
+"""megafmt: the Megatron ``.bin``/``.idx`` corpus format SDK.
+
+Drop-in for megatron-core's ``megatron.core.datasets.indexed_dataset`` (``DType``,
+``IndexedDataset``, ``IndexedDatasetBuilder``, ``get_bin_path``, ``get_idx_path``), plus
+verification, statistics, merging, pluggable ``.bin`` readers and the ``mega`` command line.
+numpy and fsspec only: no torch.
+"""
+
+from importlib.metadata import version
+
+from megafmt.atomic import atomic_write, partial_path
+from megafmt.builder import IndexedDatasetBuilder
+from megafmt.dataset import IndexedDataset
+from megafmt.dtypes import DType
+from megafmt.errors import (
+    FormatError,
+    MegafmtError,
+    MissingFileError,
+    PluginError,
+    ReadError,
+    TokenValueError,
+)
+from megafmt.format import get_bin_path, get_idx_path
+from megafmt.index import Index, IndexWriter
+from megafmt.merging import MergeSummary, expand_inputs, merge
+from megafmt.progress import Progress
+from megafmt.readers import READERS, BinReader, open_bin_reader
+from megafmt.registry import Registry
+from megafmt.stats import CorpusStats, corpus_stats
+from megafmt.verification import Violation, verify
+
+__version__ = version("megafmt")
+
+__all__ = [
+    "READERS",
+    "BinReader",
+    "CorpusStats",
+    "DType",
+    "FormatError",
+    "Index",
+    "IndexWriter",
+    "IndexedDataset",
+    "IndexedDatasetBuilder",
+    "MegafmtError",
+    "MergeSummary",
+    "MissingFileError",
+    "PluginError",
+    "Progress",
+    "ReadError",
+    "Registry",
+    "TokenValueError",
+    "Violation",
+    "__version__",
+    "atomic_write",
+    "corpus_stats",
+    "expand_inputs",
+    "get_bin_path",
+    "get_idx_path",
+    "merge",
+    "open_bin_reader",
+    "partial_path",
+    "verify",
+]

@@ -1,0 +1,1 @@
+"""The ``mega`` command line; its subcommands are ``mega.commands`` plugins."""

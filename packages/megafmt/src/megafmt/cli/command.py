@@ -1,0 +1,52 @@
+"""What a ``mega.commands`` plugin is, and the helpers the commands share."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Protocol
+
+
+class Command(Protocol):
+    """A ``mega`` subcommand. The entry point names a class; ``mega`` instantiates it."""
+
+    help: str
+    """One line for ``mega --help``."""
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        """Add the subcommand's arguments to ``parser``."""
+        ...
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Do the work; the return value is the exit status."""
+        ...
+
+
+#: ``--multimodal`` choices: require the modes section, forbid it, or follow the file
+MULTIMODAL_CHOICES = {"auto": None, "yes": True, "no": False}
+
+
+def add_multimodal_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--multimodal {auto,no,yes}``, parsed to None, False or True."""
+    parser.add_argument(
+        "--multimodal",
+        choices=sorted(MULTIMODAL_CHOICES),
+        default="auto",
+        help=help,
+    )
+
+
+def multimodal_choice(args: argparse.Namespace) -> bool | None:
+    """The parsed value of ``--multimodal``."""
+    return MULTIMODAL_CHOICES[args.multimodal]
+
+
+def print_json(value: Any) -> None:
+    """Print ``value`` as indented JSON (for ``--json`` outputs)."""
+    print(json.dumps(value, indent=2, default=str))
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    """Two aligned columns."""
+    width = max((len(key) for key, _ in rows), default=0)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)

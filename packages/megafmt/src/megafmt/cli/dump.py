@@ -1,0 +1,53 @@
+"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence)."""
+
+from __future__ import annotations
+
+import argparse
+
+from megafmt.cli.command import print_json
+from megafmt.dataset import IndexedDataset
+from megafmt.format import get_idx_path
+from megafmt.index import has_sequence_modes
+
+
+def _position(value: int, count: int, what: str) -> int:
+    position = value + count if value < 0 else value
+    if not 0 <= position < count:
+        raise IndexError(f"{what} {value} out of range: the corpus has {count}")
+    return position
+
+
+class DumpCommand:
+    help = "print the token ids of a document or a sequence"
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("prefix", metavar="PREFIX", help="corpus path prefix")
+        which = parser.add_mutually_exclusive_group(required=True)
+        which.add_argument("--doc", type=int, help="document number (negative counts from the end)")
+        which.add_argument("--seq", type=int, help="sequence number (negative counts from the end)")
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+    def run(self, args: argparse.Namespace) -> int:
+        dataset = IndexedDataset(
+            args.prefix, multimodal=has_sequence_modes(get_idx_path(args.prefix))
+        )
+        if args.doc is not None:
+            documents = dataset.document_indices
+            doc = _position(args.doc, len(documents) - 1, "document")
+            first, last = int(documents[doc]), int(documents[doc + 1])
+        else:
+            first = _position(args.seq, len(dataset), "sequence")
+            last = first + 1
+        items = [dataset[i] for i in range(first, last)]
+        sequences = [item[0] if dataset.multimodal else item for item in items]
+        modes = [int(item[1]) for item in items] if dataset.multimodal else None
+        if args.json:
+            record = {"sequences": [s.tolist() for s in sequences]}
+            record.update({"document": doc} if args.doc is not None else {"sequence": first})
+            if modes is not None:
+                record["modes"] = modes
+            print_json(record)
+        else:
+            for sequence in sequences:
+                print(" ".join(map(str, sequence.tolist())))
+        return 0

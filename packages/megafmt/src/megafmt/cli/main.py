@@ -1,0 +1,70 @@
+"""``mega``: one console script whose subcommands come from every installed package."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import version
+
+from megafmt.cli.command import Command
+from megafmt.errors import MegafmtError, PluginError
+from megafmt.registry import Registry
+
+COMMANDS: Registry[type[Command]] = Registry(
+    "mega.commands",
+    "mega command",
+    required=("configure", "run"),
+    providers={
+        "preprocess": "it comes with a newer megafmt",
+        "index": "it is provided by megaindex: pip install ./packages/megaindex",
+        "load": "it is provided by megaload: pip install ./packages/megaload",
+        "dist": "it is provided by megadist: pip install ./packages/megadist",
+    },
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mega`` parser with a subparser for every installed command."""
+    parser = argparse.ArgumentParser(
+        prog="mega",
+        description="Megatron-compatible data pipeline tools. Commands come from the installed "
+        "packages (megafmt, megaindex, megaload, megadist).",
+    )
+    parser.add_argument("--version", action="version", version=f"megafmt {version('megafmt')}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS.available():
+        try:
+            command = COMMANDS.get(name)()
+        except PluginError as error:  # one broken plugin must not take the others down
+            sub = commands.add_parser(name, help=f"(unavailable: {error})")
+            sub.set_defaults(handler=None, unavailable=str(error))
+            continue
+        sub = commands.add_parser(name, help=command.help, description=command.help)
+        command.configure(sub)
+        sub.set_defaults(handler=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``mega`` with ``argv`` (default: the process arguments); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    if first is not None and first not in COMMANDS:
+        print(f"mega: error: {COMMANDS.unknown_message(first)}", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
+    if args.handler is None:
+        print(f"mega {args.command}: error: {args.unavailable}", file=sys.stderr)
+        return 2
+    try:
+        return args.handler(args)
+    except (MegafmtError, OSError, ValueError, LookupError) as error:
+        print(f"mega {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"mega {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""``IndexedDataset``: the sequences of a ``.bin``/``.idx`` corpus, by index.
+
+Names, arguments and return values follow megatron-core's ``IndexedDataset`` so that changing
+the import is the whole migration. The differences are deliberate: the ``.bin`` reader is a
+plugin chosen by name, bad files raise errors that say what is wrong and where, reads are
+bounds-checked against the sequence they come from, and arrays handed out stay valid after
+the dataset is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy
+
+from megafmt.errors import FormatError
+from megafmt.format import get_bin_path, get_idx_path
+from megafmt.index import Index
+from megafmt.readers import BinReader, default_reader_name, is_url, open_bin_reader
+
+
+class IndexedDataset:
+    """The sequences of the corpus at ``path_prefix`` (``<prefix>.idx`` and ``<prefix>.bin``).
+
+    ``mmap`` chooses between the ``mmap`` and ``file`` readers as in megatron-core; ``reader``
+    names any installed ``megafmt.readers`` plugin instead and ``reader_options`` are passed to
+    it. A URL prefix (``s3://...``) selects the ``fsspec`` reader; ``object_storage_config`` and
+    ``s3_config`` are megatron-core's way of asking for it and are handed to that reader.
+    ``fast_cache_load`` with ``sequences_per_dataset`` and ``dtype_code`` skips parsing the
+    ``.idx`` header, trusting the counts given.
+
+    A dataset pickles as its arguments and reopens its files when unpickled, so each DataLoader
+    worker maps the files itself.
+    """
+
+    def __init__(
+        self,
+        path_prefix: str,
+        multimodal: bool = False,
+        mmap: bool = True,
+        object_storage_config: Any = None,
+        s3_config: Any = None,
+        fast_cache_load: bool = False,
+        sequences_per_dataset: tuple[int, int] | None = None,
+        dtype_code: int | None = None,
+        *,
+        reader: str | None = None,
+        reader_options: dict[str, Any] | None = None,
+    ) -> None:
+        object_storage_config = object_storage_config or s3_config
+        if reader is None:
+            reader = (
+                "fsspec"
+                if object_storage_config is not None
+                else default_reader_name(path_prefix, mmap)
+            )
+        options = dict(reader_options or {})
+        if object_storage_config is not None:
+            options.setdefault("object_storage_config", object_storage_config)
+        self._arguments = {
+            "path_prefix": path_prefix,
+            "multimodal": multimodal,
+            "mmap": mmap,
+            "fast_cache_load": fast_cache_load,
+            "sequences_per_dataset": sequences_per_dataset,
+            "dtype_code": dtype_code,
+            "reader": reader,
+            "reader_options": options,
+        }
+        self._open(**self._arguments)
+
+    def _open(
+        self,
+        path_prefix: str,
+        multimodal: bool,
+        mmap: bool,
+        fast_cache_load: bool,
+        sequences_per_dataset: tuple[int, int] | None,
+        dtype_code: int | None,
+        reader: str,
+        reader_options: dict[str, Any],
+    ) -> None:
+        self.path_prefix = path_prefix
+        self.multimodal = multimodal
+        self.mmap = mmap
+        self.fast_cache_load = fast_cache_load
+        self.reader_name = reader
+        self.bin_reader: BinReader = open_bin_reader(
+            reader, get_bin_path(path_prefix), **reader_options
+        )
+        counts = sequences_per_dataset if fast_cache_load else None
+        self.index = Index(self._local_idx_path(), multimodal, counts, dtype_code)
+        self._check_consistency()
+        self._dtype = self.index.dtype
+        self._itemsize = self.index.dtype_size
+        self._lengths = self.index.sequence_lengths
+        self._pointers = self.index.sequence_pointers
+        self._modes = self.index.sequence_modes
+
+    def _local_idx_path(self) -> str:
+        """Where the ``.idx`` is on this machine; a remote reader may keep a local copy."""
+        local = getattr(self.bin_reader, "local_idx_path", None)
+        return local if local is not None else get_idx_path(self.path_prefix)
+
+    def _check_consistency(self) -> None:
+        index = self.index
+        if index.document_count == 0:
+            raise FormatError(
+                f"{index.path}: document_indices is empty; expected at least the leading 0"
+            )
+        last = int(index.document_indices[-1])
+        if last != index.sequence_count:
+            raise FormatError(
+                f"{index.path}: the last document index (at byte "
+                f"{index.layout.modes_offset - 8}) is {last}, expected the sequence count "
+                f"{index.sequence_count}"
+            )
+        if index.sequence_count and int(index.sequence_pointers[0]) != 0:
+            raise FormatError(
+                f"{index.path}: sequence_pointers[0] (at byte {index.layout.pointers_offset}) "
+                f"is {int(index.sequence_pointers[0])}, expected 0"
+            )
+        if self.bin_reader.nbytes < index.bin_nbytes:
+            raise FormatError(
+                f"{self.bin_reader.path}: the .bin has {self.bin_reader.nbytes} bytes, but "
+                f"{index.path} implies {index.bin_nbytes} ({index.num_tokens} tokens of "
+                f"{index.dtype_size} bytes)"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self._arguments)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._arguments = dict(state)
+        self._open(**self._arguments)
+
+    def __len__(self) -> int:
+        return self.index.sequence_count
+
+    def _sequence(self, idx: Any) -> int:
+        """``idx`` as a non-negative sequence number, Python-style negative indices allowed."""
+        count = self.index.sequence_count
+        position = int(idx)
+        if position < 0:
+            position += count
+        if not 0 <= position < count:
+            raise IndexError(
+                f"sequence index {idx} out of range for {count} sequences in {self.index.path}"
+            )
+        return position
+
+    def __getitem__(self, idx: int | numpy.integer | slice) -> Any:
+        """The tokens of one sequence, or a list of them for a contiguous slice.
+
+        Multimodal datasets return ``(tokens, mode)`` and ``(list_of_tokens, modes)``.
+        """
+        if isinstance(idx, (int, numpy.integer)):
+            return self.get(idx)
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise ValueError(
+                    f"slices of an IndexedDataset must be contiguous (step 1), got step {step}"
+                )
+            stop = max(start, stop)
+            lengths = self._lengths[start:stop]
+            if stop == start:
+                sequences: list[numpy.ndarray] = []
+            else:
+                tokens = self.bin_reader.read(
+                    self._dtype, int(lengths.sum(dtype=numpy.int64)), int(self._pointers[start])
+                )
+                sequences = numpy.split(tokens, numpy.cumsum(lengths[:-1], dtype=numpy.int64))
+            if self._modes is not None:
+                return sequences, self._modes[start:stop]
+            return sequences
+        raise TypeError(
+            f"IndexedDataset indices must be integers or contiguous slices, got "
+            f"{type(idx).__name__}"
+        )
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> Any:
+        """Tokens ``offset`` to ``offset + length`` of sequence ``idx`` (to its end by default).
+
+        Multimodal datasets return ``(tokens, mode)``.
+        """
+        position = self._sequence(idx)
+        sequence_length = int(self._lengths[position])
+        if length is None:
+            length = sequence_length - offset
+        if offset < 0 or length < 0 or offset + length > sequence_length:
+            raise IndexError(
+                f"tokens [{offset}, {offset + length}) are outside sequence {position} "
+                f"of {self.index.path}, which has {sequence_length} tokens"
+            )
+        tokens = self.bin_reader.read(
+            self._dtype, length, int(self._pointers[position]) + offset * self._itemsize
+        )
+        if self._modes is not None:
+            return tokens, self._modes[position]
+        return tokens
+
+    @property
+    def sequence_lengths(self) -> numpy.ndarray:
+        """Tokens in each sequence (int32, a read-only view of the ``.idx``)."""
+        return self.index.sequence_lengths
+
+    @property
+    def sequence_pointers(self) -> numpy.ndarray:
+        """Byte offset of each sequence in the ``.bin`` (int64, read-only view)."""
+        return self.index.sequence_pointers
+
+    @property
+    def document_indices(self) -> numpy.ndarray:
+        """0, then the sequence index that ends each document (int64)."""
+        return self.index.document_indices
+
+    def get_document_indices(self) -> numpy.ndarray:
+        """The document indices (megatron-core's older accessor)."""
+        return self.index.document_indices
+
+    def set_document_indices(self, document_indices: numpy.ndarray) -> None:
+        """Replace the document indices in memory (the files are not touched)."""
+        self.index.document_indices = document_indices
+
+    @property
+    def sequence_modes(self) -> numpy.ndarray | None:
+        """The mode of each sequence (int8) for multimodal datasets, else None."""
+        return self.index.sequence_modes
+
+    @staticmethod
+    def exists(path_prefix: str) -> bool:
+        """Whether both files of the corpus at ``path_prefix`` exist (local path or URL)."""
+        idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
+        if is_url(path_prefix):
+            import fsspec
+
+            filesystem, _ = fsspec.core.url_to_fs(path_prefix)
+            return bool(filesystem.exists(idx_path) and filesystem.exists(bin_path))
+        return os.path.isfile(idx_path) and os.path.isfile(bin_path)
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexedDataset({self.path_prefix!r}, sequences={len(self)}, "
+            f"documents={self.index.document_count - 1}, dtype={self.index.dtype.__name__}, "
+            f"reader={self.reader_name!r})"
+        )

@@ -1,0 +1,32 @@
+"""The exceptions megafmt raises.
+
+Every error derives from :class:`MegafmtError` and from the builtin that fits it, so callers
+that already catch ``ValueError`` or ``OSError`` keep working. Messages name the file, the
+field or offset, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+
+class MegafmtError(Exception):
+    """Base class of every error raised by megafmt."""
+
+
+class FormatError(MegafmtError, ValueError):
+    """A ``.bin``/``.idx`` file does not follow the format (bad header, wrong size, ...)."""
+
+
+class MissingFileError(MegafmtError, FileNotFoundError):
+    """A file that a corpus needs does not exist."""
+
+
+class ReadError(MegafmtError, OSError):
+    """Reading a file failed, after the retries the reader allows."""
+
+
+class TokenValueError(MegafmtError, ValueError):
+    """A value handed to the builder does not fit the corpus dtype."""
+
+
+class PluginError(MegafmtError, LookupError):
+    """A plugin name is unknown, or its entry point cannot be loaded or is malformed."""

@@ -1,0 +1,100 @@
+"""Progress lines for long work (merges, verification of large corpora, index builds).
+
+On a terminal the line is redrawn in place a few times a second; elsewhere (CI logs, files) a
+line is printed every ``log_interval`` seconds so logs stay short. ``close`` prints a summary.
+Set ``MEGA_PROGRESS=0`` to silence progress lines (summaries still print).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from types import TracebackType
+from typing import TextIO
+
+
+def format_count(value: float) -> str:
+    """``1234567`` as ``1.23M``: short, for rates and sizes in progress lines."""
+    for threshold, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= threshold:
+            return f"{value / threshold:.2f}{suffix}"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+class Progress:
+    """Counts work done toward an optional ``total`` and reports it on ``stream``."""
+
+    def __init__(
+        self,
+        description: str,
+        total: float | None = None,
+        unit: str = "items",
+        stream: TextIO | None = None,
+        log_interval: float = 10.0,
+    ) -> None:
+        self.description = description
+        self.total = total
+        self.unit = unit
+        self.done = 0.0
+        self._stream = stream if stream is not None else sys.stderr
+        self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
+        self._enabled = os.environ.get("MEGA_PROGRESS", "1") != "0"
+        self._interval = 0.2 if self._tty else log_interval
+        self._start = time.perf_counter()
+        self._last = self._start
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the progress began."""
+        return time.perf_counter() - self._start
+
+    def update(self, amount: float = 1) -> None:
+        """Record ``amount`` more units of work, redrawing the line when it is due."""
+        self.done += amount
+        now = time.perf_counter()
+        if self._enabled and now - self._last >= self._interval:
+            self._last = now
+            self._write(self._line(), final=False)
+
+    def _line(self) -> str:
+        elapsed = self.elapsed
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        parts = [f"{self.description}: {format_count(self.done)}"]
+        if self.total:
+            parts[0] += f"/{format_count(self.total)}"
+            parts.append(f"({100 * self.done / self.total:.0f}%)")
+        parts.append(f"{self.unit}, {format_count(rate)} {self.unit}/s, {elapsed:.1f} s")
+        if self.total and rate > 0 and self.done < self.total:
+            parts.append(f"ETA {(self.total - self.done) / rate:.0f} s")
+        return " ".join(parts)
+
+    def _write(self, line: str, final: bool) -> None:
+        if self._tty:
+            self._stream.write("\r\x1b[K" + line + ("\n" if final else ""))
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def close(self, summary: str | None = None) -> None:
+        """Finish with ``summary``, or the final count and rate; ``""`` just clears the line."""
+        if summary is None:
+            summary = self._line()
+        if summary:
+            self._write(summary, final=True)
+        elif self._tty:
+            self._stream.write("\r\x1b[K")
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._tty:
+            self._stream.write("\n")

@@ -1,0 +1,43 @@
+"""Storage readers for ``.bin`` files, chosen by name from the ``megafmt.readers`` plugins.
+
+Shipped: ``mmap`` (the default for local files) and ``file`` (positional reads with retries).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from megafmt.readers.base import BinReader, BinReaderFactory
+from megafmt.registry import Registry
+
+READERS: Registry[BinReaderFactory] = Registry(
+    "megafmt.readers", "megafmt reader", required=("__call__",)
+)
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names a location by URL (``s3://...``) rather than a local path."""
+    scheme, sep, _ = path.partition("://")
+    return bool(sep) and scheme.isidentifier()
+
+
+def default_reader_name(path: str, mmap: bool = True) -> str:
+    """The reader megatron-core would use: ``fsspec`` for URLs, else ``mmap`` or ``file``."""
+    if is_url(path):
+        return "fsspec"
+    return "mmap" if mmap else "file"
+
+
+def open_bin_reader(name: str, path: str, **options: Any) -> BinReader:
+    """Open ``path`` with the reader registered as ``name``."""
+    return READERS.get(name)(path, **options)
+
+
+__all__ = [
+    "READERS",
+    "BinReader",
+    "BinReaderFactory",
+    "default_reader_name",
+    "is_url",
+    "open_bin_reader",
+]

@@ -1,0 +1,60 @@
+"""The interface every ``.bin`` storage reader implements.
+
+A reader is made by calling its registered factory (usually the class) with the path of the
+``.bin`` and keyword options. It reports the file size and returns ``count`` tokens of a dtype
+starting at a byte ``offset``. Readers are registered in the entry-point group
+``megafmt.readers``; ``megafmt.testing.BinReaderConformance`` is the test suite a new reader
+runs to prove it behaves like the built-in ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy
+
+from megafmt.errors import FormatError
+
+
+@runtime_checkable
+class BinReader(Protocol):
+    """Random access to the tokens of one ``.bin`` file."""
+
+    path: str
+    """Where the file is (a local path or a URL)."""
+
+    nbytes: int
+    """The size of the file in bytes."""
+
+    def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
+        """``count`` items of ``dtype`` starting at byte ``offset``.
+
+        Raises :class:`~megafmt.errors.FormatError` when the range passes the end of the file,
+        and :class:`~megafmt.errors.ReadError` when the storage fails for good. Never returns
+        fewer items than asked for.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the reader holds; arrays it returned stay valid."""
+        ...
+
+
+class BinReaderFactory(Protocol):
+    """What a ``megafmt.readers`` entry point loads: ``factory(path, **options)``."""
+
+    def __call__(self, path: str, **options: Any) -> BinReader: ...
+
+
+def check_read_range(path: str, nbytes: int, offset: int, count: int, itemsize: int) -> None:
+    """Raise unless ``count`` items of ``itemsize`` bytes at ``offset`` lie inside the file."""
+    if offset < 0 or count < 0:
+        raise FormatError(
+            f"{path}: invalid read of {count} items at byte offset {offset} (a corrupt index?)"
+        )
+    end = offset + count * itemsize
+    if end > nbytes:
+        raise FormatError(
+            f"{path}: reading {count} items of {itemsize} bytes at byte offset {offset} needs "
+            f"{end} bytes, but the file has {nbytes} (the .bin is shorter than its index implies)"
+        )

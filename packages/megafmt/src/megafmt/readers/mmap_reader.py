@@ -1,0 +1,64 @@
+"""The default ``.bin`` reader: one read-only memory map of the whole file.
+
+Reads are zero-copy views into the mapping, so the page cache is shared by every process on the
+machine (DataLoader workers included). A returned array keeps the mapping alive; it is unmapped
+when the reader and every array it returned are gone, never under a live array.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy
+
+from megafmt.index import open_readonly
+from megafmt.readers.base import check_read_range
+
+
+class MMapBinReader:
+    """Reads a local ``.bin`` through a memory map."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        fd = open_readonly(path, "token file")
+        try:
+            self.nbytes = os.fstat(fd).st_size
+            # an empty file cannot be mapped; an empty corpus reads from an empty buffer
+            self._buffer: Any = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self.nbytes else b""
+        finally:
+            os.close(fd)
+        self._views: dict[Any, tuple[numpy.ndarray, int]] = {}
+
+    def _typed_view(self, dtype: Any) -> tuple[numpy.ndarray, int]:
+        if self._buffer is None:
+            raise ValueError(f"{self.path}: read from a closed reader")
+        itemsize = numpy.dtype(dtype).itemsize
+        view = numpy.frombuffer(self._buffer, dtype=dtype, count=self.nbytes // itemsize)
+        self._views[dtype] = (view, itemsize)
+        return view, itemsize
+
+    def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
+        """A read-only view of ``count`` items of ``dtype`` at byte ``offset``."""
+        try:
+            view, itemsize = self._views[dtype]
+        except KeyError:
+            view, itemsize = self._typed_view(dtype)
+        if offset < 0 or count < 0 or offset + count * itemsize > self.nbytes:
+            check_read_range(self.path, self.nbytes, offset, count, itemsize)
+        if offset % itemsize == 0:
+            start = offset // itemsize
+            return view[start : start + count]
+        return numpy.frombuffer(self._buffer, dtype=dtype, count=count, offset=offset)
+
+    def close(self) -> None:
+        """Drop this reader's reference to the mapping."""
+        self._views = {}
+        self._buffer = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path,))
+
+    def __repr__(self) -> str:
+        return f"MMapBinReader({self.path!r})"

@@ -1,0 +1,237 @@
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy
+import pytest
+
+from megafmt import (
+    FormatError,
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    TokenValueError,
+    get_bin_path,
+    get_idx_path,
+)
+
+
+def read_bytes(prefix):
+    with open(get_bin_path(prefix), "rb") as b, open(get_idx_path(prefix), "rb") as i:
+        return b.read(), i.read()
+
+
+def test_add_item_and_add_document_write_the_same_bytes(tmp_path):
+    documents = [[[1, 2, 3], [4, 5]], [[6]], [[], [7, 8]]]
+    by_item = str(tmp_path / "item")
+    builder = IndexedDatasetBuilder(get_bin_path(by_item), dtype=numpy.uint16)
+    for document in documents:
+        for sequence in document:
+            builder.add_item(sequence)
+        builder.end_document()
+    builder.finalize(get_idx_path(by_item))
+
+    by_document = str(tmp_path / "document")
+    builder = IndexedDatasetBuilder(get_bin_path(by_document), dtype=numpy.uint16)
+    for document in documents:
+        tokens = [token for sequence in document for token in sequence]
+        builder.add_document(tokens, [len(s) for s in document])
+    builder.finalize(get_idx_path(by_document))
+    assert read_bytes(by_item) == read_bytes(by_document)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        [1, 2, 3],
+        (1, 2, 3),
+        numpy.array([1, 2, 3], dtype=numpy.int64),
+        numpy.array([1, 2, 3], dtype=numpy.uint8),
+        numpy.array([1.0, 2.0, 3.0]),
+        numpy.array([1, 0, 2, 0, 3, 0], dtype=numpy.uint16)[::2],
+    ],
+    ids=["list", "tuple", "int64", "uint8", "whole floats", "strided"],
+)
+def test_items_of_any_array_like_are_converted(tmp_path, item):
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.uint16)
+    builder.add_item(item)
+    builder.end_document()
+    builder.finalize(get_idx_path(prefix))
+    numpy.testing.assert_array_equal(IndexedDataset(prefix)[0], [1, 2, 3])
+
+
+def test_non_contiguous_and_multi_dimensional_items_are_flattened(tmp_path):
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.int32)
+    builder.add_item(numpy.arange(10, dtype=numpy.int32)[::3])
+    builder.add_item(numpy.arange(6, dtype=numpy.int32).reshape(2, 3).T)
+    builder.end_document()
+    builder.finalize(get_idx_path(prefix))
+    dataset = IndexedDataset(prefix)
+    numpy.testing.assert_array_equal(dataset[0], [0, 3, 6, 9])
+    numpy.testing.assert_array_equal(dataset[1], [0, 3, 1, 4, 2, 5])
+
+
+@pytest.mark.parametrize(
+    "dtype,item,message",
+    [
+        (
+            numpy.uint16,
+            [1, 70000],
+            r"value 70000 at position 1 does not fit uint16 \(range 0..65535\)",
+        ),
+        (numpy.uint16, numpy.array([5, -1]), r"value -1 at position 1 does not fit uint16"),
+        (numpy.int32, [2**31], r"value 2147483648 at position 0 does not fit int32"),
+        (numpy.uint8, numpy.array([1, 256], dtype=numpy.uint16), "value 256 at position 1"),
+        (numpy.int32, [1.5], r"value 1.5 at position 0 is not an integer"),
+        (numpy.int32, [float("nan")], r"value nan at position 0 is not an integer"),
+        (numpy.int32, ["a"], "expected numbers for int32"),
+        (numpy.int64, [2**70], r"value 1180591620717411303424 at position 0 does not fit int64"),
+        (numpy.int32, [1, None], r"value None at position 1 is not a number"),
+    ],
+)
+def test_values_that_do_not_fit_are_refused_not_wrapped(tmp_path, dtype, item, message):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"), dtype=dtype)
+    with pytest.raises(TokenValueError, match=message) as caught:
+        builder.add_item(item)
+    assert "c.bin, sequence 0" in str(caught.value)
+    builder.add_item([1])  # the builder is still usable and nothing was written for the bad item
+    builder.end_document()
+    builder.finalize(str(tmp_path / "c.idx"))
+    assert IndexedDataset(str(tmp_path / "c")).sequence_lengths.tolist() == [1]
+
+
+def test_document_lengths_must_add_up(tmp_path):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"))
+    with pytest.raises(TokenValueError, match="lengths add up to 4 tokens, but the document has 3"):
+        builder.add_document([1, 2, 3], [2, 2])
+    with pytest.raises(
+        TokenValueError, match=r"sequence lengths must be integers in 0..2147483647"
+    ):
+        builder.add_document([1, 2, 3], [4, -1])
+    builder.abort()
+
+
+def test_modes_are_checked_and_default_to_zero(tmp_path):
+    prefix = str(tmp_path / "mm")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), multimodal=True)
+    builder.add_document([1, 2, 3], [1, 2])
+    builder.add_document([4], [1], modes=[5])
+    with pytest.raises(TokenValueError, match="2 modes for 1 sequences"):
+        builder.add_document([4], [1], modes=[1, 2])
+    with pytest.raises(TokenValueError, match=r"modes must be integers in -128..127"):
+        builder.add_item([1], mode=128)
+    builder.finalize(get_idx_path(prefix))
+    dataset = IndexedDataset(prefix, multimodal=True)
+    assert dataset.sequence_modes.tolist() == [0, 0, 5]
+
+
+def test_builder_properties_report_progress_so_far(tmp_path):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"), multimodal=True)
+    builder.add_document([1, 2, 3], [1, 2], modes=[1, 2])
+    builder.add_item([4], mode=3)
+    assert builder.sequence_lengths.tolist() == [1, 2, 1]
+    assert builder.document_indices.tolist() == [0, 2]
+    assert builder.sequence_modes.tolist() == [1, 2, 3]
+    builder.abort()
+
+
+def test_unsupported_dtype_is_refused_before_writing(tmp_path):
+    with pytest.raises(FormatError, match="complex128 has no .idx code"):
+        IndexedDatasetBuilder(str(tmp_path / "c.bin"), dtype=numpy.complex128)
+    assert os.listdir(tmp_path) == []
+
+
+def test_nothing_appears_at_the_destination_before_finalize(tmp_path):
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix))
+    builder.add_document([1, 2], [2])
+    assert not IndexedDataset.exists(prefix)
+    assert [name.endswith(".partial") for name in os.listdir(tmp_path)] == [True]
+    builder.finalize(get_idx_path(prefix))
+    assert sorted(os.listdir(tmp_path)) == ["c.bin", "c.idx"]
+    with pytest.raises(ValueError, match="already finalized"):
+        builder.add_item([1])
+
+
+def test_abort_leaves_nothing(tmp_path):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"))
+    builder.add_document([1, 2], [2])
+    builder.abort()
+    assert os.listdir(tmp_path) == []
+
+
+def test_finalize_replaces_an_older_corpus(corpus, tmp_path):
+    prefix = corpus([[[1, 2, 3]]])
+    builder = IndexedDatasetBuilder(get_bin_path(prefix))
+    builder.add_document([9], [1])
+    builder.finalize(get_idx_path(prefix))
+    assert IndexedDataset(prefix)[0].tolist() == [9]
+    assert sorted(os.listdir(tmp_path)) == ["corpus.bin", "corpus.idx"]
+
+
+def test_a_killed_build_leaves_no_complete_looking_pair(tmp_path):
+    prefix = str(tmp_path / "c")
+    script = textwrap.dedent(
+        f"""
+        import os, signal, numpy
+        from megafmt import IndexedDatasetBuilder
+        builder = IndexedDatasetBuilder({get_bin_path(prefix)!r})
+        for _ in range(1000):
+            builder.add_document(numpy.arange(1000), [1000])
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script])
+    assert result.returncode == -signal.SIGKILL
+    assert not os.path.exists(get_bin_path(prefix))
+    assert not os.path.exists(get_idx_path(prefix))
+    assert len(glob.glob(str(tmp_path / "c.bin.*.partial"))) == 1
+
+
+def test_add_index_equals_building_everything_at_once(corpus, tmp_path):
+    first = corpus([[[1, 2], [3]], [[4]]], name="a")
+    second = corpus([[[5, 6, 7]], [[], [8]]], name="b")
+    everything = corpus([[[1, 2], [3]], [[4]], [[5, 6, 7]], [[], [8]]], name="all")
+
+    merged = str(tmp_path / "merged")
+    builder = IndexedDatasetBuilder(get_bin_path(merged))
+    builder.add_index(first)
+    builder.add_index(second)
+    builder.finalize(get_idx_path(merged))
+    assert read_bytes(merged) == read_bytes(everything)
+
+
+def test_add_index_keeps_modes(corpus, tmp_path):
+    first = corpus([[[1], [2]]], modes=[[1, 2]], name="a")
+    second = corpus([[[3]]], modes=[[3]], name="b")
+    merged = str(tmp_path / "merged")
+    builder = IndexedDatasetBuilder(get_bin_path(merged), multimodal=True)
+    builder.add_index(first)
+    builder.add_index(second)
+    builder.finalize(get_idx_path(merged))
+    assert IndexedDataset(merged, multimodal=True).sequence_modes.tolist() == [1, 2, 3]
+
+
+def test_add_index_refuses_mismatched_inputs(corpus, tmp_path):
+    uint16 = corpus([[[1]]], dtype=numpy.uint16, name="u16")
+    plain = corpus([[[1]]], name="plain")
+    builder = IndexedDatasetBuilder(str(tmp_path / "out.bin"))
+    with pytest.raises(
+        FormatError,
+        match=r"u16.idx: dtype uint16 \(code 8\) differs from the "
+        "builder's int32",
+    ):
+        builder.add_index(uint16)
+    with open(get_bin_path(plain), "ab") as stream:
+        stream.write(b"\0\0")
+    with pytest.raises(FormatError, match="plain.bin: the .bin has 6 bytes, but .* implies 4"):
+        builder.add_index(plain)
+    builder.abort()
+    multimodal = IndexedDatasetBuilder(str(tmp_path / "mm.bin"), multimodal=True)
+    with pytest.raises(FormatError, match="multimodal=True but the file has no sequence_modes"):
+        multimodal.add_index(uint16)
+    multimodal.abort()

@@ -1,0 +1,134 @@
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+from megafmt import IndexedDataset, get_bin_path, get_idx_path
+from megafmt.cli.main import main
+
+DOCUMENTS = [[[1, 2, 3], [4, 5]], [[6]], [[], [7, 8, 9, 10]], [[11, 12]]]
+
+
+def mega(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_info_reports_counts_and_percentiles(corpus, capsys):
+    prefix = corpus(DOCUMENTS, dtype=numpy.uint16)
+    status, out, _ = mega(capsys, "info", prefix, "--json")
+    assert status == 0
+    (report,) = json.loads(out)
+    assert report["dtype"] == "uint16" and report["dtype_code"] == 8
+    assert (report["documents"], report["sequences"], report["tokens"]) == (4, 6, 12)
+    assert (report["idx_bytes"], report["bin_bytes"]) == (146, 24)
+    assert report["multimodal"] is False
+    # sequence lengths 3 2 1 0 4 2; document lengths 5 1 4 2 (by hand)
+    assert report["sequence_lengths"] == {
+        "count": 6,
+        "mean": 2.0,
+        "min": 0,
+        "max": 4,
+        "percentiles": {"50": 2, "90": 4, "99": 4},
+    }
+    assert report["document_lengths"]["max"] == 5 and report["document_lengths"]["min"] == 1
+    status, out, _ = mega(capsys, "info", prefix)
+    assert "uint16 (code 8)" in out and "tokens           12" in out
+
+
+def test_verify_exit_status(corpus, capsys):
+    prefix = corpus(DOCUMENTS)
+    assert mega(capsys, "verify", prefix)[:2] == (0, f"OK {prefix}\n")
+    os.truncate(get_bin_path(prefix), 8)
+    status, _, err = mega(capsys, "verify", prefix)
+    assert status == 1
+    assert err.startswith(f"FAIL [bin_size] {prefix}.bin: expected 48 bytes")
+
+
+def test_dump_a_document_or_a_sequence(corpus, capsys):
+    prefix = corpus(DOCUMENTS)
+    assert mega(capsys, "dump", prefix, "--doc", "0")[1] == "1 2 3\n4 5\n"
+    assert mega(capsys, "dump", prefix, "--doc", "-1")[1] == "11 12\n"
+    assert mega(capsys, "dump", prefix, "--seq", "4")[1] == "7 8 9 10\n"
+    out = mega(capsys, "dump", prefix, "--doc", "2", "--json")[1]
+    assert json.loads(out) == {"sequences": [[], [7, 8, 9, 10]], "document": 2}
+    status, _, err = mega(capsys, "dump", prefix, "--doc", "4")
+    assert status == 1 and "document 4 out of range: the corpus has 4" in err
+
+
+def test_dump_shows_modes_of_multimodal_corpora(corpus, capsys):
+    prefix = corpus([[[1], [2]]], modes=[[3, 4]])
+    out = mega(capsys, "dump", prefix, "--doc", "0", "--json")[1]
+    assert json.loads(out) == {"sequences": [[1], [2]], "document": 0, "modes": [3, 4]}
+
+
+def test_merge_prefixes_and_directories(corpus, tmp_path, capsys):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name, documents in (("b", DOCUMENTS[2:]), ("a", DOCUMENTS[:2])):
+        prefix = corpus(documents, name=name)
+        for path in (get_bin_path(prefix), get_idx_path(prefix)):
+            shutil.move(path, parts)
+    (parts / "notes.txt").write_text("ignored")
+    whole = corpus(DOCUMENTS, name="whole")
+    out_prefix = str(tmp_path / "merged")
+    status, _, err = mega(capsys, "merge", out_prefix, str(parts))
+    assert status == 0, err
+    assert "merged 2 corpora" in err and "4 documents, 6 sequences, 12 tokens" in err
+    for suffix in (".bin", ".idx"):
+        with open(out_prefix + suffix, "rb") as a, open(whole + suffix, "rb") as b:
+            assert a.read() == b.read()
+
+    status, _, err = mega(capsys, "merge", out_prefix, whole)
+    assert status == 1 and "exists; pass overwrite (--force)" in err
+    assert mega(capsys, "merge", "--force", out_prefix, whole, whole)[0] == 0
+    assert len(IndexedDataset(out_prefix)) == 12
+
+
+def test_merge_refuses_a_directory_with_an_unpaired_file(corpus, tmp_path, capsys):
+    (tmp_path / "lone.bin").write_bytes(b"")
+    status, _, err = mega(capsys, "merge", str(tmp_path / "out"), str(tmp_path))
+    assert status == 1 and "lone.bin has no .idx beside it" in err
+
+
+def test_merge_refuses_writing_over_an_input(corpus, capsys):
+    prefix = corpus(DOCUMENTS)
+    status, _, err = mega(capsys, "merge", "--force", prefix, prefix)
+    assert status == 1 and "the output is also an input" in err
+
+
+def test_unknown_command_names_its_provider(capsys):
+    status, _, err = mega(capsys, "index", "build")
+    assert status == 2
+    assert "unknown mega command 'index'; available: dump, info, merge, verify" in err
+    assert "provided by megaindex" in err
+    assert mega(capsys, "infoo")[2].endswith("(did you mean 'info'?)\n")
+
+
+def test_console_script_is_installed(corpus):
+    prefix = corpus(DOCUMENTS)
+    script = os.path.join(os.path.dirname(sys.executable), "mega")
+    result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
+    for command in ("info", "verify", "dump", "merge"):
+        assert command in result.stdout
+    result = subprocess.run([script, "verify", prefix], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == f"OK {prefix}\n"
+
+
+def test_merge_of_a_multimodal_corpus_keeps_modes(corpus, tmp_path, capsys):
+    prefix = corpus([[[1], [2]]], modes=[[3, 4]])
+    out_prefix = str(tmp_path / "out")
+    assert mega(capsys, "merge", out_prefix, prefix, prefix)[0] == 0
+    assert IndexedDataset(out_prefix, multimodal=True).sequence_modes.tolist() == [3, 4, 3, 4]
+
+
+@pytest.mark.parametrize("args", [["verify"], ["dump", "x"]])
+def test_usage_errors_exit_2(capsys, args):
+    with pytest.raises(SystemExit) as caught:
+        main(args)
+    assert caught.value.code == 2

@@ -1,0 +1,75 @@
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from megafmt import PluginError, Registry
+from megafmt import registry as registry_module
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    points = [
+        EntryPoint("good", "megafmt.readers.mmap_reader:MMapBinReader", "test.group"),
+        EntryPoint("missing_module", "megafmt.no_such_module:Thing", "test.group"),
+        EntryPoint("missing_attr", "megafmt.readers.mmap_reader:NoSuchThing", "test.group"),
+        EntryPoint("lacking", "megafmt.errors:MegafmtError", "test.group"),
+    ]
+    monkeypatch.setattr(registry_module, "entry_points", lambda group: points)
+    return Registry(
+        "test.group", "test plugin", required=("read",), providers={"s3": "pip install 'x[s3]'"}
+    )
+
+
+def test_names_are_listed_sorted_without_importing(registry):
+    assert registry.available() == ["good", "lacking", "missing_attr", "missing_module"]
+    assert "good" in registry and "nope" not in registry
+
+
+def test_get_loads_and_caches(registry):
+    from megafmt.readers.mmap_reader import MMapBinReader
+
+    assert registry.get("good") is MMapBinReader
+    assert registry.get("good") is MMapBinReader
+
+
+def test_unknown_name_lists_what_exists_and_suggests(registry):
+    with pytest.raises(
+        PluginError,
+        match=r"unknown test plugin 'god'; available: good, lacking, "
+        r"missing_attr, missing_module \(did you mean 'good'\?\)",
+    ):
+        registry.get("god")
+    with pytest.raises(PluginError, match=r"unknown test plugin 's3'.*; pip install 'x\[s3\]'"):
+        registry.get("s3")
+
+
+def test_broken_entry_points_are_named(registry):
+    with pytest.raises(
+        PluginError,
+        match=r"'missing_module' is installed but cannot be imported "
+        r"\(entry point missing_module = megafmt.no_such_module:Thing",
+    ):
+        registry.get("missing_module")
+    with pytest.raises(
+        PluginError,
+        match=r"broken entry point missing_attr = "
+        r"megafmt.readers.mmap_reader:NoSuchThing",
+    ):
+        registry.get("missing_attr")
+    with pytest.raises(PluginError, match=r"'lacking' .* lacks required attribute\(s\) read"):
+        registry.get("lacking")
+
+
+def test_register_refuses_silent_replacement(registry):
+    class Reader:
+        def read(self):
+            return 1
+
+    registry.register("mine", Reader)
+    assert registry.get("mine") is Reader
+    with pytest.raises(PluginError, match="'good' is already registered .* replace=True"):
+        registry.register("good", Reader)
+    registry.register("good", Reader, replace=True)
+    assert registry.get("good") is Reader
+    with pytest.raises(PluginError, match="lacks required attribute"):
+        registry.register("bad", object())

@@ -1,0 +1,140 @@
+"""Each invariant `verify` checks, broken on purpose, is reported with file, place and values."""
+
+import os
+import struct
+
+import pytest
+
+from megafmt import get_bin_path, get_idx_path, verify
+
+# 3 sequences (2 + 1 + 3 int32 tokens) in 2 documents: lengths at 34, pointers at 46,
+# document indices at 70, the file is 94 bytes
+DOCUMENTS = [[[1, 2], [3]], [[4, 5, 6]]]
+
+
+def patch(path, offset, fmt, *values):
+    with open(path, "r+b") as stream:
+        stream.seek(offset)
+        stream.write(struct.pack(fmt, *values))
+
+
+def first(prefix, **kwargs):
+    violations = verify(prefix, **kwargs)
+    assert len(violations) == 1
+    return violations[0]
+
+
+def test_a_good_corpus_has_no_violations(corpus):
+    assert verify(corpus(DOCUMENTS)) == []
+    assert verify(corpus(DOCUMENTS, modes=[[1, 2], [3]], name="mm"), multimodal=True) == []
+    assert verify(corpus([], name="empty")) == []
+
+
+def test_missing_files(corpus, tmp_path):
+    prefix = corpus(DOCUMENTS)
+    os.remove(get_bin_path(prefix))
+    violation = first(prefix)
+    assert violation.check == "exists" and str(violation).endswith(
+        "corpus.bin: token file not found"
+    )
+    assert [v.check for v in verify(str(tmp_path / "none"), stop_at_first=False)] == ["exists"] * 2
+
+
+def test_bad_header(corpus):
+    prefix = corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 9, "<Q", 7)
+    violation = first(prefix)
+    assert violation.check == "header"
+    assert "unsupported version at offset 9: expected 1, found 7" in violation.message
+
+
+def test_modes_present_exactly_when_multimodal(corpus):
+    plain = corpus(DOCUMENTS)
+    assert "no sequence_modes section" in first(plain, multimodal=True).message
+    multimodal = corpus(DOCUMENTS, modes=[[0, 0], [0]], name="mm")
+    violation = first(multimodal, multimodal=False)
+    assert violation.check == "modes"
+    assert (
+        "sequence_modes section (3 bytes at offset 94), but the corpus is declared not "
+        "multimodal" in violation.message
+    )
+    assert verify(multimodal) == []
+
+
+@pytest.mark.parametrize(
+    "offset,value,message",
+    [
+        (70, 1, r"document_indices[0] (byte 70): expected 0, found 1"),
+        (
+            78,
+            4,
+            r"document_indices[2] (byte 86): document indices must not decrease, found 3 "
+            "after 4",
+        ),
+        (86, 4, r"document_indices[2] (byte 86): expected a sequence index in 0..3, found 4"),
+        (
+            86,
+            2,
+            r"document_indices[2] (byte 86): the last entry must be the sequence count 3, "
+            "found 2",
+        ),
+    ],
+)
+def test_document_indices(corpus, offset, value, message):
+    prefix = corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), offset, "<q", value)
+    violation = first(prefix)
+    assert violation.check == "documents"
+    assert violation.message == message
+    assert violation.path == get_idx_path(prefix)
+
+
+def test_negative_length(corpus):
+    prefix = corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 38, "<i", -1)
+    violation = first(prefix)
+    assert violation.check == "lengths"
+    assert violation.message == "sequence_lengths[1] (byte 38): expected a length >= 0, found -1"
+
+
+def test_pointers_must_be_prefix_sums(corpus):
+    prefix = corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 62, "<q", 16)  # sequence 2 starts at 12 = (2 + 1) * 4
+    violation = first(prefix)
+    assert violation.check == "pointers"
+    assert violation.message == (
+        "sequence_pointers[2] (byte 62): expected 12 (the sum of the lengths before it times 4), "
+        "found 16"
+    )
+
+
+@pytest.mark.parametrize("size", [20, 28])
+def test_bin_size_must_match(corpus, size):
+    prefix = corpus(DOCUMENTS)
+    os.truncate(get_bin_path(prefix), size)
+    violation = first(prefix)
+    assert violation.check == "bin_size"
+    assert violation.message.startswith(
+        f"expected 24 bytes (6 tokens of 4 bytes, as {prefix}.idx implies), found {size}"
+    )
+
+
+def test_all_violations_can_be_listed(corpus, monkeypatch):
+    prefix = corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 70, "<q", 1)
+    patch(get_idx_path(prefix), 62, "<q", 16)
+    os.truncate(get_bin_path(prefix), 20)
+    checks = [v.check for v in verify(prefix, stop_at_first=False)]
+    assert checks == ["documents", "pointers", "bin_size"]
+
+
+def test_large_arrays_are_checked_across_chunks(corpus, monkeypatch):
+    from megafmt import verification
+
+    monkeypatch.setattr(verification, "CHUNK", 2)
+    prefix = corpus([[[1, 2], [3], [4, 5, 6], [7]], [[8, 9]]])
+    assert verify(prefix) == []
+    patch(get_idx_path(prefix), 34 + 20 + 8 * 4, "<q", 28)  # pointer of sequence 4: 7 tokens = 28
+    assert verify(prefix) == []
+    patch(get_idx_path(prefix), 34 + 20 + 8 * 3, "<q", 20)  # sequence 3 starts at 24, not 20
+    assert "sequence_pointers[3]" in first(prefix).message

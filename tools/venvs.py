@@ -1,0 +1,159 @@
+"""Create or refresh the project's virtual environments (stdlib only; run with any python3).
+
+    python3 tools/venvs.py full
+        .venv: torch (CPU), every package, the test tools and megatron-core
+    python3 tools/venvs.py package NAME
+        .venvs/NAME: only that package, the siblings it depends on, its own dependencies and
+        its [test] extra
+
+torch is installed first and pinned by requirements/constraints.txt, so pip takes the CPU build on
+this machine instead of downloading a CUDA one. Packages are installed as wheels, not in editable
+mode, so a file missing from a package's build shows up as a failing test. A package is
+reinstalled only when its sources changed (a hash is kept in the venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import subprocess
+import sys
+import tomllib
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ROOT / "packages"
+CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
+TEST_REQUIREMENTS = ROOT / "requirements" / "test.txt"
+SOURCE_PARTS = ("pyproject.toml", "CMakeLists.txt", "README.md", "src", "csrc")
+
+
+def run(*command: str | Path) -> None:
+    print("+", " ".join(str(part) for part in command), flush=True)
+    subprocess.run([str(part) for part in command], check=True)
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def metadata(package: str) -> dict:
+    with open(PACKAGES / package / "pyproject.toml", "rb") as stream:
+        return tomllib.load(stream)["project"]
+
+
+def local_packages() -> list[str]:
+    return sorted(path.name for path in PACKAGES.iterdir() if (path / "pyproject.toml").exists())
+
+
+def local_dependencies(package: str) -> list[str]:
+    """Sibling packages ``package`` needs, dependencies first."""
+    siblings = set(local_packages())
+    order: list[str] = []
+    for requirement in metadata(package).get("dependencies", []):
+        name = requirement_name(requirement)
+        if name in siblings:
+            order += [dep for dep in [*local_dependencies(name), name] if dep not in order]
+    return order
+
+
+def needs_torch(packages: list[str]) -> bool:
+    return any(
+        requirement_name(requirement) == "torch"
+        for package in packages
+        for requirement in metadata(package).get("dependencies", [])
+    )
+
+
+def source_hash(package: str) -> str:
+    digest = hashlib.sha256()
+    base = PACKAGES / package
+    for part in SOURCE_PARTS:
+        path = base / part
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for file in files:
+            if "__pycache__" in file.parts:
+                continue
+            digest.update(str(file.relative_to(base)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def ensure_venv(path: Path) -> Path:
+    python = path / "bin" / "python"
+    if not python.exists():
+        print(f"creating {path.relative_to(ROOT)}", flush=True)
+        venv.create(path, with_pip=True)
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    return python
+
+
+def pip_install(python: Path, *arguments: str | Path) -> None:
+    run(python, "-m", "pip", "install", "--quiet", "-c", CONSTRAINTS, *arguments)
+
+
+def install_torch_first(python: Path) -> None:
+    has_torch = subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
+    if not has_torch:
+        pip_install(python, "torch==2.13.0")
+
+
+def install_packages(python: Path, packages: list[str], extras: dict[str, str]) -> None:
+    """Install ``packages`` in order, each again only when its sources changed."""
+    for package in packages:
+        stamp = python.parent.parent / f".mega-{package}.sha256"
+        digest = source_hash(package)
+        if stamp.exists() and stamp.read_text() == digest:
+            continue
+        spec = f"{PACKAGES / package}{extras.get(package, '')}"
+        if stamp.exists():  # a rebuild: dependencies are already there
+            pip_install(python, "--no-deps", "--force-reinstall", PACKAGES / package)
+        else:
+            pip_install(python, spec)
+        stamp.write_text(digest)
+
+
+def full() -> None:
+    python = ensure_venv(ROOT / ".venv")
+    install_torch_first(python)
+    packages = local_packages()
+    ordered = [p for package in packages for p in [*local_dependencies(package), package]]
+    ordered = list(dict.fromkeys(ordered))
+    stamp = ROOT / ".venv" / ".mega-test-requirements.sha256"
+    digest = hashlib.sha256(TEST_REQUIREMENTS.read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != digest:
+        pip_install(python, "-r", TEST_REQUIREMENTS)
+        stamp.write_text(digest)
+    install_packages(python, ordered, {package: "[test]" for package in ordered})
+
+
+def package(name: str) -> None:
+    if name not in local_packages():
+        sys.exit(f"unknown package {name!r}; packages: {', '.join(local_packages())}")
+    python = ensure_venv(ROOT / ".venvs" / name)
+    chain = [*local_dependencies(name), name]
+    if needs_torch(chain):
+        install_torch_first(python)
+    install_packages(python, chain, {name: "[test]"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="which", required=True)
+    sub.add_parser("full", help="the full development venv (.venv)")
+    one = sub.add_parser("package", help="a venv with only one package (.venvs/NAME)")
+    one.add_argument("name")
+    sub.add_parser("list", help="print the package names")
+    args = parser.parse_args()
+    if args.which == "full":
+        full()
+    elif args.which == "package":
+        package(args.name)
+    else:
+        print(" ".join(local_packages()))
+
+
+if __name__ == "__main__":
+    main()
