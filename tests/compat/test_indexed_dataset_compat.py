@@ -43,8 +43,9 @@ IDS.append("random-uint16")
 
 
 def build(module, prefix, dtype, documents, modes, by_document):
-    """Write ``documents`` with ``module``'s builder (megatron-core's or megafmt's), feeding both
-    the torch tensors megatron-core's ``add_item`` requires."""
+    """Write ``documents`` with ``module``'s builder (megatron-core's or megafmt's): numpy arrays
+    of the corpus dtype, except the torch tensors megatron-core's ``add_item`` requires."""
+    as_item = torch.from_numpy if module is megatron else (lambda array: array)
     builder = module.IndexedDatasetBuilder(
         module.get_bin_path(prefix), dtype=dtype, multimodal=modes is not None
     )
@@ -53,14 +54,14 @@ def build(module, prefix, dtype, documents, modes, by_document):
         if by_document:
             tokens = [token for sequence in document for token in sequence]
             builder.add_document(
-                torch.from_numpy(numpy.array(tokens, dtype=dtype)),
+                numpy.array(tokens, dtype=dtype),
                 [len(sequence) for sequence in document],
                 modes=document_modes,
             )
         else:
             for position, sequence in enumerate(document):
                 mode = document_modes[position] if document_modes is not None else 0
-                builder.add_item(torch.from_numpy(numpy.array(sequence, dtype=dtype)), mode)
+                builder.add_item(as_item(numpy.array(sequence, dtype=dtype)), mode)
             builder.end_document()
     builder.finalize(module.get_idx_path(prefix))
 

@@ -155,6 +155,8 @@ def test_nothing_appears_at_the_destination_before_finalize(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["c.bin", "c.idx"]
     with pytest.raises(ValueError, match="already finalized"):
         builder.add_item([1])
+    with pytest.raises(ValueError, match="already finalized"):
+        builder.add_document(numpy.array([1], dtype=numpy.int32), [1])
 
 
 def test_abort_leaves_nothing(tmp_path):
@@ -235,3 +237,33 @@ def test_add_index_refuses_mismatched_inputs(corpus, tmp_path):
     with pytest.raises(FormatError, match="multimodal=True but the file has no sequence_modes"):
         multimodal.add_index(uint16)
     multimodal.abort()
+
+
+@pytest.mark.parametrize(
+    "tokens,lengths",
+    [
+        (numpy.array([1, 2, 3], dtype=numpy.int32), [3]),  # the fast path
+        (numpy.array([1, 2, 3], dtype=numpy.int64), [3]),
+        ([1, 2, 3], [3]),
+        (numpy.array([1, 2, 3], dtype=numpy.int32), (3,)),
+        (numpy.array([1, 2, 3], dtype=numpy.int32), numpy.array([3])),
+        (numpy.array([[1, 2, 3]], dtype=numpy.int32), [3]),
+    ],
+)
+def test_every_input_form_writes_the_same_document(tmp_path, tokens, lengths):
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix))
+    builder.add_document(tokens, lengths)
+    builder.add_document(numpy.array([4, 5], dtype=numpy.int32), [2])
+    builder.finalize(get_idx_path(prefix))
+    dataset = IndexedDataset(prefix)
+    assert [dataset[0].tolist(), dataset[1].tolist()] == [[1, 2, 3], [4, 5]]
+    assert dataset.document_indices.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("lengths", [[2], [4], [3.0], [-3]])
+def test_the_fast_path_still_checks_lengths(tmp_path, lengths):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"))
+    with pytest.raises(TokenValueError):
+        builder.add_document(numpy.array([1, 2, 3], dtype=numpy.int32), lengths)
+    builder.abort()
