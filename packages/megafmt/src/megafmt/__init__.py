@@ -20,6 +20,7 @@ from megafmt.errors import (
     ReadError,
     TokenValueError,
 )
+from megafmt.fingerprint import corpus_fingerprint, fingerprint_changes
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
 from megafmt.merging import MergeSummary, expand_inputs, merge
@@ -52,8 +53,10 @@ __all__ = [
     "Violation",
     "__version__",
     "atomic_write",
+    "corpus_fingerprint",
     "corpus_stats",
     "expand_inputs",
+    "fingerprint_changes",
     "get_bin_path",
     "get_idx_path",
     "merge",

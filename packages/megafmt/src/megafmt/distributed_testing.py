@@ -1,0 +1,113 @@
+"""Running a test function on several ranks joined in a real ``torch.distributed`` gloo group.
+
+Used by the tests of the packages that need torch (megafmt itself does not import torch).
+The function is looked up in its module's file by each spawned rank, so test modules that
+pytest imported without a package work too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+import queue
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+
+def _load(module_name: str, module_file: str, qualname: str) -> Callable[..., Any]:
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, module_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    target: Any = module
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _rank_main(
+    rank: int,
+    world_size: int,
+    rendezvous: str,
+    where: tuple[str, str, str],
+    args: tuple[Any, ...],
+    results: Any,
+    group_timeout: float,
+) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{rendezvous}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=group_timeout),
+        )
+        try:
+            result = _load(*where)(*args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, "ok", result))
+    except BaseException:  # report every failure to the parent, whatever it is
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_distributed(
+    function: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 120.0,
+    group_timeout: float = 60.0,
+) -> list[Any]:
+    """``function(*args)`` on ``world_size`` spawned ranks; the result of each rank, in order.
+
+    Raises ``RuntimeError`` with the traceback of every rank that failed, and ``TimeoutError``
+    naming the ranks still running after ``timeout`` seconds (they are killed).
+    """
+    module = sys.modules[function.__module__]
+    where = (function.__module__, os.path.abspath(module.__file__), function.__qualname__)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as directory:
+        rendezvous = os.path.join(directory, "rendezvous")
+        ranks = [
+            context.Process(
+                target=_rank_main,
+                args=(rank, world_size, rendezvous, where, args, results, group_timeout),
+            )
+            for rank in range(world_size)
+        ]
+        for process in ranks:
+            process.start()
+        outcomes: dict[int, tuple[str, Any]] = {}
+        try:
+            while len(outcomes) < world_size:
+                rank, status, value = results.get(timeout=timeout)
+                outcomes[rank] = (status, value)
+        except queue.Empty:
+            missing = sorted(set(range(world_size)) - set(outcomes))
+            raise TimeoutError(
+                f"ranks {missing} of {world_size} did not finish within {timeout} s"
+            ) from None
+        finally:
+            for process in ranks:
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+    failures = [
+        f"rank {rank}:\n{value}"
+        for rank, (status, value) in sorted(outcomes.items())
+        if status == "error"
+    ]
+    if failures:
+        raise RuntimeError("distributed test failed on " + "\n".join(failures))
+    return [outcomes[rank][1] for rank in range(world_size)]

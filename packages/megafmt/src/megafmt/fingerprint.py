@@ -1,0 +1,55 @@
+"""A small fingerprint of a corpus: enough to notice that the files at a prefix have changed.
+
+It holds the sizes of both files and hashes of blocks sampled evenly through each file (the
+``.idx`` header and last block included), so it costs a few dozen page reads whatever the corpus
+size. Re-tokenizing into the same prefix changes it; caches keyed by path alone (megatron-core's)
+cannot tell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
+from megafmt.index import open_readonly
+
+SAMPLED_BLOCKS = 64
+BLOCK_BYTES = 4096
+
+
+def _sampled_hash(path: str, what: str, blocks: int) -> tuple[int, str]:
+    """The size of the file at ``path`` and a hash of ``blocks`` blocks spread through it."""
+    fd = open_readonly(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(os.pread(fd, HEADER_SIZE, 0))
+        step = max(size // blocks, BLOCK_BYTES)
+        for offset in range(0, size, step):
+            digest.update(os.pread(fd, BLOCK_BYTES, offset))
+        digest.update(os.pread(fd, BLOCK_BYTES, max(size - BLOCK_BYTES, 0)))
+    finally:
+        os.close(fd)
+    return size, digest.hexdigest()
+
+
+def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
+    """Sizes and sampled hashes of both files of the corpus at ``path_prefix``."""
+    idx_bytes, idx_hash = _sampled_hash(get_idx_path(path_prefix), "index file", SAMPLED_BLOCKS)
+    bin_bytes, bin_hash = _sampled_hash(get_bin_path(path_prefix), "token file", SAMPLED_BLOCKS)
+    return {
+        "idx_bytes": idx_bytes,
+        "idx_hash": idx_hash,
+        "bin_bytes": bin_bytes,
+        "bin_hash": bin_hash,
+    }
+
+
+def fingerprint_changes(old: dict, new: dict) -> list[str]:
+    """What differs between two fingerprints, one ``"field: old -> new"`` line each."""
+    return [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]

@@ -1,0 +1,90 @@
+// The thin Python layer over the builders: megaindex._ext. Arguments are checked by the
+// Python functions that call these (megaindex.helpers); here pointers are read, the GIL is
+// released, and the plain C++ runs.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <string>
+
+#include "blending.hpp"
+#include "masks.hpp"
+#include "sample_index.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+template <typename T>
+using Input = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using Output = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<2>> sample_index(Input<int32_t> sizes,
+                                                     Input<int32_t> document_index,
+                                                     int32_t sequence_length, int64_t num_samples,
+                                                     int32_t add_extra_token) {
+  const size_t rows = static_cast<size_t>(num_samples) + 1;
+  T* data = new T[2 * rows];
+  nb::capsule owner(data, [](void* memory) noexcept { delete[] static_cast<T*>(memory); });
+  int64_t bad_position = -1;
+  megaindex::SampleIndexStatus status;
+  {
+    nb::gil_scoped_release release;
+    status = megaindex::build_sample_index<T>(
+        sizes.data(), static_cast<int64_t>(sizes.shape(0)), document_index.data(),
+        static_cast<int64_t>(document_index.shape(0)), sequence_length, num_samples,
+        add_extra_token, data, &bad_position);
+  }
+  if (status != megaindex::SampleIndexStatus::kOk) {
+    throw nb::index_error(("document_index[" + std::to_string(bad_position) + "] = " +
+                           std::to_string(document_index.data()[bad_position]) +
+                           " is not a document id: expected 0.." +
+                           std::to_string(sizes.shape(0) - 1))
+                              .c_str());
+  }
+  return nb::ndarray<nb::numpy, T, nb::ndim<2>>(data, {rows, 2}, owner);
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "C++ index builders of megaindex (private: use megaindex.helpers)";
+
+  m.def("sample_count", &megaindex::sample_count, "num_epochs"_a, "tokens_per_epoch"_a,
+        "sequence_length"_a, "drop_last_partial_sequence"_a, "add_extra_token"_a);
+  m.def("build_sample_index_int32", &sample_index<int32_t>, "sizes"_a, "document_index"_a,
+        "sequence_length"_a, "num_samples"_a, "add_extra_token"_a);
+  m.def("build_sample_index_int64", &sample_index<int64_t>, "sizes"_a, "document_index"_a,
+        "sequence_length"_a, "num_samples"_a, "add_extra_token"_a);
+  m.def(
+      "build_blending_indices",
+      [](Input<double> weights, Output<int16_t> dataset_index,
+         Output<int64_t> dataset_sample_index) {
+        nb::gil_scoped_release release;
+        megaindex::build_blending_indices(
+            weights.data(), static_cast<int32_t>(weights.shape(0)),
+            static_cast<int64_t>(dataset_index.shape(0)), dataset_index.data(),
+            dataset_sample_index.data());
+      },
+      "weights"_a, "dataset_index"_a, "dataset_sample_index"_a);
+  m.def(
+      "build_exhaustive_blending_indices",
+      [](Input<int64_t> sizes, Output<int16_t> dataset_index,
+         Output<int64_t> dataset_sample_index) {
+        nb::gil_scoped_release release;
+        megaindex::build_exhaustive_blending_indices(
+            sizes.data(), static_cast<int32_t>(sizes.shape(0)), dataset_index.data(),
+            dataset_sample_index.data());
+      },
+      "sizes"_a, "dataset_index"_a, "dataset_sample_index"_a);
+  m.def(
+      "fill_document_causal_mask",
+      [](Input<int64_t> segment_start, nb::ndarray<bool, nb::ndim<2>, nb::c_contig, nb::device::cpu> out) {
+        nb::gil_scoped_release release;
+        megaindex::fill_document_causal_mask(
+            segment_start.data(), static_cast<int64_t>(segment_start.shape(0)), out.data());
+      },
+      "segment_start"_a, "out"_a);
+}

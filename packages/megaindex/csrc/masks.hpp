@@ -1,0 +1,13 @@
+// Attention masks for samples that pack several documents.
+#pragma once
+
+#include <cstdint>
+
+namespace megaindex {
+
+// Fill the `length` x `length` boolean mask `out` (true = masked) for causal attention within
+// documents: row r may attend to columns segment_start[r] .. r, where segment_start[r] is where
+// the document holding token r begins inside the sample.
+void fill_document_causal_mask(const int64_t* segment_start, int64_t length, bool* out);
+
+}  // namespace megaindex

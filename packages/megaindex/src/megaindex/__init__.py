@@ -1,0 +1,57 @@
+"""megaindex: Megatron-compatible index tables and datasets over megafmt corpora.
+
+Drop-in for megatron-core's ``megatron.core.datasets`` GPT path: change the imports and the
+same configuration gives the same samples in the same order, sharing index caches both ways.
+"""
+
+from importlib.metadata import version
+
+from megaindex.backends import backend
+from megaindex.builder import BlendedMegatronDatasetBuilder
+from megaindex.config import (
+    BlendedMegatronDatasetConfig,
+    GPTDatasetConfig,
+    convert_split_vector_to_split_matrix,
+    parse_and_normalize_split,
+)
+from megaindex.errors import (
+    CacheError,
+    ConfigError,
+    IndexBuildError,
+    MegaindexError,
+    StaleCacheError,
+)
+from megaindex.gpt_dataset import GPTDataset
+from megaindex.helpers import (
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    build_sample_idx,
+)
+from megaindex.megatron_dataset import MegatronDataset
+from megaindex.mock import MockGPTDataset, MockGPTLowLevelDataset
+from megaindex.utils import Split
+
+__version__ = version("megaindex")
+
+__all__ = [
+    "BlendedMegatronDatasetBuilder",
+    "BlendedMegatronDatasetConfig",
+    "CacheError",
+    "ConfigError",
+    "GPTDataset",
+    "GPTDatasetConfig",
+    "IndexBuildError",
+    "MegaindexError",
+    "MegatronDataset",
+    "MockGPTDataset",
+    "MockGPTLowLevelDataset",
+    "Split",
+    "StaleCacheError",
+    "__version__",
+    "backend",
+    "build_blending_indices",
+    "build_exhaustive_blending_indices",
+    "build_sample_idx",
+    "convert_split_vector_to_split_matrix",
+    "parse_and_normalize_split",
+]

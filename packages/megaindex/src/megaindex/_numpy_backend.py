@@ -1,0 +1,110 @@
+"""Pure-numpy builders with the same inputs and outputs as the C++ extension ``megaindex._ext``.
+
+Used when the extension is not built (or ``MEGAINDEX_BACKEND=numpy``). The sample index is
+computed in closed form: sample k starts ``k * sequence_length`` tokens into the stream, in the
+first document whose end reaches past that start plus the extra token. The blending builders
+are sequential by nature and run as Python loops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy
+
+
+def sample_count(
+    num_epochs: int,
+    tokens_per_epoch: int,
+    sequence_length: int,
+    drop_last_partial_sequence: bool,
+    add_extra_token: int,
+) -> int:
+    usable = num_epochs * tokens_per_epoch - add_extra_token
+    if drop_last_partial_sequence:
+        return usable // sequence_length
+    # single precision on purpose, as the reference computes it
+    return math.ceil(numpy.float32(usable) / numpy.float32(sequence_length))
+
+
+def _sample_index(
+    sizes: numpy.ndarray,
+    document_index: numpy.ndarray,
+    sequence_length: int,
+    num_samples: int,
+    add_extra_token: int,
+    dtype: type,
+) -> numpy.ndarray:
+    lengths = sizes[document_index].astype(numpy.int64)
+    ends = numpy.cumsum(lengths)
+    starts = numpy.arange(1, num_samples + 1, dtype=numpy.int64) * sequence_length
+    position = numpy.searchsorted(ends, starts + add_extra_token, side="left")
+    past_the_end = position >= len(lengths)
+    position[past_the_end] = len(lengths) - 1
+    offset = starts - (ends[position] - lengths[position])
+    offset[past_the_end] = lengths[-1] - add_extra_token
+    out = numpy.zeros((num_samples + 1, 2), dtype=dtype)
+    out[1:, 0] = position
+    out[1:, 1] = offset
+    return out
+
+
+def _checked_document_index(sizes: numpy.ndarray, document_index: numpy.ndarray) -> None:
+    outside = numpy.flatnonzero((document_index < 0) | (document_index >= len(sizes)))
+    if len(outside):
+        position = int(outside[0])
+        raise IndexError(
+            f"document_index[{position}] = {document_index[position]} is not a document id: "
+            f"expected 0..{len(sizes) - 1}"
+        )
+
+
+def build_sample_index_int32(sizes, document_index, sequence_length, num_samples, add_extra_token):
+    _checked_document_index(sizes, document_index)
+    return _sample_index(
+        sizes, document_index, sequence_length, num_samples, add_extra_token, numpy.int32
+    )
+
+
+def build_sample_index_int64(sizes, document_index, sequence_length, num_samples, add_extra_token):
+    _checked_document_index(sizes, document_index)
+    return _sample_index(
+        sizes, document_index, sequence_length, num_samples, add_extra_token, numpy.int64
+    )
+
+
+def build_blending_indices(weights, dataset_index, dataset_sample_index) -> None:
+    weights = [float(w) for w in weights]
+    taken = [0] * len(weights)
+    datasets = range(len(weights))
+    for sample in range(len(dataset_index)):
+        progress = max(float(sample), 1.0)
+        chosen = max(datasets, key=lambda d: (weights[d] * progress - taken[d], -d))
+        dataset_index[sample] = chosen
+        dataset_sample_index[sample] = taken[chosen]
+        taken[chosen] += 1
+
+
+def build_exhaustive_blending_indices(sizes, dataset_index, dataset_sample_index) -> None:
+    sizes = [int(s) for s in sizes]
+    total = sum(sizes)
+    weights = [s / total for s in sizes]
+    taken = [0] * len(sizes)
+    still_open = list(range(len(sizes)))
+    sample = 0
+    while still_open:
+        progress = max(float(sample), 1.0)
+        chosen = max(still_open, key=lambda d: (weights[d] * progress - taken[d], -d))
+        dataset_index[sample] = chosen
+        dataset_sample_index[sample] = taken[chosen]
+        taken[chosen] += 1
+        if taken[chosen] == sizes[chosen]:
+            still_open.remove(chosen)
+        sample += 1
+
+
+def fill_document_causal_mask(segment_start: numpy.ndarray, out: numpy.ndarray) -> None:
+    columns = numpy.arange(len(segment_start))
+    numpy.logical_or(
+        columns[None, :] < segment_start[:, None], columns[None, :] > columns[:, None], out=out
+    )

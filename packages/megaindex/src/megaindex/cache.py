@@ -1,0 +1,201 @@
+"""The on-disk cache of index tables, shared with megatron-core.
+
+A dataset's tables live in one directory as ``<md5>-<Class>-<split>-<table>.npy`` beside
+``<md5>-<Class>-<split>-description.txt``, the md5 being that of the description: megatron-core's
+names, so either implementation loads what the other built. What this module adds:
+
+* Writes are atomic: each file is written under a temporary name and renamed into place, the
+  description last. A build killed half way leaves no description, which both implementations
+  read as "not cached", so the next build starts over.
+* Two processes building the same tables do not corrupt them: each writes its own temporary
+  files, the tables are deterministic so either rename gives the same bytes, and a process that
+  finds the cache completed while it was building uses that one.
+* A damaged cache (truncated or unreadable ``.npy``, a table of the wrong dtype or shape, a
+  description that does not match) is detected and rebuilt with a warning naming the file.
+* A sidecar ``<md5>-<Class>-<split>-megaindex.json`` records a fingerprint of the corpus and the
+  table shapes. megatron-core's key holds the corpus path but nothing of its contents; the
+  sidecar notices a corpus re-tokenized into the same path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+
+from megafmt import atomic_write
+from megaindex.errors import CacheError
+
+logger = logging.getLogger(__name__)
+
+SIDECAR_FORMAT = 1
+
+
+class DamagedCacheError(Exception):
+    """A cached table cannot be used as it is (internal: the cache is rebuilt)."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a cached table must look like: one of ``dtypes`` and exactly ``shape``."""
+
+    dtypes: tuple[str, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """The files of one dataset's cached tables."""
+
+    directory: str
+    base: str
+    tables: tuple[str, ...]
+
+    @classmethod
+    def for_dataset(
+        cls,
+        directory: str,
+        description_hash: str,
+        class_name: str,
+        split: str,
+        tables: tuple[str, ...],
+    ) -> CacheEntry:
+        return cls(directory, f"{description_hash}-{class_name}-{split}", tables)
+
+    def path(self, affix: str) -> str:
+        return os.path.join(self.directory, f"{self.base}-{affix}")
+
+    @property
+    def description_path(self) -> str:
+        return self.path("description.txt")
+
+    @property
+    def sidecar_path(self) -> str:
+        return self.path("megaindex.json")
+
+    def table_path(self, table: str) -> str:
+        return self.path(f"{table}.npy")
+
+    def files(self) -> list[str]:
+        """The files megatron-core requires for a cache hit."""
+        return [self.description_path] + [self.table_path(t) for t in self.tables]
+
+    def complete(self) -> bool:
+        """Whether every file of the entry exists (megatron-core's test for a hit)."""
+        return all(os.path.isfile(path) for path in self.files())
+
+
+def load_table(path: str, spec: TableSpec | None, mmap: bool = True) -> numpy.ndarray:
+    """A cached ``.npy`` table, mapped read-only, after checking its header, size and shape."""
+    try:
+        with open(path, "rb") as stream:
+            version = numpy.lib.format.read_magic(stream)
+            if version == (1, 0):
+                shape, fortran_order, dtype = numpy.lib.format.read_array_header_1_0(stream)
+            else:
+                shape, fortran_order, dtype = numpy.lib.format.read_array_header_2_0(stream)
+            data_start = stream.tell()
+            size = os.fstat(stream.fileno()).st_size
+    except (OSError, ValueError) as error:
+        raise DamagedCacheError(f"{path}: unreadable .npy header ({error})") from error
+    expected_size = data_start + int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+    if size != expected_size:
+        raise DamagedCacheError(
+            f"{path}: {size} bytes, expected {expected_size} for a {dtype} array of shape "
+            f"{shape} (truncated?)"
+        )
+    if dtype.hasobject or fortran_order:
+        raise DamagedCacheError(f"{path}: a {dtype} array in Fortran order is not an index table")
+    if spec is not None and (dtype.name not in spec.dtypes or tuple(shape) != spec.shape):
+        raise DamagedCacheError(
+            f"{path}: a {dtype.name} array of shape {tuple(shape)}, expected "
+            f"{' or '.join(spec.dtypes)} of shape {spec.shape}"
+        )
+    if not mmap:
+        return numpy.load(path, allow_pickle=False)
+    if int(numpy.prod(shape)) == 0:  # an empty file region cannot be mapped
+        return numpy.empty(shape, dtype=dtype)
+    return numpy.load(path, mmap_mode="r", allow_pickle=False)
+
+
+class IndexCache:
+    """Reads and writes the tables of one cache entry."""
+
+    def __init__(self, entry: CacheEntry, description: str) -> None:
+        self.entry = entry
+        self.description = description
+
+    def read_sidecar(self) -> dict[str, Any] | None:
+        """The sidecar of the entry, or None (a cache megatron-core built has none)."""
+        try:
+            with open(self.entry.sidecar_path, encoding="utf-8") as stream:
+                sidecar = json.load(stream)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as error:
+            warnings.warn(f"{self.entry.sidecar_path}: unreadable, ignored ({error})", stacklevel=2)
+            return None
+        return sidecar if sidecar.get("format") == SIDECAR_FORMAT else None
+
+    def load(
+        self, specs: Mapping[str, TableSpec] | None, check: bool = True
+    ) -> dict[str, numpy.ndarray]:
+        """The tables, checked against ``specs`` and the description unless ``check`` is off.
+
+        Raises :class:`DamagedCacheError` naming the file at fault.
+        """
+        if check:
+            try:
+                with open(self.entry.description_path, encoding="utf-8") as stream:
+                    found = stream.read()
+            except OSError as error:
+                raise DamagedCacheError(f"{self.entry.description_path}: {error}") from error
+            if found != self.description:
+                raise DamagedCacheError(
+                    f"{self.entry.description_path}: the description does not match this dataset's"
+                )
+        return {
+            table: load_table(
+                self.entry.table_path(table), specs.get(table) if check and specs else None
+            )
+            for table in self.entry.tables
+        }
+
+    def save(self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any]) -> None:
+        """Write the tables, then the sidecar, then the description (the commit mark)."""
+        directory = self.entry.directory
+        try:
+            os.makedirs(directory, exist_ok=True)
+            for table in self.entry.tables:
+                with atomic_write(self.entry.table_path(table)) as stream:
+                    numpy.save(stream, tables[table], allow_pickle=False)
+            with atomic_write(self.entry.sidecar_path) as stream:
+                stream.write(json.dumps({"format": SIDECAR_FORMAT, **sidecar}, indent=2).encode())
+            with atomic_write(self.entry.description_path) as stream:
+                stream.write(self.description.encode("utf-8"))
+        except OSError as error:
+            raise CacheError(
+                f"cannot write the index cache to {directory}: {error}. By default the cache "
+                "sits beside the data (<prefix>/cache), which is often read-only: set "
+                "path_to_cache (--data-cache-path) to a writable directory"
+            ) from error
+        logger.info("saved %s tables to %s", self.entry.base, directory)
+
+
+def table_specs(tables: Mapping[str, numpy.ndarray]) -> dict[str, dict[str, Any]]:
+    """The dtype and shape of each table, as recorded in the sidecar."""
+    return {name: {"dtype": a.dtype.name, "shape": list(a.shape)} for name, a in tables.items()}
+
+
+def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:
+    """The table specs recorded in a sidecar."""
+    return {
+        name: TableSpec((spec["dtype"],), tuple(spec["shape"]))
+        for name, spec in sidecar.get("tables", {}).items()
+    }

@@ -1,0 +1,23 @@
+"""The exceptions megaindex raises: each says what was required, what was found, and where."""
+
+from __future__ import annotations
+
+
+class MegaindexError(Exception):
+    """Base class of every error raised by megaindex."""
+
+
+class ConfigError(MegaindexError, ValueError):
+    """A dataset configuration, split or blend is invalid."""
+
+
+class IndexBuildError(MegaindexError, ValueError):
+    """The index tables cannot be built from this corpus and configuration."""
+
+
+class CacheError(MegaindexError, OSError):
+    """The index cache cannot be written, or is missing where it must exist."""
+
+
+class StaleCacheError(MegaindexError, RuntimeError):
+    """A cached index was built from a corpus that has changed since."""

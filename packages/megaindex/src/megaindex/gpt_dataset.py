@@ -1,0 +1,338 @@
+"""``GPTDataset``: fixed-length samples cut from a shuffled stream of documents.
+
+Drop-in for megatron-core's ``GPTDataset``: the same constructor, the same three tables (see
+:mod:`megaindex.gpt_index`), the same cache files (see :mod:`megaindex.cache`) and the same
+samples (see :mod:`megaindex.sample`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy
+
+from megafmt import IndexedDataset, corpus_fingerprint, fingerprint_changes
+from megaindex import distributed
+from megaindex.cache import (
+    CacheEntry,
+    DamagedCacheError,
+    IndexCache,
+    TableSpec,
+    load_table,
+    specs_from_sidecar,
+    table_specs,
+)
+from megaindex.config import GPTDatasetConfig
+from megaindex.errors import CacheError, StaleCacheError
+from megaindex.gpt_index import (
+    build_gpt_index_tables,
+    expected_sample_count,
+    plan_epochs,
+    tokens_per_epoch,
+)
+from megaindex.helpers import sample_index_dtype
+from megaindex.megatron_dataset import MegatronDataset
+from megaindex.sample import SampleMaker
+from megaindex.utils import Split
+
+logger = logging.getLogger(__name__)
+
+TABLES = ("document_index", "sample_index", "shuffle_index")
+
+
+@dataclass
+class IndexSource:
+    """Where a dataset's tables came from, for reports: ``"cache"``, ``"built"`` (and cached),
+    ``"memory"`` (built, not cached) or ``"deferred"``; with timings in seconds."""
+
+    kind: str
+    cache_entry: CacheEntry | None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class GPTDataset(MegatronDataset):
+    """Samples of ``config.sequence_length`` tokens from the documents at ``indexed_indices``.
+
+    ``num_samples`` is how many samples to draw (the corpus repeats as many epochs as that
+    takes); None draws one epoch.
+    """
+
+    def __init__(
+        self,
+        indexed_dataset: Any,
+        dataset_path: str | None,
+        indexed_indices: numpy.ndarray,
+        num_samples: int | None,
+        index_split: Split,
+        config: GPTDatasetConfig,
+    ) -> None:
+        super().__init__(
+            indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config
+        )
+        self.masks_and_position_ids_are_cacheable = not any(
+            [config.reset_position_ids, config.reset_attention_mask, config.eod_mask_loss]
+        )
+        self._make_sample = SampleMaker(config, self._pad_token_id)
+        self.document_index, self.sample_index, self.shuffle_index = (
+            self._build_document_sample_shuffle_indices()
+        )
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: IndexedDataset) -> int:
+        """GPT splits a corpus by sequence."""
+        return low_level_dataset.sequence_lengths.shape[0]
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> IndexedDataset:
+        """Open the corpus at ``dataset_path`` with megafmt."""
+        counts = None
+        if config.sequences_per_dataset:
+            counts = config.sequences_per_dataset[dataset_path]
+        return IndexedDataset(
+            dataset_path,
+            multimodal=False,
+            mmap=config.mmap_bin_files,
+            fast_cache_load=config.fast_cache_load,
+            sequences_per_dataset=counts,
+            dtype_code=config.token_dtype_code,
+        )
+
+    @property
+    def _drop_last_partial_sequence(self) -> bool:
+        if self.index_split == Split.valid:
+            return self.config.drop_last_partial_validation_sequence
+        return True
+
+    def __len__(self) -> int:
+        if self.sample_index is None:  # deferred: count without mapping the tables
+            plan = plan_epochs(
+                self._get_num_tokens_per_epoch(),
+                self.num_samples,
+                self.config.sequence_length,
+                self.config.add_extra_token_to_sequence,
+            )
+            usable = plan.num_epochs * plan.tokens_per_epoch - int(
+                self.config.add_extra_token_to_sequence
+            )
+            if self._drop_last_partial_sequence:
+                return usable // self.config.sequence_length
+            return math.ceil(float(usable) / self.config.sequence_length)
+        return self.sample_index.shape[0] - 1
+
+    def __getitem__(self, idx: int | None) -> dict[str, Any]:
+        """The sample at ``idx``; None gives a padding sample whose loss mask is all zero."""
+        text, _ = self._query_document_sample_shuffle_indices(0 if idx is None else idx)
+        return self._make_sample(text, padding_sample=idx is None)
+
+    def _query_document_sample_shuffle_indices(
+        self, idx: int
+    ) -> tuple[numpy.ndarray, numpy.ndarray]:
+        """The token ids of sample ``idx`` (int64, padded to the window) and its document ids."""
+        if self.shuffle_index is None:
+            self._map_deferred_tables()
+        sample = int(self.shuffle_index[idx])
+        begin, begin_offset = (int(v) for v in self.sample_index[sample])
+        end, end_offset = (int(v) for v in self.sample_index[sample + 1])
+        extra = int(self.config.add_extra_token_to_sequence)
+        document_ids = self.document_index[begin : end + 1].astype(numpy.int64)
+        text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
+        get = self.dataset.get
+        if begin == end:
+            part = get(
+                int(document_ids[0]), offset=begin_offset, length=end_offset - begin_offset + extra
+            )
+            filled = len(part)
+            text[:filled] = part
+        else:
+            filled = 0
+            last = len(document_ids) - 1
+            for position, document in enumerate(document_ids.tolist()):
+                part = get(
+                    document,
+                    offset=begin_offset if position == 0 else 0,
+                    length=end_offset + extra if position == last else None,
+                )
+                text[filled : filled + len(part)] = part
+                filled += len(part)
+        text[filled:] = self._pad_token_id
+        return text, document_ids
+
+    def _get_num_tokens_per_epoch(self) -> int:
+        return tokens_per_epoch(self.dataset.sequence_lengths, self.indices)
+
+    def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+        return plan_epochs(
+            num_tokens_per_epoch,
+            self.num_samples,
+            self.config.sequence_length,
+            self.config.add_extra_token_to_sequence,
+        ).num_epochs
+
+    # ---- the tables and their cache ----------------------------------------------------------
+
+    def _cache_entry(self) -> CacheEntry | None:
+        directory = self.config.path_to_cache
+        if directory is None and not self.config.mock:
+            directory = os.path.join(
+                self.dataset.path_prefix, "cache", f"{type(self).__name__}_indices"
+            )
+        if directory is None:
+            return None
+        return CacheEntry.for_dataset(
+            directory,
+            self.unique_description_hash,
+            type(self).__name__,
+            self.index_split.name,
+            TABLES,
+        )
+
+    def _map_deferred_tables(self) -> None:
+        self.document_index, self.sample_index, self.shuffle_index = (
+            load_table(self.path_to_document_index, None),
+            load_table(self.path_to_sample_index, None),
+            load_table(self.path_to_shuffle_index, None),
+        )
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What the tables depend on beyond megatron-core's key: the corpus contents and the
+        configuration fields megatron-core leaves out of the key."""
+        path_prefix = getattr(self.dataset, "path_prefix", None)
+        return {
+            "corpus": None
+            if self.config.mock or path_prefix is None
+            else corpus_fingerprint(path_prefix),
+            "config": {
+                "add_extra_token_to_sequence": bool(self.config.add_extra_token_to_sequence),
+                "drop_last_partial_sequence": bool(self._drop_last_partial_sequence),
+            },
+        }
+
+    def _expected_specs(self) -> dict[str, TableSpec]:
+        """The dtype and shape every table must have, computed from the corpus and config."""
+        plan = plan_epochs(
+            self._get_num_tokens_per_epoch(),
+            self.num_samples,
+            self.config.sequence_length,
+            self.config.add_extra_token_to_sequence,
+        )
+        count = expected_sample_count(
+            plan,
+            self.config.sequence_length,
+            self._drop_last_partial_sequence,
+            self.config.add_extra_token_to_sequence,
+        )
+        documents = plan.num_epochs * len(self.indices)
+        sample_dtype = sample_index_dtype(self.dataset.sequence_lengths, documents)
+        shuffle_dtype = "int64" if count >= numpy.iinfo(numpy.uint32).max - 1 else "uint32"
+        return {
+            "document_index": TableSpec(("int32",), (documents,)),
+            "sample_index": TableSpec((numpy.dtype(sample_dtype).name,), (count + 1, 2)),
+            "shuffle_index": TableSpec((shuffle_dtype,), (count,)),
+        }
+
+    def _load_cached(self, cache: IndexCache) -> dict[str, numpy.ndarray]:
+        sidecar = cache.read_sidecar()
+        if sidecar is None:  # built by megatron-core: check the shapes the corpus implies
+            return cache.load(self._expected_specs())
+        changes = fingerprint_changes(_flatten(sidecar), _flatten(self._fingerprint()))
+        if changes:
+            what = f"{cache.entry.sidecar_path}: the cache was built from other data: " + "; ".join(
+                changes
+            )
+            if self.config.stale_cache == "error":
+                raise StaleCacheError(
+                    f"{what}. Delete the cache, or set stale_cache='rebuild' to rebuild it"
+                )
+            raise DamagedCacheError(what)
+        return cache.load(specs_from_sidecar(sidecar))
+
+    def _build_tables(self) -> dict[str, numpy.ndarray]:
+        tables = build_gpt_index_tables(
+            self.dataset.sequence_lengths,
+            self.indices,
+            self.num_samples,
+            self.config.sequence_length,
+            self.config.random_seed,
+            self._drop_last_partial_sequence,
+            self.config.add_extra_token_to_sequence,
+        )
+        self.index_source.seconds.update(tables.seconds)
+        self.epoch_plan = tables.plan
+        return {
+            "document_index": tables.document_index,
+            "sample_index": tables.sample_index,
+            "shuffle_index": tables.shuffle_index,
+        }
+
+    def _build_document_sample_shuffle_indices(
+        self,
+    ) -> tuple[numpy.ndarray | None, numpy.ndarray | None, numpy.ndarray | None]:
+        entry = self._cache_entry()
+        self.index_source = IndexSource("memory" if entry is None else "cache", entry)
+        self.epoch_plan = None
+        if self.config.defer_npy_index_mmap:
+            self.index_source.kind = "deferred"
+            self.path_to_document_index = entry.table_path("document_index")
+            self.path_to_sample_index = entry.table_path("sample_index")
+            self.path_to_shuffle_index = entry.table_path("shuffle_index")
+            return None, None, None
+        if entry is None:
+            logger.warning("%s indices are not cached: path_to_cache is None", type(self).__name__)
+            tables = self._build_tables()
+            return tuple(tables[name] for name in TABLES)
+        cache = IndexCache(entry, self.unique_description)
+        if self.config.fast_cache_load:
+            tables = cache.load(None, check=False)
+            return tuple(tables[name] for name in TABLES)
+        tables = self._cached_or_built(cache)
+        return tuple(tables[name] for name in TABLES)
+
+    def _cached_or_built(self, cache: IndexCache) -> dict[str, numpy.ndarray]:
+        builds_here = distributed.builds_shared_files()
+        if cache.entry.complete():
+            try:
+                return self._load_cached(cache)
+            except DamagedCacheError as damage:
+                if not builds_here:
+                    raise CacheError(
+                        f"rank {distributed.global_rank()}: {damage}; global rank 0 should have "
+                        "rebuilt it before the others load it"
+                    ) from None
+                warnings.warn(f"rebuilding the index cache: {damage}", stacklevel=4)
+        elif not builds_here:
+            raise CacheError(
+                f"rank {distributed.global_rank()} found no complete index cache at "
+                f"{cache.entry.description_path}: global rank 0 builds it before the other "
+                "ranks load it (do all ranks call the dataset builder?)"
+            )
+        self.index_source.kind = "built"
+        tables = self._build_tables()
+        if cache.entry.complete():  # another process finished the same cache meanwhile
+            try:
+                return self._load_cached(cache)
+            except (DamagedCacheError, StaleCacheError):
+                pass
+        start = time.perf_counter()
+        plan = {
+            "num_epochs": self.epoch_plan.num_epochs,
+            "separate_final_epoch": self.epoch_plan.separate_final_epoch,
+            "tokens_per_epoch": self.epoch_plan.tokens_per_epoch,
+        }
+        cache.save(tables, {**self._fingerprint(), "plan": plan, "tables": table_specs(tables)})
+        self.index_source.seconds["save"] = time.perf_counter() - start
+        return tables
+
+
+def _flatten(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """``{"corpus": {...}, "config": {...}}`` as ``{"corpus.x": ..., "config.y": ...}``."""
+    return {
+        f"{section}.{key}": value
+        for section in ("corpus", "config")
+        for key, value in (fingerprint.get(section) or {}).items()
+    }

@@ -1,0 +1,180 @@
+"""GPTDataset's three index tables, built exactly as megatron-core builds them.
+
+* ``document_index`` (int32): the split's document ids repeated once per epoch and shuffled;
+  when the last epoch is only partly used it is shuffled on its own and appended, so its
+  documents are not spread over the whole run.
+* ``sample_index`` (int32 or int64, ``[num_samples + 1, 2]``): where each sample starts in the
+  stream of documents, as (position in document_index, token offset).
+* ``shuffle_index`` (uint32, or int64 past 2**32 - 2 samples): the order samples are served in.
+
+The draws come from ``numpy.random.RandomState(seed)`` in megatron-core's order: the document
+index shuffles first, then the shuffle index. The arrays are filled in place (no 2-D grid of
+int64 epochs as megatron-core makes), which is what keeps peak memory low.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy
+
+from megaindex.errors import IndexBuildError
+from megaindex.helpers import build_sample_idx, sample_count
+
+logger = logging.getLogger(__name__)
+
+#: the last epoch is shuffled separately when it yields fewer than this share of an epoch
+SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
+UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How many epochs of the split the requested samples need, and how the last is treated."""
+
+    tokens_per_epoch: int
+    num_epochs: int
+    separate_final_epoch: bool
+    samples_before_final_epoch: int | None
+    """Samples the epochs before the last yield; set only when the last is separate."""
+
+
+@dataclass
+class GPTIndexTables:
+    """The three tables, the plan they follow and how long each took to build."""
+
+    document_index: numpy.ndarray
+    sample_index: numpy.ndarray
+    shuffle_index: numpy.ndarray
+    plan: EpochPlan
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray) -> int:
+    """Tokens in one pass over the sequences at ``indices``."""
+    return int(numpy.sum(sequence_lengths[indices], dtype=numpy.int64))
+
+
+def plan_epochs(
+    num_tokens: int, num_samples: int | None, sequence_length: int, add_extra_token: bool
+) -> EpochPlan:
+    """The epochs needed for ``num_samples`` samples (one epoch when None)."""
+    extra = int(add_extra_token)
+    if num_tokens <= 0:
+        raise IndexBuildError("the split holds no tokens, so no sample can be drawn from it")
+    if num_samples is None:
+        return EpochPlan(num_tokens, 1, False, None)
+    needed = num_samples * sequence_length + extra
+    num_epochs = max(1, -(-needed // num_tokens))
+    if num_epochs == 1:
+        return EpochPlan(num_tokens, 1, False, None)
+    before_final = ((num_epochs - 1) * num_tokens - extra) // sequence_length
+    from_final = num_samples - before_final
+    per_epoch = (num_tokens - extra) // sequence_length
+    if not 0 <= from_final <= per_epoch + 1:
+        raise IndexBuildError(
+            f"inconsistent epoch plan: {from_final} samples from the last of {num_epochs} "
+            f"epochs, which yield {per_epoch} each"
+        )
+    separate = from_final < int(SEPARATE_FINAL_EPOCH_THRESHOLD * per_epoch)
+    return EpochPlan(num_tokens, num_epochs, separate, before_final if separate else None)
+
+
+def build_document_index(
+    documents: numpy.ndarray,
+    num_epochs: int,
+    random_state: numpy.random.RandomState,
+    separate_final_epoch: bool,
+) -> numpy.ndarray:
+    """``documents`` repeated ``num_epochs`` times and shuffled (the last epoch apart if asked)."""
+    document_index = numpy.empty(num_epochs * len(documents), dtype=numpy.int32)
+    document_index.reshape(num_epochs, len(documents))[:] = documents
+    if separate_final_epoch and num_epochs > 1:
+        random_state.shuffle(document_index[: (num_epochs - 1) * len(documents)])
+        random_state.shuffle(document_index[(num_epochs - 1) * len(documents) :])
+    else:
+        random_state.shuffle(document_index)
+    return document_index
+
+
+def build_shuffle_index(
+    num_samples: int, total_size: int, random_state: numpy.random.RandomState
+) -> numpy.ndarray:
+    """A permutation of ``range(total_size)`` that keeps ``[0, num_samples)`` before the rest,
+    each part shuffled on its own."""
+    dtype = numpy.int64 if total_size >= UINT32_SHUFFLE_LIMIT else numpy.uint32
+    shuffle_index = numpy.arange(total_size, dtype=dtype)
+    random_state.shuffle(shuffle_index[:num_samples])
+    if num_samples != total_size:
+        random_state.shuffle(shuffle_index[num_samples:])
+    return shuffle_index
+
+
+def build_gpt_index_tables(
+    sequence_lengths: numpy.ndarray,
+    indices: numpy.ndarray,
+    num_samples: int | None,
+    sequence_length: int,
+    random_seed: int,
+    drop_last_partial_sequence: bool,
+    add_extra_token: bool,
+) -> GPTIndexTables:
+    """All three tables for the split made of the sequences at ``indices``."""
+    if sequence_length < 1:
+        raise IndexBuildError(f"sequence_length must be at least 1, got {sequence_length}")
+    if len(indices) == 0:
+        raise IndexBuildError("the split holds no documents; give it a larger share of the corpus")
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    plan = plan_epochs(
+        tokens_per_epoch(sequence_lengths, indices), num_samples, sequence_length, add_extra_token
+    )
+    random_state = numpy.random.RandomState(random_seed)
+    document_index = build_document_index(
+        indices, plan.num_epochs, random_state, plan.separate_final_epoch
+    )
+    seconds["document_index"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    lengths = sequence_lengths
+    if len(document_index) * 2 > len(sequence_lengths):
+        lengths = numpy.array(sequence_lengths)  # read densely: one sequential pass beats paging
+    sample_index = build_sample_idx(
+        lengths,
+        document_index,
+        sequence_length,
+        plan.num_epochs,
+        plan.tokens_per_epoch,
+        drop_last_partial_sequence,
+        add_extra_token,
+    )
+    seconds["sample_index"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    total = sample_index.shape[0] - 1
+    first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
+    shuffle_index = build_shuffle_index(first, total, random_state)
+    seconds["shuffle_index"] = time.perf_counter() - start
+    logger.info(
+        "built GPT index tables: %d samples, %d epochs (separate final epoch: %s) in %.2f s",
+        total,
+        plan.num_epochs,
+        plan.separate_final_epoch,
+        sum(seconds.values()),
+    )
+    return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
+
+
+def expected_sample_count(
+    plan: EpochPlan, sequence_length: int, drop_last_partial_sequence: bool, add_extra_token: bool
+) -> int:
+    """The number of samples the tables of ``plan`` hold (without building them)."""
+    return sample_count(
+        plan.num_epochs,
+        plan.tokens_per_epoch,
+        sequence_length,
+        drop_last_partial_sequence,
+        add_extra_token,
+    )

@@ -1,0 +1,118 @@
+"""``MegatronDataset``: the base of mid-level datasets, and their identity for caching.
+
+A dataset's identity is a JSON description of its class, corpus path, sample count, split and
+the configuration fields that shape its indices; the md5 of that text names its cache files.
+Both are computed exactly as megatron-core computes them, so the two share caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import warnings
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Any
+
+import numpy
+import torch
+
+from megaindex.config import BlendedMegatronDatasetConfig
+from megaindex.utils import Split
+
+#: the pad id used when the tokenizer has none (or one that collides with another special token)
+PAD_TOKEN_ID = -1
+
+
+def describe(identifiers: OrderedDict) -> tuple[str, str]:
+    """The description text of ``identifiers`` and its md5, as megatron-core writes them."""
+    description = json.dumps(identifiers, indent=4, default=lambda obj: obj.unique_identifiers)
+    return description, hashlib.md5(description.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+def _special_tokens(tokenizer: Any) -> list[int]:
+    """The tokenizer's special ids other than pad (its special_tokens_dict, else eos and eod)."""
+    try:
+        tokens = [v for k, v in tokenizer.special_tokens_dict.items() if k != "pad_token"]
+    except (AttributeError, IndexError, ValueError):
+        tokens = []
+    if not tokens:
+        for name in ("eos", "eod"):
+            with contextlib.suppress(AttributeError, NotImplementedError):
+                tokens.append(getattr(tokenizer, name))
+    return tokens
+
+
+class MegatronDataset(ABC, torch.utils.data.Dataset):
+    """A mid-level dataset over a low-level one (``dataset``), restricted to ``indices``."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        dataset_path: str | None,
+        indices: numpy.ndarray,
+        num_samples: int | None,
+        index_split: Split,
+        config: BlendedMegatronDatasetConfig,
+    ) -> None:
+        self.dataset = dataset
+        self.dataset_path = dataset_path
+        self.indices = indices
+        self.num_samples = num_samples
+        self.index_split = index_split
+        self.config = config
+
+        self.unique_identifiers: OrderedDict = OrderedDict()
+        self.unique_identifiers["class"] = type(self).__name__
+        self.unique_identifiers["dataset_path"] = self.dataset_path
+        self.unique_identifiers["num_samples"] = self.num_samples
+        self.unique_identifiers["index_split"] = self.index_split.name
+        for attribute in self._key_config_attributes():
+            self.unique_identifiers[attribute] = getattr(self.config, attribute)
+        self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
+        self._pad_token_id = self._choose_pad_token_id()
+
+    def _choose_pad_token_id(self) -> int:
+        try:
+            pad = self.config.tokenizer.pad
+        except Exception:
+            return PAD_TOKEN_ID
+        if pad not in _special_tokens(self.config.tokenizer):
+            return pad
+        if self.config.allow_ambiguous_pad_tokens:
+            warnings.warn(
+                f"the tokenizer's pad id {pad} is also another special token's id, and "
+                "allow_ambiguous_pad_tokens is set: those tokens will be masked from the loss, "
+                "which can make training unstable",
+                stacklevel=3,
+            )
+            return pad
+        warnings.warn(
+            f"the tokenizer's pad id {pad} is also another special token's id; padding uses "
+            f"{PAD_TOKEN_ID} instead, so tokens with id {pad} already in the data keep their "
+            "loss (give the tokenizer a distinct pad id to avoid this)",
+            stacklevel=3,
+        )
+        return PAD_TOKEN_ID
+
+    @staticmethod
+    def numel_low_level_dataset(low_level_dataset: Any) -> int:
+        """How many elements of the low-level dataset the splits divide."""
+        raise NotImplementedError
+
+    @staticmethod
+    def build_low_level_dataset(dataset_path: str, config: BlendedMegatronDatasetConfig) -> Any:
+        """Open the low-level dataset at ``dataset_path``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _key_config_attributes() -> list[str]:
+        """The configuration fields that are part of the dataset's identity (cache key)."""
+        return ["random_seed", "sequence_length", "split", "split_matrix", "tokenizer"]
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def __getitem__(self, idx: int) -> dict[str, Any]: ...

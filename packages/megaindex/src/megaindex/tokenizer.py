@@ -1,0 +1,44 @@
+"""A stand-in tokenizer for building datasets without loading a real tokenizer.
+
+A GPTDataset uses three things of its tokenizer: the end-of-document id, the vocabulary size
+(for the token dtype) and ``unique_identifiers``, which become part of the cache key. Building a
+cache offline that a training job will hit needs exactly the identifiers the job's tokenizer
+reports; this class carries them without the tokenizer's files or libraries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+#: megatron-core's NullTokenizer, as its unique_identifiers name it
+MEGATRON_NULL_TOKENIZER = "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer"
+
+
+class IdentifiedTokenizer:
+    """The identity of a tokenizer: ``eod``, ``vocab_size``, optional ``pad`` and identifiers."""
+
+    def __init__(
+        self,
+        eod: int,
+        vocab_size: int | None,
+        unique_identifiers: dict[str, Any],
+        pad: int | None = None,
+    ) -> None:
+        self.eod = eod
+        self.vocab_size = vocab_size
+        self._identifiers = OrderedDict(unique_identifiers)
+        if pad is not None:
+            self.pad = pad
+
+    @property
+    def unique_identifiers(self) -> OrderedDict:
+        return OrderedDict(self._identifiers)
+
+    @classmethod
+    def null(cls, vocab_size: int) -> IdentifiedTokenizer:
+        """megatron-core's NullTokenizer(vocab_size): EOD is ``vocab_size``, one id more in all."""
+        return cls(vocab_size, vocab_size + 1, {"class": MEGATRON_NULL_TOKENIZER})
+
+    def __repr__(self) -> str:
+        return f"IdentifiedTokenizer(eod={self.eod}, vocab_size={self.vocab_size})"

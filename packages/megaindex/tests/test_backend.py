@@ -1,0 +1,139 @@
+"""The C++ extension is built, and it agrees with the numpy fallback on every builder."""
+
+import importlib
+import warnings
+
+import numpy
+import pytest
+
+import megaindex
+from megaindex import _numpy_backend, backends
+from megaindex import helpers as helpers_module
+
+ext = importlib.import_module("megaindex._ext")
+
+
+def test_the_cpp_backend_is_built_and_active():
+    assert backends.backend() == "cpp"
+    assert megaindex.backend() == "cpp"
+
+
+@pytest.fixture
+def fresh_backend(monkeypatch):
+    backends.implementation.cache_clear()
+    yield monkeypatch
+    backends.implementation.cache_clear()
+
+
+def test_env_selects_numpy(fresh_backend):
+    fresh_backend.setenv("MEGAINDEX_BACKEND", "numpy")
+    assert backends.backend() == "numpy"
+
+
+def test_unknown_env_value_is_an_error(fresh_backend):
+    fresh_backend.setenv("MEGAINDEX_BACKEND", "fortran")
+    with pytest.raises(backends.BackendError, match="expected one of auto, cpp, numpy"):
+        backends.implementation()
+
+
+def test_missing_extension_falls_back_once_with_a_warning(fresh_backend):
+    real = importlib.import_module
+
+    def without_ext(name, *args):
+        if name == "megaindex._ext":
+            raise ImportError("not built")
+        return real(name, *args)
+
+    fresh_backend.setattr(backends.importlib, "import_module", without_ext)
+    with pytest.warns(RuntimeWarning, match="C\\+\\+ extension is not available"):
+        assert backends.backend() == "numpy"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backends.backend() == "numpy"  # cached: no second warning
+    backends.implementation.cache_clear()
+    fresh_backend.setenv("MEGAINDEX_BACKEND", "cpp")
+    with pytest.raises(backends.BackendError, match="MEGAINDEX_BACKEND=cpp but"):
+        backends.implementation()
+
+
+def random_stream(rng, documents, epochs):
+    sizes = rng.integers(0, 50, documents).astype(numpy.int32)
+    sizes[0] = max(sizes[0], 3)
+    sizes[-1] = max(sizes[-1], 1)
+    document_index = numpy.tile(numpy.arange(documents, dtype=numpy.int32), epochs)
+    rng.shuffle(document_index[:-1])  # keep a non-empty document last
+    return sizes, document_index
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sample_index_agrees(seed):
+    rng = numpy.random.default_rng(seed)
+    epochs = int(rng.integers(1, 4))
+    sizes, document_index = random_stream(rng, int(rng.integers(1, 150)), epochs)
+    tokens = int(sizes.sum())
+    sequence_length = int(rng.integers(1, 40))
+    for drop_last in (True, False):
+        for extra in (0, 1):
+            count = ext.sample_count(epochs, tokens, sequence_length, drop_last, extra)
+            assert count == _numpy_backend.sample_count(
+                epochs, tokens, sequence_length, drop_last, extra
+            )
+            for kernel in ("build_sample_index_int32", "build_sample_index_int64"):
+                ours = getattr(ext, kernel)(sizes, document_index, sequence_length, count, extra)
+                theirs = getattr(_numpy_backend, kernel)(
+                    sizes, document_index, sequence_length, count, extra
+                )
+                assert ours.dtype == theirs.dtype
+                numpy.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_blending_agrees(seed):
+    rng = numpy.random.default_rng(seed)
+    datasets = int(rng.integers(1, 7))
+    weights = rng.random(datasets) + 0.01
+    weights /= weights.sum()
+    size = int(rng.integers(1, 2000))
+    outputs = []
+    for module in (ext, _numpy_backend):
+        index, sample = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
+        module.build_blending_indices(weights, index, sample)
+        outputs.append((index, sample))
+    for ours, theirs in zip(*outputs, strict=True):
+        numpy.testing.assert_array_equal(ours, theirs)
+
+    sizes = rng.integers(1, 200, datasets).astype(numpy.int64)
+    outputs = []
+    for module in (ext, _numpy_backend):
+        index = numpy.zeros(sizes.sum(), numpy.int16)
+        sample = numpy.zeros(sizes.sum(), numpy.int64)
+        module.build_exhaustive_blending_indices(sizes, index, sample)
+        outputs.append((index, sample))
+    for ours, theirs in zip(*outputs, strict=True):
+        numpy.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_document_mask_agrees(seed):
+    rng = numpy.random.default_rng(seed)
+    length = int(rng.integers(1, 64))
+    tokens = rng.integers(0, 4, length)
+    from megaindex.sample import segment_starts
+
+    starts = segment_starts(tokens, 0)
+    ours = numpy.empty((length, length), dtype=numpy.bool_)
+    theirs = numpy.empty((length, length), dtype=numpy.bool_)
+    ext.fill_document_causal_mask(starts, ours)
+    _numpy_backend.fill_document_causal_mask(starts, theirs)
+    numpy.testing.assert_array_equal(ours, theirs)
+
+
+def test_public_helpers_run_on_either_backend(fresh_backend):
+    sizes = numpy.array([5, 3, 4], dtype=numpy.int32)
+    document_index = numpy.array([2, 0, 1], dtype=numpy.int32)
+    results = []
+    for choice in ("cpp", "numpy"):
+        fresh_backend.setenv("MEGAINDEX_BACKEND", choice)
+        backends.implementation.cache_clear()
+        results.append(helpers_module.build_sample_idx(sizes, document_index, 3, 1, 12))
+    numpy.testing.assert_array_equal(*results)

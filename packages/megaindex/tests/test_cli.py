@@ -1,0 +1,106 @@
+import json
+import os
+
+import pytest
+
+from megafmt.cli.main import main
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
+
+
+def dataset_args(corpus, cache):
+    return [
+        "--data-path",
+        corpus,
+        "--seq-length",
+        "32",
+        "--split",
+        "90,8,2",
+        "--null-tokenizer",
+        "1000",
+        "--cache-dir",
+        cache,
+    ]
+
+
+def test_build_then_hit(corpus, tmp_path, capsys):
+    cache = str(tmp_path / "cache")
+    assert main(["index", "build", *dataset_args(corpus, cache), "--samples", "1000,50,10"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["train", "1,023", "samples", "built"]
+    assert "document_index" in lines[1] and "sample_index" in lines[1] and "save" in lines[1]
+    assert "epoch(s) of" in lines[2]
+    assert main(["index", "build", *dataset_args(corpus, cache), "--samples", "1000,50,10"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[3] == "cache"
+
+
+def test_built_cache_is_the_one_the_job_hits(corpus, tmp_path, make_config, capsys):
+    cache = str(tmp_path / "cache")
+    main(
+        [
+            "index",
+            "build",
+            *dataset_args(corpus, cache),
+            "--train-iters",
+            "10",
+            "--global-batch-size",
+            "16",
+        ]
+    )
+    capsys.readouterr()
+    job = BlendedMegatronDatasetBuilder(
+        GPTDataset,
+        [160, None, None],
+        lambda: True,
+        make_config(path_to_cache=cache, split="90,8,2"),
+    ).build()
+    assert [d.index_source.kind for d in job] == ["cache"] * 3
+
+
+def test_inspect_lists_each_cached_dataset(corpus, tmp_path, capsys):
+    cache = str(tmp_path / "cache")
+    main(["index", "build", *dataset_args(corpus, cache), "--samples", "1000,50,10"])
+    capsys.readouterr()
+    assert main(["index", "inspect", cache]) == 0
+    out = capsys.readouterr().out
+    assert out.count("GPTDataset train of") == 1 and "samples: 1,023" in out
+    assert "epochs: 4, separate final epoch: no" in out
+    assert main(["index", "inspect", cache, "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)
+    train = next(r for r in reports if r["description"]["index_split"] == "train")
+    assert train["tables"]["sample_index"]["shape"] == [1024, 2]
+    assert train["bytes_on_disk"] == sum(
+        os.path.getsize(os.path.join(cache, f"{train['base']}-{t}.npy"))
+        for t in ("document_index", "sample_index", "shuffle_index")
+    )
+
+
+def test_explain_names_the_documents_of_a_sample(corpus, tmp_path, make_config, capsys):
+    cache = str(tmp_path / "cache")
+    args = [*dataset_args(corpus, cache), "--samples", "1000,50,10", "--sample", "4"]
+    assert main(["index", "explain", *args, "--tokens"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    train = BlendedMegatronDatasetBuilder(
+        GPTDataset, [1000, 50, 10], lambda: True, make_config(path_to_cache=cache)
+    ).build()[0]
+    text, documents = train._query_document_sample_shuffle_indices(4)
+    assert out[0].startswith(f"train sample 4 is row {int(train.shuffle_index[4])} ")
+    assert [int(line.split()[1]) for line in out[1:-1]] == documents.tolist()
+    assert out[-1] == " ".join(map(str, text.tolist()))
+
+
+def test_explain_refuses_a_sample_out_of_range(corpus, tmp_path, capsys):
+    args = [*dataset_args(corpus, str(tmp_path / "c")), "--samples", "100", "--sample", "5000"]
+    assert main(["index", "explain", *args]) == 1
+    assert "sample 5000 out of range: the train split has" in capsys.readouterr().err
+
+
+def test_train_iters_needs_a_batch_size(corpus, tmp_path, capsys):
+    assert main(["index", "build", *dataset_args(corpus, str(tmp_path)), "--train-iters", "5"]) == 1
+    assert "--train-iters needs --global-batch-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["index"], ["index", "build"]])
+def test_usage_errors(argv):
+    with pytest.raises(SystemExit):
+        main(argv)

@@ -1,0 +1,260 @@
+import glob
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy
+import pytest
+import torch
+
+from megaindex import (
+    BlendedMegatronDatasetBuilder,
+    CacheError,
+    GPTDataset,
+    IndexBuildError,
+    Split,
+    StaleCacheError,
+)
+from megaindex.megatron_dataset import describe
+
+SIZES = [1000, 50, 10]
+
+
+def build(config, sizes=SIZES):
+    return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+
+
+def tables(dataset):
+    return [
+        numpy.array(getattr(dataset, name))
+        for name in ("document_index", "sample_index", "shuffle_index")
+    ]
+
+
+def test_first_build_caches_under_megatron_names_then_hits(make_config):
+    config = make_config()
+    train, _valid, _test = build(config)
+    assert train.index_source.kind == "built"
+    key = describe(train.unique_identifiers)[1]
+    assert key == train.unique_description_hash
+    names = sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(config.path_to_cache, f"{key}*"))
+    )
+    assert names == [
+        f"{key}-GPTDataset-train-{affix}"
+        for affix in (
+            "description.txt",
+            "document_index.npy",
+            "megaindex.json",
+            "sample_index.npy",
+            "shuffle_index.npy",
+        )
+    ]
+    with open(os.path.join(config.path_to_cache, names[0])) as stream:
+        assert stream.read() == train.unique_description
+    again = build(make_config())[0]
+    assert again.index_source.kind == "cache"
+    for ours, cached in zip(tables(train), tables(again), strict=True):
+        numpy.testing.assert_array_equal(ours, cached)
+        assert ours.dtype == cached.dtype
+    assert isinstance(again.sample_index, numpy.memmap)
+
+
+def test_samples_have_megatron_shapes_and_dtypes(make_config):
+    train = build(make_config())[0]
+    assert len(train) == 1023  # what the stream holds beyond the 1000 asked for
+    sample = train[5]
+    assert list(sample) == ["tokens", "labels", "attention_mask", "loss_mask", "position_ids"]
+    assert sample["tokens"].shape == (32,) and sample["attention_mask"].shape == (1, 32, 32)
+    assert torch.equal(sample["tokens"][1:], sample["labels"][:-1])
+    padding = train[None]
+    assert padding["loss_mask"].sum() == 0
+    assert torch.equal(padding["tokens"], train[0]["tokens"])
+
+
+def test_deferred_mapping_and_fast_cache_load(make_config):
+    built = build(make_config())[0]
+    deferred = build(make_config(defer_npy_index_mmap=True))[0]
+    assert deferred.sample_index is None and len(deferred) == len(built)
+    assert torch.equal(deferred[7]["tokens"], built[7]["tokens"])
+    per_split = dict(
+        blend=None, split=None, blend_per_split=[([built.dataset_path], None), None, None]
+    )
+    first = build(make_config(**per_split))[0]  # fast_cache_load needs per-split blends
+    fast = build(make_config(fast_cache_load=True, **per_split))[0]
+    assert fast.index_source.kind == "cache"
+    assert torch.equal(fast[3]["tokens"], first[3]["tokens"])
+
+
+def corrupt_and_rebuild(make_config, damage, message):
+    config = make_config()
+    train = build(config)[0]
+    expected = tables(train)
+    base = os.path.join(config.path_to_cache, f"{train.unique_description_hash}-GPTDataset-train")
+    damage(base)
+    with pytest.warns(UserWarning, match=message):
+        rebuilt = build(make_config())[0]
+    assert rebuilt.index_source.kind == "built"
+    for a, b in zip(expected, tables(rebuilt), strict=True):
+        numpy.testing.assert_array_equal(a, b)
+    assert build(make_config())[0].index_source.kind == "cache"
+
+
+def test_truncated_table_is_rebuilt(make_config):
+    def damage(base):
+        os.truncate(base + "-sample_index.npy", 200)
+
+    corrupt_and_rebuild(
+        make_config,
+        damage,
+        r"sample_index.npy: 200 bytes, expected 8320 .*"
+        r"truncated",
+    )
+
+
+def test_table_of_the_wrong_dtype_is_rebuilt(make_config):
+    def damage(base):
+        shuffle = numpy.load(base + "-shuffle_index.npy")
+        numpy.save(base + "-shuffle_index.npy", shuffle.astype(numpy.int64))
+
+    corrupt_and_rebuild(
+        make_config,
+        damage,
+        r"shuffle_index.npy: a int64 array of shape "
+        r"\(1023,\), expected uint32 of shape \(1023,\)",
+    )
+
+
+def test_garbage_table_is_rebuilt(make_config):
+    def damage(base):
+        with open(base + "-document_index.npy", "wb") as stream:
+            stream.write(b"not an npy file")
+
+    corrupt_and_rebuild(make_config, damage, "document_index.npy: unreadable .npy header")
+
+
+def test_mismatched_description_is_rebuilt(make_config):
+    def damage(base):
+        with open(base + "-description.txt", "a") as stream:
+            stream.write(" ")
+
+    corrupt_and_rebuild(make_config, damage, "the description does not match")
+
+
+def test_retokenized_corpus_is_noticed(make_config, corpus, corpus_writer):
+    train = build(make_config())[0]
+    corpus_writer(corpus, seed=1)  # same path, other documents
+    with pytest.raises(StaleCacheError, match=r"built from other data: corpus.bin_bytes: "):
+        build(make_config(stale_cache="error"))
+    with pytest.warns(UserWarning, match="built from other data"):
+        rebuilt = build(make_config())[0]
+    assert rebuilt.index_source.kind == "built"
+    assert not numpy.array_equal(tables(train)[1], tables(rebuilt)[1])
+
+
+def test_changed_fields_outside_megatrons_key_are_noticed(make_config):
+    build(make_config())
+    with pytest.warns(UserWarning, match="config.add_extra_token_to_sequence: True -> False"):
+        rebuilt = build(make_config(add_extra_token_to_sequence=False))[0]
+    assert rebuilt.index_source.kind == "built"
+
+
+def test_a_build_killed_between_files_is_repaired(make_config, tmp_path):
+    config = make_config()
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        import megaindex.cache as cache
+        from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+        from megaindex.tokenizer import IdentifiedTokenizer
+        real = cache.atomic_write
+        def dying(path, *args, **kwargs):
+            if path.endswith("megaindex.json"):  # the tables are written, the rest is not
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(path, *args, **kwargs)
+        cache.atomic_write = dying
+        config = GPTDatasetConfig(random_seed=1234, sequence_length=32,
+            blend=([{config.blend[0][0]!r}], None), split="90,8,2",
+            tokenizer=IdentifiedTokenizer.null(1000), path_to_cache={config.path_to_cache!r},
+            reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False)
+        BlendedMegatronDatasetBuilder(GPTDataset, {SIZES!r}, lambda: True, config).build()
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()
+    left = sorted(
+        os.path.basename(p).split("-", 1)[1]
+        for p in glob.glob(os.path.join(config.path_to_cache, "*"))
+    )
+    assert left == [
+        "GPTDataset-train-document_index.npy",
+        "GPTDataset-train-sample_index.npy",
+        "GPTDataset-train-shuffle_index.npy",
+    ]
+    repaired = build(make_config())[0]
+    assert repaired.index_source.kind == "built"
+    assert build(make_config())[0].index_source.kind == "cache"
+
+
+def _build_in_process(config, queue):
+    dataset = build(config)[0]
+    queue.put((dataset.index_source.kind, [t.tolist() for t in tables(dataset)]))
+
+
+def test_two_processes_building_the_same_cache(make_config):
+    config = make_config()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    workers = [context.Process(target=_build_in_process, args=(config, queue)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    results = [queue.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join()
+        assert worker.exitcode == 0
+    assert results[0][1] == results[1][1]
+    cached = build(make_config())[0]
+    assert cached.index_source.kind == "cache"
+    assert [t.tolist() for t in tables(cached)] == results[0][1]
+
+
+def test_unwritable_cache_directory_names_path_to_cache(make_config, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(
+        CacheError,
+        match=r"cannot write the index cache to .*file/cache.*set "
+        r"path_to_cache \(--data-cache-path\)",
+    ):
+        build(make_config(path_to_cache=str(blocker / "cache")))
+
+
+def test_default_cache_sits_beside_the_data(make_config, corpus):
+    train = build(make_config(path_to_cache=None))[0]
+    assert train.index_source.cache_entry.directory == os.path.join(
+        corpus, "cache", "GPTDataset_indices"
+    )
+
+
+def test_a_split_without_documents_is_an_error(make_config, tmp_path, corpus_writer):
+    small = corpus_writer(str(tmp_path / "small"), documents=10)
+    with pytest.raises(IndexBuildError, match="the split holds no documents"):
+        build(make_config(blend=([small], None), split="99,1,0"), [10, 5, None])
+
+
+def test_sequence_length_below_one_is_an_error(make_config):
+    with pytest.raises(IndexBuildError, match="sequence_length must be at least 1, got 0"):
+        build(make_config(sequence_length=0))
+
+
+def test_sidecar_records_the_plan(make_config):
+    train = build(make_config())[0]
+    with open(train.index_source.cache_entry.sidecar_path) as stream:
+        sidecar = json.load(stream)
+    assert sidecar["plan"]["num_epochs"] == train.epoch_plan.num_epochs
+    assert sidecar["tables"]["sample_index"] == {"dtype": "int32", "shape": [1024, 2]}
+    assert train.index_split is Split.train

@@ -1,0 +1,78 @@
+"""The epoch plan and the tables, on figures worked out by hand."""
+
+import numpy
+import pytest
+
+from megaindex import IndexBuildError
+from megaindex.gpt_index import (
+    UINT32_SHUFFLE_LIMIT,
+    build_document_index,
+    build_gpt_index_tables,
+    build_shuffle_index,
+    plan_epochs,
+)
+
+
+def test_one_epoch_when_it_is_enough_or_no_count_is_given():
+    assert plan_epochs(1000, None, 20, True).num_epochs == 1
+    plan = plan_epochs(1000, 49, 20, True)  # 49 * 20 + 1 = 981 <= 1000
+    assert (plan.num_epochs, plan.separate_final_epoch) == (1, False)
+
+
+def test_a_barely_used_final_epoch_is_separate():
+    # 10 samples of 20 (+1) tokens need 201 of 100-token epochs: 3 epochs. The first two give
+    # (200 - 1) // 20 = 9 samples, so 1 comes from the last, under 80% of the 4 per epoch.
+    plan = plan_epochs(100, 10, 20, True)
+    assert plan.num_epochs == 3
+    assert plan.separate_final_epoch is True
+    assert plan.samples_before_final_epoch == 9
+
+
+def test_a_mostly_used_final_epoch_is_not_separate():
+    # 12 samples: 3 epochs, 3 from the last, and int(0.8 * 4) = 3 is not above 3
+    plan = plan_epochs(100, 12, 20, True)
+    assert (plan.num_epochs, plan.separate_final_epoch) == (3, False)
+
+
+def test_plan_refuses_an_empty_split():
+    with pytest.raises(IndexBuildError, match="holds no tokens"):
+        plan_epochs(0, 10, 20, True)
+
+
+def test_document_index_is_each_epoch_shuffled():
+    documents = numpy.arange(10, 20, dtype=numpy.int32)
+    rng = numpy.random.RandomState(3)
+    index = build_document_index(documents, 3, rng, separate_final_epoch=True)
+    assert index.dtype == numpy.int32 and len(index) == 30
+    assert sorted(index[:20].tolist()) == sorted(documents.tolist() * 2)
+    assert sorted(index[20:].tolist()) == documents.tolist()  # the last epoch on its own
+    together = build_document_index(documents, 3, numpy.random.RandomState(3), False)
+    assert sorted(together.tolist()) == sorted(documents.tolist() * 3)
+
+
+def test_shuffle_index_keeps_the_final_epoch_apart():
+    index = build_shuffle_index(7, 10, numpy.random.RandomState(0))
+    assert index.dtype == numpy.uint32
+    assert sorted(index[:7].tolist()) == list(range(7))
+    assert sorted(index[7:].tolist()) == [7, 8, 9]
+    assert UINT32_SHUFFLE_LIMIT == 2**32 - 2
+
+
+def test_tables_refuse_empty_splits_and_zero_lengths():
+    lengths = numpy.array([3, 4], dtype=numpy.int32)
+    with pytest.raises(IndexBuildError, match="the split holds no documents"):
+        build_gpt_index_tables(lengths, numpy.array([], numpy.int32), 5, 4, 0, True, True)
+    with pytest.raises(IndexBuildError, match="sequence_length must be at least 1"):
+        build_gpt_index_tables(lengths, numpy.arange(2, dtype=numpy.int32), 5, 0, 0, True, True)
+
+
+def test_tables_follow_the_plan():
+    lengths = numpy.full(10, 10, dtype=numpy.int32)
+    tables = build_gpt_index_tables(
+        lengths, numpy.arange(10, dtype=numpy.int32), 25, 9, 5, True, True
+    )
+    # 25 * 9 + 1 = 226 tokens of 100-token epochs: 3 epochs, (300 - 1) // 9 = 33 samples
+    assert tables.plan.num_epochs == 3
+    assert tables.document_index.shape == (30,)
+    assert tables.sample_index.shape == (34, 2)
+    assert sorted(tables.shuffle_index.tolist()) == list(range(33))

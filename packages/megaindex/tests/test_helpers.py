@@ -1,0 +1,113 @@
+"""build_sample_idx and the blending builders on cases worked out by hand, and their checks."""
+
+import numpy
+import pytest
+
+from megaindex import build_blending_indices, build_exhaustive_blending_indices, build_sample_idx
+
+# documents 0, 1, 2 hold 5, 3 and 4 tokens; the stream is document 2, then 0, then 1:
+# document 2 covers tokens [0, 4), document 0 [4, 9), document 1 [9, 12)
+SIZES = numpy.array([5, 3, 4], dtype=numpy.int32)
+STREAM = numpy.array([2, 0, 1], dtype=numpy.int32)
+
+
+@pytest.mark.parametrize(
+    "drop_last,extra,expected",
+    [
+        # samples of 3 (+1 extra) tokens start at 0, 3, 6 and the last ends at 9:
+        # 11 usable tokens give 3 whole samples
+        (True, True, [[0, 0], [0, 3], [1, 2], [2, 0]]),
+        # without the extra token a sample ending exactly at a document's end stays in it:
+        # token 9 is position 1 offset 5, one past document 0's last token
+        (False, False, [[0, 0], [0, 3], [1, 2], [1, 5], [2, 3]]),
+        # a 4th, partial sample: the stream runs out, so it parks on the last token of the
+        # last document (document 1, 3 tokens: offset 3 - 1)
+        (False, True, [[0, 0], [0, 3], [1, 2], [2, 0], [2, 2]]),
+    ],
+)
+def test_hand_worked_sample_index(drop_last, extra, expected):
+    index = build_sample_idx(SIZES, STREAM, 3, 1, 12, drop_last, extra)
+    assert index.dtype == numpy.int32
+    assert index.tolist() == expected
+
+
+def test_inputs_of_other_integer_dtypes_are_accepted():
+    index = build_sample_idx(SIZES.astype(numpy.int64), STREAM.astype(numpy.uint8), 3, 1, 12)
+    assert index.tolist() == [[0, 0], [0, 3], [1, 2], [2, 0]]
+
+
+@pytest.mark.parametrize(
+    "sizes,stream,length,error,message",
+    [
+        (SIZES.astype(float), STREAM, 3, TypeError, "sizes must hold integers, got dtype float64"),
+        (SIZES, STREAM.reshape(3, 1), 3, ValueError, r"document_indices must be 1-D"),
+        (
+            numpy.array([2**31], dtype=numpy.int64),
+            STREAM[:1] * 0,
+            3,
+            ValueError,
+            r"sizes holds values 2147483648..2147483648, outside int32",
+        ),
+        (
+            SIZES,
+            numpy.array([2, 7, 1], dtype=numpy.int32),
+            3,
+            IndexError,
+            r"document_index\[1\] = 7 is not a document id: expected 0..2",
+        ),
+        (SIZES, STREAM, 0, ValueError, "sequence_length must be a positive integer, got 0"),
+        (SIZES, STREAM[:0], 3, ValueError, "needs at least one document"),
+    ],
+)
+def test_bad_inputs_are_named(sizes, stream, length, error, message):
+    with pytest.raises(error, match=message):
+        build_sample_idx(sizes, stream, length, 1, 12)
+
+
+def test_a_stream_ending_with_an_empty_document_cannot_keep_its_partial_sample():
+    sizes = numpy.array([5, 0], dtype=numpy.int32)
+    with pytest.raises(ValueError, match="ends with an empty document"):
+        build_sample_idx(sizes, numpy.array([0, 1], dtype=numpy.int32), 3, 1, 5, False, True)
+
+
+def test_hand_worked_blending():
+    index, sample = numpy.zeros(4, numpy.int16), numpy.zeros(4, numpy.int64)
+    # step i picks the dataset whose count lags weight * max(i, 1) most, ties to the first
+    build_blending_indices(index, sample, [0.5, 0.5], 2, 4, False)
+    assert index.tolist() == [0, 1, 0, 1]
+    assert sample.tolist() == [0, 0, 1, 1]
+
+
+def test_hand_worked_exhaustive_blending():
+    index, sample = numpy.zeros(3, numpy.int16), numpy.zeros(3, numpy.int64)
+    # weights 1/3 and 2/3; dataset 0 leaves the draw after its single sample
+    build_exhaustive_blending_indices(index, sample, [1, 2], 2)
+    assert index.tolist() == [1, 0, 1]
+    assert sample.tolist() == [0, 0, 1]
+
+
+def test_blending_outputs_are_checked():
+    good_index, good_sample = numpy.zeros(4, numpy.int16), numpy.zeros(4, numpy.int64)
+    with pytest.raises(TypeError, match="dataset_index must be a 1-D numpy int16 array"):
+        build_blending_indices(numpy.zeros(4, numpy.int32), good_sample, [1.0], 1, 4)
+    readonly = numpy.zeros(4, numpy.int64)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="must be contiguous and writeable"):
+        build_blending_indices(good_index, readonly, [1.0], 1, 4)
+    with pytest.raises(ValueError, match="fewer than size"):
+        build_blending_indices(good_index, good_sample, [1.0], 1, 5)
+    with pytest.raises(ValueError, match="weights must be finite and >= 0"):
+        build_blending_indices(good_index, good_sample, [1.0, -1.0], 2, 4)
+    with pytest.raises(ValueError, match="weights must hold num_datasets"):
+        build_blending_indices(good_index, good_sample, [1.0], 2, 4)
+    with pytest.raises(ValueError, match="sizes must all be positive"):
+        build_exhaustive_blending_indices(good_index, good_sample, [2, 0], 2)
+
+
+def test_verbose_blending_reports_ratios(capsys):
+    index, sample = numpy.zeros(4, numpy.int16), numpy.zeros(4, numpy.int64)
+    build_blending_indices(index, sample, [0.5, 0.5], 2, 4, True)
+    assert capsys.readouterr().out.splitlines() == [
+        "dataset 0: weight 0.500000, achieved 0.500000",
+        "dataset 1: weight 0.500000, achieved 0.500000",
+    ]

@@ -1,0 +1,278 @@
+"""megaindex's GPTDataset against megatron-core's: the same tables, the same samples, and one
+index cache that both load."""
+
+import itertools
+import os
+
+import numpy
+import pytest
+import torch
+from megatron.core.datasets import helpers as megatron_helpers
+from megatron.core.datasets.blended_megatron_dataset_builder import (
+    BlendedMegatronDatasetBuilder as MegatronBuilder,
+)
+from megatron.core.datasets.gpt_dataset import GPTDataset as MegatronGPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MegatronConfig
+from megatron.core.datasets.gpt_dataset import MockGPTDataset as MegatronMockGPTDataset
+from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+import megafmt
+import megaindex
+from megaindex.tokenizer import IdentifiedTokenizer
+
+VOCAB = 1000
+TABLES = ("document_index", "sample_index", "shuffle_index")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """300 documents of 1 to 60 tokens, each ending with EOD; one empty-bodied document."""
+    prefix = str(tmp_path_factory.mktemp("gpt") / "corpus")
+    rng = numpy.random.default_rng(0)
+    builder = megafmt.IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+    for _ in range(300):
+        tokens = [*rng.integers(0, VOCAB, int(rng.integers(0, 60))).tolist(), VOCAB]
+        builder.add_document(tokens, [len(tokens)])
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def build_both(corpus, directory, sizes, tokenizer=None, **fields):
+    tokenizer = tokenizer or NullTokenizer(VOCAB)
+    common = dict(
+        random_seed=1234,
+        sequence_length=32,
+        blend=([corpus], None),
+        split="90,8,2",
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    common.update(fields)
+    theirs = MegatronBuilder(
+        MegatronGPTDataset,
+        sizes,
+        lambda: True,
+        MegatronConfig(path_to_cache=os.path.join(directory, "megatron"), **common),
+    ).build()
+    ours = megaindex.BlendedMegatronDatasetBuilder(
+        megaindex.GPTDataset,
+        sizes,
+        lambda: True,
+        megaindex.GPTDatasetConfig(path_to_cache=os.path.join(directory, "ours"), **common),
+    ).build()
+    return theirs, ours
+
+
+def assert_same_tables(theirs, ours):
+    assert theirs.unique_description == ours.unique_description
+    assert theirs.unique_description_hash == ours.unique_description_hash
+    for name in TABLES:
+        reference, mine = getattr(theirs, name), getattr(ours, name)
+        assert mine.dtype == reference.dtype, name
+        numpy.testing.assert_array_equal(mine, reference, err_msg=name)
+    assert len(ours) == len(theirs)
+
+
+def assert_same_samples(theirs, ours, indices):
+    for idx in indices:
+        reference, mine = theirs[idx], ours[idx]
+        assert list(mine) == list(reference)
+        for key, value in reference.items():
+            assert mine[key].dtype == value.dtype, key
+            assert mine[key].shape == value.shape, key
+            assert torch.equal(mine[key], value), (idx, key)
+
+
+CONFIGS = [
+    pytest.param([1000, 50, 10], {}, id="epochs-many-separate-valid"),
+    pytest.param([100, 5, 1], {}, id="one-epoch"),
+    pytest.param([None, None, None], {}, id="no-sizes"),
+    pytest.param([3000, 300, 30], {"random_seed": 7, "sequence_length": 17}, id="seed-seq"),
+    pytest.param([1000, 50, 10], {"add_extra_token_to_sequence": False}, id="no-extra-token"),
+    pytest.param(
+        [1000, 57, 10], {"drop_last_partial_validation_sequence": False}, id="keep-partial-valid"
+    ),
+    pytest.param([800, 20, 3], {"split": "98,2,0"}, id="empty-test-split"),
+]
+
+
+@pytest.mark.parametrize("sizes,fields", CONFIGS)
+def test_tables_and_samples_equal(corpus, tmp_path, sizes, fields):
+    theirs, ours = build_both(corpus, str(tmp_path), sizes, **fields)
+    for reference, mine in zip(theirs, ours, strict=True):
+        if reference is None:
+            assert mine is None
+            continue
+        assert_same_tables(reference, mine)
+        n = len(reference)
+        assert_same_samples(reference, mine, [*range(min(n, 40)), *range(max(n - 5, 40), n), None])
+
+
+def test_configs_cover_both_final_epoch_treatments(corpus, tmp_path):
+    _, ours = build_both(corpus, str(tmp_path), [1000, 50, 10])
+    flags = {d.epoch_plan.separate_final_epoch for d in ours}
+    assert flags == {True, False}
+
+
+FLAGS = list(itertools.product([False, True], repeat=4))
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=lambda f: "".join("1" if x else "0" for x in f))
+def test_samples_equal_under_every_flag(corpus, tmp_path, flags):
+    reset_positions, reset_mask, eod_loss, create_mask = flags
+    theirs, ours = build_both(
+        corpus,
+        str(tmp_path),
+        [200, 20, 5],
+        reset_position_ids=reset_positions,
+        reset_attention_mask=reset_mask,
+        eod_mask_loss=eod_loss,
+        create_attention_mask=create_mask,
+        drop_last_partial_validation_sequence=False,
+    )
+    assert_same_samples(theirs[0], ours[0], [*range(25), None])
+    valid_last = len(theirs[1]) - 1
+    order = numpy.asarray(theirs[1].shuffle_index)
+    padded = int(numpy.flatnonzero(order == valid_last)[0])  # the partial sample is padded
+    assert_same_samples(theirs[1], ours[1], [0, padded])
+
+
+def file_states(directory):
+    return {
+        name: (
+            os.stat(os.path.join(directory, name)).st_ino,
+            os.stat(os.path.join(directory, name)).st_mtime_ns,
+        )
+        for name in sorted(os.listdir(directory))
+    }
+
+
+def shared_cache_fields(corpus, cache):
+    return dict(
+        random_seed=1234,
+        sequence_length=32,
+        blend=([corpus], None),
+        split="90,8,2",
+        tokenizer=NullTokenizer(VOCAB),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        path_to_cache=cache,
+    )
+
+
+def test_megatron_loads_our_cache_without_rewriting_it(corpus, tmp_path):
+    cache = str(tmp_path / "shared")
+    common = shared_cache_fields(corpus, cache)
+    ours = megaindex.BlendedMegatronDatasetBuilder(
+        megaindex.GPTDataset, [1000, 50, 10], lambda: True, megaindex.GPTDatasetConfig(**common)
+    ).build()
+    before = file_states(cache)
+    theirs = MegatronBuilder(
+        MegatronGPTDataset, [1000, 50, 10], lambda: True, MegatronConfig(**common)
+    ).build()
+    assert file_states(cache) == before
+    for reference, mine in zip(theirs, ours, strict=True):
+        assert isinstance(reference.sample_index, numpy.memmap)  # loaded, not rebuilt
+        assert_same_tables(reference, mine)
+
+
+def test_we_load_megatrons_cache_without_rebuilding(corpus, tmp_path):
+    cache = str(tmp_path / "shared")
+    common = shared_cache_fields(corpus, cache)
+    theirs = MegatronBuilder(
+        MegatronGPTDataset, [1000, 50, 10], lambda: True, MegatronConfig(**common)
+    ).build()
+    before = file_states(cache)
+    ours = megaindex.BlendedMegatronDatasetBuilder(
+        megaindex.GPTDataset, [1000, 50, 10], lambda: True, megaindex.GPTDatasetConfig(**common)
+    ).build()
+    assert file_states(cache) == before
+    for reference, mine in zip(theirs, ours, strict=True):
+        assert mine.index_source.kind == "cache"
+        assert_same_tables(reference, mine)
+
+
+def test_cli_null_tokenizer_has_megatrons_identity():
+    assert (
+        IdentifiedTokenizer.null(VOCAB).unique_identifiers
+        == NullTokenizer(VOCAB).unique_identifiers
+    )
+    assert IdentifiedTokenizer.null(VOCAB).eod == NullTokenizer(VOCAB).eod
+    assert IdentifiedTokenizer.null(VOCAB).vocab_size == NullTokenizer(VOCAB).vocab_size
+
+
+def test_mock_dataset_equal(tmp_path):
+    common = dict(
+        random_seed=5,
+        sequence_length=128,
+        tokenizer=NullTokenizer(VOCAB),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    theirs = MegatronBuilder(
+        MegatronMockGPTDataset, [300, 30, 30], lambda: True, MegatronConfig(**common)
+    ).build()
+    ours = megaindex.BlendedMegatronDatasetBuilder(
+        megaindex.MockGPTDataset, [300, 30, 30], lambda: True, megaindex.GPTDatasetConfig(**common)
+    ).build()
+    for reference, mine in zip(theirs, ours, strict=True):
+        assert_same_tables(reference, mine)
+        assert_same_samples(reference, mine, [0, 1, 2, len(reference) - 1, None])
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_builders_equal_on_random_inputs(seed):
+    rng = numpy.random.default_rng(seed)
+    documents, epochs = int(rng.integers(1, 300)), int(rng.integers(1, 4))
+    sizes = rng.integers(1, 80, documents).astype(numpy.int32)
+    stream = numpy.tile(numpy.arange(documents, dtype=numpy.int32), epochs)
+    rng.shuffle(stream)
+    tokens, length = int(sizes.sum()), int(rng.integers(1, 64))
+    for drop_last, extra in itertools.product([True, False], [True, False]):
+        if epochs * tokens - extra < 1:
+            continue
+        reference = megatron_helpers.build_sample_idx(
+            sizes, stream, length, epochs, tokens, drop_last, extra
+        )
+        mine = megaindex.build_sample_idx(sizes, stream, length, epochs, tokens, drop_last, extra)
+        assert mine.dtype == reference.dtype
+        numpy.testing.assert_array_equal(mine, reference)
+        # the int64 kernel too (megatron-core picks it only past 2**31 documents)
+        reference64 = megatron_helpers.build_sample_idx_int64(
+            sizes, stream, length, epochs, tokens, drop_last, int(extra)
+        )
+        count = reference64.shape[0] - 1
+        from megaindex.backends import implementation
+
+        mine64 = implementation().build_sample_index_int64(sizes, stream, length, count, int(extra))
+        assert mine64.dtype == numpy.int64
+        numpy.testing.assert_array_equal(mine64, reference64)
+
+    datasets = int(rng.integers(1, 8))
+    weights = rng.random(datasets) + 0.05
+    weights = (weights / weights.sum()).tolist()
+    size = int(rng.integers(1, 5000))
+    outputs = []
+    for fill in (megatron_helpers.build_blending_indices, megaindex.build_blending_indices):
+        index, sample = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
+        fill(index, sample, weights, datasets, size, False)
+        outputs.append((index, sample))
+    numpy.testing.assert_array_equal(outputs[0][0], outputs[1][0])
+    numpy.testing.assert_array_equal(outputs[0][1], outputs[1][1])
+
+    counts = rng.integers(1, 400, datasets).astype(numpy.int64)
+    outputs = []
+    for fill in (
+        megatron_helpers.build_exhaustive_blending_indices,
+        megaindex.build_exhaustive_blending_indices,
+    ):
+        index = numpy.zeros(counts.sum(), numpy.int16)
+        sample = numpy.zeros(counts.sum(), numpy.int64)
+        fill(index, sample, counts, datasets)
+        outputs.append((index, sample))
+    numpy.testing.assert_array_equal(outputs[0][0], outputs[1][0])
+    numpy.testing.assert_array_equal(outputs[0][1], outputs[1][1])

@@ -1,0 +1,44 @@
+"""The helper every multi-rank test uses: real gloo groups, failures and hangs reported."""
+
+import time
+
+import pytest
+import torch
+
+from megafmt.distributed_testing import run_distributed
+
+
+def _sum_of_ranks(offset):
+    value = torch.tensor([torch.distributed.get_rank() + offset])
+    torch.distributed.all_reduce(value)
+    return int(value)
+
+
+def _fail_on_rank_one():
+    if torch.distributed.get_rank() == 1:
+        raise ValueError("rank one broke")
+    return "fine"
+
+
+def _rank_one_never_returns():
+    if torch.distributed.get_rank() == 1:
+        time.sleep(600)
+
+
+@pytest.mark.distributed
+def test_ranks_share_one_group():
+    assert run_distributed(_sum_of_ranks, 3, 10) == [33, 33, 33]
+
+
+@pytest.mark.distributed
+def test_a_failing_rank_is_reported_with_its_traceback():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1:\n.*ValueError: rank one broke"):
+        run_distributed(_fail_on_rank_one, 2)
+
+
+@pytest.mark.distributed
+def test_a_hanging_rank_is_named_and_killed():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish within 10"):
+        run_distributed(_rank_one_never_returns, 2, timeout=10)
+    assert time.monotonic() - start < 60
