@@ -108,10 +108,9 @@ def install_packages(python: Path, packages: list[str], extras: dict[str, str]) 
         if stamp.exists() and stamp.read_text() == digest:
             continue
         spec = f"{PACKAGES / package}{extras.get(package, '')}"
-        if stamp.exists():  # a rebuild: dependencies are already there
+        if stamp.exists():  # a rebuild of the same version: force it, then add new dependencies
             pip_install(python, "--no-deps", "--force-reinstall", PACKAGES / package)
-        else:
-            pip_install(python, spec)
+        pip_install(python, spec)
         stamp.write_text(digest)
 
 

@@ -4,11 +4,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <algorithm>
 #include <string>
 
 #include "blending.hpp"
 #include "masks.hpp"
 #include "sample_index.hpp"
+#include "shuffle.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -47,6 +49,22 @@ nb::ndarray<nb::numpy, T, nb::ndim<2>> sample_index(Input<int32_t> sizes,
   return nb::ndarray<nb::numpy, T, nb::ndim<2>>(data, {rows, 2}, owner);
 }
 
+template <typename T>
+int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
+  if (key.shape(0) != megaindex::Mt19937::kSize) {
+    throw nb::value_error("key must hold the 624 words of an MT19937 state");
+  }
+  megaindex::Mt19937 state;
+  {
+    nb::gil_scoped_release release;
+    std::copy(key.data(), key.data() + megaindex::Mt19937::kSize, state.key);
+    state.pos = pos;
+    megaindex::legacy_shuffle<T>(state, data.data(), static_cast<int64_t>(data.shape(0)));
+    std::copy(state.key, state.key + megaindex::Mt19937::kSize, key.data());
+  }
+  return state.pos;
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -58,6 +76,9 @@ NB_MODULE(_ext, m) {
         "sequence_length"_a, "num_samples"_a, "add_extra_token"_a);
   m.def("build_sample_index_int64", &sample_index<int64_t>, "sizes"_a, "document_index"_a,
         "sequence_length"_a, "num_samples"_a, "add_extra_token"_a);
+  m.def("legacy_shuffle", &legacy_shuffle<int32_t>, "key"_a, "pos"_a, "data"_a);
+  m.def("legacy_shuffle", &legacy_shuffle<uint32_t>, "key"_a, "pos"_a, "data"_a);
+  m.def("legacy_shuffle", &legacy_shuffle<int64_t>, "key"_a, "pos"_a, "data"_a);
   m.def(
       "build_blending_indices",
       [](Input<double> weights, Output<int16_t> dataset_index,
@@ -81,10 +102,12 @@ NB_MODULE(_ext, m) {
       "sizes"_a, "dataset_index"_a, "dataset_sample_index"_a);
   m.def(
       "fill_document_causal_mask",
-      [](Input<int64_t> segment_start, nb::ndarray<bool, nb::ndim<2>, nb::c_contig, nb::device::cpu> out) {
+      [](Input<int64_t> segment_start,
+         nb::ndarray<bool, nb::ndim<2>, nb::c_contig, nb::device::cpu> out, int threads) {
         nb::gil_scoped_release release;
         megaindex::fill_document_causal_mask(
-            segment_start.data(), static_cast<int64_t>(segment_start.shape(0)), out.data());
+            segment_start.data(), static_cast<int64_t>(segment_start.shape(0)), out.data(),
+            threads);
       },
-      "segment_start"_a, "out"_a);
+      "segment_start"_a, "out"_a, "threads"_a);
 }

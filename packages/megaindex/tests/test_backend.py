@@ -116,15 +116,17 @@ def test_blending_agrees(seed):
 @pytest.mark.parametrize("seed", range(10))
 def test_document_mask_agrees(seed):
     rng = numpy.random.default_rng(seed)
-    length = int(rng.integers(1, 64))
+    length = int(rng.integers(1, 1200))  # past 256 rows the fill uses threads
     tokens = rng.integers(0, 4, length)
     from megaindex.sample import segment_starts
 
     starts = segment_starts(tokens, 0)
     ours = numpy.empty((length, length), dtype=numpy.bool_)
     theirs = numpy.empty((length, length), dtype=numpy.bool_)
-    ext.fill_document_causal_mask(starts, ours)
+    ext.fill_document_causal_mask(starts, ours, 1)
     _numpy_backend.fill_document_causal_mask(starts, theirs)
+    numpy.testing.assert_array_equal(ours, theirs)
+    ext.fill_document_causal_mask(starts, ours, 3)
     numpy.testing.assert_array_equal(ours, theirs)
 
 
@@ -137,3 +139,28 @@ def test_public_helpers_run_on_either_backend(fresh_backend):
         backends.implementation.cache_clear()
         results.append(helpers_module.build_sample_idx(sizes, document_index, 3, 1, 12))
     numpy.testing.assert_array_equal(*results)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("dtype", [numpy.int32, numpy.uint32, numpy.int64])
+def test_shuffle_is_random_states_shuffle(seed, dtype, fresh_backend):
+    rng = numpy.random.default_rng(seed)
+    size = int(rng.integers(0, 3000)) if seed % 4 else int(rng.integers(100_000, 300_000))
+    for choice in ("cpp", "numpy"):
+        fresh_backend.setenv("MEGAINDEX_BACKEND", choice)
+        backends.implementation.cache_clear()
+        reference, ours = numpy.random.RandomState(seed), numpy.random.RandomState(seed)
+        reference.random_sample(int(rng.integers(0, 700)))  # start mid-way through the key
+        ours.set_state(reference.get_state())
+        expected = numpy.arange(size, dtype=dtype)
+        shuffled = expected.copy()
+        reference.shuffle(expected)
+        helpers_module.shuffle(ours, shuffled)
+        numpy.testing.assert_array_equal(shuffled, expected)
+        # the generator is left where RandomState.shuffle leaves it
+        assert ours.randint(0, 2**31, 5).tolist() == reference.randint(0, 2**31, 5).tolist()
+
+
+def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
+    with pytest.raises(ValueError, match="writeable, contiguous 1-D"):
+        helpers_module.shuffle(numpy.random.RandomState(0), numpy.arange(10)[::2])

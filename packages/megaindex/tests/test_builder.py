@@ -1,4 +1,5 @@
 import os
+import time
 
 import numpy
 import pytest
@@ -56,12 +57,6 @@ def test_per_split_blends_of_one_prefix(make_config, corpus):
     assert len(train.indices) == len(test.indices) == 300
 
 
-def test_blends_of_several_prefixes_are_refused_clearly(make_config, corpus):
-    config = make_config(blend=([corpus, corpus], None))
-    with pytest.raises(ConfigError, match="blends of several datasets"):
-        BlendedMegatronDatasetBuilder(GPTDataset, [10, 1, 1], lambda: True, config).build()
-
-
 def test_weights_without_sizes_are_refused(make_config, corpus):
     config = make_config(blend=([corpus], [1.0]))
     with pytest.raises(ConfigError, match="the train split has weights but no size"):
@@ -101,3 +96,36 @@ def test_rank_zero_builds_and_the_others_load(corpus, tmp_path):
         assert built[0] == "built" and loaded[0] == "cache"
         assert built[1] == loaded[1]
         assert absent is None
+
+
+def _rank_two_skips_the_builder(prefix, cache):
+    rank = torch.distributed.get_rank()
+    if rank == 2:
+        return "skipped"
+    config = GPTDatasetConfig(
+        random_seed=1,
+        sequence_length=16,
+        blend=([prefix], None),
+        split="1",
+        tokenizer=IdentifiedTokenizer.null(1000),
+        path_to_cache=cache,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        barrier_timeout=5,
+    )
+    BlendedMegatronDatasetBuilder(GPTDataset, [50, None, None], lambda: True, config).build()
+    return "built"
+
+
+@pytest.mark.distributed
+def test_a_rank_that_skips_the_builder_is_named_instead_of_hanging(corpus, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as caught:
+        run_distributed(_rank_two_skips_the_builder, 3, corpus, str(tmp_path / "cache"), timeout=90)
+    report = str(caught.value)
+    for rank in (0, 1):
+        assert f"rank {rank}:" in report
+    assert report.count("BarrierTimeoutError: rank") == 2
+    assert "for ranks [2] (of 3), which never arrived" in report
+    assert time.monotonic() - start < 90

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from megafmt.cli.main import main
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, get_train_valid_test_num_samples
 
 
 def dataset_args(corpus, cache):
@@ -36,23 +36,25 @@ def test_build_then_hit(corpus, tmp_path, capsys):
 
 def test_built_cache_is_the_one_the_job_hits(corpus, tmp_path, make_config, capsys):
     cache = str(tmp_path / "cache")
-    main(
-        [
-            "index",
-            "build",
-            *dataset_args(corpus, cache),
-            "--train-iters",
-            "10",
-            "--global-batch-size",
-            "16",
-        ]
-    )
+    budget = [
+        "--train-iters",
+        "10",
+        "--global-batch-size",
+        "16",
+        "--eval-interval",
+        "5",
+        "--eval-iters",
+        "2",
+    ]
+    assert main(["index", "build", *dataset_args(corpus, cache), *budget]) == 0
     capsys.readouterr()
+    # what a Megatron job with these flags asks for: 160 train, 3 * 2 * 16 valid, 32 test
+    sizes = list(
+        get_train_valid_test_num_samples(16, train_iters=10, eval_interval=5, eval_iters=2)
+    )
+    assert sizes == [160, 96, 32]
     job = BlendedMegatronDatasetBuilder(
-        GPTDataset,
-        [160, None, None],
-        lambda: True,
-        make_config(path_to_cache=cache, split="90,8,2"),
+        GPTDataset, sizes, lambda: True, make_config(path_to_cache=cache, split="90,8,2")
     ).build()
     assert [d.index_source.kind for d in job] == ["cache"] * 3
 
@@ -97,10 +99,94 @@ def test_explain_refuses_a_sample_out_of_range(corpus, tmp_path, capsys):
 
 def test_train_iters_needs_a_batch_size(corpus, tmp_path, capsys):
     assert main(["index", "build", *dataset_args(corpus, str(tmp_path)), "--train-iters", "5"]) == 1
-    assert "--train-iters needs --global-batch-size" in capsys.readouterr().err
+    assert "give --samples, or --global-batch-size with --train-iters" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["index"], ["index", "build"]])
 def test_usage_errors(argv):
     with pytest.raises(SystemExit):
         main(argv)
+
+
+def test_blend_build_inspect_and_explain(corpus, corpus_writer, tmp_path, capsys):
+    other = corpus_writer(str(tmp_path / "other"), documents=150, seed=5)
+    cache = str(tmp_path / "cache")
+    args = [
+        "--data-path",
+        "0.25",
+        corpus,
+        "0.75",
+        other,
+        "--split",
+        "90,10,0",
+        "--seq-length",
+        "16",
+        "--null-tokenizer",
+        "1000",
+        "--cache-dir",
+        cache,
+        "--samples",
+        "400,40,0",
+    ]
+    assert main(["index", "build", *args]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == ["train", "400", "samples", "blend", "of", "2"]
+    assert out[1].strip().startswith("train") and "GPTDataset-train" in out[1]
+    assert main(["index", "inspect", cache, "--first", "100"]) == 0
+    report = capsys.readouterr().out
+    assert "BlendedDataset train: 2 datasets, size 400" in report
+    lines = report.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.strip().startswith("source"))
+    train_rows = [line.split() for line in lines[header + 1 : header + 3]]
+    assert [float(r[1]) for r in train_rows] == [0.25, 0.75]
+    assert [float(r[3]) for r in train_rows] == pytest.approx([0.25, 0.75], abs=0.01)
+    assert all(float(r[5]) > 0 for r in train_rows)  # epochs read of each source
+    assert main(["index", "explain", *args, "--sample", "3"]) == 0
+    assert "of the blend" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_no_split_warns_about_the_legacy_default(corpus_writer, tmp_path, capsys):
+    big = corpus_writer(str(tmp_path / "big"), documents=2000, max_length=8)  # 0.1% test: 2 docs
+    args = [
+        "--data-path",
+        big,
+        "--seq-length",
+        "16",
+        "--null-tokenizer",
+        "1000",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--samples",
+        "100,10,1",
+    ]
+    with pytest.warns(UserWarning, match="legacy default '969, 30, 1'"):
+        assert main(["index", "build", *args]) == 0
+
+
+def test_inspect_plots_blend_shares(corpus, corpus_writer, tmp_path, capsys):
+    other = corpus_writer(str(tmp_path / "other"), documents=150, seed=5)
+    cache = str(tmp_path / "cache")
+    main(
+        [
+            "index",
+            "build",
+            "--data-path",
+            "1",
+            corpus,
+            "3",
+            other,
+            "--split",
+            "1",
+            "--seq-length",
+            "16",
+            "--null-tokenizer",
+            "1000",
+            "--cache-dir",
+            cache,
+            "--samples",
+            "200,0,0",
+        ]
+    )
+    plot = tmp_path / "shares.png"
+    assert main(["index", "inspect", cache, "--plot", str(plot)]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -61,7 +61,8 @@ def test_first_build_caches_under_megatron_names_then_hits(make_config):
     for ours, cached in zip(tables(train), tables(again), strict=True):
         numpy.testing.assert_array_equal(ours, cached)
         assert ours.dtype == cached.dtype
-    assert isinstance(again.sample_index, numpy.memmap)
+    assert type(again.sample_index) is numpy.ndarray  # a plain view: fast to index
+    assert not again.sample_index.flags.writeable  # mapped read-only from the cache, not read
 
 
 def test_samples_have_megatron_shapes_and_dtypes(make_config):

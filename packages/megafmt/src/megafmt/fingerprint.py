@@ -14,7 +14,7 @@ import os
 from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
 from megafmt.index import open_readonly
 
-SAMPLED_BLOCKS = 64
+SAMPLED_BLOCKS = 16
 BLOCK_BYTES = 4096
 
 

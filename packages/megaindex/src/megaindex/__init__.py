@@ -7,6 +7,9 @@ same configuration gives the same samples in the same order, sharing index cache
 from importlib.metadata import version
 
 from megaindex.backends import backend
+from megaindex.blend import get_blend_and_blend_per_split, get_blend_from_list
+from megaindex.blended_dataset import BlendedDataset
+from megaindex.budget import get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.config import (
     BlendedMegatronDatasetConfig,
@@ -14,6 +17,7 @@ from megaindex.config import (
     convert_split_vector_to_split_matrix,
     parse_and_normalize_split,
 )
+from megaindex.distributed import BarrierTimeoutError
 from megaindex.errors import (
     CacheError,
     ConfigError,
@@ -34,6 +38,8 @@ from megaindex.utils import Split
 __version__ = version("megaindex")
 
 __all__ = [
+    "BarrierTimeoutError",
+    "BlendedDataset",
     "BlendedMegatronDatasetBuilder",
     "BlendedMegatronDatasetConfig",
     "CacheError",
@@ -53,5 +59,8 @@ __all__ = [
     "build_exhaustive_blending_indices",
     "build_sample_idx",
     "convert_split_vector_to_split_matrix",
+    "get_blend_and_blend_per_split",
+    "get_blend_from_list",
+    "get_train_valid_test_num_samples",
     "parse_and_normalize_split",
 ]

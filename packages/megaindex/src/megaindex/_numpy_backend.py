@@ -103,7 +103,19 @@ def build_exhaustive_blending_indices(sizes, dataset_index, dataset_sample_index
         sample += 1
 
 
-def fill_document_causal_mask(segment_start: numpy.ndarray, out: numpy.ndarray) -> None:
+def legacy_shuffle(key: numpy.ndarray, pos: int, data: numpy.ndarray) -> int:
+    """RandomState.shuffle on the state (key, pos), updating key in place; returns the new pos."""
+    random_state = numpy.random.RandomState()
+    random_state.set_state(("MT19937", key, pos))
+    random_state.shuffle(data)
+    _, new_key, new_pos, _, _ = random_state.get_state()
+    key[:] = new_key
+    return int(new_pos)
+
+
+def fill_document_causal_mask(
+    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int = 1
+) -> None:
     columns = numpy.arange(len(segment_start))
     numpy.logical_or(
         columns[None, :] < segment_start[:, None], columns[None, :] > columns[:, None], out=out

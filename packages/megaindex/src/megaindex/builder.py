@@ -1,37 +1,58 @@
 """``BlendedMegatronDatasetBuilder``: every split of a dataset, built once on global rank 0.
 
-Drop-in for megatron-core's builder, with the same distributed discipline: all ranks call
-``build()``; global rank 0 builds (and caches) each dataset first, the others wait at a barrier
-and then load the cache. Ranks for which ``is_built_on_rank()`` is False get None but still take
-part in the barriers.
+Drop-in for megatron-core's builder. All ranks call ``build()``; global rank 0 builds (and
+caches) each dataset first, the others wait at a barrier and then load the cache. Ranks for
+which ``is_built_on_rank()`` is False get None but take part in every barrier. Unlike
+megatron-core's, the barriers have a timeout (``config.barrier_timeout``): a rank that waits too
+long fails naming the ranks that never arrived, instead of hanging.
 
-Supported here: mock data, and a blend of a single prefix (with ``split``, or one prefix per
-split through ``blend_per_split``). Blends of several prefixes are refused with a clear error.
+Forms: mock data; ``blend`` with ``split`` (one prefix, weighted prefixes, or prefixes weighted
+by their sizes); ``blend_per_split`` (a blend per split, with optionally several validation
+sets kept apart).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy
 
 from megaindex import distributed
+from megaindex.blend import check_prefixes_exist
+from megaindex.blended_dataset import BlendedDataset
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.errors import CacheError, ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
-from megaindex.utils import Split
+from megaindex.utils import Split, normalize
 
 logger = logging.getLogger(__name__)
+
+Bookends = list[tuple[float, float] | None]
+
+
+def _get_size_per_split_per_dataset(
+    normalized_weights: Sequence[float], target_size_per_split: Sequence[int], surplus: float = 0.0
+) -> list[list[int]]:
+    """Samples each dataset must provide to each split: ceil(ceil(size * weight) * (1 +
+    surplus)), the surplus covering the blend's rounding."""
+    if not numpy.isclose(sum(normalized_weights), 1.0):
+        raise ConfigError(f"blend weights must be normalised, got {list(normalized_weights)}")
+    return [
+        [math.ceil(math.ceil(size * weight) * (1 + surplus)) for size in target_size_per_split]
+        for weight in normalized_weights
+    ]
 
 
 class BlendedMegatronDatasetBuilder:
     """Builds the train, valid and test datasets of ``config`` with ``cls``.
 
-    ``sizes`` is the number of samples per split (None: one epoch). ``is_built_on_rank`` says
-    whether this rank holds datasets (megatron-core: TP rank 0 on the first or last pipeline
-    stage).
+    ``sizes`` is the number of samples per split (None: one epoch, or every sample of a blend).
+    ``is_built_on_rank`` says whether this rank holds datasets (megatron-core: TP rank 0 on the
+    first or last pipeline stage).
     """
 
     def __init__(
@@ -52,22 +73,38 @@ class BlendedMegatronDatasetBuilder:
         logger.info("building %s splits with sizes=%s", cls.__name__, sizes)
         if not config.mock:
             for split in Split:
-                blend = (
-                    config.blend
-                    if config.blend_per_split is None
-                    else config.blend_per_split[split.value]
-                )
+                blend = self._blend_of(split)
                 if blend is not None and sizes[split.value] is None and blend[1] is not None:
                     raise ConfigError(
                         f"the {split.name} split has weights but no size: weighted blends need "
                         "a sample count (multiple validation sets cannot have weights)"
                     )
 
+    def _blend_of(self, split: Split) -> tuple[list[str], list[float] | None] | None:
+        if self.config.blend_per_split is None:
+            return self.config.blend
+        return self.config.blend_per_split[split.value]
+
+    @property
+    def _synchronize(self) -> bool:
+        """Rank 0 first, the others after a barrier (off with fast_cache_load, as in Megatron)."""
+        return not getattr(self.config, "fast_cache_load", False)
+
+    def _barrier(self) -> None:
+        distributed.barrier(self.config.barrier_timeout)
+
     def build(self) -> list[Any]:
         """The dataset of each split (None for an empty split or a rank that builds none)."""
-        datasets = self._build_splits()
+        if not self.config.mock and distributed.builds_shared_files():
+            check_prefixes_exist([self._blend_of(split) for split in Split])
+        datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets, strict=True):
-            if (
+            if isinstance(dataset, BlendedDataset) and dataset.size is not None:
+                if len(dataset) != dataset.size:
+                    raise IndexBuildError(
+                        f"the {split.name} blend holds {len(dataset)} samples, not {dataset.size}"
+                    )
+            elif (
                 isinstance(dataset, MegatronDataset)
                 and dataset.num_samples is not None
                 and len(dataset) < dataset.num_samples
@@ -78,51 +115,130 @@ class BlendedMegatronDatasetBuilder:
                 )
         return datasets
 
-    def _build_splits(self) -> list[Any]:
+    def _build_blended_dataset_splits(self) -> list[Any]:
         if self.config.mock:
             return self._build_megatron_dataset_splits(None, self.config.split_matrix, self.sizes)
         if self.config.blend:
             prefixes, weights = self.config.blend
-            if len(prefixes) == 1 and weights is None:
-                return self._build_megatron_dataset_splits(
-                    prefixes[0], self.config.split_matrix, self.sizes
-                )
-            raise ConfigError(
-                f"blends of several datasets ({len(prefixes)} prefixes) are not supported by "
-                "this version of megaindex; give a single prefix"
+            return self._build_blend(
+                prefixes, weights, self.config.split_matrix, self.sizes, list(Split)
             )
         datasets: list[Any] = [None] * len(Split)
         for split in Split:
             blend = self.config.blend_per_split[split.value]
             if blend is None:
                 continue
-            prefixes, _ = blend
-            if len(prefixes) != 1:
-                raise ConfigError(
-                    f"the {split.name} blend has {len(prefixes)} prefixes; this version of "
-                    "megaindex builds one prefix per split"
-                )
-            only_this = [None] * len(Split)
+            prefixes, weights = blend
+            only_this: Bookends = [None] * len(Split)
             only_this[split.value] = (0.0, 1.0)
-            sizes = [0] * len(Split)
+            sizes: list[int | None] = [0] * len(Split)
             sizes[split.value] = self.sizes[split.value]
-            datasets[split.value] = self._build_megatron_dataset_splits(
-                prefixes[0], only_this, sizes
-            )[split.value]
+            if (
+                split is Split.valid
+                and len(prefixes) > 1
+                and getattr(self.config, "multiple_validation_sets", False)
+            ):
+                if self.config.full_validation and sizes[split.value] is not None:
+                    raise ConfigError(
+                        "full_validation with multiple validation sets needs no validation size"
+                    )
+                datasets[split.value] = [
+                    self._build_megatron_dataset_splits(prefix, only_this, sizes)[split.value]
+                    for prefix in prefixes
+                ]
+                continue
+            datasets[split.value] = self._build_blend(prefixes, weights, only_this, sizes, [split])[
+                split.value
+            ]
         return datasets
+
+    def _build_blend(
+        self,
+        prefixes: list[str],
+        weights: list[float] | None,
+        split: Bookends,
+        sizes: list[int | None],
+        splits: list[Split],
+    ) -> list[Any]:
+        """The datasets of ``splits`` for one blend: a mid-level dataset per prefix, and a
+        BlendedDataset over them unless the blend is a single unweighted prefix."""
+        if weights is not None:
+            weights = normalize(weights)
+        if len(prefixes) == 1 and (weights is None or self.config.blend_per_split is not None):
+            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
+        if weights is None:
+            targets = None
+            buffers: list[list[int | None]] = [[None] * len(Split) for _ in prefixes]
+        else:
+            targets = _get_size_per_split_per_dataset(weights, sizes)
+            buffers = _get_size_per_split_per_dataset(
+                weights, sizes, surplus=self.config.mid_level_dataset_surplus
+            )
+        mid_level = self._build_megatron_datasets_parallel(prefixes, split, buffers)
+        blended: list[Any] = [None] * len(Split)
+        for index_split in splits:
+            i = index_split.value
+            if split[i] is None:
+                continue
+            if weights is not None and sizes[i] is not None:
+                split_weights = weights
+                size = sum(target[i] for target in targets)
+            elif weights is None:
+                try:
+                    split_weights = [len(dataset) for dataset in mid_level[i]]
+                except TypeError:  # this rank holds no datasets
+                    split_weights = [0 for _ in prefixes]
+                size = None if sizes[i] is None else min(sizes[i], sum(split_weights))
+            else:
+                raise ConfigError("client-specified weights need a client-specified size")
+            blended[i] = self.build_generic_dataset(
+                BlendedDataset,
+                self.is_built_on_rank,
+                self._synchronize,
+                mid_level[i],
+                split_weights,
+                size,
+                self.config,
+                barrier=self._barrier,
+            )
+        return blended
+
+    def _build_megatron_datasets_parallel(
+        self, prefixes: list[str], split: Bookends, sizes_per_dataset: list[list[int | None]]
+    ) -> list[list[Any]]:
+        """For each split, the mid-level dataset of every prefix, built on a thread pool (rank 0
+        first, then the others after a barrier)."""
+
+        def build_all(workers: int) -> list[list[Any]]:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                futures = [
+                    pool.submit(self._build_megatron_dataset_splits, prefix, split, sizes, False)
+                    for prefix, sizes in zip(prefixes, sizes_per_dataset, strict=True)
+                ]
+                per_prefix = [future.result() for future in futures]
+            return [list(per_split) for per_split in zip(*per_prefix, strict=True)]
+
+        threads = max(1, self.config.num_dataset_builder_threads)
+        rank = distributed.global_rank()
+        if rank is None or not self._synchronize:
+            return build_all(threads)
+        built = build_all(threads) if rank == 0 else None
+        self._barrier()
+        return built if rank == 0 else build_all(threads)
 
     def _build_megatron_dataset_splits(
         self,
         dataset_path: str | None,
-        split: list[tuple[float, float] | None],
+        split: Bookends,
         sizes: list[int | None],
         synchronize_ranks: bool = True,
     ) -> list[Any]:
-        """Each split's dataset over one low-level dataset (one corpus, or the mock data)."""
+        """Each split's mid-level dataset over one low-level dataset (a corpus, or mock data)."""
+        synchronize_ranks = synchronize_ranks and self._synchronize
         if distributed.global_rank() is not None and not self.is_built_on_rank():
             for bookends in split:
                 if bookends is not None and synchronize_ranks:
-                    distributed.barrier()
+                    self._barrier()
             return [None] * len(Split)
         low_level_dataset = self.cls.build_low_level_dataset(dataset_path, self.config)
         num_elements = self.cls.numel_low_level_dataset(low_level_dataset)
@@ -136,6 +252,11 @@ class BlendedMegatronDatasetBuilder:
             if not getattr(self.config, "fast_cache_load", False):
                 begin = round(bookends[0] * float(num_elements))
                 end = round(bookends[1] * float(num_elements))
+                if end - 1 > numpy.iinfo(numpy.int32).max:
+                    raise IndexBuildError(
+                        f"{dataset_path} holds {num_elements} sequences; document ids are int32 "
+                        "in the index tables (as in megatron-core), so at most 2**31 - 1 fit"
+                    )
                 indices = numpy.arange(begin, end, dtype=numpy.int32)
             datasets.append(
                 self.build_generic_dataset(
@@ -148,6 +269,7 @@ class BlendedMegatronDatasetBuilder:
                     sizes[index_split.value],
                     index_split,
                     self.config,
+                    barrier=self._barrier,
                 )
             )
         return datasets
@@ -158,8 +280,9 @@ class BlendedMegatronDatasetBuilder:
         is_built_on_rank: Callable[[], bool],
         synchronize_ranks: bool,
         *args: Any,
+        barrier: Callable[[], None] = distributed.barrier,
     ) -> Any:
-        """``cls(*args)``: first on global rank 0, then (after a barrier) on the other ranks
+        """``cls(*args)``: first on global rank 0, then (after ``barrier``) on the other ranks
         that build datasets; None on ranks that build none."""
         rank = distributed.global_rank()
         if rank is None:
@@ -176,7 +299,7 @@ class BlendedMegatronDatasetBuilder:
                     "index cache cannot be written, set path_to_cache to a writable directory"
                 ) from error
         if synchronize_ranks:
-            distributed.barrier()
+            barrier()
         if rank != 0 and is_built_on_rank():
             dataset = cls(*args)
         return dataset

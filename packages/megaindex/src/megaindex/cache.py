@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap as mmap_module
 import os
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy
 
 from megafmt import atomic_write
-from megaindex.errors import CacheError
+from megaindex import distributed
+from megaindex.errors import CacheError, StaleCacheError
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +120,17 @@ def load_table(path: str, spec: TableSpec | None, mmap: bool = True) -> numpy.nd
             f"{path}: a {dtype.name} array of shape {tuple(shape)}, expected "
             f"{' or '.join(spec.dtypes)} of shape {spec.shape}"
         )
-    if not mmap:
-        return numpy.load(path, allow_pickle=False)
-    if int(numpy.prod(shape)) == 0:  # an empty file region cannot be mapped
+    count = int(numpy.prod(shape, dtype=numpy.int64))
+    if count == 0:  # an empty region cannot be mapped
         return numpy.empty(shape, dtype=dtype)
-    return numpy.load(path, mmap_mode="r", allow_pickle=False)
+    with open(path, "rb") as stream:
+        if mmap:
+            # a plain ndarray over one read-only mapping: numpy.memmap's Python-level indexing
+            # costs microseconds per lookup, and GPTDataset.__getitem__ makes several
+            buffer = mmap_module.mmap(stream.fileno(), 0, access=mmap_module.ACCESS_READ)
+            return numpy.frombuffer(buffer, dtype, count, data_start).reshape(shape)
+        stream.seek(data_start)
+        return numpy.fromfile(stream, dtype, count).reshape(shape)
 
 
 class IndexCache:
@@ -167,16 +176,18 @@ class IndexCache:
             for table in self.entry.tables
         }
 
-    def save(self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any]) -> None:
-        """Write the tables, then the sidecar, then the description (the commit mark)."""
+    def save(self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None) -> None:
+        """Write the tables, then the sidecar (if any), then the description (the commit mark)."""
         directory = self.entry.directory
         try:
             os.makedirs(directory, exist_ok=True)
             for table in self.entry.tables:
                 with atomic_write(self.entry.table_path(table)) as stream:
                     numpy.save(stream, tables[table], allow_pickle=False)
-            with atomic_write(self.entry.sidecar_path) as stream:
-                stream.write(json.dumps({"format": SIDECAR_FORMAT, **sidecar}, indent=2).encode())
+            if sidecar is not None:
+                with atomic_write(self.entry.sidecar_path) as stream:
+                    text = json.dumps({"format": SIDECAR_FORMAT, **sidecar}, indent=2)
+                    stream.write(text.encode())
             with atomic_write(self.entry.description_path) as stream:
                 stream.write(self.description.encode("utf-8"))
         except OSError as error:
@@ -199,3 +210,47 @@ def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:
         name: TableSpec((spec["dtype"],), tuple(spec["shape"]))
         for name, spec in sidecar.get("tables", {}).items()
     }
+
+
+def cached_tables(
+    cache: IndexCache,
+    load: Callable[[], dict[str, numpy.ndarray]],
+    build: Callable[[], dict[str, numpy.ndarray]],
+    sidecar: Callable[[dict[str, numpy.ndarray]], dict[str, Any] | None],
+    seconds: dict[str, float],
+) -> tuple[dict[str, numpy.ndarray], str]:
+    """The tables of ``cache``: loaded (``load`` checks them) or built, saved, and returned.
+
+    Returns the tables and ``"cache"`` or ``"built"``. Only global rank 0 (or a process on its
+    own) builds; other ranks load what rank 0 saved before the builder's barrier. A damaged or
+    stale cache is rebuilt with a warning; a cache completed by another process while this one
+    was building is used instead of this one's copy. ``seconds`` receives the save time.
+    """
+    builds_here = distributed.builds_shared_files()
+    rank = distributed.global_rank()
+    if cache.entry.complete():
+        try:
+            return load(), "cache"
+        except DamagedCacheError as damage:
+            if not builds_here:
+                raise CacheError(
+                    f"rank {rank}: {damage}; global rank 0 should have rebuilt it before the "
+                    "others load it"
+                ) from None
+            warnings.warn(f"rebuilding the index cache: {damage}", stacklevel=3)
+    elif not builds_here:
+        raise CacheError(
+            f"rank {rank} found no complete index cache at {cache.entry.description_path}: "
+            "global rank 0 builds it before the other ranks load it (do all ranks call the "
+            "dataset builder?)"
+        )
+    tables = build()
+    if cache.entry.complete():  # another process finished the same cache meanwhile
+        try:
+            return load(), "cache"
+        except (DamagedCacheError, StaleCacheError):
+            pass
+    start = time.perf_counter()
+    cache.save(tables, sidecar(tables))
+    seconds["save"] = time.perf_counter() - start
+    return tables, "built"

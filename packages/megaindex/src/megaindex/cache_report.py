@@ -1,4 +1,5 @@
-"""What a cache directory holds, for ``mega index inspect``."""
+"""What a cache directory holds, for ``mega index inspect``: each cached dataset's key, what it
+describes, its tables, and for a blend the proportions it realises and each source's epochs."""
 
 from __future__ import annotations
 
@@ -10,20 +11,34 @@ from typing import Any
 
 import numpy
 
-from megaindex.gpt_dataset import TABLES
+from megaindex.cache import load_table
+from megaindex.megatron_dataset import describe
 
 DESCRIPTION_SUFFIX = "-description.txt"
+
+
+@dataclass
+class SourceReport:
+    """One dataset of a blend: its weight, its realised share and the epochs it is read for."""
+
+    dataset_path: str | None
+    weight: float
+    share_first: float
+    share_all: float
+    samples_drawn: int
+    epochs: float | None
 
 
 @dataclass
 class CacheReport:
     """One cached dataset: its key, what it describes and its tables."""
 
+    directory: str
     base: str
     description: dict[str, Any]
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     plan: dict[str, Any] | None = None
-    sidecar: bool = False
+    sources: list[SourceReport] = field(default_factory=list)
 
     @property
     def bytes_on_disk(self) -> int:
@@ -31,8 +46,11 @@ class CacheReport:
 
     @property
     def samples(self) -> int | None:
-        shuffle = self.tables.get("shuffle_index")
-        return shuffle["shape"][0] if shuffle and shuffle.get("shape") else None
+        for name in ("shuffle_index", "dataset_index"):
+            table = self.tables.get(name)
+            if table and table.get("shape"):
+                return table["shape"][0]
+        return None
 
 
 def _npy_header(path: str) -> dict[str, Any]:
@@ -47,26 +65,65 @@ def _npy_header(path: str) -> dict[str, Any]:
     return {"dtype": dtype.name, "shape": list(shape)}
 
 
-def inspect_cache(directory: str) -> list[CacheReport]:
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except (OSError, ValueError):
+        return None
+
+
+def _sources(report: CacheReport, first: int) -> list[SourceReport]:
+    """Realised shares (over the first ``first`` samples and all) and epochs of each source."""
+    described = report.description
+    index = load_table(os.path.join(report.directory, f"{report.base}-dataset_index.npy"), None)
+    datasets = described["datasets"]
+    counts_first = numpy.bincount(index[:first], minlength=len(datasets))
+    counts_all = numpy.bincount(index, minlength=len(datasets))
+    weights = numpy.asarray(described["weights"], dtype=numpy.float64)
+    weights = weights / weights.sum()
+    sources = []
+    for number, identifiers in enumerate(datasets):
+        # the source's own cache entry sits beside the blend's, under the md5 of its identity
+        key = describe(identifiers)[1]
+        entry = f"{key}-{identifiers['class']}-{identifiers['index_split']}"
+        sidecar = _read_json(os.path.join(report.directory, f"{entry}-megaindex.json")) or {}
+        plan = sidecar.get("plan")
+        extra = int((sidecar.get("config") or {}).get("add_extra_token_to_sequence", True))
+        epochs = None
+        if plan:
+            tokens = int(counts_all[number]) * identifiers["sequence_length"] + extra
+            epochs = tokens / plan["tokens_per_epoch"]
+        sources.append(
+            SourceReport(
+                dataset_path=identifiers.get("dataset_path"),
+                weight=float(weights[number]),
+                share_first=float(counts_first[number] / max(1, min(first, len(index)))),
+                share_all=float(counts_all[number] / max(1, len(index))),
+                samples_drawn=int(counts_all[number]),
+                epochs=epochs,
+            )
+        )
+    return sources
+
+
+def inspect_cache(directory: str, first: int = 10000) -> list[CacheReport]:
     """A report per cached dataset in ``directory`` (sorted by key)."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such cache directory")
     reports = []
     for description_path in sorted(glob.glob(os.path.join(directory, "*" + DESCRIPTION_SUFFIX))):
         base = os.path.basename(description_path)[: -len(DESCRIPTION_SUFFIX)]
-        with open(description_path, encoding="utf-8") as stream:
-            report = CacheReport(base, json.load(stream))
-        for table in TABLES:
-            path = os.path.join(directory, f"{base}-{table}.npy")
-            if os.path.isfile(path):
-                try:
-                    report.tables[table] = {**_npy_header(path), "bytes": os.path.getsize(path)}
-                except (OSError, ValueError) as error:
-                    report.tables[table] = {"error": str(error), "bytes": os.path.getsize(path)}
-        sidecar_path = os.path.join(directory, f"{base}-megaindex.json")
-        if os.path.isfile(sidecar_path):
-            with open(sidecar_path, encoding="utf-8") as stream:
-                report.plan = json.load(stream).get("plan")
-            report.sidecar = True
+        report = CacheReport(directory, base, _read_json(description_path) or {})
+        for path in sorted(glob.glob(os.path.join(directory, f"{base}-*.npy"))):
+            table = os.path.basename(path)[len(base) + 1 : -len(".npy")]
+            try:
+                report.tables[table] = {**_npy_header(path), "bytes": os.path.getsize(path)}
+            except (OSError, ValueError) as error:
+                report.tables[table] = {"error": str(error), "bytes": os.path.getsize(path)}
+        sidecar = _read_json(os.path.join(directory, f"{base}-megaindex.json"))
+        report.plan = (sidecar or {}).get("plan")
+        if report.description.get("class") == "BlendedDataset" and "dataset_index" in report.tables:
+            report.sources = _sources(report, first)
         reports.append(report)
     return reports

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from dataclasses import asdict
 from typing import Any
 
+import numpy
+
+from megaindex.blend import default_split, get_blend_and_blend_per_split
+from megaindex.blended_dataset import BlendedDataset
+from megaindex.budget import get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
+from megaindex.cache import load_table
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
@@ -21,63 +29,97 @@ from megaindex.utils import Split
 
 
 def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-path", required=True, metavar="PREFIX", help="corpus prefix")
-    parser.add_argument(
+    data = parser.add_argument_group("data (Megatron-LM's flags)")
+    data.add_argument(
+        "--data-path",
+        nargs="+",
+        metavar="ITEM",
+        help="a prefix, weight/prefix pairs, or prefixes weighted by their sizes",
+    )
+    data.add_argument("--data-args-path", help="a file holding the --data-path items")
+    for split in ("train", "valid", "test"):
+        data.add_argument(
+            f"--{split}-data-path", nargs="+", metavar="ITEM", help=f"the {split} split's own blend"
+        )
+    data.add_argument(
+        "--per-split-data-args-path", help='a JSON file {"train": ..., "valid": ..., "test": ...}'
+    )
+    data.add_argument(
         "--split",
-        default="969,30,1",
-        help="train,valid,test weights (default: Megatron's legacy 969,30,1)",
+        help="train,valid,test weights (default with a data path: "
+        "Megatron's legacy 969,30,1, with a warning)",
     )
-    parser.add_argument("--seq-length", type=int, required=True, help="tokens per sample")
-    parser.add_argument("--seed", type=int, default=1234, help="random seed (Megatron: 1234)")
-    samples = parser.add_mutually_exclusive_group(required=True)
-    samples.add_argument(
-        "--samples",
-        metavar="TRAIN[,VALID[,TEST]]",
-        help="samples per split; an empty or omitted count builds one epoch",
+    data.add_argument(
+        "--multiple-validation-sets",
+        action="store_true",
+        help="keep the validation blend's datasets apart",
     )
-    samples.add_argument(
-        "--train-iters",
-        type=int,
-        help="training iterations (with "
-        "--global-batch-size: train samples = iterations x batch size)",
-    )
-    parser.add_argument("--global-batch-size", type=int, help="samples per iteration")
-    parser.add_argument("--cache-dir", help="path_to_cache (default: <prefix>/cache/...)")
-    tokenizer = parser.add_mutually_exclusive_group(required=True)
-    tokenizer.add_argument(
-        "--null-tokenizer",
-        type=int,
-        metavar="VOCAB",
-        help="megatron-core's NullTokenizer(VOCAB): EOD = VOCAB",
-    )
-    tokenizer.add_argument(
-        "--tokenizer-identifiers",
-        metavar="JSON",
-        help="the unique_identifiers of the job's tokenizer (with --eod and --vocab-size)",
-    )
-    parser.add_argument("--eod", type=int, help="end-of-document id (with --tokenizer-identifiers)")
-    parser.add_argument(
-        "--vocab-size", type=int, help="vocabulary size (with --tokenizer-identifiers)"
-    )
-    parser.add_argument(
+    data.add_argument("--mid-level-dataset-surplus", type=float, default=0.005)
+    data.add_argument("--num-dataset-builder-threads", type=int, default=1)
+    data.add_argument("--seq-length", type=int, required=True, help="tokens per sample")
+    data.add_argument("--seed", type=int, default=1234, help="random seed (Megatron: 1234)")
+    data.add_argument("--cache-dir", help="path_to_cache (default: <prefix>/cache/...)")
+    data.add_argument(
         "--no-extra-token", action="store_true", help="add_extra_token_to_sequence=False"
     )
-    parser.add_argument(
+    data.add_argument(
         "--keep-last-partial-validation",
         action="store_true",
         help="drop_last_partial_validation_sequence=False",
     )
 
+    budget = parser.add_argument_group("sample budget (Megatron-LM's flags, or --samples)")
+    budget.add_argument(
+        "--samples",
+        metavar="TRAIN[,VALID[,TEST]]",
+        help="samples per split; an empty count builds one epoch",
+    )
+    budget.add_argument("--train-iters", type=int)
+    budget.add_argument("--train-samples", type=int)
+    budget.add_argument("--global-batch-size", type=int)
+    budget.add_argument("--eval-interval", type=int)
+    budget.add_argument("--eval-iters", type=int, default=0)
+    budget.add_argument("--eval-global-batch-size", type=int)
+    budget.add_argument("--full-validation", action="store_true")
+
+    tokenizer = parser.add_argument_group("tokenizer identity (it is part of the cache key)")
+    choice = tokenizer.add_mutually_exclusive_group(required=True)
+    choice.add_argument(
+        "--null-tokenizer",
+        type=int,
+        metavar="VOCAB",
+        help="megatron-core's NullTokenizer(VOCAB): EOD = VOCAB",
+    )
+    choice.add_argument(
+        "--tokenizer-identifiers",
+        metavar="JSON",
+        help="the unique_identifiers of the job's tokenizer (with --eod and --vocab-size)",
+    )
+    tokenizer.add_argument("--eod", type=int, help="end-of-document id")
+    tokenizer.add_argument("--vocab-size", type=int, help="vocabulary size")
+
 
 def _sizes(args: argparse.Namespace) -> list[int | None]:
-    if args.train_iters is not None:
-        if args.global_batch_size is None:
-            raise ValueError("--train-iters needs --global-batch-size")
-        return [args.train_iters * args.global_batch_size, None, None]
-    counts: list[int | None] = [int(c) if c.strip() else None for c in args.samples.split(",")]
-    if len(counts) > len(Split):
-        raise ValueError(f"--samples takes at most 3 counts, got {args.samples!r}")
-    return counts + [None] * (len(Split) - len(counts))
+    if args.samples is not None:
+        counts: list[int | None] = [int(c) if c.strip() else None for c in args.samples.split(",")]
+        if len(counts) > len(Split):
+            raise ValueError(f"--samples takes at most 3 counts, got {args.samples!r}")
+        return counts + [None] * (len(Split) - len(counts))
+    if args.global_batch_size is None:
+        raise ValueError(
+            "give --samples, or --global-batch-size with --train-iters or --train-samples"
+        )
+    return list(
+        get_train_valid_test_num_samples(
+            args.global_batch_size,
+            train_iters=args.train_iters,
+            train_samples=args.train_samples,
+            eval_interval=args.eval_interval,
+            eval_iters=args.eval_iters,
+            eval_global_batch_size=args.eval_global_batch_size,
+            full_validation=args.full_validation,
+        )
+    )
 
 
 def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer:
@@ -88,13 +130,28 @@ def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer:
     return IdentifiedTokenizer(args.eod, args.vocab_size, json.loads(args.tokenizer_identifiers))
 
 
-def build_datasets(args: argparse.Namespace, sizes: list[int | None] | None = None) -> list[Any]:
+def build_datasets(args: argparse.Namespace) -> list[Any]:
     """The datasets ``args`` describe, built (or loaded from the cache)."""
+    blend, blend_per_split = get_blend_and_blend_per_split(
+        args.data_path,
+        args.data_args_path,
+        args.train_data_path,
+        args.valid_data_path,
+        args.test_data_path,
+        args.per_split_data_args_path,
+    )
+    if blend is None and blend_per_split is None:
+        raise ValueError("give the data: --data-path, --data-args-path, or per-split paths")
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
-        blend=([args.data_path], None),
-        split=args.split,
+        blend=blend,
+        blend_per_split=blend_per_split,
+        split=default_split(args.split, blend),
+        multiple_validation_sets=args.multiple_validation_sets or None,
+        full_validation=args.full_validation or None,
+        num_dataset_builder_threads=args.num_dataset_builder_threads,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         path_to_cache=args.cache_dir,
         tokenizer=_tokenizer(args),
         reset_position_ids=False,
@@ -103,25 +160,63 @@ def build_datasets(args: argparse.Namespace, sizes: list[int | None] | None = No
         add_extra_token_to_sequence=not args.no_extra_token,
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
     )
-    return BlendedMegatronDatasetBuilder(
-        GPTDataset, sizes or _sizes(args), lambda: True, config
-    ).build()
+    return BlendedMegatronDatasetBuilder(GPTDataset, _sizes(args), lambda: True, config).build()
 
 
-def _report_built(split: Split, dataset: GPTDataset) -> str:
+def _report_built(split: Split, dataset: Any, indent: str = "") -> str:
+    if isinstance(dataset, list):  # multiple validation sets
+        return "\n".join(_report_built(split, d, indent) for d in dataset)
+    if isinstance(dataset, BlendedDataset):
+        line = (
+            f"{indent}{split.name:<5} {len(dataset):>12,} samples  blend of "
+            f"{len(dataset.datasets)}  {dataset.index_source}"
+        )
+        parts = [line] + [_report_built(split, d, indent + "    ") for d in dataset.datasets]
+        return "\n".join(parts)
     source = dataset.index_source
     key = source.cache_entry.base if source.cache_entry else "(not cached)"
-    line = f"{split.name:<5} {len(dataset):>12,} samples  {source.kind:<6}  {key}"
+    line = f"{indent}{split.name:<5} {len(dataset):>12,} samples  {source.kind:<6}  {key}"
     if source.seconds:
         phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in source.seconds.items())
-        line += f"\n      {phases}"
+        line += f"\n{indent}      {phases}"
     if dataset.epoch_plan is not None:
         plan = dataset.epoch_plan
         line += (
-            f"\n      {plan.num_epochs} epoch(s) of {plan.tokens_per_epoch:,} tokens, "
+            f"\n{indent}      {plan.num_epochs} epoch(s) of {plan.tokens_per_epoch:,} tokens, "
             f"separate final epoch: {'yes' if plan.separate_final_epoch else 'no'}"
         )
     return line
+
+
+def _plot(reports: list, path: str) -> None:
+    """Cumulative share of each source over the samples of each blend, if matplotlib exists."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as pyplot
+    except ImportError as error:
+        raise ValueError(f"--plot needs matplotlib ({error})") from None
+    blends = [r for r in reports if r.sources]
+    figure, axes = pyplot.subplots(
+        len(blends) or 1, 1, figsize=(8, 3 * max(1, len(blends))), squeeze=False
+    )
+    for axis, report in zip(axes[:, 0], blends, strict=False):
+        index = load_table(os.path.join(report.directory, f"{report.base}-dataset_index.npy"), None)
+        seen = numpy.arange(1, len(index) + 1)
+        for number, source in enumerate(report.sources):
+            axis.plot(
+                seen,
+                numpy.cumsum(index == number) / seen,
+                label=f"{source.dataset_path} (weight {source.weight:.3f})",
+            )
+            axis.axhline(source.weight, linestyle=":", linewidth=0.8)
+        axis.set_title(f"{report.description.get('split')} blend {report.base[:8]}")
+        axis.set_xlabel("samples")
+        axis.set_ylabel("share so far")
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path)
 
 
 class IndexCommand:
@@ -133,6 +228,13 @@ class IndexCommand:
         _dataset_arguments(build)
         inspect = commands.add_parser("inspect", help="what a cache directory holds")
         inspect.add_argument("cache_dir", metavar="CACHE_DIR")
+        inspect.add_argument(
+            "--first",
+            type=int,
+            default=10000,
+            help="blend shares are also shown over the first N samples",
+        )
+        inspect.add_argument("--plot", metavar="PNG", help="plot blend shares (needs matplotlib)")
         inspect.add_argument("--json", action="store_true", help="print JSON")
         explain = commands.add_parser("explain", help="which documents a sample is cut from")
         _dataset_arguments(explain)
@@ -160,40 +262,21 @@ class IndexCommand:
         return 0
 
     def _inspect(self, args: argparse.Namespace) -> int:
-        reports = inspect_cache(args.cache_dir)
+        reports = inspect_cache(args.cache_dir, args.first)
+        if args.plot:
+            _plot(reports, args.plot)
         if args.json:
             print(
                 json.dumps(
-                    [vars(r) | {"bytes_on_disk": r.bytes_on_disk} for r in reports], indent=2
+                    [asdict(r) | {"bytes_on_disk": r.bytes_on_disk} for r in reports], indent=2
                 )
             )
             return 0
         if not reports:
             print(f"{args.cache_dir}: no cached datasets")
         for report in reports:
-            described = report.description
-            print(f"{report.base}")
-            print(
-                f"  {described.get('class')} {described.get('index_split')} of "
-                f"{described.get('dataset_path')}: seq {described.get('sequence_length')}, "
-                f"seed {described.get('random_seed')}, split {described.get('split')}"
-            )
-            samples = report.samples
-            print(f"  samples: {samples:,}" if samples is not None else "  samples: unknown")
-            if report.plan:
-                print(
-                    f"  epochs: {report.plan['num_epochs']}, separate final epoch: "
-                    f"{'yes' if report.plan['separate_final_epoch'] else 'no'}"
-                )
-            else:
-                print("  epochs: not recorded (built by megatron-core)")
-            for table, info in report.tables.items():
-                shape = info.get("shape", info.get("error"))
-                print(
-                    f"  {table:<15} {info.get('dtype', '?'):<7} {shape!s:<16} "
-                    f"{info['bytes']:>14,} bytes"
-                )
-            print(f"  total {report.bytes_on_disk:,} bytes")
+            print(report.base)
+            print(_describe_report(report, args.first))
         return 0
 
     def _explain(self, args: argparse.Namespace) -> int:
@@ -205,15 +288,24 @@ class IndexCommand:
             raise IndexError(
                 f"sample {args.sample} out of range: the {split.name} split has {len(dataset)}"
             )
-        row = int(dataset.shuffle_index[args.sample])
+        sample = args.sample
+        if isinstance(dataset, BlendedDataset):
+            number = int(dataset.dataset_index[sample])
+            sample = int(dataset.dataset_sample_index[sample])
+            dataset = dataset.datasets[number]
+            print(
+                f"{split.name} sample {args.sample} is sample {sample} of dataset {number} "
+                f"({dataset.dataset_path}) of the blend"
+            )
+        row = int(dataset.shuffle_index[sample])
         (begin, begin_offset), (end, end_offset) = dataset.sample_index[row : row + 2].tolist()
         extra = int(dataset.config.add_extra_token_to_sequence)
         print(
-            f"{split.name} sample {args.sample} is row {row} of the sample index: from "
+            f"{split.name} sample {sample} is row {row} of the sample index: from "
             f"document_index[{begin}] offset {begin_offset} to document_index[{end}] offset "
             f"{end_offset} (+{extra} extra token)"
         )
-        text, documents = dataset._query_document_sample_shuffle_indices(args.sample)
+        text, documents = dataset._query_document_sample_shuffle_indices(sample)
         for position, document in zip(range(begin, end + 1), documents.tolist(), strict=True):
             length = int(dataset.dataset.sequence_lengths[document])
             first = begin_offset if position == begin else 0
@@ -222,3 +314,47 @@ class IndexCommand:
         if args.tokens:
             print(" ".join(map(str, text.tolist())))
         return 0
+
+
+def _describe_report(report: Any, first: int) -> str:
+    described = report.description
+    lines = []
+    if described.get("class") == "BlendedDataset":
+        lines.append(
+            f"  BlendedDataset {described.get('split')}: "
+            f"{len(described.get('datasets', []))} datasets, size {described.get('size')}"
+        )
+    else:
+        lines.append(
+            f"  {described.get('class')} {described.get('index_split')} of "
+            f"{described.get('dataset_path')}: seq {described.get('sequence_length')}, "
+            f"seed {described.get('random_seed')}, split {described.get('split')}"
+        )
+    samples = report.samples
+    lines.append(f"  samples: {samples:,}" if samples is not None else "  samples: unknown")
+    if report.plan:
+        lines.append(
+            f"  epochs: {report.plan['num_epochs']}, separate final epoch: "
+            f"{'yes' if report.plan['separate_final_epoch'] else 'no'}"
+        )
+    elif described.get("class") != "BlendedDataset":
+        lines.append("  epochs: not recorded (built by megatron-core)")
+    for table, info in report.tables.items():
+        shape = info.get("shape", info.get("error"))
+        lines.append(
+            f"  {table:<20} {info.get('dtype', '?'):<7} {shape!s:<16} {info['bytes']:>14,} bytes"
+        )
+    lines.append(f"  total {report.bytes_on_disk:,} bytes")
+    if report.sources:
+        lines.append(
+            f"  {'source':<40} {'weight':>8} {'first ' + str(first):>12} "
+            f"{'all':>8} {'samples':>10} {'epochs':>8}"
+        )
+        for source in report.sources:
+            epochs = "?" if source.epochs is None else f"{source.epochs:.3f}"
+            lines.append(
+                f"  {str(source.dataset_path)[-40:]:<40} {source.weight:>8.4f} "
+                f"{source.share_first:>12.4f} {source.share_all:>8.4f} "
+                f"{source.samples_drawn:>10,} {epochs:>8}"
+            )
+    return "\n".join(lines)

@@ -4,10 +4,10 @@
 arguments build the same configuration and, through it, the same cache keys. Validation that
 megatron-core does with ``assert`` raises :class:`~megaindex.errors.ConfigError` here.
 
-Two fields are additions, both at the end with defaults that keep megatron-core's behaviour
-where it is safe: ``stale_cache`` says what to do when a cached index was built from a corpus
-that has changed since ("rebuild" with a warning, or "error"), and ``barrier_timeout`` bounds how
-long ranks wait for each other while building.
+Two fields are additions, each at the end of its class with a default: ``barrier_timeout``
+bounds how long ranks wait for each other while building (megatron-core hangs), and
+``stale_cache`` says what to do when a cached index was built from a corpus that has changed
+since ("rebuild" with a warning, or "error").
 """
 
 from __future__ import annotations
@@ -82,6 +82,10 @@ class BlendedMegatronDatasetConfig:
 
     defer_npy_index_mmap: bool = False
     """Map the cached tables on first access instead of at construction."""
+
+    barrier_timeout: float | None = 1800.0
+    """Seconds a rank waits at a dataset-building barrier before failing with the ranks that
+    never arrived (None: wait as long as the process group allows)."""
 
     def __post_init__(self) -> None:
         if self.fast_cache_load:

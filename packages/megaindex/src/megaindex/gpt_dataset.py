@@ -10,26 +10,24 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
 
 from megafmt import IndexedDataset, corpus_fingerprint, fingerprint_changes
-from megaindex import distributed
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
     IndexCache,
     TableSpec,
+    cached_tables,
     load_table,
     specs_from_sidecar,
     table_specs,
 )
 from megaindex.config import GPTDatasetConfig
-from megaindex.errors import CacheError, StaleCacheError
+from megaindex.errors import StaleCacheError
 from megaindex.gpt_index import (
     build_gpt_index_tables,
     expected_sample_count,
@@ -137,31 +135,26 @@ class GPTDataset(MegatronDataset):
         if self.shuffle_index is None:
             self._map_deferred_tables()
         sample = int(self.shuffle_index[idx])
-        begin, begin_offset = (int(v) for v in self.sample_index[sample])
-        end, end_offset = (int(v) for v in self.sample_index[sample + 1])
+        (begin, begin_offset), (end, end_offset) = self.sample_index[sample : sample + 2].tolist()
         extra = int(self.config.add_extra_token_to_sequence)
-        document_ids = self.document_index[begin : end + 1].astype(numpy.int64)
-        text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
-        get = self.dataset.get
+        documents = self.document_index[begin : end + 1].tolist()
+        # the first document from begin_offset, the last up to end_offset (and the extra token)
+        offsets = [begin_offset] + [0] * (len(documents) - 1)
+        lengths: list[int | None] = [None] * (len(documents) - 1) + [end_offset + extra]
         if begin == end:
-            part = get(
-                int(document_ids[0]), offset=begin_offset, length=end_offset - begin_offset + extra
-            )
-            filled = len(part)
-            text[:filled] = part
-        else:
+            lengths[0] = end_offset - begin_offset + extra
+        text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
+        read_spans = getattr(self.dataset, "read_spans", None)
+        if read_spans is not None:
+            filled = read_spans(documents, offsets, lengths, text)
+        else:  # a low-level dataset with only megatron-core's get()
             filled = 0
-            last = len(document_ids) - 1
-            for position, document in enumerate(document_ids.tolist()):
-                part = get(
-                    document,
-                    offset=begin_offset if position == 0 else 0,
-                    length=end_offset + extra if position == last else None,
-                )
+            for document, offset, length in zip(documents, offsets, lengths, strict=True):
+                part = self.dataset.get(document, offset=offset, length=length)
                 text[filled : filled + len(part)] = part
                 filled += len(part)
         text[filled:] = self._pad_token_id
-        return text, document_ids
+        return text, numpy.array(documents, dtype=numpy.int64)
 
     def _get_num_tokens_per_epoch(self) -> int:
         return tokens_per_epoch(self.dataset.sequence_lengths, self.indices)
@@ -290,43 +283,22 @@ class GPTDataset(MegatronDataset):
         if self.config.fast_cache_load:
             tables = cache.load(None, check=False)
             return tuple(tables[name] for name in TABLES)
-        tables = self._cached_or_built(cache)
+        tables, self.index_source.kind = cached_tables(
+            cache,
+            lambda: self._load_cached(cache),
+            self._build_tables,
+            self._sidecar,
+            self.index_source.seconds,
+        )
         return tuple(tables[name] for name in TABLES)
 
-    def _cached_or_built(self, cache: IndexCache) -> dict[str, numpy.ndarray]:
-        builds_here = distributed.builds_shared_files()
-        if cache.entry.complete():
-            try:
-                return self._load_cached(cache)
-            except DamagedCacheError as damage:
-                if not builds_here:
-                    raise CacheError(
-                        f"rank {distributed.global_rank()}: {damage}; global rank 0 should have "
-                        "rebuilt it before the others load it"
-                    ) from None
-                warnings.warn(f"rebuilding the index cache: {damage}", stacklevel=4)
-        elif not builds_here:
-            raise CacheError(
-                f"rank {distributed.global_rank()} found no complete index cache at "
-                f"{cache.entry.description_path}: global rank 0 builds it before the other "
-                "ranks load it (do all ranks call the dataset builder?)"
-            )
-        self.index_source.kind = "built"
-        tables = self._build_tables()
-        if cache.entry.complete():  # another process finished the same cache meanwhile
-            try:
-                return self._load_cached(cache)
-            except (DamagedCacheError, StaleCacheError):
-                pass
-        start = time.perf_counter()
+    def _sidecar(self, tables: dict[str, numpy.ndarray]) -> dict[str, Any]:
         plan = {
             "num_epochs": self.epoch_plan.num_epochs,
             "separate_final_epoch": self.epoch_plan.separate_final_epoch,
             "tokens_per_epoch": self.epoch_plan.tokens_per_epoch,
         }
-        cache.save(tables, {**self._fingerprint(), "plan": plan, "tables": table_specs(tables)})
-        self.index_source.seconds["save"] = time.perf_counter() - start
-        return tables
+        return {**self._fingerprint(), "plan": plan, "tables": table_specs(tables)}
 
 
 def _flatten(fingerprint: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from megaindex.errors import IndexBuildError
-from megaindex.helpers import build_sample_idx, sample_count
+from megaindex.helpers import build_sample_idx, sample_count, shuffle
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class GPTIndexTables:
 
 def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray) -> int:
     """Tokens in one pass over the sequences at ``indices``."""
+    if len(indices) and numpy.all(numpy.diff(indices) == 1):  # a split: sum a slice, no copy
+        return int(sequence_lengths[indices[0] : indices[-1] + 1].sum(dtype=numpy.int64))
     return int(numpy.sum(sequence_lengths[indices], dtype=numpy.int64))
 
 
@@ -92,10 +94,10 @@ def build_document_index(
     document_index = numpy.empty(num_epochs * len(documents), dtype=numpy.int32)
     document_index.reshape(num_epochs, len(documents))[:] = documents
     if separate_final_epoch and num_epochs > 1:
-        random_state.shuffle(document_index[: (num_epochs - 1) * len(documents)])
-        random_state.shuffle(document_index[(num_epochs - 1) * len(documents) :])
+        shuffle(random_state, document_index[: (num_epochs - 1) * len(documents)])
+        shuffle(random_state, document_index[(num_epochs - 1) * len(documents) :])
     else:
-        random_state.shuffle(document_index)
+        shuffle(random_state, document_index)
     return document_index
 
 
@@ -106,9 +108,9 @@ def build_shuffle_index(
     each part shuffled on its own."""
     dtype = numpy.int64 if total_size >= UINT32_SHUFFLE_LIMIT else numpy.uint32
     shuffle_index = numpy.arange(total_size, dtype=dtype)
-    random_state.shuffle(shuffle_index[:num_samples])
+    shuffle(random_state, shuffle_index[:num_samples])
     if num_samples != total_size:
-        random_state.shuffle(shuffle_index[num_samples:])
+        shuffle(random_state, shuffle_index[num_samples:])
     return shuffle_index
 
 

@@ -42,6 +42,20 @@ def _positive(name: str, value: int) -> int:
     return int(value)
 
 
+def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> None:
+    """``random_state.shuffle(array)``: the same permutation and the same state afterwards, run
+    by the backend (the C++ one prefetches the swaps, several times faster on large arrays)."""
+    if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError("shuffle needs a writeable, contiguous 1-D array")
+    if len(array) < 2:
+        random_state.shuffle(array)
+        return
+    name, key, pos, has_gauss, cached_gaussian = random_state.get_state()
+    key = numpy.array(key, dtype=numpy.uint32)
+    pos = implementation().legacy_shuffle(key, int(pos), array)
+    random_state.set_state((name, key, pos, has_gauss, cached_gaussian))
+
+
 def sample_index_dtype(sizes: numpy.ndarray, num_documents: int) -> type:
     """The sample index dtype for a stream of ``num_documents`` documents of these ``sizes``:
     int32 when every position and offset fits it, else int64 (megatron-core's choice)."""

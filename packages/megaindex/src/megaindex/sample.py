@@ -91,7 +91,7 @@ class SampleMaker:
             attention_mask = None
         elif self.reset_attention_mask:
             mask = numpy.empty((self.sequence_length, self.sequence_length), dtype=numpy.bool_)
-            implementation().fill_document_causal_mask(starts, mask)
+            implementation().fill_document_causal_mask(starts, mask, torch.get_num_threads())
             attention_mask = torch.from_numpy(mask).unsqueeze(0)
         else:
             attention_mask = self.causal_mask

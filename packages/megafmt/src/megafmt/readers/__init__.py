@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megafmt.readers.base import BinReader, BinReaderFactory
+from megafmt.readers.base import BinReader, BinReaderFactory, ViewableBinReader
 from megafmt.registry import Registry
 
 READERS: Registry[BinReaderFactory] = Registry(
@@ -37,6 +37,7 @@ __all__ = [
     "READERS",
     "BinReader",
     "BinReaderFactory",
+    "ViewableBinReader",
     "default_reader_name",
     "is_url",
     "open_bin_reader",

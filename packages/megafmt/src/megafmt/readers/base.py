@@ -40,6 +40,17 @@ class BinReader(Protocol):
         ...
 
 
+class ViewableBinReader(BinReader, Protocol):
+    """A reader that can also hand out the whole file as one array (the ``mmap`` reader).
+
+    Datasets use ``view`` when a reader has it, and ``read`` otherwise.
+    """
+
+    def view(self, dtype: Any) -> numpy.ndarray:
+        """The whole file as a read-only array of ``dtype``."""
+        ...
+
+
 class BinReaderFactory(Protocol):
     """What a ``megafmt.readers`` entry point loads: ``factory(path, **options)``."""
 

@@ -1,0 +1,152 @@
+"""Reading blends the way Megatron-LM's command line states them.
+
+``--data-path`` (or ``--data-args-path``, a file holding the same words) is a single prefix, a
+list of ``weight prefix`` pairs, or a list of prefixes whose weights come from their sizes.
+``--train-data-path``/``--valid-data-path``/``--test-data-path`` (or ``--per-split-data-args-path``,
+a JSON file ``{"train": ..., "valid": ..., "test": ...}``) give each split its own blend.
+
+The results equal megatron-core's ``get_blend_from_list`` for every list it accepts. Where it
+would guess (a list mixing numbers and prefixes, a negative or zero weight) or fail later with a
+bare error (a prefix that does not exist), this module says which item is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+
+from megafmt import IndexedDataset
+from megaindex.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+Blend = tuple[list[str], list[float] | None]
+
+#: the split Megatron-LM falls back to when only a data path is given
+LEGACY_DEFAULT_SPLIT = "969, 30, 1"
+
+
+def _weight(item: str) -> float | None:
+    try:
+        return float(item)
+    except ValueError:
+        return None
+
+
+def get_blend_from_list(blend: Sequence[str] | None) -> Blend | None:
+    """``["30", "a", "70", "b"]`` -> ``(["a", "b"], [30.0, 70.0])``; ``["a", "b"]`` ->
+    ``(["a", "b"], None)`` (weights from sizes); a single prefix -> ``(["a"], None)``."""
+    if blend is None:
+        return None
+    items = list(blend)
+    if not items:
+        raise ConfigError("the data path is empty: give a prefix, or weight/prefix pairs")
+    if len(items) % 2 == 1:
+        weights = [_weight(item) for item in items]
+        if all(w is not None for w in weights) or any(w is not None for w in weights[0::2]):
+            numbers = [item for item, w in zip(items, weights, strict=True) if w is not None]
+            raise ConfigError(
+                f"the data path has an odd number of items ({len(items)}), so it must be a list "
+                f"of prefixes, but {numbers[0]!r} looks like a weight: give weight/prefix pairs"
+            )
+        return [item.strip() for item in items], None
+    pairs = list(zip(items[0::2], items[1::2], strict=True))
+    weights = [_weight(weight) for weight, _ in pairs]
+    if all(w is None for w in weights):
+        return [item.strip() for item in items], None
+    for position, ((raw, prefix), weight) in enumerate(zip(pairs, weights, strict=True)):
+        if weight is None:
+            first = next(i for i, w in enumerate(weights) if w is not None)
+            raise ConfigError(
+                f"data path item {2 * position + 1} ({raw!r}) should be the weight of "
+                f"{prefix!r}: item {2 * first + 1} ({pairs[first][0]!r}) is a weight, so every "
+                "odd item must be one"
+            )
+        if weight < 0 or weight != weight:
+            raise ConfigError(f"the weight of {prefix!r} is {raw}; weights must be >= 0")
+    if sum(weights) <= 0:
+        raise ConfigError(f"the weights {[raw for raw, _ in pairs]} are all zero")
+    return [prefix.strip() for _, prefix in pairs], weights
+
+
+def _words(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return stream.read().split()
+    except OSError as error:
+        raise ConfigError(f"cannot read the data arguments file {path}: {error}") from error
+
+
+def get_blend_and_blend_per_split(
+    data_path: Sequence[str] | None = None,
+    data_args_path: str | None = None,
+    train_data_path: Sequence[str] | None = None,
+    valid_data_path: Sequence[str] | None = None,
+    test_data_path: Sequence[str] | None = None,
+    per_split_data_args_path: str | None = None,
+) -> tuple[Blend | None, list[Blend | None] | None]:
+    """``(blend, blend_per_split)`` from Megatron-LM's data arguments (at most one form)."""
+    per_split = [train_data_path, valid_data_path, test_data_path]
+    uses_blend = data_path is not None or data_args_path is not None
+    uses_per_split = any(p is not None for p in per_split) or per_split_data_args_path is not None
+    if uses_blend and uses_per_split:
+        raise ConfigError(
+            "give either --data-path/--data-args-path or the per-split data paths, not both"
+        )
+    if uses_blend:
+        if data_path is not None and data_args_path is not None:
+            raise ConfigError("give --data-path or --data-args-path, not both")
+        return get_blend_from_list(_words(data_args_path) if data_args_path else data_path), None
+    if not uses_per_split:
+        return None, None
+    if per_split_data_args_path is not None:
+        try:
+            with open(per_split_data_args_path, encoding="utf-8") as stream:
+                by_split = json.load(stream)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"cannot read {per_split_data_args_path}: {error}") from error
+        missing = [name for name in ("train", "valid", "test") if name not in by_split]
+        if missing:
+            raise ConfigError(
+                f"{per_split_data_args_path} has no {', '.join(missing)} entry; "
+                "expected keys train, valid and test"
+            )
+        per_split = [
+            by_split[name].split() if isinstance(by_split[name], str) else by_split[name]
+            for name in ("train", "valid", "test")
+        ]
+    return None, [get_blend_from_list(blend) for blend in per_split]
+
+
+def default_split(split: str | None, blend: Blend | None) -> str | None:
+    """Megatron-LM's split when none is given with a data path: the legacy 969,30,1 (with a
+    warning: 3% validation, not the 99,1,0 most people expect)."""
+    if split is None and blend is not None:
+        warnings.warn(
+            f"no split given with the data path: using Megatron's legacy default "
+            f"{LEGACY_DEFAULT_SPLIT!r} (96.9% train, 3% validation, 0.1% test); pass a split "
+            "such as '99,1,0' to choose",
+            stacklevel=2,
+        )
+        return LEGACY_DEFAULT_SPLIT
+    return split
+
+
+def check_prefixes_exist(blends: Sequence[Blend | None]) -> None:
+    """Raise naming every prefix whose ``.bin``/``.idx`` pair is missing."""
+    missing = sorted(
+        {
+            prefix
+            for blend in blends
+            if blend is not None
+            for prefix in blend[0]
+            if not IndexedDataset.exists(prefix)
+        }
+    )
+    if missing:
+        raise ConfigError(
+            "no .bin/.idx corpus at: " + ", ".join(missing) + f" (working directory {os.getcwd()})"
+        )

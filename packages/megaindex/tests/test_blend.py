@@ -1,0 +1,86 @@
+import json
+
+import pytest
+
+from megaindex import ConfigError, get_blend_and_blend_per_split, get_blend_from_list
+from megaindex.blend import LEGACY_DEFAULT_SPLIT, check_prefixes_exist, default_split
+
+
+@pytest.mark.parametrize(
+    "items,expected",
+    [
+        (["data"], (["data"], None)),
+        (["30", "web", "70", "code"], (["web", "code"], [30.0, 70.0])),
+        (["web", "code", "math"], (["web", "code", "math"], None)),
+        (["web", "code"], (["web", "code"], None)),
+        (["0.5", " web ", "0", "code"], (["web", "code"], [0.5, 0.0])),
+    ],
+)
+def test_blend_forms(items, expected):
+    assert get_blend_from_list(items) == expected
+    assert get_blend_from_list(None) is None
+
+
+@pytest.mark.parametrize(
+    "items,message",
+    [
+        (
+            ["0.5", "web", "code", "math"],
+            r"item 3 \('code'\) should be the weight of 'math': "
+            r"item 1 \('0.5'\) is a weight",
+        ),
+        (["-1", "web", "2", "code"], "the weight of 'web' is -1; weights must be >= 0"),
+        (["0", "web", "0", "code"], "are all zero"),
+        (["1", "web", "code"], "odd number of items .* '1' looks like a weight"),
+        ([], "the data path is empty"),
+    ],
+)
+def test_blend_mistakes_name_the_item(items, message):
+    with pytest.raises(ConfigError, match=message):
+        get_blend_from_list(items)
+
+
+def test_data_args_path_holds_the_same_words(tmp_path):
+    path = tmp_path / "blend.txt"
+    path.write_text("0.3 web\n0.7 code\n")
+    assert get_blend_and_blend_per_split(data_args_path=str(path)) == (
+        (["web", "code"], [0.3, 0.7]),
+        None,
+    )
+    with pytest.raises(ConfigError, match="cannot read the data arguments file"):
+        get_blend_and_blend_per_split(data_args_path=str(tmp_path / "missing.txt"))
+
+
+def test_per_split_json(tmp_path):
+    path = tmp_path / "splits.json"
+    path.write_text(json.dumps({"train": "0.5 a 0.5 b", "valid": ["c"], "test": ["d", "e"]}))
+    blend, per_split = get_blend_and_blend_per_split(per_split_data_args_path=str(path))
+    assert blend is None
+    assert per_split == [(["a", "b"], [0.5, 0.5]), (["c"], None), (["d", "e"], None)]
+    path.write_text(json.dumps({"train": ["a"]}))
+    with pytest.raises(ConfigError, match="has no valid, test entry"):
+        get_blend_and_blend_per_split(per_split_data_args_path=str(path))
+
+
+def test_per_split_paths_and_exclusivity():
+    assert get_blend_and_blend_per_split(train_data_path=["a"], test_data_path=["b"]) == (
+        None,
+        [(["a"], None), None, (["b"], None)],
+    )
+    with pytest.raises(ConfigError, match="not both"):
+        get_blend_and_blend_per_split(data_path=["a"], train_data_path=["b"])
+    assert get_blend_and_blend_per_split() == (None, None)
+
+
+def test_legacy_default_split_warns():
+    with pytest.warns(UserWarning, match="legacy default '969, 30, 1'.*3% validation"):
+        assert default_split(None, (["a"], None)) == LEGACY_DEFAULT_SPLIT
+    assert default_split("99,1,0", (["a"], None)) == "99,1,0"
+
+
+def test_missing_prefixes_are_all_named(corpus, tmp_path):
+    check_prefixes_exist([([corpus], None)])
+    with pytest.raises(ConfigError, match=r"no .bin/.idx corpus at: .*/gone, .*/lost"):
+        check_prefixes_exist(
+            [([corpus, str(tmp_path / "lost")], None), None, ([str(tmp_path / "gone")], None)]
+        )

@@ -1,0 +1,222 @@
+"""Blends against megatron-core: parsing, every mid-level and blended table, the blended cache
+shared both ways, and samples with their dataset_id."""
+
+import os
+
+import numpy
+import pytest
+import torch
+from megatron.core.datasets.blended_dataset import BlendedDataset as MegatronBlendedDataset
+from megatron.core.datasets.blended_megatron_dataset_builder import (
+    BlendedMegatronDatasetBuilder as MegatronBuilder,
+)
+from megatron.core.datasets.blended_megatron_dataset_config import (
+    parse_and_normalize_split as megatron_parse_split,
+)
+from megatron.core.datasets.gpt_dataset import GPTDataset as MegatronGPTDataset
+from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MegatronConfig
+from megatron.core.datasets.gpt_dataset import MockGPTDataset as MegatronMockGPTDataset
+from megatron.core.datasets.utils import get_blend_from_list as megatron_blend_from_list
+from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+import megafmt
+import megaindex
+
+VOCAB = 1000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_process_group(tmp_path_factory):
+    """megatron-core's BlendedDataset asks torch.distributed for the rank unguarded."""
+    store = tmp_path_factory.mktemp("pg") / "store"
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=0, world_size=1
+    )
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """Five corpora of different sizes and document lengths."""
+    directory = tmp_path_factory.mktemp("blend")
+    prefixes = []
+    for number, (documents, longest) in enumerate(
+        [(300, 60), (120, 30), (500, 90), (80, 200), (200, 10)]
+    ):
+        prefix = str(directory / f"corpus{number}")
+        rng = numpy.random.default_rng(number)
+        builder = megafmt.IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+        for _ in range(documents):
+            tokens = [*rng.integers(0, VOCAB, int(rng.integers(1, longest))).tolist(), VOCAB]
+            builder.add_document(tokens, [len(tokens)])
+        builder.finalize(prefix + ".idx")
+        prefixes.append(prefix)
+    return prefixes
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        ["a"],
+        ["30", "a", "70", "b"],
+        ["a", "b", "c"],
+        ["a", "b"],
+        ["0.2", "x", "0.3", "y", "5", "z"],
+        [" 1 ", " p "],
+    ],
+)
+def test_blend_lists_parse_alike(items):
+    assert megaindex.get_blend_from_list(items) == megatron_blend_from_list(items)
+
+
+@pytest.mark.parametrize("split", ["99,1,0", "969, 30, 1", "98,2", "1", "2,3,5"])
+def test_splits_parse_alike(split):
+    assert megaindex.parse_and_normalize_split(split) == megatron_parse_split(split)
+
+
+def build_both(
+    directory, sizes, dataset_classes=(MegatronGPTDataset, megaindex.GPTDataset), **fields
+):
+    common = dict(
+        random_seed=1234,
+        sequence_length=24,
+        tokenizer=NullTokenizer(VOCAB),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    common.update(fields)
+    theirs = MegatronBuilder(
+        dataset_classes[0],
+        sizes,
+        lambda: True,
+        MegatronConfig(path_to_cache=os.path.join(directory, "megatron"), **common),
+    ).build()
+    ours = megaindex.BlendedMegatronDatasetBuilder(
+        dataset_classes[1],
+        sizes,
+        lambda: True,
+        megaindex.GPTDatasetConfig(path_to_cache=os.path.join(directory, "ours"), **common),
+    ).build()
+    return theirs, ours
+
+
+def assert_same_dataset(theirs, ours, samples=True):
+    assert type(theirs).__name__ == type(ours).__name__
+    assert theirs.unique_description == ours.unique_description
+    if isinstance(theirs, MegatronBlendedDataset):
+        for name in ("dataset_index", "dataset_sample_index"):
+            reference, mine = getattr(theirs, name), getattr(ours, name)
+            assert mine.dtype == reference.dtype, name
+            numpy.testing.assert_array_equal(mine, reference, err_msg=name)
+        for reference, mine in zip(theirs.datasets, ours.datasets, strict=True):
+            assert_same_dataset(reference, mine, samples=False)
+    else:
+        for name in ("document_index", "sample_index", "shuffle_index"):
+            numpy.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name))
+            assert getattr(ours, name).dtype == getattr(theirs, name).dtype
+    assert len(ours) == len(theirs)
+    if samples:
+        for idx in [*range(min(len(theirs), 30)), *range(max(len(theirs) - 1, 30), len(theirs))]:
+            reference, mine = theirs[idx], ours[idx]
+            assert list(mine) == list(reference)
+            for key, value in reference.items():
+                if key == "dataset_id":
+                    assert mine[key] == value and type(mine[key]) is type(value)
+                else:
+                    assert torch.equal(mine[key], value), (idx, key)
+
+
+BLENDS = [
+    pytest.param([0.3, 0.7], 2, [2000, 100, 20], id="two-weighted"),
+    pytest.param([0.05, 0.6, 0.15, 0.1, 0.1], 5, [3000, 200, 50], id="five-skewed"),
+    pytest.param(None, 3, [1500, 80, 10], id="three-from-sizes"),
+    pytest.param(None, 4, [None, None, None], id="four-exhaustive"),
+    pytest.param([1, 3], 2, [800, 60, 0], id="integer-weights-empty-test"),
+]
+
+
+@pytest.mark.parametrize("weights,count,sizes", BLENDS)
+def test_blends_equal(corpora, tmp_path, weights, count, sizes):
+    items = []
+    for number in range(count):
+        items += ([str(weights[number])] if weights else []) + [corpora[number]]
+    blend = megaindex.get_blend_from_list(items)
+    theirs, ours = build_both(str(tmp_path), sizes, blend=blend, split="90,8,2")
+    for reference, mine in zip(theirs, ours, strict=True):
+        if reference is None:
+            assert mine is None
+            continue
+        assert_same_dataset(reference, mine)
+
+
+def test_per_split_blends_equal(corpora, tmp_path):
+    per_split = [
+        ([corpora[0], corpora[1]], [0.4, 0.6]),
+        ([corpora[2]], None),
+        ([corpora[3], corpora[4]], None),
+    ]
+    theirs, ours = build_both(str(tmp_path), [1000, 50, 30], blend_per_split=per_split)
+    for reference, mine in zip(theirs, ours, strict=True):
+        assert_same_dataset(reference, mine)
+
+
+def test_multiple_validation_sets_equal(corpora, tmp_path):
+    per_split = [([corpora[0]], None), ([corpora[1], corpora[2]], None), None]
+    theirs, ours = build_both(
+        str(tmp_path), [500, None, None], blend_per_split=per_split, multiple_validation_sets=True
+    )
+    assert isinstance(ours[1], list) and len(ours[1]) == 2
+    for reference, mine in zip(theirs[1], ours[1], strict=True):
+        assert_same_dataset(reference, mine)
+
+
+def test_mock_equal(tmp_path):
+    theirs, ours = build_both(
+        str(tmp_path),
+        [300, 30, 30],
+        dataset_classes=(MegatronMockGPTDataset, megaindex.MockGPTDataset),
+    )
+    for reference, mine in zip(theirs, ours, strict=True):
+        assert_same_dataset(reference, mine)
+
+
+def cache_files(directory):
+    return {
+        name: os.stat(os.path.join(directory, name)).st_mtime_ns
+        for name in sorted(os.listdir(directory))
+    }
+
+
+@pytest.mark.parametrize("first", ["megatron", "ours"])
+def test_blended_cache_is_shared_both_ways(corpora, tmp_path, first):
+    cache = str(tmp_path / "shared")
+    common = dict(
+        random_seed=9,
+        sequence_length=24,
+        tokenizer=NullTokenizer(VOCAB),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        blend=([corpora[0], corpora[2]], [0.25, 0.75]),
+        split="95,5,0",
+        path_to_cache=cache,
+    )
+    megatron_build = lambda: MegatronBuilder(  # noqa: E731
+        MegatronGPTDataset, [1000, 40, 0], lambda: True, MegatronConfig(**common)
+    ).build()
+    our_build = lambda: megaindex.BlendedMegatronDatasetBuilder(  # noqa: E731
+        megaindex.GPTDataset, [1000, 40, 0], lambda: True, megaindex.GPTDatasetConfig(**common)
+    ).build()
+    builds = {"megatron": megatron_build, "ours": our_build}
+    second = "ours" if first == "megatron" else "megatron"
+    made = builds[first]()
+    before = cache_files(cache)
+    assert any("BlendedDataset" in name for name in before)
+    loaded = builds[second]()
+    assert cache_files(cache) == before  # nothing rebuilt or rewritten
+    for a, b in zip(made, loaded, strict=True):
+        if a is not None:
+            theirs, ours = (a, b) if first == "megatron" else (b, a)
+            assert_same_dataset(theirs, ours)

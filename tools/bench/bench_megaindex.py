@@ -1,0 +1,266 @@
+"""megaindex against megatron-core, side by side on the same corpus and configuration.
+
+    .venv/bin/python tools/bench/bench_megaindex.py [--documents 20e6] [--samples-s 4096]
+
+1. Index build: a synthetic corpus of ``--documents`` documents (the ``.idx`` written directly,
+   the ``.bin`` sparse) and enough samples of 4096 tokens for 2 epochs. Each side builds its
+   cache in a fresh process; the time of ``build()`` and the process's peak RSS are reported.
+2. Cache-hit start-up: a fresh process constructs the datasets again from the cache.
+3. ``__getitem__`` throughput at sequence length 4096 on a corpus of 20k documents of 50-950
+   tokens, without reset flags, with them, and with them and an attention mask.
+
+Prints each figure for both and the ratio (>1 means megaindex is better). Files go to
+``build/bench`` and are deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKDIR = ROOT / "build" / "bench_megaindex"
+VOCAB = 50000
+SEQUENCE_LENGTH = 4096
+
+
+def quiet_imports():
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+
+
+def tokenizer():
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    return NullTokenizer(VOCAB)
+
+
+def classes(side: str) -> tuple:
+    """The builder, dataset and config classes of megatron-core or megaindex."""
+    if side == "megatron":
+        from megatron.core.datasets.blended_megatron_dataset_builder import (
+            BlendedMegatronDatasetBuilder,
+        )
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    else:
+        from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+    return BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+
+
+def datasets(side: str, prefix: str, cache: str, sizes: list, **flags):
+    """Build (or load) the datasets with megatron-core's or megaindex's classes."""
+    fields = dict(
+        random_seed=1234,
+        sequence_length=SEQUENCE_LENGTH,
+        blend=([prefix], None),
+        split="100,0,0",
+        tokenizer=tokenizer(),
+        path_to_cache=cache,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    fields.update(flags)
+    builder, dataset, config = classes(side)
+    return builder(dataset, sizes, lambda: True, config(**fields)).build()
+
+
+def child(side: str, prefix: str, cache: str, samples: int) -> None:
+    """One side's build or cache-hit start-up in this fresh process; prints JSON."""
+    quiet_imports()
+    classes(side)  # imports (torch included) are not part of the timing: a job has them loaded
+    tokenizer()
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    train = datasets(side, prefix, cache, [samples, None, None])[0]
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_mib": peak / 1024,
+                "baseline_mib": baseline / 1024,
+                "samples": len(train),
+                "tables": [
+                    str(getattr(train, t).dtype)
+                    for t in ("document_index", "sample_index", "shuffle_index")
+                ],
+            }
+        )
+    )
+
+
+def run_child(side: str, prefix: str, cache: str, samples: int) -> dict:
+    output = subprocess.run(
+        [sys.executable, __file__, "--child", side, prefix, cache, str(samples)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def report(name: str, theirs: float, ours: float, unit: str, higher_is_better: bool) -> None:
+    ratio = ours / theirs if higher_is_better else theirs / ours
+    print(
+        f"{name:<44} megatron-core {theirs:10.2f} {unit:<9} megaindex {ours:10.2f} {unit:<9} "
+        f"ratio {ratio:6.2f}x",
+        flush=True,
+    )
+
+
+def synthetic_corpus(prefix: str, documents: int) -> tuple[int, int]:
+    """An index of ``documents`` one-sequence documents of 1..199 tokens, and a sparse .bin."""
+    from megafmt import IndexWriter
+
+    lengths = numpy.random.default_rng(0).integers(1, 200, documents, dtype=numpy.int32)
+    with open(prefix + ".idx", "wb") as stream:
+        IndexWriter(numpy.uint16).write(stream, lengths, numpy.arange(documents + 1))
+    tokens = int(lengths.sum(dtype=numpy.int64))
+    with open(prefix + ".bin", "wb") as stream:
+        stream.truncate(tokens * 2)
+    return tokens, documents
+
+
+def bench_build(documents: int) -> None:
+    prefix = str(WORKDIR / "synthetic")
+    tokens, _ = synthetic_corpus(prefix, documents)
+    samples = int(1.5 * tokens / SEQUENCE_LENGTH)  # 1.5 epochs: 2 epochs are built
+    print(
+        f"index build: {documents / 1e6:.0f}M documents, {tokens / 1e9:.2f}G tokens, "
+        f"{samples:,} samples of {SEQUENCE_LENGTH} (2 epochs)",
+        flush=True,
+    )
+    results = {}
+    for side in ("megatron", "megaindex"):
+        cache = str(WORKDIR / f"cache_{side}")
+        built = run_child(side, prefix, cache, samples)
+        hits = [run_child(side, prefix, cache, samples) for _ in range(3)]
+        results[side] = (built, min(hits, key=lambda h: h["seconds"]))
+    (theirs_built, theirs_hit), (ours_built, ours_hit) = results["megatron"], results["megaindex"]
+    assert theirs_built["samples"] == ours_built["samples"]
+    assert theirs_built["tables"] == ours_built["tables"]
+    tables_equal = all(
+        numpy.array_equal(numpy.load(a, mmap_mode="r"), numpy.load(b, mmap_mode="r"))
+        for a, b in zip(
+            sorted((WORKDIR / "cache_megatron").glob("*.npy")),
+            sorted((WORKDIR / "cache_megaindex").glob("*.npy")),
+            strict=True,
+        )
+    )
+    report("  build time (end to end)", theirs_built["seconds"], ours_built["seconds"], "s", False)
+    report(
+        "  peak RSS of the building process",
+        theirs_built["peak_mib"],
+        ours_built["peak_mib"],
+        "MiB",
+        False,
+    )
+    report(
+        "  peak RSS above the process's baseline",
+        theirs_built["peak_mib"] - theirs_built["baseline_mib"],
+        ours_built["peak_mib"] - ours_built["baseline_mib"],
+        "MiB",
+        False,
+    )
+    report("  cache-hit start-up", theirs_hit["seconds"], ours_hit["seconds"], "s", False)
+    print(f"  tables identical: {tables_equal}", flush=True)
+
+
+def realistic_corpus(prefix: str) -> None:
+    from megafmt import IndexedDatasetBuilder
+
+    rng = numpy.random.default_rng(0)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+    for _ in range(20000):
+        tokens = rng.integers(0, VOCAB, int(rng.integers(50, 950)) + 1).astype(numpy.uint16)
+        tokens[-1] = VOCAB  # EOD
+        builder.add_document(tokens, [len(tokens)])
+    builder.finalize(prefix + ".idx")
+
+
+def samples_per_second(dataset, count: int) -> float:
+    dataset[0]
+    start = time.perf_counter()
+    for idx in range(count):
+        dataset[idx]
+    return count / (time.perf_counter() - start)
+
+
+def bench_getitem() -> None:
+    quiet_imports()
+    prefix = str(WORKDIR / "realistic")
+    realistic_corpus(prefix)
+    print(f"__getitem__ at sequence length {SEQUENCE_LENGTH} (samples/s)", flush=True)
+    configurations = [
+        ("  no reset flags", {}, 2000, 2000),
+        (
+            "  reset flags, no attention mask",
+            dict(
+                reset_position_ids=True,
+                reset_attention_mask=True,
+                eod_mask_loss=True,
+                create_attention_mask=False,
+            ),
+            2000,
+            2000,
+        ),
+        (
+            "  reset flags and attention mask",
+            dict(reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True),
+            20,
+            500,
+        ),
+    ]
+    for name, flags, their_count, our_count in configurations:
+        tag = "-".join(sorted(flags)) or "plain"
+        theirs = datasets(
+            "megatron", prefix, str(WORKDIR / f"get_m_{tag}"), [2000, None, None], **flags
+        )[0]
+        ours = datasets(
+            "megaindex", prefix, str(WORKDIR / f"get_o_{tag}"), [2000, None, None], **flags
+        )[0]
+        for idx in (1, 2, 3):
+            for key, value in theirs[idx].items():
+                assert value.equal(ours[idx][key]), key
+        report(
+            name,
+            samples_per_second(theirs, their_count),
+            samples_per_second(ours, our_count),
+            "samples/s",
+            True,
+        )
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--documents", type=float, default=20e6)
+    parser.add_argument("--skip-build", action="store_true", help="only the __getitem__ figures")
+    args = parser.parse_args()
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+    WORKDIR.mkdir(parents=True)
+    try:
+        if not args.skip_build:
+            bench_build(int(args.documents))
+        bench_getitem()
+    finally:
+        shutil.rmtree(WORKDIR, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
