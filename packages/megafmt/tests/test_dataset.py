@@ -1,5 +1,4 @@
 import gc
-import mmap
 import multiprocessing
 import os
 import pickle
@@ -105,9 +104,28 @@ def test_mmap_reads_are_zero_copy_views(corpus):
     assert not whole.flags.owndata and not whole.flags.writeable
     assert numpy.shares_memory(whole, part)
     assert numpy.shares_memory(dataset.sequence_lengths, dataset.document_indices) is False
-    mapping = dataset.sequence_lengths.base.obj  # all index arrays view one mapping of the .idx
-    assert isinstance(mapping, mmap.mmap)
-    assert dataset.sequence_pointers.base.obj is mapping is dataset.document_indices.base.obj
+    mapping = mapping_of(dataset.sequence_lengths)  # all index arrays view one mapping
+    assert mapping is not None
+    assert mapping_of(dataset.sequence_pointers) is mapping is mapping_of(dataset.document_indices)
+
+
+def mapping_of(array):
+    """What an array's chain of views ends at: the memory it maps."""
+    while isinstance(array.base, numpy.ndarray):
+        array = array.base
+    return array.base
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_open_corpora_hold_no_file_descriptors(corpus):
+    prefix = corpus(DOCUMENTS)
+    before = open_descriptors()
+    datasets = [IndexedDataset(prefix) for _ in range(300)]
+    assert open_descriptors() == before
+    assert [d[4].tolist() for d in datasets[::100]] == [[7, 8, 9, 10]] * 3
 
 
 def test_arrays_stay_valid_after_the_dataset_is_gone(corpus):
@@ -269,3 +287,16 @@ def test_last_document_index_must_be_the_sequence_count(corpus):
 def test_multimodal_requested_on_a_plain_file(corpus):
     with pytest.raises(FormatError, match="multimodal=True but the file has no sequence_modes"):
         IndexedDataset(corpus(DOCUMENTS), multimodal=True)
+
+
+def test_read_spans_concatenates_checked_ranges(dataset):
+    out = numpy.full(12, -1, dtype=numpy.int64)
+    written = dataset.read_spans([0, 4, 5], [1, 0, 1], [None, 2, 1], out)
+    assert written == 5
+    assert out[:5].tolist() == [2, 3, 7, 8, 12]
+    with pytest.raises(IndexError, match=r"tokens \[1, 4\) are outside sequence 5"):
+        dataset.read_spans([5], [1], [3], out)
+    with pytest.raises(IndexError, match="sequence index 6 out of range"):
+        dataset.read_spans([6], [0], [None], out)
+    with pytest.raises(ValueError, match="more than the 2 tokens `out` can take"):
+        dataset.read_spans([4], [0], [None], out[:2])

@@ -106,3 +106,25 @@ def test_builder_names_missing_prefixes(make_config, corpus, tmp_path):
     config = make_config(blend=([corpus, str(tmp_path / "typo")], None), split="1")
     with pytest.raises(ConfigError, match="no .bin/.idx corpus at: .*typo"):
         BlendedMegatronDatasetBuilder(GPTDataset, [10, 0, 0], lambda: True, config).build()
+
+
+def test_a_blend_of_many_corpora_keeps_few_files_open(
+    make_config, corpus_writer, tmp_path, monkeypatch
+):
+    import os
+
+    from megafmt import dataset as megafmt_dataset
+    from megafmt.readers.pool import ReaderPool
+
+    prefixes = [corpus_writer(str(tmp_path / f"part{i}"), documents=20, seed=i) for i in range(60)]
+    config = make_config(blend=(prefixes, None), split="1", mmap_bin_files=False)
+    monkeypatch.setattr(megafmt_dataset, "POOL", ReaderPool(8))
+    before = len(os.listdir("/proc/self/fd"))
+    blend = BlendedMegatronDatasetBuilder(GPTDataset, [300, 0, 0], lambda: True, config).build()[0]
+    # every source is read, each through its own (file) reader, 8 of them open at most
+    assert sorted({int(blend.dataset_index[i]) for i in range(len(blend))}) == list(range(60))
+    samples = [blend[i]["tokens"] for i in range(len(blend))]
+    assert len(os.listdir("/proc/self/fd")) - before <= 8
+    assert sum(d.dataset._bin_reader is not None for d in blend.datasets) <= 8
+    again = BlendedMegatronDatasetBuilder(GPTDataset, [300, 0, 0], lambda: True, config).build()[0]
+    assert all(again[i]["tokens"].equal(samples[i]) for i in range(0, len(blend), 11))

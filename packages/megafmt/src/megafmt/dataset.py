@@ -19,6 +19,7 @@ from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.readers import BinReader, default_reader_name, is_url, open_bin_reader
+from megafmt.readers.pool import POOL
 
 
 class IndexedDataset:
@@ -87,26 +88,51 @@ class IndexedDataset:
         self.mmap = mmap
         self.fast_cache_load = fast_cache_load
         self.reader_name = reader
-        self.bin_reader: BinReader = open_bin_reader(
-            reader, get_bin_path(path_prefix), **reader_options
-        )
+        self._reader_options = reader_options
+        self._bin_reader: BinReader | None = None
+        self._tokens: numpy.ndarray | None = None
+        self.recently_read = False
+        bin_reader = self._open_reader()
         counts = sequences_per_dataset if fast_cache_load else None
-        self.index = Index(self._local_idx_path(), multimodal, counts, dtype_code)
-        self._check_consistency()
+        self.index = Index(self._local_idx_path(bin_reader), multimodal, counts, dtype_code)
         self._dtype = self.index.dtype
         self._itemsize = self.index.dtype_size
         self._lengths = self.index.sequence_lengths
         self._pointers = self.index.sequence_pointers
         self._modes = self.index.sequence_modes
-        view = getattr(self.bin_reader, "view", None)
-        self._tokens: numpy.ndarray | None = None if view is None else view(self._dtype)
+        self._check_consistency(bin_reader)
+        self._attach(bin_reader)
 
-    def _local_idx_path(self) -> str:
+    def _open_reader(self) -> BinReader:
+        return open_bin_reader(
+            self.reader_name, get_bin_path(self.path_prefix), **self._reader_options
+        )
+
+    def _attach(self, reader: BinReader) -> None:
+        """Use ``reader`` (and its whole-file view, if it has one) and register it in the pool."""
+        view = getattr(reader, "view", None)
+        self._tokens = None if view is None else view(self._dtype)
+        self._bin_reader = reader
+        POOL.opened(self)
+
+    @property
+    def bin_reader(self) -> BinReader:
+        """The ``.bin`` reader, reopened if the process-wide pool released it."""
+        if self._bin_reader is None:
+            self._attach(self._open_reader())
+        return self._bin_reader
+
+    def release_reader(self) -> None:
+        """Drop the ``.bin`` reader (the pool calls this); the next read reopens it."""
+        self._tokens = None
+        self._bin_reader = None
+
+    def _local_idx_path(self, bin_reader: BinReader) -> str:
         """Where the ``.idx`` is on this machine; a remote reader may keep a local copy."""
-        local = getattr(self.bin_reader, "local_idx_path", None)
+        local = getattr(bin_reader, "local_idx_path", None)
         return local if local is not None else get_idx_path(self.path_prefix)
 
-    def _check_consistency(self) -> None:
+    def _check_consistency(self, bin_reader: BinReader) -> None:
         index = self.index
         if index.document_count == 0:
             raise FormatError(
@@ -124,9 +150,9 @@ class IndexedDataset:
                 f"{index.path}: sequence_pointers[0] (at byte {index.layout.pointers_offset}) "
                 f"is {int(index.sequence_pointers[0])}, expected 0"
             )
-        if self.bin_reader.nbytes < index.bin_nbytes:
+        if bin_reader.nbytes < index.bin_nbytes:
             raise FormatError(
-                f"{self.bin_reader.path}: the .bin has {self.bin_reader.nbytes} bytes, but "
+                f"{bin_reader.path}: the .bin has {bin_reader.nbytes} bytes, but "
                 f"{index.path} implies {index.bin_nbytes} ({index.num_tokens} tokens of "
                 f"{index.dtype_size} bytes)"
             )
@@ -189,26 +215,38 @@ class IndexedDataset:
         Multimodal datasets return ``(tokens, mode)``.
         """
         position = self._sequence(idx)
-        sequence_length = int(self._lengths[position])
-        if length is None:
-            length = sequence_length - offset
-        if offset < 0 or length < 0 or offset + length > sequence_length:
-            raise IndexError(
-                f"tokens [{offset}, {offset + length}) are outside sequence {position} "
-                f"of {self.index.path}, which has {sequence_length} tokens"
-            )
-        tokens = self._read(int(self._pointers[position]) + offset * self._itemsize, length)
+        tokens = self._read(*self._span(position, offset, length))
         if self._modes is not None:
             return tokens, self._modes[position]
         return tokens
 
+    def _span(self, position: int, offset: int, length: int | None) -> tuple[int, int]:
+        """The byte where tokens ``offset`` to ``offset + length`` of sequence ``position``
+        start, and their count; refuses a range outside the sequence."""
+        size = int(self._lengths[position])
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise IndexError(
+                f"tokens [{offset}, {offset + length}) are outside sequence {position} "
+                f"of {self.index.path}, which has {size} tokens"
+            )
+        return int(self._pointers[position]) + offset * self._itemsize, length
+
     def _read(self, start: int, length: int) -> numpy.ndarray:
         """``length`` tokens at byte ``start`` of the .bin: a slice of the whole-file view when
         the reader offers one, else a read."""
-        if self._tokens is not None and start % self._itemsize == 0:
+        self.recently_read = True
+        tokens = self._tokens
+        if tokens is None:
+            reader = self.bin_reader  # reopens a released reader, and its view
+            tokens = self._tokens
+            if tokens is None:
+                return reader.read(self._dtype, length, start)
+        if start % self._itemsize == 0:
             first = start // self._itemsize
-            if first + length <= len(self._tokens):
-                return self._tokens[first : first + length]
+            if first + length <= len(tokens):
+                return tokens[first : first + length]
         return self.bin_reader.read(self._dtype, length, start)
 
     def read_spans(
@@ -224,30 +262,15 @@ class IndexedDataset:
         One call instead of a ``get`` per sequence: the way GPTDataset assembles a sample from
         the documents it spans. Each span is checked like ``get`` checks it.
         """
-        count = self.index.sequence_count
         position = 0
         for sequence, offset, length in zip(sequences, offsets, lengths, strict=True):
-            if not 0 <= sequence < count:
-                raise IndexError(
-                    f"sequence index {sequence} out of range for {count} sequences in "
-                    f"{self.index.path}"
-                )
-            size = int(self._lengths[sequence])
-            if length is None:
-                length = size - offset
-            if offset < 0 or length < 0 or offset + length > size:
-                raise IndexError(
-                    f"tokens [{offset}, {offset + length}) are outside sequence {sequence} of "
-                    f"{self.index.path}, which has {size} tokens"
-                )
-            if position + length > len(out):
+            start, count = self._span(self._sequence(sequence), offset, length)
+            if position + count > len(out):
                 raise ValueError(
                     f"read_spans: the spans hold more than the {len(out)} tokens `out` can take"
                 )
-            out[position : position + length] = self._read(
-                int(self._pointers[sequence]) + offset * self._itemsize, length
-            )
-            position += length
+            out[position : position + count] = self._read(start, count)
+            position += count
         return position
 
     @property

@@ -1,14 +1,14 @@
 """Reading and writing ``.idx`` files (the layout is specified in :mod:`megafmt.format`).
 
-:class:`Index` maps the whole file once and hands out its arrays as read-only numpy views
-of that one mapping: nothing is copied, and pages are read on first touch. A view keeps
-the mapping alive, so arrays stay valid after the :class:`Index` (or the dataset holding it)
-is gone; the mapping is released when the last view is.
+:class:`Index` maps the whole file once (:mod:`megafmt.mapping`: no descriptor stays open) and
+hands out its arrays as read-only numpy views of that one mapping: nothing is copied, and pages
+are read on first touch. A view keeps the mapping alive, so arrays stay valid after the
+:class:`Index` (or the dataset holding it) is gone; the mapping is released when the last view
+is.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Sequence
 from typing import Any, BinaryIO
@@ -26,6 +26,7 @@ from megafmt.format import (
     Header,
     Layout,
 )
+from megafmt.mapping import map_file
 
 
 def open_readonly(path: str, what: str) -> int:
@@ -74,7 +75,7 @@ class Index:
                 header = Header.unpack(os.pread(fd, HEADER_SIZE, 0), path)
                 counts_from = "the header at offset 18"
             self.layout = Layout.for_file(header, size, path, multimodal, counts_from)
-            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._data = map_file(path, fd, size)
         finally:
             os.close(fd)
 
@@ -99,7 +100,7 @@ class Index:
         )
 
     def _view(self, dtype: str, offset: int, count: int) -> numpy.ndarray:
-        return numpy.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset)
+        return self._data[offset : offset + count * numpy.dtype(dtype).itemsize].view(dtype)
 
     @property
     def nbytes(self) -> int:

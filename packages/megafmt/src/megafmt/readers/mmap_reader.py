@@ -2,18 +2,19 @@
 
 Reads are zero-copy views into the mapping, so the page cache is shared by every process on the
 machine (DataLoader workers included). A returned array keeps the mapping alive; it is unmapped
-when the reader and every array it returned are gone, never under a live array.
+when the reader and every array it returned are gone, never under a live array. No file
+descriptor stays open (:mod:`megafmt.mapping`).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from typing import Any
 
 import numpy
 
 from megafmt.index import open_readonly
+from megafmt.mapping import map_file
 from megafmt.readers.base import check_read_range
 
 
@@ -25,8 +26,7 @@ class MMapBinReader:
         fd = open_readonly(path, "token file")
         try:
             self.nbytes = os.fstat(fd).st_size
-            # an empty file cannot be mapped; an empty corpus reads from an empty buffer
-            self._buffer: Any = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self.nbytes else b""
+            self._data: numpy.ndarray | None = map_file(path, fd, self.nbytes)
         finally:
             os.close(fd)
         self._views: dict[Any, tuple[numpy.ndarray, int]] = {}
@@ -40,10 +40,10 @@ class MMapBinReader:
             return self._typed_view(dtype)[0]
 
     def _typed_view(self, dtype: Any) -> tuple[numpy.ndarray, int]:
-        if self._buffer is None:
+        if self._data is None:
             raise ValueError(f"{self.path}: read from a closed reader")
         itemsize = numpy.dtype(dtype).itemsize
-        view = numpy.frombuffer(self._buffer, dtype=dtype, count=self.nbytes // itemsize)
+        view = self._data[: self.nbytes - self.nbytes % itemsize].view(dtype)
         self._views[dtype] = (view, itemsize)
         return view, itemsize
 
@@ -58,12 +58,12 @@ class MMapBinReader:
         if offset % itemsize == 0:
             start = offset // itemsize
             return view[start : start + count]
-        return numpy.frombuffer(self._buffer, dtype=dtype, count=count, offset=offset)
+        return self._data[offset : offset + count * itemsize].view(dtype)
 
     def close(self) -> None:
         """Drop this reader's reference to the mapping."""
         self._views = {}
-        self._buffer = None
+        self._data = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path,))

@@ -1,0 +1,69 @@
+"""Read-only memory maps that do not hold a file descriptor.
+
+Python's ``mmap.mmap`` keeps a duplicate of the descriptor for as long as the mapping lives, so
+a process that maps the ``.idx`` and ``.bin`` of a thousand corpora (a large blend) holds two
+thousand descriptors and runs into the open-file limit (1024 by default on many systems). POSIX
+does not need the descriptor once the mapping exists: here the file is mapped with the C
+library's ``mmap``, the descriptor is closed at once, and the mapping is released when the last
+array viewing it is garbage-collected. Where that is unavailable, ``mmap.mmap`` is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import weakref
+
+import numpy
+
+_PROT_READ = mmap.PROT_READ if hasattr(mmap, "PROT_READ") else 1
+_MAP_SHARED = mmap.MAP_SHARED if hasattr(mmap, "MAP_SHARED") else 1
+
+
+def _libc() -> ctypes.CDLL | None:
+    if os.name != "posix":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _libc()
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_file(path: str, fd: int, size: int) -> numpy.ndarray:
+    """The ``size`` bytes of the open file ``fd`` (at ``path``) as a read-only uint8 array.
+
+    The caller may close ``fd`` right after. Views of the array keep the mapping alive.
+    """
+    if size == 0:
+        return numpy.empty(0, dtype=numpy.uint8)
+    if _LIBC is None:
+        data = numpy.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), dtype=numpy.uint8)
+        return data[:size]
+    address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
+    if address in (None, _MAP_FAILED):
+        error = ctypes.get_errno()
+        raise OSError(error, f"cannot map {path}: {os.strerror(error)}")
+    memory = (ctypes.c_char * size).from_address(address)
+    release = weakref.finalize(memory, _LIBC.munmap, address, size)
+    release.atexit = False  # at exit the OS unmaps; arrays may still be in use until then
+    data = numpy.frombuffer(memory, dtype=numpy.uint8)
+    data.flags.writeable = False  # the pages are mapped read-only: a write would crash
+    return data

@@ -1,0 +1,54 @@
+import os
+
+import pytest
+
+from megafmt import IndexedDataset
+from megafmt import dataset as dataset_module
+from megafmt.readers.pool import ReaderPool
+
+
+@pytest.fixture
+def small_pool(monkeypatch):
+    pool = ReaderPool(3)
+    monkeypatch.setattr(dataset_module, "POOL", pool)
+    return pool
+
+
+def attached(datasets):
+    return sum(d._bin_reader is not None for d in datasets)
+
+
+def test_at_most_capacity_readers_stay_open(corpus, small_pool):
+    prefixes = [corpus([[[i, i + 1, i + 2]]], name=f"c{i}") for i in range(10)]
+    datasets = [IndexedDataset(p, mmap=False) for p in prefixes]
+    assert attached(datasets) == 3
+    descriptors = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        for i, dataset in enumerate(datasets):
+            assert dataset[0].tolist() == [i, i + 1, i + 2]  # released readers reopen
+            assert attached(datasets) <= 3
+    assert len(os.listdir("/proc/self/fd")) <= descriptors  # the file reader holds one each
+    assert len(small_pool) == 3
+
+
+def test_recently_read_datasets_get_a_second_chance(corpus, small_pool):
+    prefixes = [corpus([[[i]]], name=f"c{i}") for i in range(4)]
+    first, second, third = (IndexedDataset(p) for p in prefixes[:3])
+    first[0]  # marks the oldest as recently read
+    fourth = IndexedDataset(prefixes[3])
+    assert first._bin_reader is not None  # spared once
+    assert second._bin_reader is None  # the oldest unmarked one went instead
+    assert third._bin_reader is not None and fourth._bin_reader is not None
+
+
+def test_arrays_outlive_a_released_reader(corpus, small_pool):
+    dataset = IndexedDataset(corpus([[[5, 6, 7]]]))
+    tokens = dataset[0]
+    dataset.release_reader()
+    assert tokens.tolist() == [5, 6, 7]
+    assert dataset.get(0, offset=1).tolist() == [6, 7]
+
+
+def test_capacity_must_be_positive():
+    with pytest.raises(ValueError, match="capacity of at least 1"):
+        ReaderPool(0)
