@@ -33,4 +33,4 @@ bench: setup
 	.venv/bin/python tools/bench/bench_megafmt.py
 
 clean:
-	rm -rf .venv .venvs build
+	rm -rf .venv .venvs build packages/*/build

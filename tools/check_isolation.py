@@ -8,32 +8,25 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import tomllib
-from pathlib import Path
 
-PACKAGES = Path(__file__).resolve().parent.parent / "packages"
+from venvs import local_dependencies, metadata, requirement_name
 
 
-def declares_torch(package: str, seen: set[str]) -> bool:
-    seen.add(package)
-    with open(PACKAGES / package / "pyproject.toml", "rb") as stream:
-        project = tomllib.load(stream)["project"]
-    requirements = project.get("dependencies", []) + [
-        r for extra in project.get("optional-dependencies", {}).values() for r in extra
-    ]
-    for requirement in requirements:
-        name = requirement.split("[")[0].split(";")[0].strip().split(" ")[0]
-        name = name.split("=")[0].split("<")[0].split(">")[0].split("~")[0].split("!")[0]
-        if name == "torch":
-            return True
-        if (PACKAGES / name).is_dir() and name not in seen and declares_torch(name, seen):
+def declares_torch(package: str) -> bool:
+    """Whether ``package``, its extras or the sibling packages it needs ask for torch."""
+    for name in [*local_dependencies(package), package]:
+        project = metadata(name)
+        requirements = project.get("dependencies", []) + [
+            r for extra in project.get("optional-dependencies", {}).values() for r in extra
+        ]
+        if any(requirement_name(r) == "torch" for r in requirements):
             return True
     return False
 
 
 def main() -> None:
     package = sys.argv[1]
-    if not declares_torch(package, set()) and importlib.util.find_spec("torch") is not None:
+    if not declares_torch(package) and importlib.util.find_spec("torch") is not None:
         sys.exit(f"{package} does not depend on torch, yet torch is installed in its venv")
     print(f"{package}: venv isolation ok")
 

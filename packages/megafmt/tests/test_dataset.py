@@ -298,5 +298,9 @@ def test_read_spans_concatenates_checked_ranges(dataset):
         dataset.read_spans([5], [1], [3], out)
     with pytest.raises(IndexError, match="sequence index 6 out of range"):
         dataset.read_spans([6], [0], [None], out)
-    with pytest.raises(ValueError, match="more than the 2 tokens `out` can take"):
+    with pytest.raises(
+        ValueError,
+        match=r"needs room for at least 4 tokens \(at sequence 4\), "
+        "`out` holds 2",
+    ):
         dataset.read_spans([4], [0], [None], out[:2])

@@ -33,12 +33,24 @@ def test_at_most_capacity_readers_stay_open(corpus, small_pool):
 
 def test_recently_read_datasets_get_a_second_chance(corpus, small_pool):
     prefixes = [corpus([[[i]]], name=f"c{i}") for i in range(4)]
-    first, second, third = (IndexedDataset(p) for p in prefixes[:3])
+    first, second, third = (IndexedDataset(p, mmap=False) for p in prefixes[:3])
     first[0]  # marks the oldest as recently read
-    fourth = IndexedDataset(prefixes[3])
+    fourth = IndexedDataset(prefixes[3], mmap=False)
     assert first._bin_reader is not None  # spared once
     assert second._bin_reader is None  # the oldest unmarked one went instead
     assert third._bin_reader is not None and fourth._bin_reader is not None
+
+
+def test_memory_mapped_readers_hold_no_descriptor_and_stay_out_of_the_pool(corpus, small_pool):
+    datasets = [IndexedDataset(corpus([[[i]]], name=f"c{i}")) for i in range(5)]
+    assert len(small_pool) == 0
+    assert attached(datasets) == 5
+
+
+def test_reopening_is_idempotent(corpus, small_pool):
+    dataset = IndexedDataset(corpus([[[1]]]), mmap=False)
+    small_pool.opened(dataset)
+    assert len(small_pool) == 1
 
 
 def test_arrays_outlive_a_released_reader(corpus, small_pool):

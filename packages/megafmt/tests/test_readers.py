@@ -91,3 +91,15 @@ def test_file_reader_notices_a_file_truncated_after_opening(corpus):
 def test_file_reader_options_are_validated(corpus):
     with pytest.raises(ValueError, match="must be >= 0"):
         FileBinReader(get_bin_path(corpus([[[1]]])), num_max_retries=-1)
+
+
+def test_a_failed_descriptor_stays_open_until_the_reader_closes(flaky):
+    reader, failures, _calls, _sleeps = flaky
+    failures[0] = 1
+    first = reader._fd
+    assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
+    assert reader._retired == [first] and reader._fd not in (None, first)
+    os.fstat(first)  # still open: a thread still reading through it reads the right file
+    reader.close()
+    with pytest.raises(OSError):
+        os.fstat(first)

@@ -73,3 +73,14 @@ def test_register_refuses_silent_replacement(registry):
     assert registry.get("good") is Reader
     with pytest.raises(PluginError, match="lacks required attribute"):
         registry.register("bad", object())
+
+
+def test_the_home_distribution_wins_its_own_names(monkeypatch):
+    from megafmt.readers.mmap_reader import MMapBinReader
+
+    impostor = EntryPoint("mmap", "megafmt.errors:MegafmtError", "megafmt.readers")
+    monkeypatch.setattr(registry_module, "entry_points", lambda group: [impostor])
+    readers = Registry("megafmt.readers", "megafmt reader", home="megafmt")
+    assert readers.get("mmap") is MMapBinReader
+    assert readers.view()["mmap"] == "megafmt.readers.mmap_reader:MMapBinReader"
+    assert "file" in readers.available()

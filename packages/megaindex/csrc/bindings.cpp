@@ -52,7 +52,9 @@ nb::ndarray<nb::numpy, T, nb::ndim<2>> sample_index(Input<int32_t> sizes,
 template <typename T>
 int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
   if (key.shape(0) != megaindex::Mt19937::kSize) {
-    throw nb::value_error("key must hold the 624 words of an MT19937 state");
+    throw nb::value_error(("key must hold the 624 words of an MT19937 state, got " +
+                           std::to_string(key.shape(0)))
+                              .c_str());
   }
   megaindex::Mt19937 state;
   {

@@ -162,5 +162,7 @@ def test_shuffle_is_random_states_shuffle(seed, dtype, fresh_backend):
 
 
 def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
-    with pytest.raises(ValueError, match="writeable, contiguous 1-D"):
+    with pytest.raises(
+        ValueError, match="writeable, contiguous 1-D array; this one is not contiguous"
+    ):
         helpers_module.shuffle(numpy.random.RandomState(0), numpy.arange(10)[::2])

@@ -128,3 +128,8 @@ def test_a_blend_of_many_corpora_keeps_few_files_open(
     assert sum(d.dataset._bin_reader is not None for d in blend.datasets) <= 8
     again = BlendedMegatronDatasetBuilder(GPTDataset, [300, 0, 0], lambda: True, config).build()[0]
     assert all(again[i]["tokens"].equal(samples[i]) for i in range(0, len(blend), 11))
+
+
+def test_whole_float_weights_count_samples_without_a_size(make_config):
+    blend = BlendedDataset([Tiny("a", 2), Tiny("b", 3)], [2.0, 3.0], None, make_config())
+    assert numpy.bincount(blend.dataset_index).tolist() == [2, 3]

@@ -259,3 +259,14 @@ def test_sidecar_records_the_plan(make_config):
     assert sidecar["plan"]["num_epochs"] == train.epoch_plan.num_epochs
     assert sidecar["tables"]["sample_index"] == {"dtype": "int32", "shape": [1024, 2]}
     assert train.index_split is Split.train
+
+
+def test_fast_cache_load_with_deferred_mapping(make_config):
+    per_split = dict(
+        blend=None, split=None, blend_per_split=[([make_config().blend[0][0]], None), None, None]
+    )
+    built = build(make_config(**per_split))[0]
+    fast = build(make_config(fast_cache_load=True, defer_npy_index_mmap=True, **per_split))[0]
+    assert fast.indices is None and fast.sample_index is None
+    assert len(fast) == len(built)
+    assert torch.equal(fast[9]["tokens"], built[9]["tokens"])

@@ -23,6 +23,7 @@ from megafmt.errors import (
 from megafmt.fingerprint import corpus_fingerprint, fingerprint_changes
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
+from megafmt.mapping import map_file
 from megafmt.merging import MergeSummary, expand_inputs, merge
 from megafmt.progress import Progress
 from megafmt.readers import READERS, BinReader, open_bin_reader
@@ -59,6 +60,7 @@ __all__ = [
     "fingerprint_changes",
     "get_bin_path",
     "get_idx_path",
+    "map_file",
     "merge",
     "open_bin_reader",
     "partial_path",

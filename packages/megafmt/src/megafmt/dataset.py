@@ -108,19 +108,21 @@ class IndexedDataset:
             self.reader_name, get_bin_path(self.path_prefix), **self._reader_options
         )
 
-    def _attach(self, reader: BinReader) -> None:
-        """Use ``reader`` (and its whole-file view, if it has one) and register it in the pool."""
+    def _attach(self, reader: BinReader) -> BinReader:
+        """Use ``reader`` (and its whole-file view, if it has one); a reader that holds a file
+        descriptor is registered in the pool that bounds how many stay open."""
         view = getattr(reader, "view", None)
         self._tokens = None if view is None else view(self._dtype)
         self._bin_reader = reader
-        POOL.opened(self)
+        if getattr(reader, "holds_descriptor", True):
+            POOL.opened(self)
+        return reader
 
     @property
     def bin_reader(self) -> BinReader:
         """The ``.bin`` reader, reopened if the process-wide pool released it."""
-        if self._bin_reader is None:
-            self._attach(self._open_reader())
-        return self._bin_reader
+        reader = self._bin_reader
+        return reader if reader is not None else self._attach(self._open_reader())
 
     def release_reader(self) -> None:
         """Drop the ``.bin`` reader (the pool calls this); the next read reopens it."""
@@ -197,9 +199,7 @@ class IndexedDataset:
             if stop == start:
                 sequences: list[numpy.ndarray] = []
             else:
-                tokens = self.bin_reader.read(
-                    self._dtype, int(lengths.sum(dtype=numpy.int64)), int(self._pointers[start])
-                )
+                tokens = self._read(int(self._pointers[start]), int(lengths.sum(dtype=numpy.int64)))
                 sequences = numpy.split(tokens, numpy.cumsum(lengths[:-1], dtype=numpy.int64))
             if self._modes is not None:
                 return sequences, self._modes[start:stop]
@@ -238,12 +238,7 @@ class IndexedDataset:
         the reader offers one, else a read."""
         self.recently_read = True
         tokens = self._tokens
-        if tokens is None:
-            reader = self.bin_reader  # reopens a released reader, and its view
-            tokens = self._tokens
-            if tokens is None:
-                return reader.read(self._dtype, length, start)
-        if start % self._itemsize == 0:
+        if tokens is not None and start % self._itemsize == 0:
             first = start // self._itemsize
             if first + length <= len(tokens):
                 return tokens[first : first + length]
@@ -267,7 +262,8 @@ class IndexedDataset:
             start, count = self._span(self._sequence(sequence), offset, length)
             if position + count > len(out):
                 raise ValueError(
-                    f"read_spans: the spans hold more than the {len(out)} tokens `out` can take"
+                    f"{self.index.path}: read_spans needs room for at least "
+                    f"{position + count} tokens (at sequence {sequence}), `out` holds {len(out)}"
                 )
             out[position : position + count] = self._read(start, count)
             position += count

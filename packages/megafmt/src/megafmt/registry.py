@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import threading
 from collections.abc import Iterator, Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
 from typing import Generic, TypeVar
 
 from megafmt.errors import PluginError
@@ -35,21 +35,36 @@ class Registry(Generic[T]):
         *,
         required: tuple[str, ...] = (),
         providers: Mapping[str, str] | None = None,
+        home: str | None = None,
     ) -> None:
         self.group = group
+        self.home = home
         self.kind = kind
         self._required = required
         self._providers = dict(providers or {})
         self._entry_points: dict[str, EntryPoint] | None = None
+        self._home_points: dict[str, EntryPoint] | None = None
         self._loaded: dict[str, T] = {}  # entry points imported so far
         self._registered: dict[str, T] = {}  # objects added with register()
         self._lock = threading.Lock()
+
+    def _home(self) -> dict[str, EntryPoint]:
+        """The group's entry points of the ``home`` distribution: reading one distribution's
+        metadata is much cheaper than scanning every installed one, and its own names win."""
+        if self._home_points is None:
+            try:
+                points = distribution(self.home).entry_points if self.home else ()
+            except PackageNotFoundError:
+                points = ()
+            self._home_points = {p.name: p for p in points if p.group == self.group}
+        return self._home_points
 
     def _discovered(self) -> dict[str, EntryPoint]:
         if self._entry_points is None:
             found: dict[str, EntryPoint] = {}
             for point in entry_points(group=self.group):
                 found.setdefault(point.name, point)
+            found.update(self._home())
             self._entry_points = found
         return self._entry_points
 
@@ -79,7 +94,7 @@ class Registry(Generic[T]):
                 return self._registered[name]
             if name in self._loaded:
                 return self._loaded[name]
-            point = self._discovered().get(name)
+            point = self._home().get(name) or self._discovered().get(name)
             if point is None:
                 raise PluginError(self.unknown_message(name))
             obj = self._load(point)

@@ -132,8 +132,9 @@ class BlendedDataset(torch.utils.data.Dataset):
                 dataset_index, dataset_sample_index, self.weights, len(self.datasets), size, False
             )
         else:
+            counts = [int(weight) for weight in self.weights]  # whole, checked at construction
             build_exhaustive_blending_indices(
-                dataset_index, dataset_sample_index, self.weights, len(self.datasets)
+                dataset_index, dataset_sample_index, counts, len(self.datasets)
             )
         self._check_not_oversampled(dataset_index)
         return {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
@@ -165,10 +166,12 @@ def _check_blend(datasets: list[Any], weights: list[int | float], size: int | No
         raise ConfigError(f"{len(datasets)} datasets but {len(weights)} weights")
     if not 0 < len(datasets) <= MAX_DATASETS - 1:
         raise ConfigError(f"a blend holds 1..{MAX_DATASETS - 1} datasets, got {len(datasets)}")
-    if any(type(d) is not type(datasets[0]) for d in datasets):
-        raise ConfigError("the datasets of a blend must all be of one class")
-    if any(d.index_split != datasets[0].index_split for d in datasets):
-        raise ConfigError("the datasets of a blend must all belong to one split")
+    classes = sorted({type(d).__name__ for d in datasets})
+    if len(classes) > 1:
+        raise ConfigError(f"the datasets of a blend must all be of one class, found {classes}")
+    splits = sorted({d.index_split.name for d in datasets})
+    if len(splits) > 1:
+        raise ConfigError(f"the datasets of a blend must all belong to one split, found {splits}")
     if any(not w > 0 for w in weights):
         raise ConfigError(f"blend weights must be positive, got {weights}")
     if any(type(w) is not type(weights[0]) for w in weights):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap as mmap_module
 import os
 import time
 import warnings
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy
 
-from megafmt import atomic_write
+from megafmt import atomic_write, map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, StaleCacheError
 
@@ -113,8 +112,10 @@ def load_table(path: str, spec: TableSpec | None, mmap: bool = True) -> numpy.nd
             f"{path}: {size} bytes, expected {expected_size} for a {dtype} array of shape "
             f"{shape} (truncated?)"
         )
-    if dtype.hasobject or fortran_order:
-        raise DamagedCacheError(f"{path}: a {dtype} array in Fortran order is not an index table")
+    if dtype.hasobject:
+        raise DamagedCacheError(f"{path}: holds Python objects ({dtype}), not an index table")
+    if fortran_order:
+        raise DamagedCacheError(f"{path}: a {dtype} array in Fortran order, not an index table")
     if spec is not None and (dtype.name not in spec.dtypes or tuple(shape) != spec.shape):
         raise DamagedCacheError(
             f"{path}: a {dtype.name} array of shape {tuple(shape)}, expected "
@@ -125,10 +126,10 @@ def load_table(path: str, spec: TableSpec | None, mmap: bool = True) -> numpy.nd
         return numpy.empty(shape, dtype=dtype)
     with open(path, "rb") as stream:
         if mmap:
-            # a plain ndarray over one read-only mapping: numpy.memmap's Python-level indexing
-            # costs microseconds per lookup, and GPTDataset.__getitem__ makes several
-            buffer = mmap_module.mmap(stream.fileno(), 0, access=mmap_module.ACCESS_READ)
-            return numpy.frombuffer(buffer, dtype, count, data_start).reshape(shape)
+            # a plain ndarray over one read-only mapping that holds no descriptor (numpy.memmap's
+            # Python-level indexing costs microseconds per lookup, and __getitem__ makes several)
+            data = map_file(path, stream.fileno(), size)
+            return data[data_start:].view(dtype).reshape(shape)
         stream.seek(data_start)
         return numpy.fromfile(stream, dtype, count).reshape(shape)
 

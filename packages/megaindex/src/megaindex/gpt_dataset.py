@@ -27,7 +27,7 @@ from megaindex.cache import (
     table_specs,
 )
 from megaindex.config import GPTDatasetConfig
-from megaindex.errors import StaleCacheError
+from megaindex.errors import IndexBuildError, StaleCacheError
 from megaindex.gpt_index import (
     build_gpt_index_tables,
     expected_sample_count,
@@ -73,6 +73,7 @@ class GPTDataset(MegatronDataset):
         super().__init__(
             indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config
         )
+        # megatron-core's attribute, kept for code that reads it (SampleMaker decides itself)
         self.masks_and_position_ids_are_cacheable = not any(
             [config.reset_position_ids, config.reset_attention_mask, config.eod_mask_loss]
         )
@@ -109,6 +110,9 @@ class GPTDataset(MegatronDataset):
 
     def __len__(self) -> int:
         if self.sample_index is None:  # deferred: count without mapping the tables
+            # megatron-core's __len__ formula, in double precision; the table itself counts in
+            # single precision (see helpers.sample_count), which can differ by one past 2**24
+            # tokens when the last partial sequence is kept
             plan = plan_epochs(
                 self._get_num_tokens_per_epoch(),
                 self.num_samples,
@@ -159,6 +163,7 @@ class GPTDataset(MegatronDataset):
     def _get_num_tokens_per_epoch(self) -> int:
         return tokens_per_epoch(self.dataset.sequence_lengths, self.indices)
 
+    # megatron-core's name, kept for subclasses written against it
     def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
         return plan_epochs(
             num_tokens_per_epoch,
@@ -220,7 +225,8 @@ class GPTDataset(MegatronDataset):
             self._drop_last_partial_sequence,
             self.config.add_extra_token_to_sequence,
         )
-        documents = plan.num_epochs * len(self.indices)
+        lengths = self.dataset.sequence_lengths
+        documents = plan.num_epochs * len(lengths if self.indices is None else self.indices)
         sample_dtype = sample_index_dtype(self.dataset.sequence_lengths, documents)
         shuffle_dtype = "int64" if count >= numpy.iinfo(numpy.uint32).max - 1 else "uint32"
         return {
@@ -246,15 +252,20 @@ class GPTDataset(MegatronDataset):
         return cache.load(specs_from_sidecar(sidecar))
 
     def _build_tables(self) -> dict[str, numpy.ndarray]:
-        tables = build_gpt_index_tables(
-            self.dataset.sequence_lengths,
-            self.indices,
-            self.num_samples,
-            self.config.sequence_length,
-            self.config.random_seed,
-            self._drop_last_partial_sequence,
-            self.config.add_extra_token_to_sequence,
-        )
+        try:
+            tables = build_gpt_index_tables(
+                self.dataset.sequence_lengths,
+                self.indices,
+                self.num_samples,
+                self.config.sequence_length,
+                self.config.random_seed,
+                self._drop_last_partial_sequence,
+                self.config.add_extra_token_to_sequence,
+            )
+        except IndexBuildError as error:
+            raise IndexBuildError(
+                f"{self.dataset_path or 'mock data'} ({self.index_split.name} split): {error}"
+            ) from None
         self.index_source.seconds.update(tables.seconds)
         self.epoch_plan = tables.plan
         return {

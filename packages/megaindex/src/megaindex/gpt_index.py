@@ -52,8 +52,11 @@ class GPTIndexTables:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray) -> int:
-    """Tokens in one pass over the sequences at ``indices``."""
+def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray | None) -> int:
+    """Tokens in one pass over the sequences at ``indices`` (None: all of them, as with
+    fast_cache_load, where the builder skips computing the split)."""
+    if indices is None:
+        return int(sequence_lengths.sum(dtype=numpy.int64))
     if len(indices) and numpy.all(numpy.diff(indices) == 1):  # a split: sum a slice, no copy
         return int(sequence_lengths[indices[0] : indices[-1] + 1].sum(dtype=numpy.int64))
     return int(numpy.sum(sequence_lengths[indices], dtype=numpy.int64))

@@ -45,8 +45,19 @@ def _positive(name: str, value: int) -> int:
 def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> None:
     """``random_state.shuffle(array)``: the same permutation and the same state afterwards, run
     by the backend (the C++ one prefetches the swaps, several times faster on large arrays)."""
-    if array.ndim != 1 or not array.flags.c_contiguous or not array.flags.writeable:
-        raise ValueError("shuffle needs a writeable, contiguous 1-D array")
+    problems = [
+        problem
+        for problem, bad in (
+            (f"{array.ndim}-D", array.ndim != 1),
+            ("not contiguous", not array.flags.c_contiguous),
+            ("read-only", not array.flags.writeable),
+        )
+        if bad
+    ]
+    if problems:
+        raise ValueError(
+            f"shuffle needs a writeable, contiguous 1-D array; this one is {', '.join(problems)}"
+        )
     if len(array) < 2:
         random_state.shuffle(array)
         return

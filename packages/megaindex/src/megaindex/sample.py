@@ -9,7 +9,7 @@ data (the causal mask, the position ids without resets) is built once per datase
 
 Tensors that do not depend on the data are shared between samples, as megatron-core shares its
 cached ones: do not modify a returned ``attention_mask`` or (without resets) ``position_ids`` in
-place.
+place. As in megatron-core, ``labels`` is a view of the same buffer as ``tokens``, one token on.
 """
 
 from __future__ import annotations

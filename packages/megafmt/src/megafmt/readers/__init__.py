@@ -11,7 +11,7 @@ from megafmt.readers.base import BinReader, BinReaderFactory, ViewableBinReader
 from megafmt.registry import Registry
 
 READERS: Registry[BinReaderFactory] = Registry(
-    "megafmt.readers", "megafmt reader", required=("__call__",)
+    "megafmt.readers", "megafmt reader", required=("__call__",), home="megafmt"
 )
 
 

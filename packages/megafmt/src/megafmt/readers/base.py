@@ -26,6 +26,10 @@ class BinReader(Protocol):
     nbytes: int
     """The size of the file in bytes."""
 
+    # Optional: ``holds_descriptor = False`` on a reader that keeps no file open lets datasets
+    # skip the pool that bounds open readers (megafmt.readers.pool); a reader without the
+    # attribute is assumed to hold one.
+
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """``count`` items of ``dtype`` starting at byte ``offset``.
 

@@ -3,9 +3,10 @@
 For file systems where mapping is slow or unsafe (some network and parallel file systems, or
 files that may be replaced while a job runs). One descriptor is opened per reader and read with
 ``preadv`` straight into the array returned, so concurrent reads need no lock. An ``OSError``
-is retried after an exponentially growing pause (the descriptor is reopened first, which
-recovers from stale NFS handles); after the last retry the error is raised as a
-:class:`~megafmt.errors.ReadError`.
+is retried after an exponentially growing pause on a freshly opened descriptor (which recovers
+from stale NFS handles); the failed one is kept open until the reader closes, so another thread
+still reading through it can never read another file that reused its number. After the last
+retry the error is raised as a :class:`~megafmt.errors.ReadError`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import os
 import random
+import threading
 import time
 from typing import Any
 
@@ -51,6 +53,8 @@ class FileBinReader:
         self.sleep_duration_start = sleep_duration_start
         self.max_sleep_duration = max_sleep_duration
         self._closed = False
+        self._lock = threading.Lock()
+        self._retired: list[int] = []  # descriptors that failed, closed with the reader
         self._fd: int | None = open_readonly(path, "token file")
         self.nbytes = os.fstat(self._fd).st_size
         self._itemsizes: dict[Any, int] = {}
@@ -69,15 +73,12 @@ class FileBinReader:
         filled = 0
         failures = 0
         while filled < len(buffer):
+            fd = self._descriptor()
             try:
-                if self._fd is None:
-                    if self._closed:
-                        raise ValueError(f"{self.path}: read from a closed reader")
-                    self._fd = open_readonly(self.path, "token file")
-                got = os.preadv(self._fd, [buffer[filled:]], offset + filled)
+                got = os.preadv(fd, [buffer[filled:]], offset + filled)
             except OSError as error:
                 failures += 1
-                self._retry_or_raise(error, failures, len(buffer), offset)
+                self._retry_or_raise(error, failures, len(buffer), offset, fd)
                 continue
             if got == 0:
                 raise FormatError(
@@ -87,7 +88,20 @@ class FileBinReader:
                 )
             filled += got
 
-    def _retry_or_raise(self, error: OSError, failures: int, size: int, offset: int) -> None:
+    def _descriptor(self) -> int:
+        fd = self._fd
+        if fd is not None:
+            return fd
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self.path}: read from a closed reader")
+            if self._fd is None:
+                self._fd = open_readonly(self.path, "token file")
+            return self._fd
+
+    def _retry_or_raise(
+        self, error: OSError, failures: int, size: int, offset: int, fd: int
+    ) -> None:
         what = f"{self.path}: reading {size} bytes at offset {offset}"
         if failures > self.num_max_retries:
             raise ReadError(f"{what} failed {failures} times, giving up: {error}") from error
@@ -101,22 +115,28 @@ class FileBinReader:
             error,
             pause,
         )
-        self._close_fd()
+        with self._lock:  # the next read opens a fresh descriptor
+            if self._fd == fd:
+                self._retired.append(fd)
+                self._fd = None
         time.sleep(pause)
 
-    def _close_fd(self) -> None:
-        fd, self._fd = getattr(self, "_fd", None), None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+    def _close_all(self) -> None:
+        descriptors = [getattr(self, "_fd", None), *getattr(self, "_retired", [])]
+        self._fd, self._retired = None, []
+        for fd in descriptors:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def close(self) -> None:
-        """Close the descriptor."""
-        self._closed = True
-        self._close_fd()
+        """Close the descriptors."""
+        with self._lock:
+            self._closed = True
+            self._close_all()
 
     def __del__(self) -> None:
-        self._close_fd()
+        self._close_all()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (

@@ -21,6 +21,8 @@ from megafmt.readers.base import check_read_range
 class MMapBinReader:
     """Reads a local ``.bin`` through a memory map."""
 
+    holds_descriptor = False
+
     def __init__(self, path: str) -> None:
         self.path = path
         fd = open_readonly(path, "token file")

@@ -1,10 +1,12 @@
-"""A bound on how many ``.bin`` readers a process keeps open at once.
+"""A bound on how many ``.bin`` readers that hold a file descriptor a process keeps open.
 
-A blend of a thousand corpora opens a thousand datasets. Each one registers its reader here
-when it opens it; past ``capacity`` (the ``MEGAFMT_MAX_OPEN_BIN`` environment variable, default
-512) the pool releases the reader of a dataset not read from recently (a CLOCK sweep: every
-read marks its dataset, the sweep spares marked datasets once), and that dataset reopens its
-reader on its next read. Arrays already handed out stay valid.
+A blend of a thousand corpora opens a thousand datasets. The ``mmap`` reader holds no descriptor
+(:mod:`megafmt.mapping`), but readers that do (``file``, and any reader that does not say
+``holds_descriptor = False``) register here when their dataset opens them; past ``capacity``
+(the ``MEGAFMT_MAX_OPEN_BIN`` environment variable, default 512) the pool releases the reader of
+a dataset not read from recently (a CLOCK sweep: every read marks its dataset, the sweep spares
+marked datasets once), and that dataset reopens its reader on its next read. Arrays already
+handed out stay valid.
 """
 
 from __future__ import annotations
@@ -48,20 +50,32 @@ class ReaderPool:
     def opened(self, dataset: Releasable) -> None:
         """Note that ``dataset`` opened its reader, releasing others beyond the capacity."""
         with self._lock:
+            if any(ref() is dataset for ref in self._open):
+                return
             self._open.append(weakref.ref(dataset))
             if len(self._open) > self.capacity:
                 self._forget_dead()
+            # each pass either releases a reader or clears a mark, so this ends
             while len(self._open) > self.capacity:
                 candidate = self._open.popleft()()
-                if candidate is None or candidate is dataset:
-                    if candidate is dataset:
-                        self._open.append(weakref.ref(dataset))
+                if candidate is None:
                     continue
-                if candidate.recently_read:  # a second chance
+                if candidate is dataset or candidate.recently_read:  # a second chance
                     candidate.recently_read = False
                     self._open.append(weakref.ref(candidate))
                     continue
                 candidate.release_reader()
 
 
-POOL = ReaderPool(int(os.environ.get("MEGAFMT_MAX_OPEN_BIN", DEFAULT_CAPACITY)))
+def _capacity_from_environment() -> int:
+    value = os.environ.get("MEGAFMT_MAX_OPEN_BIN", str(DEFAULT_CAPACITY))
+    try:
+        capacity = int(value)
+    except ValueError:
+        capacity = 0
+    if capacity < 1:
+        raise ValueError(f"MEGAFMT_MAX_OPEN_BIN={value!r}: expected a positive number of readers")
+    return capacity
+
+
+POOL = ReaderPool(_capacity_from_environment())
