@@ -36,3 +36,15 @@ def test_a_change_deep_inside_the_index_is_noticed(corpus):
     assert fingerprint_changes(before, after) == [
         f"idx_hash: {before['idx_hash']!r} -> {after['idx_hash']!r}"
     ]
+
+
+def test_corpus_stat_changes_when_a_file_is_rewritten(corpus):
+    from megafmt import corpus_stat
+
+    prefix = corpus([[[1, 2]]])
+    before = corpus_stat(prefix)
+    assert before["idx"][0] == os.path.getsize(get_idx_path(prefix))
+    assert before == corpus_stat(prefix)
+    corpus([[[1, 2]]])  # the same bytes, written anew
+    after = corpus_stat(prefix)
+    assert after["bin"][0] == before["bin"][0] and after != before

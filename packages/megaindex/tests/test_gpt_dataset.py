@@ -270,3 +270,10 @@ def test_fast_cache_load_with_deferred_mapping(make_config):
     assert fast.indices is None and fast.sample_index is None
     assert len(fast) == len(built)
     assert torch.equal(fast[9]["tokens"], built[9]["tokens"])
+
+
+def test_a_touched_corpus_with_the_same_contents_keeps_its_cache(make_config, corpus):
+    build(make_config())
+    later = os.stat(corpus + ".idx").st_mtime_ns + 10**9
+    os.utime(corpus + ".idx", ns=(later, later))  # new stats, same bytes: hashed, still fresh
+    assert build(make_config())[0].index_source.kind == "cache"

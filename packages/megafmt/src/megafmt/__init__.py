@@ -20,7 +20,7 @@ from megafmt.errors import (
     ReadError,
     TokenValueError,
 )
-from megafmt.fingerprint import corpus_fingerprint, fingerprint_changes
+from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
 from megafmt.mapping import map_file
@@ -55,6 +55,7 @@ __all__ = [
     "__version__",
     "atomic_write",
     "corpus_fingerprint",
+    "corpus_stat",
     "corpus_stats",
     "expand_inputs",
     "fingerprint_changes",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy
 
-from megafmt import IndexedDataset, corpus_fingerprint, fingerprint_changes
+from megafmt import IndexedDataset, corpus_fingerprint, corpus_stat, fingerprint_changes
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
@@ -197,14 +197,15 @@ class GPTDataset(MegatronDataset):
             load_table(self.path_to_shuffle_index, None),
         )
 
-    def _fingerprint(self) -> dict[str, Any]:
-        """What the tables depend on beyond megatron-core's key: the corpus contents and the
-        configuration fields megatron-core leaves out of the key."""
+    def _fingerprint(self, with_contents: bool = True) -> dict[str, Any]:
+        """What the tables depend on beyond megatron-core's key: the corpus (its files' stats,
+        and with ``with_contents`` a sampled hash of them) and the configuration fields
+        megatron-core leaves out of the key."""
         path_prefix = getattr(self.dataset, "path_prefix", None)
+        on_disk = not self.config.mock and path_prefix is not None
         return {
-            "corpus": None
-            if self.config.mock or path_prefix is None
-            else corpus_fingerprint(path_prefix),
+            "corpus": corpus_fingerprint(path_prefix) if on_disk and with_contents else None,
+            "corpus_stat": corpus_stat(path_prefix) if on_disk else None,
             "config": {
                 "add_extra_token_to_sequence": bool(self.config.add_extra_token_to_sequence),
                 "drop_last_partial_sequence": bool(self._drop_last_partial_sequence),
@@ -239,7 +240,17 @@ class GPTDataset(MegatronDataset):
         sidecar = cache.read_sidecar()
         if sidecar is None:  # built by megatron-core: check the shapes the corpus implies
             return cache.load(self._expected_specs())
-        changes = fingerprint_changes(_flatten(sidecar), _flatten(self._fingerprint()))
+        current = self._fingerprint(with_contents=False)
+        unchanged = (
+            sidecar.get("corpus_stat") == current["corpus_stat"]
+            and sidecar.get("config") == current["config"]
+        )
+        # the same stats mean the same files; otherwise hash the contents (a copy is fine)
+        changes = (
+            []
+            if unchanged
+            else fingerprint_changes(_flatten(sidecar), _flatten(self._fingerprint()))
+        )
         if changes:
             what = f"{cache.entry.sidecar_path}: the cache was built from other data: " + "; ".join(
                 changes
