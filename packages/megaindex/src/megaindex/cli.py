@@ -163,6 +163,16 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
     return BlendedMegatronDatasetBuilder(GPTDataset, _sizes(args), lambda: True, config).build()
 
 
+class GPTDatasetProvider:
+    """The ``gpt`` provider of ``mega load simulate``: GPT datasets from Megatron-LM's flags."""
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        _dataset_arguments(parser)
+
+    def build(self, args: argparse.Namespace) -> list[Any]:
+        return build_datasets(args)
+
+
 def _report_built(split: Split, dataset: Any, indent: str = "") -> str:
     if isinstance(dataset, list):  # multiple validation sets
         return "\n".join(_report_built(split, d, indent) for d in dataset)

@@ -132,6 +132,15 @@ class GPTDataset(MegatronDataset):
         text, _ = self._query_document_sample_shuffle_indices(0 if idx is None else idx)
         return self._make_sample(text, padding_sample=idx is None)
 
+    def __getitems__(self, indices: list[int | None]) -> dict[str, Any]:
+        """The samples at ``indices``, already collated: what torch's default collation of
+        ``[self[i] for i in indices]`` gives, built in one pass (DataLoader calls this)."""
+        extra = int(self.config.add_extra_token_to_sequence)
+        texts = numpy.empty((len(indices), self.config.sequence_length + extra), numpy.int64)
+        for row, idx in enumerate(indices):
+            texts[row] = self._query_document_sample_shuffle_indices(0 if idx is None else idx)[0]
+        return self._make_sample.batch(texts, [idx is None for idx in indices])
+
     def _query_document_sample_shuffle_indices(
         self, idx: int
     ) -> tuple[numpy.ndarray, numpy.ndarray]:

@@ -1,15 +1,18 @@
-"""Turning a window of token ids into the sample dict GPTDataset returns.
+"""Turning windows of token ids into the samples GPTDataset returns, one or a batch at a time.
 
 Values, dtypes, shapes and key order equal megatron-core's for every combination of
 ``reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``, ``create_attention_mask``,
-``add_extra_token_to_sequence`` and padding. megatron-core loops over end-of-document tokens in
-Python, rewriting blocks of an S x S float mask; here each document's extent is computed once
-(``segment_start``) and the mask rows are filled directly, and whatever does not depend on the
-data (the causal mask, the position ids without resets) is built once per dataset.
+``add_extra_token_to_sequence`` and padding; a batch equals torch's default collation of the
+samples. megatron-core loops over end-of-document tokens in Python, rewriting blocks of an
+S x S float mask; here each document's extent is computed once for the whole batch
+(``segment_starts``) and mask rows are filled directly.
 
-Tensors that do not depend on the data are shared between samples, as megatron-core shares its
-cached ones: do not modify a returned ``attention_mask`` or (without resets) ``position_ids`` in
-place. As in megatron-core, ``labels`` is a view of the same buffer as ``tokens``, one token on.
+A batch keeps tokens, labels, loss mask and position ids in one buffer, so a DataLoader worker
+hands it to the trainer as one shared-memory block. Tensors that do not depend on the data are
+built once and shared, as megatron-core shares its cached ones: without
+``reset_attention_mask`` a single sample's ``attention_mask`` is one cached tensor and a
+batch's is that tensor expanded over the batch (equal values, stride 0 on the batch
+dimension; call ``.contiguous()`` for a dense copy). Do not modify them in place.
 """
 
 from __future__ import annotations
@@ -23,17 +26,17 @@ from megaindex.backends import implementation
 
 
 def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
-    """For each position, where its document begins inside the window (after the last EOD)."""
-    starts = numpy.zeros(len(tokens), dtype=numpy.int64)
-    boundaries = numpy.flatnonzero(tokens == eod) + 1
-    boundaries = boundaries[boundaries < len(tokens)]
-    starts[boundaries] = boundaries
-    numpy.maximum.accumulate(starts, out=starts)
-    return starts
+    """For each position (of each row), where its document begins inside the window: just after
+    the last EOD before it, or 0."""
+    tokens = numpy.atleast_2d(tokens)
+    positions = numpy.arange(tokens.shape[1])
+    starts = numpy.zeros(tokens.shape, dtype=numpy.int64)
+    starts[:, 1:] = numpy.where(tokens[:, :-1] == eod, positions[1:], 0)
+    return numpy.maximum.accumulate(starts, axis=1)
 
 
 class SampleMaker:
-    """Builds sample dicts for one dataset configuration."""
+    """Builds samples and batches for one dataset configuration."""
 
     def __init__(self, config: Any, pad_token_id: int) -> None:
         self.sequence_length = config.sequence_length
@@ -44,11 +47,7 @@ class SampleMaker:
         self.reset_attention_mask = bool(config.reset_attention_mask)
         self.eod_mask_loss = bool(config.eod_mask_loss)
         self.create_attention_mask = bool(config.create_attention_mask)
-        self.needs_segments = self.reset_position_ids or (
-            self.reset_attention_mask and self.create_attention_mask
-        )
         self._causal_mask: torch.Tensor | None = None
-        self._positions: torch.Tensor | None = None
 
     @property
     def causal_mask(self) -> torch.Tensor:
@@ -58,61 +57,63 @@ class SampleMaker:
             self._causal_mask = torch.ones(length, length, dtype=torch.bool).triu_(1).unsqueeze(0)
         return self._causal_mask
 
-    @property
-    def positions(self) -> torch.Tensor:
-        """``0..S-1`` as int64; built once."""
-        if self._positions is None:
-            self._positions = torch.arange(self.sequence_length, dtype=torch.long)
-        return self._positions
-
     def __call__(self, text: numpy.ndarray, padding_sample: bool = False) -> dict[str, Any]:
-        """The sample for ``text`` (int64, ``S + 1`` ids with the extra token, else ``S``).
+        """The sample for ``text`` (int64, ``S + 1`` ids with the extra token, else ``S``);
+        ``padding_sample`` (megatron-core's ``idx=None``) zeroes its loss mask."""
+        batch = self.batch(text[None, :], [padding_sample])
+        sample = {key: value[0] for key, value in batch.items()}
+        if "attention_mask" in sample and not self.reset_attention_mask:
+            sample["attention_mask"] = self.causal_mask
+        return sample
 
-        ``text`` is modified in place (pad ids become 0) and shared by ``tokens`` and ``labels``.
-        ``padding_sample`` (megatron-core's ``idx=None``) zeroes the whole loss mask.
-        """
-        if self.extra:
-            tokens, labels = text[:-1], text[1:]
-        else:
-            tokens = text
-            labels = numpy.empty_like(text)
-            labels[:-1] = text[1:]
-            labels[-1] = self.pad
+    def batch(self, texts: numpy.ndarray, padding: list[bool]) -> dict[str, Any]:
+        """The collated samples of the rows of ``texts`` (int64, ``[B, S (+1)]``)."""
+        rows, length = len(texts), self.sequence_length
+        # int64 tokens, labels and positions, then float32 loss mask: every view is aligned
+        buffer = torch.empty(rows * length * 28, dtype=torch.uint8)
+        tokens, labels, position_ids, loss_mask = (
+            buffer[start : start + rows * length * size].view(dtype).view(rows, length)
+            for start, size, dtype in (
+                (0, 8, torch.int64),
+                (rows * length * 8, 8, torch.int64),
+                (rows * length * 16, 8, torch.int64),
+                (rows * length * 24, 4, torch.float32),
+            )
+        )
+        tokens_np, labels_np = tokens.numpy(), labels.numpy()
+        loss_np, positions_np = loss_mask.numpy(), position_ids.numpy()
+        tokens_np[:] = texts[:, :length]
+        labels_np[:, : length - 1] = texts[:, 1:length]
+        labels_np[:, length - 1] = texts[:, length] if self.extra else self.pad
 
-        loss_mask = numpy.ones(self.sequence_length, dtype=numpy.float32)
+        loss_np[:] = 1.0
         if self.eod_mask_loss:
-            loss_mask[tokens == self.eod] = 0.0
-        starts = segment_starts(tokens, self.eod) if self.needs_segments else None
+            loss_np[tokens_np == self.eod] = 0.0
+        needs_starts = self.reset_position_ids or (
+            self.reset_attention_mask and self.create_attention_mask
+        )
+        starts = segment_starts(tokens_np, self.eod) if needs_starts else None
+        positions_np[:] = numpy.arange(length)
         if self.reset_position_ids:
-            position_ids = torch.from_numpy(numpy.arange(self.sequence_length) - starts)
-        else:
-            position_ids = self.positions
-        if not self.create_attention_mask:
-            attention_mask = None
-        elif self.reset_attention_mask:
-            mask = numpy.empty((self.sequence_length, self.sequence_length), dtype=numpy.bool_)
-            implementation().fill_document_causal_mask(starts, mask, torch.get_num_threads())
-            attention_mask = torch.from_numpy(mask).unsqueeze(0)
-        else:
-            attention_mask = self.causal_mask
+            positions_np -= starts
+
+        sample: dict[str, Any] = {"tokens": tokens, "labels": labels}
+        if self.create_attention_mask:
+            if self.reset_attention_mask:
+                mask = numpy.empty((rows, 1, length, length), dtype=numpy.bool_)
+                threads = torch.get_num_threads()
+                for row in range(rows):
+                    implementation().fill_document_causal_mask(starts[row], mask[row, 0], threads)
+                sample["attention_mask"] = torch.from_numpy(mask)
+            else:
+                sample["attention_mask"] = self.causal_mask.expand(rows, 1, length, length)
+        sample["loss_mask"] = loss_mask
+        sample["position_ids"] = position_ids
 
         # pad ids: no loss where the label is one, and 0 in tokens and labels (embeddable)
-        is_pad = text == self.pad
-        if self.extra:
-            if is_pad.any():
-                loss_mask[is_pad[1:]] = 0.0
-                text[is_pad] = 0
-        else:
-            label_is_pad = labels == self.pad
-            loss_mask[label_is_pad] = 0.0
-            labels[label_is_pad] = 0
-            text[is_pad] = 0
-        if padding_sample:
-            loss_mask[:] = 0.0
-
-        sample = {"tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels)}
-        if attention_mask is not None:
-            sample["attention_mask"] = attention_mask
-        sample["loss_mask"] = torch.from_numpy(loss_mask)
-        sample["position_ids"] = position_ids
+        label_is_pad = labels_np == self.pad
+        loss_np[label_is_pad] = 0.0
+        labels_np[label_is_pad] = 0
+        tokens_np[tokens_np == self.pad] = 0
+        loss_np[numpy.asarray(padding, dtype=bool)] = 0.0
         return sample

@@ -1,0 +1,138 @@
+"""``mega load simulate``: run the real samplers and loader for a few steps over simulated
+data-parallel ranks, check that the ranks' samples are disjoint and cover each global batch,
+and report throughput. The dataset comes from a ``megaload.datasets`` provider plugin (megaindex
+provides ``gpt``), which adds its own arguments (``--data-path`` and the rest)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import time
+from typing import Any
+
+from megafmt import Progress, Registry
+from megaload.accounting import num_micro_batches
+from megaload.config import DataLoaderConfig
+from megaload.loader import build_pretraining_data_loader
+
+PROVIDERS: Registry[Any] = Registry(
+    "megaload.datasets",
+    "megaload dataset provider",
+    required=("configure", "build"),
+    providers={"gpt": "it is provided by megaindex: pip install ./packages/megaindex"},
+)
+
+
+class LoadCommand:
+    help = "simulate data-parallel loading: disjointness, coverage, resume, throughput"
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        commands = parser.add_subparsers(dest="load_command", metavar="SUBCOMMAND", required=True)
+        simulate = commands.add_parser("simulate", help="run the loader over simulated ranks")
+        simulate.add_argument("--dataset", default="gpt", help="dataset provider plugin")
+        simulate.add_argument("--micro-batch-size", type=int, required=True)
+        simulate.add_argument("--dp", type=int, default=1, help="data-parallel size")
+        simulate.add_argument("--steps", type=int, default=10)
+        simulate.add_argument("--dataloader-type", choices=["single", "cyclic"], default="single")
+        simulate.add_argument("--no-data-sharding", action="store_true")
+        simulate.add_argument("--num-workers", type=int, default=0)
+        simulate.add_argument(
+            "--resume-at", type=int, default=0, metavar="S", help="start at consumed sample S"
+        )
+        simulate.add_argument(
+            "--dry-run-resume",
+            type=int,
+            metavar="S",
+            help="print what a resume at S reads first on each rank, and stop",
+        )
+        simulate.add_argument(
+            "--hash-log",
+            metavar="FILE",
+            help="write one hash per global batch (compare runs with diff)",
+        )
+        for name in PROVIDERS.available():
+            PROVIDERS.get(name)().configure(simulate)
+        # the dataset providers usually take --global-batch-size for the sample budget already
+        with contextlib.suppress(argparse.ArgumentError):
+            simulate.add_argument("--global-batch-size", type=int)
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.global_batch_size is None:
+            raise ValueError("mega load simulate needs --global-batch-size")
+        dataset = PROVIDERS.get(args.dataset)().build(args)[0]
+        micro_batches = num_micro_batches(args.global_batch_size, args.micro_batch_size, args.dp)
+        loaders = [
+            build_pretraining_data_loader(
+                dataset,
+                args.dry_run_resume if args.dry_run_resume is not None else args.resume_at,
+                DataLoaderConfig(
+                    micro_batch_size=args.micro_batch_size,
+                    global_batch_size=args.global_batch_size,
+                    dataloader_type=args.dataloader_type,
+                    data_parallel_rank=rank,
+                    data_parallel_size=args.dp,
+                    data_sharding=not args.no_data_sharding,
+                    num_workers=args.num_workers,
+                    pin_memory=False,
+                ),
+            )
+            for rank in range(args.dp)
+        ]
+        if args.dry_run_resume is not None:
+            for rank, loader in enumerate(loaders):
+                first = next(iter(loader.batch_sampler), None)
+                print(
+                    f"rank {rank}: first micro-batch after {args.dry_run_resume} consumed "
+                    f"samples: {first}"
+                )
+            return 0
+        return _simulate(args, loaders, micro_batches)
+
+
+def _simulate(args: argparse.Namespace, loaders: list[Any], micro_batches: int) -> int:
+    samplers = [iter(loader.batch_sampler) for loader in loaders]
+    streams = [iter(loader) for loader in loaders]
+    log = open(args.hash_log, "w") if args.hash_log else None  # noqa: SIM115
+    tokens = 0
+    start = time.perf_counter()
+    with Progress("simulate", args.steps, "steps") as progress:
+        for step in range(args.steps):
+            digest = hashlib.sha256()
+            indices: list[Any] = []
+            for rank in range(len(loaders)):
+                for _ in range(micro_batches):
+                    try:
+                        sampled = next(samplers[rank])
+                        batch = next(streams[rank])
+                    except StopIteration:
+                        print(f"the data ends during step {step} (rank {rank})")
+                        return _summary(args, step, tokens, start, log)
+                    indices += sampled
+                    digest.update(batch["tokens"].numpy().tobytes())
+                    tokens += batch["tokens"].numel()
+            real = [i for i in indices if i is not None]
+            if len(set(real)) != len(real):
+                raise ValueError(f"step {step}: ranks read overlapping samples")
+            if (
+                args.dataloader_type == "single"
+                and real
+                and sorted(real) != list(range(min(real), min(real) + len(real)))
+            ):
+                raise ValueError(f"step {step}: the global batch is not one contiguous block")
+            if log is not None:
+                log.write(f"{digest.hexdigest()}\n")
+            progress.update()
+    return _summary(args, args.steps, tokens, start, log)
+
+
+def _summary(args: argparse.Namespace, steps: int, tokens: int, start: float, log: Any) -> int:
+    if log is not None:
+        log.close()
+    seconds = time.perf_counter() - start
+    samples = steps * args.global_batch_size
+    print(
+        f"{steps} steps of {args.global_batch_size} samples over {args.dp} ranks: disjoint "
+        f"and covering; {samples / seconds:,.0f} samples/s, {tokens / seconds:,.0f} tokens/s"
+    )
+    return 0

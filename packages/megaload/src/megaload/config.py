@@ -1,0 +1,85 @@
+"""What Megatron-LM reads from its global arguments to build a data loader, as a dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megaload.samplers import SamplerError
+
+DATALOADER_TYPES = ("single", "cyclic", "external")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataLoaderConfig:
+    """Megatron-LM's data loader arguments (same names), and the fixes for its quirks."""
+
+    micro_batch_size: int
+    """Samples per micro-batch on each data-parallel rank."""
+
+    dataloader_type: str = "single"
+    """``single`` (sequential), ``cyclic`` (random, epoch after epoch) or ``external``."""
+
+    global_batch_size: int | None = None
+    """Samples per step across all ranks (for accounting and validation)."""
+
+    eval_micro_batch_size: int | None = None
+    """Micro-batch size of the validation and test loaders (default: micro_batch_size)."""
+
+    eval_global_batch_size: int | None = None
+    """Global batch size of the validation and test loaders (default: global_batch_size)."""
+
+    data_parallel_rank: int = 0
+    data_parallel_size: int = 1
+
+    num_workers: int = 2
+    """DataLoader worker processes (Megatron-LM's default is 2)."""
+
+    data_sharding: bool = True
+    """``cyclic``: shuffle within each rank's bucket of the data."""
+
+    full_validation: bool = False
+    """Validate on the whole validation set, one sample per rank per batch."""
+
+    drop_last: bool = True
+    """``single``: drop the last, partial global batch."""
+
+    pin_memory: bool | None = None
+    """Pin batches in page-locked memory (default: when CUDA is available)."""
+
+    persistent_workers: bool | None = None
+    """Keep workers between epochs (default: when there are workers)."""
+
+    pad_last_batch: bool = False
+    """``single`` with ``drop_last=False``: fill the last micro-batch with padding samples
+    (index None) instead of giving higher ranks a short or empty one."""
+
+    balanced: bool = False
+    """``cyclic`` without sharding: trim each epoch to whole global batches, so every rank gets
+    the same number of batches."""
+
+    seed: int | None = None
+    """``cyclic``: seed the permutations with seed + epoch instead of the epoch alone."""
+
+    def __post_init__(self) -> None:
+        if self.dataloader_type not in DATALOADER_TYPES:
+            raise SamplerError(
+                f"dataloader_type {self.dataloader_type!r} is not supported; expected one of "
+                f"{', '.join(DATALOADER_TYPES)}"
+            )
+        if self.micro_batch_size < 1:
+            raise SamplerError(f"micro_batch_size must be positive, got {self.micro_batch_size}")
+        if self.num_workers < 0:
+            raise SamplerError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise SamplerError(
+                f"data_parallel_rank {self.data_parallel_rank} is outside the data-parallel "
+                f"group of {self.data_parallel_size}"
+            )
+        if self.global_batch_size is not None and self.global_batch_size % (
+            self.micro_batch_size * self.data_parallel_size
+        ):
+            raise SamplerError(
+                f"global_batch_size {self.global_batch_size} is not a multiple of "
+                f"micro_batch_size {self.micro_batch_size} x data_parallel_size "
+                f"{self.data_parallel_size}"
+            )

@@ -1,0 +1,265 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from megaload import (
+    DataLoaderConfig,
+    MegatronDataLoader,
+    RerunDataIterator,
+    SamplerError,
+    build_pretraining_data_loader,
+    close_gpu_descriptors,
+    cyclic_iter,
+    num_micro_batches,
+    samples_per_step,
+)
+from megaload import loader as loader_module
+
+DATASET_CODE = '''
+import torch
+
+
+class Numbers(torch.utils.data.Dataset):
+    """Sample i is the tokens [i, i] (and a split name for the loader to find)."""
+
+    def __init__(self, size, split="train"):
+        self.size, self.index_split = size, type("S", (), {"name": split})()
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, idx):
+        return {"tokens": torch.tensor([idx, idx])}
+'''
+namespace: dict = {}
+exec(DATASET_CODE, namespace)
+Numbers = namespace["Numbers"]
+
+
+def firsts(batches):
+    return [batch["tokens"][:, 0].tolist() for batch in batches]
+
+
+def test_batches_follow_the_sampler():
+    config = DataLoaderConfig(
+        micro_batch_size=2, data_parallel_rank=1, data_parallel_size=2, num_workers=0
+    )
+    loader = build_pretraining_data_loader(Numbers(10), 0, config)
+    assert firsts(loader) == [[2, 3], [6, 7]]
+    assert loader.consumed_samples == 8
+
+
+def test_external_and_missing_datasets():
+    config = DataLoaderConfig(micro_batch_size=2, dataloader_type="external")
+    dataset = Numbers(4)
+    assert build_pretraining_data_loader(dataset, 0, config) is dataset
+    assert build_pretraining_data_loader(None, 0, config) is None
+
+
+def test_validation_uses_eval_batch_size_and_full_validation():
+    config = DataLoaderConfig(micro_batch_size=2, eval_micro_batch_size=3, num_workers=0)
+    assert firsts(build_pretraining_data_loader(Numbers(7, "valid"), 0, config)) == [
+        [0, 1, 2],
+        [3, 4, 5],
+    ]
+    full = DataLoaderConfig(
+        micro_batch_size=2,
+        full_validation=True,
+        data_parallel_size=2,
+        data_parallel_rank=1,
+        num_workers=0,
+    )
+    loader = build_pretraining_data_loader(Numbers(5, "valid"), 0, full)
+    assert loader.sampler_name == "full_validation" and firsts(loader) == [[1], [3]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["single", "cyclic"])
+def test_state_resumes_on_the_next_batch_in_process(kind, workers):
+    config = DataLoaderConfig(
+        micro_batch_size=2,
+        dataloader_type=kind,
+        num_workers=workers,
+        data_parallel_size=2,
+        data_parallel_rank=0,
+    )
+    # the sequential sampler ends with the data (10 batches on this rank); the cyclic one
+    # goes on into the next epochs
+    steps, cut = (10, 6) if kind == "single" else (14, 6)
+
+    def take(loader, count):
+        stream = cyclic_iter(loader) if kind == "cyclic" else iter(loader)
+        return [next(stream)["tokens"][:, 0].tolist() for _ in range(count)]
+
+    expected = take(build_pretraining_data_loader(Numbers(40), 0, config), steps)
+    loader = build_pretraining_data_loader(Numbers(40), 0, config)
+    head = take(loader, cut)
+    state = loader.state_dict()
+    assert state["consumed_samples"] == cut * 4
+    again = build_pretraining_data_loader(Numbers(40), 0, config)
+    again.load_state_dict(state)
+    assert head + take(again, steps - cut) == expected
+    if kind == "single":
+        assert list(again) == []  # every sample was read: a clean end, not an assertion
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kill_and_resume_in_a_new_process(tmp_path, workers):
+    script = textwrap.dedent(DATASET_CODE) + textwrap.dedent(
+        f"""
+        import json, sys
+        from megaload import DataLoaderConfig, build_pretraining_data_loader, cyclic_iter
+        config = DataLoaderConfig(micro_batch_size=3, dataloader_type="cyclic",
+                                  num_workers={workers}, data_parallel_size=1)
+        loader = build_pretraining_data_loader(Numbers(50), 0, config)
+        if sys.argv[1] == "resume":
+            loader.load_state_dict(json.load(open(sys.argv[2])))
+        stream = cyclic_iter(loader)
+        out = []
+        for step in range(int(sys.argv[3])):
+            out.append(next(stream)["tokens"][:, 0].tolist())
+        if sys.argv[1] == "first":
+            json.dump(loader.state_dict(), open(sys.argv[2], "w"))
+        print(json.dumps(out))
+        """
+    )
+    state = str(tmp_path / "state.json")
+
+    def run(*argv):
+        result = subprocess.run(
+            [sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True
+        )
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    whole = run("whole", state, "30")
+    first = run("first", state, "12")  # the process ends here, mid-epoch
+    rest = run("resume", state, "18")
+    assert first + rest == whole
+
+
+def test_the_sequential_sampler_resumes_at_another_data_parallel_size():
+    def global_batches(dp, consumed, steps):
+        loaders = [
+            build_pretraining_data_loader(
+                Numbers(64),
+                consumed,
+                DataLoaderConfig(
+                    micro_batch_size=2, data_parallel_size=dp, data_parallel_rank=r, num_workers=0
+                ),
+            )
+            for r in range(dp)
+        ]
+        iterators = [iter(loader) for loader in loaders]
+        out = []
+        for _ in range(steps):
+            out.append(sorted(i for it in iterators for i in next(it)["tokens"][:, 0].tolist()))
+        return out, loaders[0].state_dict()
+
+    before, state = global_batches(2, 0, 3)  # 3 steps of 4 samples
+    assert state["consumed_samples"] == 12
+    after, _ = global_batches(4, state["consumed_samples"], 2)
+    assert before + after == [
+        list(range(0, 4)),
+        list(range(4, 8)),
+        list(range(8, 12)),
+        list(range(12, 20)),
+        list(range(20, 28)),
+    ]
+
+
+def test_cyclic_with_sharding_refuses_another_data_parallel_size():
+    saved = build_pretraining_data_loader(
+        Numbers(64),
+        0,
+        DataLoaderConfig(
+            micro_batch_size=2, dataloader_type="cyclic", data_parallel_size=2, num_workers=0
+        ),
+    ).state_dict()
+    other = build_pretraining_data_loader(
+        Numbers(64),
+        0,
+        DataLoaderConfig(
+            micro_batch_size=2, dataloader_type="cyclic", data_parallel_size=4, num_workers=0
+        ),
+    )
+    with pytest.raises(
+        SamplerError,
+        match="cannot resume at data_parallel_size 4 a run saved "
+        "at 2: each rank shuffles its own bucket",
+    ):
+        other.load_state_dict(saved)
+    with pytest.raises(SamplerError, match="saved over 64 samples, this dataset holds 10"):
+        build_pretraining_data_loader(
+            Numbers(10),
+            0,
+            DataLoaderConfig(
+                micro_batch_size=2, dataloader_type="cyclic", data_parallel_size=2, num_workers=0
+            ),
+        ).load_state_dict(saved)
+
+
+def test_the_end_of_the_data_is_a_clean_end():
+    config = DataLoaderConfig(micro_batch_size=2, num_workers=0)
+    loader = build_pretraining_data_loader(Numbers(8), 8, config)
+    assert list(loader) == []
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(micro_batch_size=0), "micro_batch_size must be positive"),
+        (dict(micro_batch_size=2, dataloader_type="batch"), "'batch' is not supported"),
+        (dict(micro_batch_size=2, data_parallel_size=2, data_parallel_rank=2), "outside"),
+        (
+            dict(micro_batch_size=2, global_batch_size=6, data_parallel_size=2),
+            "global_batch_size 6 is not a multiple of micro_batch_size 2 x data_parallel_size 2",
+        ),
+    ],
+)
+def test_config_errors(fields, message):
+    with pytest.raises(SamplerError, match=message):
+        DataLoaderConfig(**fields)
+
+
+def test_worker_start_closes_inherited_gpu_descriptors(monkeypatch):
+    read, write = os.pipe()
+    real = os.readlink
+    monkeypatch.setattr(
+        loader_module.os,
+        "readlink",
+        lambda path: "/dev/nvidia0" if path == f"/proc/self/fd/{read}" else real(path),
+    )
+    close_gpu_descriptors(0)
+    with pytest.raises(OSError):
+        os.fstat(read)
+    os.fstat(write)
+    os.close(write)
+
+
+def test_rerun_iterator_replays_the_last_items():
+    iterator = RerunDataIterator(range(10))
+    assert [next(iterator) for _ in range(3)] == [0, 1, 2]
+    iterator.rewind()
+    assert [next(iterator) for _ in range(4)] == [0, 1, 2, 3]
+    iterator.advance()
+    iterator.rewind()
+    assert next(iterator) == 4
+
+
+def test_accounting():
+    assert num_micro_batches(256, 2, 16) == 8
+    assert samples_per_step(2, 16, 8) == 256
+    with pytest.raises(ValueError, match="not a multiple"):
+        num_micro_batches(100, 3, 2)
+
+
+def test_loader_is_a_stateful_dataloader_lookalike():
+    loader = MegatronDataLoader(Numbers(8), 0, DataLoaderConfig(micro_batch_size=2, num_workers=0))
+    assert callable(loader.state_dict) and callable(loader.load_state_dict)
+    assert isinstance(loader.state_dict()["version"], int)
+    assert SimpleNamespace(**loader.state_dict()).sampler == "single"
