@@ -19,7 +19,6 @@ from megatron.core.datasets.gpt_dataset import MockGPTDataset as MegatronMockGPT
 from megatron.core.datasets.utils import get_blend_from_list as megatron_blend_from_list
 from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
-import megafmt
 import megaindex
 
 VOCAB = 1000
@@ -37,22 +36,15 @@ def single_process_group(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def corpora(tmp_path_factory):
+def corpora(tmp_path_factory, corpus_writer):
     """Five corpora of different sizes and document lengths."""
     directory = tmp_path_factory.mktemp("blend")
-    prefixes = []
-    for number, (documents, longest) in enumerate(
-        [(300, 60), (120, 30), (500, 90), (80, 200), (200, 10)]
-    ):
-        prefix = str(directory / f"corpus{number}")
-        rng = numpy.random.default_rng(number)
-        builder = megafmt.IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
-        for _ in range(documents):
-            tokens = [*rng.integers(0, VOCAB, int(rng.integers(1, longest))).tolist(), VOCAB]
-            builder.add_document(tokens, [len(tokens)])
-        builder.finalize(prefix + ".idx")
-        prefixes.append(prefix)
-    return prefixes
+    return [
+        corpus_writer(str(directory / f"corpus{number}"), documents, seed=number, longest=longest)
+        for number, (documents, longest) in enumerate(
+            [(300, 60), (120, 30), (500, 90), (80, 200), (200, 10)]
+        )
+    ]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MegatronConfi
 from megatron.core.datasets.gpt_dataset import MockGPTDataset as MegatronMockGPTDataset
 from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
-import megafmt
 import megaindex
 from megaindex.tokenizer import IdentifiedTokenizer
 
@@ -25,16 +24,9 @@ TABLES = ("document_index", "sample_index", "shuffle_index")
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """300 documents of 1 to 60 tokens, each ending with EOD; one empty-bodied document."""
-    prefix = str(tmp_path_factory.mktemp("gpt") / "corpus")
-    rng = numpy.random.default_rng(0)
-    builder = megafmt.IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
-    for _ in range(300):
-        tokens = [*rng.integers(0, VOCAB, int(rng.integers(0, 60))).tolist(), VOCAB]
-        builder.add_document(tokens, [len(tokens)])
-    builder.finalize(prefix + ".idx")
-    return prefix
+def corpus(tmp_path_factory, corpus_writer):
+    """300 documents of 0 to 59 tokens and EOD (so some hold EOD alone)."""
+    return corpus_writer(str(tmp_path_factory.mktemp("gpt") / "corpus"), shortest=0)
 
 
 def build_both(corpus, directory, sizes, tokenizer=None, **fields):

@@ -4,7 +4,6 @@ batches, key for key, on every rank, with and without DataLoader workers."""
 import itertools
 import os
 
-import numpy
 import pytest
 import torch
 from megatron.core.datasets.blended_megatron_dataset_builder import (
@@ -15,7 +14,6 @@ from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MegatronConfi
 from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 from torch.utils.data import DataLoader
 
-import megafmt
 import megaindex
 from megaload import DataLoaderConfig, MegatronPretrainingSampler, build_pretraining_data_loader
 
@@ -23,15 +21,10 @@ VOCAB = 1000
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    prefix = str(tmp_path_factory.mktemp("loader") / "corpus")
-    rng = numpy.random.default_rng(0)
-    builder = megafmt.IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
-    for _ in range(400):
-        tokens = [*rng.integers(0, VOCAB, int(rng.integers(1, 40))).tolist(), VOCAB]
-        builder.add_document(tokens, [len(tokens)])
-    builder.finalize(prefix + ".idx")
-    return prefix
+def corpus(tmp_path_factory, corpus_writer):
+    return corpus_writer(
+        str(tmp_path_factory.mktemp("loader") / "corpus"), documents=400, longest=40
+    )
 
 
 def datasets(corpus, directory, **flags):
