@@ -1,4 +1,5 @@
-"""The demo `make demo` runs: write a small corpus with megafmt, then inspect it with `mega`.
+"""The demo `make demo` runs: write a small corpus with megafmt, inspect it with `mega`, then
+show how get_batch spreads a micro-batch over 2 x 2 tensor- and context-parallel gloo ranks.
 
 The text is tokenized as UTF-8 bytes (ids 0-255) with an end-of-document id 256, so the
 vocabulary has 257 ids and the corpus is stored as uint16, as Megatron's preprocessing would.
@@ -48,6 +49,7 @@ def main() -> None:
     mega("dump", str(prefix), "--doc", "1")
     first = IndexedDataset(str(prefix))[1]
     print("\ndocument 1 decoded:", bytes(first[first < EOD].tolist()).decode("utf-8"))
+    mega("dist", "demo", "--tp", "2", "--cp", "2", "--show", "4")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""``get_batch``: the whole path from the data loader to the tensors one rank trains on.
+
+TP rank 0 of each TP group takes the next micro-batch from its loader and moves it to the
+device; the group shares it with one broadcast (``broadcast_batch``), each rank keeps its
+context-parallel share, and the tensors come back in ``BATCH_KEYS`` order with the loader's
+extra keys (``dataset_id``) dropped: Megatron-LM's pretrain_gpt.get_batch.
+
+Unlike Megatron, the source splits the batch for its CP rank before sending it when the split
+is a built-in one (every rank of a TP group has the same CP rank): the other ranks receive
+1/cp of the bytes and do no splitting, with the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from megadist.broadcast import Protocol, check_protocol, receive_payload, send_failure, send_payload
+from megadist.errors import BatchError
+from megadist.keys import Batch
+from megadist.partition import CP_PARTITIONERS, LOCAL_SPLITS
+from megadist.payload import fixed_shapes, prepare_source_batch
+from megadist.topology import BatchTopology
+
+
+def get_batch(
+    data_iterator: Iterator[Mapping[str, Any]] | None,
+    topology: BatchTopology,
+    *,
+    protocol: Protocol = "packed",
+) -> Batch:
+    """This rank's share of the next micro-batch. Only the TP source rank touches
+    ``data_iterator`` (the others may pass None); middle pipeline stages without packed
+    sequences or MTP get all None without touching it, as in Megatron.
+
+    When the source's loader is exhausted, every rank of the group raises ``StopIteration``
+    (packed protocol); when its batch is malformed, the source raises ``BatchError`` and the
+    others ``SourceError`` naming it.
+    """
+    check_protocol(protocol)
+    if not topology.reads_data:
+        return Batch.from_mapping({})
+    split = None
+    if topology.cp_size > 1:
+        split = CP_PARTITIONERS.get(topology.partitioner_name)
+    split_first = split is not None and split in LOCAL_SPLITS
+    shapes = fixed_shapes(topology, LOCAL_SPLITS[split] if split_first else None)
+    if topology.is_source:
+        try:
+            if data_iterator is None:
+                raise BatchError(
+                    f"TP rank 0 (global rank {topology.tp_src_rank}) reads the data and needs a "
+                    f"data iterator, not None"
+                )
+            payload = prepare_source_batch(next(data_iterator), topology)
+            if split_first:
+                payload = split(payload, topology.cp_rank, topology.cp_size)
+        except Exception as error:  # the waiting ranks must hear of it, whatever it is
+            if topology.tp_size > 1:
+                send_failure(topology, shapes, protocol, error)
+            raise
+        if topology.tp_size > 1:  # built-in splits give the announced shapes by construction
+            send_payload(payload, topology, shapes, protocol)
+    else:
+        payload = receive_payload(topology, shapes, protocol)
+    if split is not None and not split_first:
+        payload = split(payload, topology.cp_rank, topology.cp_size)
+    return Batch.from_mapping(payload)

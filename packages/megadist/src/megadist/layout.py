@@ -1,0 +1,103 @@
+"""Process groups for a (tp, cp, pp, dp) layout, ranked the way Megatron ranks them.
+
+Megatron's default order is ``tp-cp-ep-dp-pp``: tensor-parallel neighbours have consecutive
+global ranks, then context parallelism, then data parallelism, and pipeline stages are the
+outermost. With expert parallelism left out, global rank
+``r = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from megadist.errors import TopologyError
+from megadist.topology import BatchTopology, PipelinePosition
+
+#: the layout's dimensions, innermost first
+DIMENSIONS = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """This rank's coordinates in a (tp, cp, dp, pp) layout and the groups it belongs to."""
+
+    sizes: dict[str, int]
+    coordinates: dict[str, int]
+    groups: dict[str, dist.ProcessGroup]
+
+    @property
+    def pipeline_position(self) -> PipelinePosition:
+        return PipelinePosition.of(self.coordinates["pp"], self.sizes["pp"])
+
+    def topology(self, micro_batch_size: int, seq_length: int, **options: Any) -> BatchTopology:
+        """A ``BatchTopology`` for this rank; ``options`` are BatchTopology's other fields."""
+        options.setdefault("pipeline", self.pipeline_position)
+        return BatchTopology(
+            micro_batch_size=micro_batch_size,
+            seq_length=seq_length,
+            tp_group=self.groups["tp"],
+            cp_group=self.groups["cp"],
+            **options,
+        )
+
+    def describe(self) -> str:
+        """``tp 1/2 cp 0/2 dp 0/1 pp 1/2 (last)``."""
+        parts = [f"{name} {self.coordinates[name]}/{self.sizes[name]}" for name in DIMENSIONS]
+        return " ".join(parts) + f" ({self.pipeline_position.value})"
+
+
+def rank_of(coordinates: dict[str, int], sizes: dict[str, int]) -> int:
+    """The global rank at ``coordinates``."""
+    rank = 0
+    for name in reversed(DIMENSIONS):
+        rank = rank * sizes[name] + coordinates[name]
+    return rank
+
+
+def coordinates_of(rank: int, sizes: dict[str, int]) -> dict[str, int]:
+    """The coordinates of global rank ``rank``."""
+    coordinates = {}
+    for name in DIMENSIONS:
+        rank, coordinates[name] = divmod(rank, sizes[name])
+    return coordinates
+
+
+def build_parallel_groups(
+    tp: int = 1, cp: int = 1, pp: int = 1, dp: int | None = None
+) -> ParallelLayout:
+    """Create every tensor-, context-, data- and pipeline-parallel group of the default world
+    and return this rank's. Every rank must call it (``new_group`` is collective). ``dp`` None
+    takes what the world size leaves."""
+    world = dist.get_world_size()
+    if min(tp, cp, pp, 1 if dp is None else dp) < 1:
+        raise TopologyError(
+            f"parallel sizes must be positive, found tp {tp} cp {cp} pp {pp} dp {dp}"
+        )
+    if dp is None:
+        dp, leftover = divmod(world, tp * cp * pp)
+        if leftover or dp == 0:
+            raise TopologyError(
+                f"world size {world} is not a multiple of tp x cp x pp = {tp} x {cp} x {pp}"
+            )
+    sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    if tp * cp * dp * pp != world:
+        raise TopologyError(
+            f"tp x cp x dp x pp = {tp} x {cp} x {dp} x {pp} does not equal the world size {world}"
+        )
+    me = coordinates_of(dist.get_rank(), sizes)
+    groups = {}
+    for name in DIMENSIONS:
+        others = [other for other in DIMENSIONS if other != name]
+        for fixed in itertools.product(*(range(sizes[other]) for other in others)):
+            ranks = [
+                rank_of({**dict(zip(others, fixed, strict=True)), name: index}, sizes)
+                for index in range(sizes[name])
+            ]
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
+                groups[name] = group
+    return ParallelLayout(sizes=sizes, coordinates=me, groups=groups)

@@ -1,0 +1,173 @@
+"""Where a rank stands for ``get_batch``: its tensor and context-parallel groups, its pipeline
+position, and what its micro-batches look like.
+
+Megatron reads all of this from global state (``mpu``, ``get_args()``); here it is one explicit,
+immutable object built from process groups the caller already has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+import torch.distributed as dist
+
+from megadist.errors import TopologyError
+from megadist.keys import BATCH_KEYS, BOUNDARY_KEYS
+
+
+class PipelinePosition(Enum):
+    """A rank's pipeline stage as far as data goes: the first stage embeds tokens, the last
+    computes the loss, a single stage (pipeline size 1) does both, middle stages neither."""
+
+    SINGLE = "single"
+    FIRST = "first"
+    MIDDLE = "middle"
+    LAST = "last"
+
+    @classmethod
+    def of(cls, pp_rank: int, pp_size: int) -> PipelinePosition:
+        """The position of stage ``pp_rank`` in a pipeline of ``pp_size`` stages."""
+        if not 0 <= pp_rank < pp_size:
+            raise TopologyError(f"pipeline rank {pp_rank} is outside a pipeline of {pp_size}")
+        if pp_size == 1:
+            return cls.SINGLE
+        if pp_rank == 0:
+            return cls.FIRST
+        return cls.LAST if pp_rank == pp_size - 1 else cls.MIDDLE
+
+
+#: the per-token keys each position needs (Megatron's get_batch_on_this_tp_rank)
+_POSITION_KEYS: dict[PipelinePosition, tuple[str, ...]] = {
+    PipelinePosition.SINGLE: ("tokens", "labels", "loss_mask", "position_ids"),
+    PipelinePosition.FIRST: ("tokens", "position_ids"),
+    PipelinePosition.LAST: ("labels", "loss_mask"),
+    PipelinePosition.MIDDLE: (),
+}
+
+
+def _uses_nccl(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` runs NCCL (alone, or for CUDA tensors as in ``cpu:gloo,cuda:nccl``)."""
+    return dist.is_available() and dist.is_initialized() and "nccl" in dist.get_backend(group)
+
+
+def device_for_group(group: dist.ProcessGroup | None) -> torch.device:
+    """Where a group's collectives run: the current CUDA device for NCCL, else the CPU."""
+    if _uses_nccl(group):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _rank_and_size(group: dist.ProcessGroup | None, name: str) -> tuple[int, int]:
+    if group is None:
+        return 0, 1
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise TopologyError(
+            f"global rank {dist.get_rank()} is not a member of the {name} group it was given "
+            f"(ranks {dist.get_process_group_ranks(group)})"
+        )
+    return rank, dist.get_world_size(group)
+
+
+@dataclass(frozen=True)
+class BatchTopology:
+    """What ``broadcast_batch`` and ``get_batch`` need to know about this rank.
+
+    ``tp_group``/``cp_group`` None mean size 1. ``attention_mask`` says whether the loader's
+    batches carry a ``[mbs, 1, S, S]`` mask (Megatron's ``--create-attention-mask-in-dataloader``);
+    ``packed_sequences`` whether they carry ``cu_seqlens``, ``cu_seqlens_padded`` and
+    ``max_seqlen`` (SFT packing; micro batch size 1, as in Megatron). ``cp_partitioner`` names a
+    ``megadist.cp_partitioners`` plugin; None takes ``thd`` for packed sequences, else
+    ``zigzag``. ``device`` None takes the TP group's backend device.
+    """
+
+    micro_batch_size: int
+    seq_length: int
+    tp_group: dist.ProcessGroup | None = None
+    cp_group: dist.ProcessGroup | None = None
+    pipeline: PipelinePosition = PipelinePosition.SINGLE
+    mtp_on_this_rank: bool = False
+    attention_mask: bool = False
+    packed_sequences: bool = False
+    cp_partitioner: str | None = None
+    device: torch.device | None = None
+    tp_rank: int = field(init=False)
+    tp_size: int = field(init=False)
+    tp_src_rank: int = field(init=False)
+    """the global rank of the group's rank 0, which reads the data"""
+    cp_rank: int = field(init=False)
+    cp_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        tp_rank, tp_size = _rank_and_size(self.tp_group, "TP")
+        cp_rank, cp_size = _rank_and_size(self.cp_group, "CP")
+        src = dist.get_global_rank(self.tp_group, 0) if self.tp_group is not None else 0
+        settings = {
+            "tp_rank": tp_rank,
+            "tp_size": tp_size,
+            "tp_src_rank": src,
+            "cp_rank": cp_rank,
+            "cp_size": cp_size,
+            "pipeline": PipelinePosition(self.pipeline),
+            "device": torch.device(self.device or device_for_group(self.tp_group)),
+        }
+        for name, value in settings.items():
+            object.__setattr__(self, name, value)
+        self._check()
+
+    def _check(self) -> None:
+        if self.micro_batch_size < 1 or self.seq_length < 1:
+            raise TopologyError(
+                f"micro_batch_size and seq_length must be positive, found "
+                f"{self.micro_batch_size} and {self.seq_length}"
+            )
+        if self.packed_sequences and self.micro_batch_size != 1:
+            raise TopologyError(
+                f"packed sequences need micro_batch_size 1 (one packed row per micro-batch, as "
+                f"in Megatron), found {self.micro_batch_size}"
+            )
+        if self.device.type == "cpu" and self.tp_size > 1 and _uses_nccl(self.tp_group):
+            raise TopologyError(
+                "the TP group runs NCCL, which cannot broadcast CPU tensors; pass a CUDA device "
+                "or leave device=None"
+            )
+        if self.cp_size > 1 and self.seq_length % (2 * self.cp_size):
+            raise TopologyError(
+                f"seq_length {self.seq_length} is not divisible by 2 x cp_size = "
+                f"{2 * self.cp_size}: context parallelism splits each sequence into "
+                f"{2 * self.cp_size} equal chunks"
+            )
+
+    @property
+    def is_source(self) -> bool:
+        """Whether this rank reads the data loader (TP rank 0)."""
+        return self.tp_rank == 0
+
+    @property
+    def reads_data(self) -> bool:
+        """Whether this position needs any data; Megatron's middle stages skip get_batch
+        unless they carry MTP layers or packed-sequence boundaries."""
+        return bool(self.payload_keys)
+
+    @property
+    def payload_keys(self) -> tuple[str, ...]:
+        """The keys that reach this position, in ``BATCH_KEYS`` order; the others are None."""
+        position = PipelinePosition.SINGLE if self.mtp_on_this_rank else self.pipeline
+        needed = set(_POSITION_KEYS[position])
+        if self.attention_mask and needed:
+            needed.add("attention_mask")
+        if self.packed_sequences:
+            needed.update(BOUNDARY_KEYS, ["max_seqlen"])
+        return tuple(key for key in BATCH_KEYS if key in needed)
+
+    @property
+    def partitioner_name(self) -> str:
+        """The ``megadist.cp_partitioners`` plugin that splits this rank's batches."""
+        return self.cp_partitioner or ("thd" if self.packed_sequences else "zigzag")
+
+    @property
+    def local_seq_length(self) -> int:
+        """The sequence length each CP rank keeps."""
+        return self.seq_length // self.cp_size

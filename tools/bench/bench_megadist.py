@@ -1,0 +1,107 @@
+"""get_batch's collectives and their time on gloo: Megatron-LM's protocol (one broadcast per
+tensor, then the CP split on every rank) against megadist's packed protocol (one broadcast,
+the source splitting for its CP rank first), in one run.
+
+    .venv/bin/python tools/bench/bench_megadist.py [--iterations 20] [--seq-length 8192]
+
+Micro-batch 4 x sequence 8192 by default, on ranks spawned on this machine. Megatron-LM's
+get_batch_on_this_tp_rank is not in the megatron-core wheel (it lives in megatron.training), so
+its side is megadist's ``per_tensor`` protocol, which issues the same broadcasts in the same
+order, followed by ``zigzag_split`` as get_batch_on_this_cp_rank does. The ranks receive the
+same tensors either way (the tests check it). Prints collectives and milliseconds per
+micro-batch (the slowest rank's mean over the best of 3 alternating rounds), and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+
+import torch.distributed as dist
+
+from megadist import broadcast_batch, build_parallel_groups, get_batch, zigzag_split
+from megadist.collectives import counting_broadcasts
+from megadist.synthetic import synthetic_batch
+from megafmt.distributed_testing import run_distributed
+
+
+def megatron_path(source, topology):
+    """Megatron's order: broadcast every tensor of the full batch, then split on every rank."""
+    batch = broadcast_batch(next(source) if source else None, topology, protocol="per_tensor")
+    return zigzag_split(batch, topology.cp_rank, topology.cp_size)
+
+
+def megadist_path(source, topology):
+    return get_batch(source, topology, protocol="packed")
+
+
+PATHS = {"megatron": megatron_path, "megadist": megadist_path}
+ROUNDS = 3
+
+
+def measure_on_rank(tp: int, cp: int, options: dict) -> dict:
+    """Per path: broadcasts per micro-batch and mean seconds per micro-batch on this rank."""
+    layout = build_parallel_groups(tp=tp, cp=cp)
+    topology = layout.topology(
+        options["micro_batch_size"], options["seq_length"], attention_mask=options["mask"]
+    )
+    batch = synthetic_batch(
+        options["micro_batch_size"], options["seq_length"], attention_mask=options["mask"]
+    )
+    sources = {name: itertools.repeat(batch) if topology.is_source else None for name in PATHS}
+    results = {}
+    for name, path in PATHS.items():
+        path(sources[name], topology)  # warm-up: allocator, gloo connections
+        with counting_broadcasts() as calls:
+            path(sources[name], topology)
+        results[name] = {"collectives": len(calls), "bytes": sum(calls), "seconds": float("inf")}
+    for _ in range(ROUNDS):  # alternate the paths; keep each one's best round
+        for name, path in PATHS.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(options["iterations"]):
+                path(sources[name], topology)
+            dist.barrier()
+            seconds = (time.perf_counter() - start) / options["iterations"]
+            results[name]["seconds"] = min(results[name]["seconds"], seconds)
+    return results
+
+
+def report(title: str, tp: int, cp: int, options: dict) -> None:
+    ranks = run_distributed(measure_on_rank, tp * cp, tp, cp, options, timeout=1800)
+    print(f"\n{title}")
+    print(f"  {'path':<10} {'collectives':>11} {'MiB sent':>9} {'ms/micro-batch':>15}")
+    times = {}
+    for name in PATHS:
+        slowest = max(rank[name]["seconds"] for rank in ranks)
+        times[name] = slowest
+        first = ranks[0][name]
+        mib = first["bytes"] / 2**20
+        print(f"  {name:<10} {first['collectives']:>11} {mib:>9.1f} {slowest * 1e3:>15.2f}")
+    print(f"  megadist is {times['megatron'] / times['megadist']:.2f}x Megatron's protocol")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--seq-length", type=int, default=8192)
+    args = parser.parse_args()
+    base = {"micro_batch_size": args.micro_batch_size, "seq_length": args.seq_length}
+    shape = f"micro-batch {args.micro_batch_size} x sequence {args.seq_length}"
+    few = max(2, args.iterations // 5)  # a [mbs, 1, S, S] mask is 256 MiB at 4 x 8192
+    cases = [
+        (f"TP=2, {shape}, no attention mask", 2, 1, {**base, "mask": False}),
+        (f"TP=2, {shape}, attention mask", 2, 1, {**base, "mask": True, "iterations": few}),
+        (f"TP=2 x CP=2, {shape}, attention mask", 2, 2, {**base, "mask": True, "iterations": few}),
+    ]
+    for title, tp, cp, options in cases:
+        options.setdefault("iterations", args.iterations)
+        report(title, tp, cp, options)
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
