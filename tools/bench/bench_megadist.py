@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from megadist import broadcast_batch, build_parallel_groups, get_batch, zigzag_split
 from megadist.collectives import counting_broadcasts
+from megadist.spawn import run_distributed
 from megadist.synthetic import synthetic_batch
-from megafmt.distributed_testing import run_distributed
 
 
 def megatron_path(source, topology):

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from megadist import BatchError, BatchTopology, PipelinePosition, SourceError, broadcast_batch
 from megadist.collectives import counting_broadcasts
-from megafmt.distributed_testing import run_distributed
+from megadist.spawn import run_distributed
 
 pytestmark = pytest.mark.distributed
 

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from megadist import CP_PARTITIONERS, BatchError, SourceError, build_parallel_groups, get_batch
+from megadist.spawn import run_distributed
 from megadist.topology import BatchTopology, PipelinePosition
-from megafmt.distributed_testing import run_distributed
 
 pytestmark = pytest.mark.distributed
 

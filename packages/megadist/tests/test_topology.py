@@ -15,7 +15,7 @@ from megadist import (
     build_parallel_groups,
 )
 from megadist.layout import coordinates_of, rank_of
-from megafmt.distributed_testing import run_distributed
+from megadist.spawn import run_distributed
 
 FIRST, MIDDLE, LAST, SINGLE = (
     PipelinePosition.FIRST,

@@ -12,8 +12,8 @@ from megadist.broadcast import PROTOCOLS
 from megadist.get_batch import get_batch
 from megadist.keys import BATCH_KEYS
 from megadist.layout import build_parallel_groups
+from megadist.spawn import run_distributed
 from megadist.synthetic import synthetic_batch, synthetic_batches
-from megafmt.distributed_testing import run_distributed
 
 
 def _describe(key: str, value: torch.Tensor | None, show: int) -> str:

@@ -1,6 +1,7 @@
 """Conformance tests that every ``.bin`` reader runs, the built-in ones and third parties'.
 
-Subclass :class:`BinReaderConformance` in a pytest module and name the reader::
+Subclass :class:`BinReaderConformance` in a pytest module and name the reader (its checks go
+through ``numpy.testing``, so they hold under ``python -O`` too)::
 
     from megafmt.testing import BinReaderConformance
 
@@ -60,7 +61,8 @@ class BinReaderConformance:
     def test_reports_size(self, corpus: Any) -> None:
         prefix, dtype, sequences = corpus
         reader = self.open_reader(get_bin_path(prefix))
-        assert reader.nbytes == sum(len(s) for s in sequences) * numpy.dtype(dtype).itemsize
+        expected = sum(len(s) for s in sequences) * numpy.dtype(dtype).itemsize
+        numpy.testing.assert_equal(reader.nbytes, expected)
 
     def test_reads_every_sequence(self, corpus: Any) -> None:
         prefix, dtype, sequences = corpus
@@ -68,7 +70,7 @@ class BinReaderConformance:
         offset = 0
         for sequence in sequences:
             got = reader.read(dtype, len(sequence), offset)
-            assert got.dtype == numpy.dtype(dtype)
+            numpy.testing.assert_equal(got.dtype, numpy.dtype(dtype))
             numpy.testing.assert_array_equal(got, sequence)
             offset += sequence.nbytes
 
@@ -82,8 +84,8 @@ class BinReaderConformance:
     def test_zero_items_and_the_very_end(self, corpus: Any) -> None:
         prefix, dtype, sequences = corpus
         reader = self.open_reader(get_bin_path(prefix))
-        assert len(reader.read(dtype, 0, 0)) == 0
-        assert len(reader.read(dtype, 0, reader.nbytes)) == 0
+        numpy.testing.assert_equal(len(reader.read(dtype, 0, 0)), 0)
+        numpy.testing.assert_equal(len(reader.read(dtype, 0, reader.nbytes)), 0)
         numpy.testing.assert_array_equal(
             reader.read(dtype, 1, reader.nbytes - numpy.dtype(dtype).itemsize), sequences[-1][-1:]
         )
@@ -123,7 +125,7 @@ class BinReaderConformance:
         dataset = IndexedDataset(
             prefix, reader=self.reader_name, reader_options=self.reader_options
         )
-        assert len(dataset) == len(sequences)
+        numpy.testing.assert_equal(len(dataset), len(sequences))
         for i, sequence in enumerate(sequences):
             numpy.testing.assert_array_equal(dataset[i], sequence)
             numpy.testing.assert_array_equal(

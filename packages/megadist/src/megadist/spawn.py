@@ -1,6 +1,6 @@
-"""Running a test function on several ranks joined in a real ``torch.distributed`` gloo group.
+"""Running a function on several ranks of a real ``torch.distributed`` gloo group, spawned on
+this machine: how ``mega dist demo``, the benchmark and the multi-rank tests start their ranks.
 
-Used by the tests of the packages that need torch (megafmt itself does not import torch).
 The function is looked up in its module's file by each spawned rank, so test modules that
 pytest imported without a package work too.
 """
@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+import torch.distributed as dist
 
 
 def _load(module_name: str, module_file: str, qualname: str) -> Callable[..., Any]:
@@ -41,8 +43,6 @@ def _rank_main(
     results: Any,
     group_timeout: float,
 ) -> None:
-    import torch.distributed as dist
-
     try:
         dist.init_process_group(
             "gloo",

@@ -1,11 +1,11 @@
-"""The helper every multi-rank test uses: real gloo groups, failures and hangs reported."""
+"""The rank spawner every multi-rank run uses: real gloo groups, failures and hangs reported."""
 
 import time
 
 import pytest
 import torch
 
-from megafmt.distributed_testing import run_distributed
+from megadist.spawn import run_distributed
 
 
 def _sum_of_ranks(offset):
