@@ -1,8 +1,10 @@
 import json
 import os
 
+import numpy
 import pytest
 
+from megafmt import IndexedDataset
 from megafmt.cli.main import main
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, get_train_valid_test_num_samples
 
@@ -77,18 +79,29 @@ def test_inspect_lists_each_cached_dataset(corpus, tmp_path, capsys):
     )
 
 
-def test_explain_names_the_documents_of_a_sample(corpus, tmp_path, make_config, capsys):
+def test_explain_names_the_documents_of_a_sample(corpus, tmp_path, capsys):
     cache = str(tmp_path / "cache")
     args = [*dataset_args(corpus, cache), "--samples", "1000,50,10", "--sample", "4"]
     assert main(["index", "explain", *args, "--tokens"]) == 0
     out = capsys.readouterr().out.splitlines()
-    train = BlendedMegatronDatasetBuilder(
-        GPTDataset, [1000, 50, 10], lambda: True, make_config(path_to_cache=cache)
-    ).build()[0]
-    text, documents = train._query_document_sample_shuffle_indices(4)
-    assert out[0].startswith(f"train sample 4 is row {int(train.shuffle_index[4])} ")
-    assert [int(line.split()[1]) for line in out[1:-1]] == documents.tolist()
-    assert out[-1] == " ".join(map(str, text.tolist()))
+    # the expected values come from the cached tables on disk (equal to megatron-core's, as the
+    # compat tests show) and the corpus, read as megatron-core's table layout documents them
+    (base,) = {n.rsplit("-", 1)[0] for n in os.listdir(cache) if "-GPTDataset-train-" in n}
+    tables = ("document_index", "sample_index", "shuffle_index")
+    table = {t: numpy.load(os.path.join(cache, f"{base}-{t}.npy")) for t in tables}
+    row = int(table["shuffle_index"][4])
+    (begin, begin_offset), (end, end_offset) = table["sample_index"][row : row + 2].tolist()
+    documents = table["document_index"][begin : end + 1].tolist()
+    assert out[0].startswith(f"train sample 4 is row {row} ")
+    spans = [line.split() for line in out[1:-1]]
+    assert [int(span[1]) for span in spans] == documents
+    assert spans[0][3] == f"[{begin_offset}," and spans[-1][4] == f"{end_offset + 1})"
+    corpus_tokens = IndexedDataset(corpus)
+    expected = []
+    for span in spans:
+        first, last = int(span[3][1:-1]), int(span[4][:-1])
+        expected += corpus_tokens.get(int(span[1]), first, last - first).tolist()
+    assert out[-1] == " ".join(map(str, expected))
 
 
 def test_explain_refuses_a_sample_out_of_range(corpus, tmp_path, capsys):

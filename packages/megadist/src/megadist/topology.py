@@ -7,6 +7,7 @@ immutable object built from process groups the caller already has.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -151,7 +152,7 @@ class BatchTopology:
         unless they carry MTP layers or packed-sequence boundaries."""
         return bool(self.payload_keys)
 
-    @property
+    @functools.cached_property  # asked several times per micro-batch; the topology is frozen
     def payload_keys(self) -> tuple[str, ...]:
         """The keys that reach this position, in ``BATCH_KEYS`` order; the others are None."""
         position = PipelinePosition.SINGLE if self.mtp_on_this_rank else self.pipeline

@@ -25,7 +25,7 @@ from megaindex import distributed
 from megaindex.blend import check_prefixes_exist
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.config import BlendedMegatronDatasetConfig
-from megaindex.errors import CacheError, ConfigError, IndexBuildError
+from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.utils import Split, normalize
 
@@ -219,12 +219,9 @@ class BlendedMegatronDatasetBuilder:
             return [list(per_split) for per_split in zip(*per_prefix, strict=True)]
 
         threads = max(1, self.config.num_dataset_builder_threads)
-        rank = distributed.global_rank()
-        if rank is None or not self._synchronize:
-            return build_all(threads)
-        built = build_all(threads) if rank == 0 else None
-        self._barrier()
-        return built if rank == 0 else build_all(threads)
+        return self.build_generic_dataset(
+            build_all, lambda: True, self._synchronize, threads, barrier=self._barrier
+        )
 
     def _build_megatron_dataset_splits(
         self,
@@ -288,16 +285,8 @@ class BlendedMegatronDatasetBuilder:
         if rank is None:
             return cls(*args)
         dataset = None
-        if rank == 0 and is_built_on_rank():
-            try:
-                dataset = cls(*args)
-            except CacheError:
-                raise
-            except OSError as error:
-                raise CacheError(
-                    f"rank 0 failed to build {getattr(cls, '__name__', cls)}: {error}. If the "
-                    "index cache cannot be written, set path_to_cache to a writable directory"
-                ) from error
+        if rank == 0 and is_built_on_rank():  # an unwritable cache is IndexCache.save's error
+            dataset = cls(*args)
         if synchronize_ranks:
             barrier()
         if rank != 0 and is_built_on_rank():

@@ -26,7 +26,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy
 
@@ -93,20 +93,50 @@ class CacheEntry:
         return all(os.path.isfile(path) for path in self.files())
 
 
-def load_table(path: str, spec: TableSpec | None, mmap: bool = True) -> numpy.ndarray:
-    """A cached ``.npy`` table, mapped read-only, after checking its header, size and shape."""
+def read_npy_header(stream: BinaryIO) -> tuple[tuple[int, ...], bool, numpy.dtype]:
+    """The shape, Fortran order and dtype of the ``.npy`` file ``stream`` is at the start of;
+    leaves ``stream`` at the first byte of the data."""
+    version = numpy.lib.format.read_magic(stream)
+    if version == (1, 0):
+        return numpy.lib.format.read_array_header_1_0(stream)
+    return numpy.lib.format.read_array_header_2_0(stream)
+
+
+def load_table(path: str, spec: TableSpec | None) -> numpy.ndarray:
+    """A cached ``.npy`` table, mapped read-only, after checking its header, size and shape.
+
+    The result is a plain ndarray over one read-only mapping that holds no descriptor:
+    numpy.memmap's Python-level indexing costs microseconds per lookup, and ``__getitem__``
+    makes several."""
     try:
-        with open(path, "rb") as stream:
-            version = numpy.lib.format.read_magic(stream)
-            if version == (1, 0):
-                shape, fortran_order, dtype = numpy.lib.format.read_array_header_1_0(stream)
-            else:
-                shape, fortran_order, dtype = numpy.lib.format.read_array_header_2_0(stream)
-            data_start = stream.tell()
-            size = os.fstat(stream.fileno()).st_size
-    except (OSError, ValueError) as error:
-        raise DamagedCacheError(f"{path}: unreadable .npy header ({error})") from error
-    expected_size = data_start + int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
+        stream = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as error:
+        raise DamagedCacheError(f"{path}: unreadable ({error})") from error
+    with stream:
+        try:
+            shape, fortran_order, dtype = read_npy_header(stream)
+        except (OSError, ValueError) as error:
+            raise DamagedCacheError(f"{path}: unreadable .npy header ({error})") from error
+        data_start = stream.tell()
+        size = os.fstat(stream.fileno()).st_size
+        count = int(numpy.prod(shape, dtype=numpy.int64))
+        expected = data_start + count * dtype.itemsize
+        _check_table(path, spec, shape, fortran_order, dtype, size, expected)
+        if count == 0:  # an empty region cannot be mapped
+            return numpy.empty(shape, dtype=dtype)
+        data = map_file(path, stream.fileno(), size)
+    return data[data_start:].view(dtype).reshape(shape)
+
+
+def _check_table(
+    path: str,
+    spec: TableSpec | None,
+    shape: tuple[int, ...],
+    fortran_order: bool,
+    dtype: numpy.dtype,
+    size: int,
+    expected_size: int,
+) -> None:
     if size != expected_size:
         raise DamagedCacheError(
             f"{path}: {size} bytes, expected {expected_size} for a {dtype} array of shape "
@@ -121,17 +151,20 @@ def load_table(path: str, spec: TableSpec | None, mmap: bool = True) -> numpy.nd
             f"{path}: a {dtype.name} array of shape {tuple(shape)}, expected "
             f"{' or '.join(spec.dtypes)} of shape {spec.shape}"
         )
-    count = int(numpy.prod(shape, dtype=numpy.int64))
-    if count == 0:  # an empty region cannot be mapped
-        return numpy.empty(shape, dtype=dtype)
-    with open(path, "rb") as stream:
-        if mmap:
-            # a plain ndarray over one read-only mapping that holds no descriptor (numpy.memmap's
-            # Python-level indexing costs microseconds per lookup, and __getitem__ makes several)
-            data = map_file(path, stream.fileno(), size)
-            return data[data_start:].view(dtype).reshape(shape)
-        stream.seek(data_start)
-        return numpy.fromfile(stream, dtype, count).reshape(shape)
+
+
+def read_sidecar(path: str) -> dict[str, Any] | None:
+    """The sidecar at ``path``, or None when there is none (a cache megatron-core built) or it
+    is unreadable (with a warning) or of another format."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            sidecar = json.load(stream)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        warnings.warn(f"{path}: unreadable, ignored ({error})", stacklevel=2)
+        return None
+    return sidecar if sidecar.get("format") == SIDECAR_FORMAT else None
 
 
 class IndexCache:
@@ -143,15 +176,7 @@ class IndexCache:
 
     def read_sidecar(self) -> dict[str, Any] | None:
         """The sidecar of the entry, or None (a cache megatron-core built has none)."""
-        try:
-            with open(self.entry.sidecar_path, encoding="utf-8") as stream:
-                sidecar = json.load(stream)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as error:
-            warnings.warn(f"{self.entry.sidecar_path}: unreadable, ignored ({error})", stacklevel=2)
-            return None
-        return sidecar if sidecar.get("format") == SIDECAR_FORMAT else None
+        return read_sidecar(self.entry.sidecar_path)
 
     def load(
         self, specs: Mapping[str, TableSpec] | None, check: bool = True

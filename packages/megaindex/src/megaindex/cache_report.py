@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy
 
-from megaindex.cache import load_table
+from megaindex.cache import CacheEntry, load_table, read_npy_header, read_sidecar
 from megaindex.megatron_dataset import describe
 
 DESCRIPTION_SUFFIX = "-description.txt"
@@ -41,6 +41,14 @@ class CacheReport:
     sources: list[SourceReport] = field(default_factory=list)
 
     @property
+    def entry(self) -> CacheEntry:
+        return CacheEntry(self.directory, self.base, tuple(self.tables))
+
+    def dataset_index(self) -> numpy.ndarray:
+        """A blend's ``dataset_index`` table (mapped, not read)."""
+        return load_table(self.entry.table_path("dataset_index"), None)
+
+    @property
     def bytes_on_disk(self) -> int:
         return sum(table.get("bytes", 0) for table in self.tables.values())
 
@@ -55,13 +63,7 @@ class CacheReport:
 
 def _npy_header(path: str) -> dict[str, Any]:
     with open(path, "rb") as stream:
-        version = numpy.lib.format.read_magic(stream)
-        reader = (
-            numpy.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else numpy.lib.format.read_array_header_2_0
-        )
-        shape, _, dtype = reader(stream)
+        shape, _, dtype = read_npy_header(stream)
     return {"dtype": dtype.name, "shape": list(shape)}
 
 
@@ -76,7 +78,7 @@ def _read_json(path: str) -> dict[str, Any] | None:
 def _sources(report: CacheReport, first: int) -> list[SourceReport]:
     """Realised shares (over the first ``first`` samples and all) and epochs of each source."""
     described = report.description
-    index = load_table(os.path.join(report.directory, f"{report.base}-dataset_index.npy"), None)
+    index = report.dataset_index()
     datasets = described["datasets"]
     counts_first = numpy.bincount(index[:first], minlength=len(datasets))
     counts_all = numpy.bincount(index, minlength=len(datasets))
@@ -86,8 +88,10 @@ def _sources(report: CacheReport, first: int) -> list[SourceReport]:
     for number, identifiers in enumerate(datasets):
         # the source's own cache entry sits beside the blend's, under the md5 of its identity
         key = describe(identifiers)[1]
-        entry = f"{key}-{identifiers['class']}-{identifiers['index_split']}"
-        sidecar = _read_json(os.path.join(report.directory, f"{entry}-megaindex.json")) or {}
+        entry = CacheEntry.for_dataset(
+            report.directory, key, identifiers["class"], identifiers["index_split"], ()
+        )
+        sidecar = read_sidecar(entry.sidecar_path) or {}
         plan = sidecar.get("plan")
         extra = int((sidecar.get("config") or {}).get("add_extra_token_to_sequence", True))
         epochs = None
@@ -121,8 +125,7 @@ def inspect_cache(directory: str, first: int = 10000) -> list[CacheReport]:
                 report.tables[table] = {**_npy_header(path), "bytes": os.path.getsize(path)}
             except (OSError, ValueError) as error:
                 report.tables[table] = {"error": str(error), "bytes": os.path.getsize(path)}
-        sidecar = _read_json(os.path.join(directory, f"{base}-megaindex.json"))
-        report.plan = (sidecar or {}).get("plan")
+        report.plan = (read_sidecar(report.entry.sidecar_path) or {}).get("plan")
         if report.description.get("class") == "BlendedDataset" and "dataset_index" in report.tables:
             report.sources = _sources(report, first)
         reports.append(report)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import asdict
 from typing import Any
@@ -20,7 +19,6 @@ from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
-from megaindex.cache import load_table
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
@@ -212,7 +210,7 @@ def _plot(reports: list, path: str) -> None:
         len(blends) or 1, 1, figsize=(8, 3 * max(1, len(blends))), squeeze=False
     )
     for axis, report in zip(axes[:, 0], blends, strict=False):
-        index = load_table(os.path.join(report.directory, f"{report.base}-dataset_index.npy"), None)
+        index = report.dataset_index()
         seen = numpy.arange(1, len(index) + 1)
         for number, source in enumerate(report.sources):
             axis.plot(
@@ -315,13 +313,12 @@ class IndexCommand:
             f"document_index[{begin}] offset {begin_offset} to document_index[{end}] offset "
             f"{end_offset} (+{extra} extra token)"
         )
-        text, documents = dataset._query_document_sample_shuffle_indices(sample)
-        for position, document in zip(range(begin, end + 1), documents.tolist(), strict=True):
+        for document, first, count in zip(*dataset._sample_spans(sample), strict=True):
             length = int(dataset.dataset.sequence_lengths[document])
-            first = begin_offset if position == begin else 0
-            last = end_offset + extra if position == end else length
+            last = length if count is None else first + count
             print(f"  document {document:>10}  tokens [{first}, {last}) of {length}")
         if args.tokens:
+            text, _ = dataset._query_document_sample_shuffle_indices(sample)
             print(" ".join(map(str, text.tolist())))
         return 0
 

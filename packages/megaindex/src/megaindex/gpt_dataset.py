@@ -29,9 +29,11 @@ from megaindex.cache import (
 from megaindex.config import GPTDatasetConfig
 from megaindex.errors import IndexBuildError, StaleCacheError
 from megaindex.gpt_index import (
+    EpochPlan,
     build_gpt_index_tables,
     expected_sample_count,
     plan_epochs,
+    shuffle_index_dtype,
     tokens_per_epoch,
 )
 from megaindex.helpers import sample_index_dtype
@@ -113,12 +115,7 @@ class GPTDataset(MegatronDataset):
             # megatron-core's __len__ formula, in double precision; the table itself counts in
             # single precision (see helpers.sample_count), which can differ by one past 2**24
             # tokens when the last partial sequence is kept
-            plan = plan_epochs(
-                self._get_num_tokens_per_epoch(),
-                self.num_samples,
-                self.config.sequence_length,
-                self.config.add_extra_token_to_sequence,
-            )
+            plan = self._epoch_plan()
             usable = plan.num_epochs * plan.tokens_per_epoch - int(
                 self.config.add_extra_token_to_sequence
             )
@@ -138,13 +135,21 @@ class GPTDataset(MegatronDataset):
         extra = int(self.config.add_extra_token_to_sequence)
         texts = numpy.empty((len(indices), self.config.sequence_length + extra), numpy.int64)
         for row, idx in enumerate(indices):
-            texts[row] = self._query_document_sample_shuffle_indices(0 if idx is None else idx)[0]
+            self._read_sample(0 if idx is None else idx, texts[row])
         return self._make_sample.batch(texts, [idx is None for idx in indices])
 
     def _query_document_sample_shuffle_indices(
         self, idx: int
     ) -> tuple[numpy.ndarray, numpy.ndarray]:
         """The token ids of sample ``idx`` (int64, padded to the window) and its document ids."""
+        extra = int(self.config.add_extra_token_to_sequence)
+        text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
+        documents = self._read_sample(idx, text)
+        return text, numpy.array(documents, dtype=numpy.int64)
+
+    def _sample_spans(self, idx: int) -> tuple[list[int], list[int], list[int | None]]:
+        """Sample ``idx`` as spans of documents: their ids, the first token taken from each, and
+        how many tokens (None: to the document's end)."""
         if self.shuffle_index is None:
             self._map_deferred_tables()
         sample = int(self.shuffle_index[idx])
@@ -156,30 +161,40 @@ class GPTDataset(MegatronDataset):
         lengths: list[int | None] = [None] * (len(documents) - 1) + [end_offset + extra]
         if begin == end:
             lengths[0] = end_offset - begin_offset + extra
-        text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
+        return documents, offsets, lengths
+
+    def _read_sample(self, idx: int, out: numpy.ndarray) -> list[int]:
+        """Fill ``out`` (int64, one window) with sample ``idx``'s tokens, padded; returns the ids
+        of the documents they come from."""
+        documents, offsets, lengths = self._sample_spans(idx)
         read_spans = getattr(self.dataset, "read_spans", None)
         if read_spans is not None:
-            filled = read_spans(documents, offsets, lengths, text)
+            filled = read_spans(documents, offsets, lengths, out)
         else:  # a low-level dataset with only megatron-core's get()
             filled = 0
             for document, offset, length in zip(documents, offsets, lengths, strict=True):
                 part = self.dataset.get(document, offset=offset, length=length)
-                text[filled : filled + len(part)] = part
+                out[filled : filled + len(part)] = part
                 filled += len(part)
-        text[filled:] = self._pad_token_id
-        return text, numpy.array(documents, dtype=numpy.int64)
+        out[filled:] = self._pad_token_id
+        return documents
 
     def _get_num_tokens_per_epoch(self) -> int:
         return tokens_per_epoch(self.dataset.sequence_lengths, self.indices)
 
-    # megatron-core's name, kept for subclasses written against it
-    def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+    def _epoch_plan(self, num_tokens_per_epoch: int | None = None) -> EpochPlan:
+        if num_tokens_per_epoch is None:
+            num_tokens_per_epoch = self._get_num_tokens_per_epoch()
         return plan_epochs(
             num_tokens_per_epoch,
             self.num_samples,
             self.config.sequence_length,
             self.config.add_extra_token_to_sequence,
-        ).num_epochs
+        )
+
+    # megatron-core's name, kept for subclasses written against it
+    def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
+        return self._epoch_plan(num_tokens_per_epoch).num_epochs
 
     # ---- the tables and their cache ----------------------------------------------------------
 
@@ -223,12 +238,7 @@ class GPTDataset(MegatronDataset):
 
     def _expected_specs(self) -> dict[str, TableSpec]:
         """The dtype and shape every table must have, computed from the corpus and config."""
-        plan = plan_epochs(
-            self._get_num_tokens_per_epoch(),
-            self.num_samples,
-            self.config.sequence_length,
-            self.config.add_extra_token_to_sequence,
-        )
+        plan = self._epoch_plan()
         count = expected_sample_count(
             plan,
             self.config.sequence_length,
@@ -238,7 +248,7 @@ class GPTDataset(MegatronDataset):
         lengths = self.dataset.sequence_lengths
         documents = plan.num_epochs * len(lengths if self.indices is None else self.indices)
         sample_dtype = sample_index_dtype(self.dataset.sequence_lengths, documents)
-        shuffle_dtype = "int64" if count >= numpy.iinfo(numpy.uint32).max - 1 else "uint32"
+        shuffle_dtype = numpy.dtype(shuffle_index_dtype(count)).name
         return {
             "document_index": TableSpec(("int32",), (documents,)),
             "sample_index": TableSpec((numpy.dtype(sample_dtype).name,), (count + 1, 2)),

@@ -104,13 +104,17 @@ def build_document_index(
     return document_index
 
 
+def shuffle_index_dtype(total_size: int) -> type:
+    """megatron-core's shuffle-index dtype: uint32 while it can hold every index, else int64."""
+    return numpy.int64 if total_size >= UINT32_SHUFFLE_LIMIT else numpy.uint32
+
+
 def build_shuffle_index(
     num_samples: int, total_size: int, random_state: numpy.random.RandomState
 ) -> numpy.ndarray:
     """A permutation of ``range(total_size)`` that keeps ``[0, num_samples)`` before the rest,
     each part shuffled on its own."""
-    dtype = numpy.int64 if total_size >= UINT32_SHUFFLE_LIMIT else numpy.uint32
-    shuffle_index = numpy.arange(total_size, dtype=dtype)
+    shuffle_index = numpy.arange(total_size, dtype=shuffle_index_dtype(total_size))
     shuffle(random_state, shuffle_index[:num_samples])
     if num_samples != total_size:
         shuffle(random_state, shuffle_index[num_samples:])
