@@ -59,12 +59,18 @@ def local_dependencies(package: str) -> list[str]:
     return order
 
 
-def needs_torch(packages: list[str]) -> bool:
-    return any(
-        requirement_name(requirement) == "torch"
-        for package in packages
-        for requirement in metadata(package).get("dependencies", [])
-    )
+def needs_torch(packages: list[str], extras: bool = False) -> bool:
+    """Whether any of ``packages`` asks for torch (with ``extras``: in any extra too)."""
+    for package in packages:
+        project = metadata(package)
+        requirements = list(project.get("dependencies", []))
+        if extras:
+            requirements += [
+                r for extra in project.get("optional-dependencies", {}).values() for r in extra
+            ]
+        if any(requirement_name(r) == "torch" for r in requirements):
+            return True
+    return False
 
 
 def source_hash(package: str) -> str:

@@ -1,3 +1,4 @@
+import gc
 import os
 
 import pytest
@@ -28,6 +29,16 @@ def test_at_most_capacity_readers_stay_open(corpus, small_pool):
             assert dataset[0].tolist() == [i, i + 1, i + 2]  # released readers reopen
             assert attached(datasets) <= 3
     assert len(os.listdir("/proc/self/fd")) <= descriptors  # the file reader holds one each
+    assert len(small_pool) == 3
+
+
+def test_a_dropped_dataset_frees_its_place_without_closing_another(corpus, small_pool):
+    prefixes = [corpus([[[i]]], name=f"c{i}") for i in range(4)]
+    first, second, third = (IndexedDataset(p, mmap=False) for p in prefixes[:3])
+    del second
+    gc.collect()
+    fourth = IndexedDataset(prefixes[3], mmap=False)
+    assert attached([first, third, fourth]) == 3
     assert len(small_pool) == 3
 
 

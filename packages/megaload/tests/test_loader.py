@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from megaload import (
+    SAMPLERS,
     DataLoaderConfig,
     MegatronDataLoader,
     RerunDataIterator,
@@ -59,6 +60,39 @@ def test_external_and_missing_datasets():
     dataset = Numbers(4)
     assert build_pretraining_data_loader(dataset, 0, config) is dataset
     assert build_pretraining_data_loader(None, 0, config) is None
+
+
+class EveryOther:
+    """A third-party batch sampler: Megatron's sequential arguments, even indices only."""
+
+    def __init__(self, total_samples, consumed_samples, micro_batch_size, **layout):
+        self.total, self.size = total_samples, micro_batch_size
+
+    def __iter__(self):
+        evens = list(range(0, self.total, 2))
+        return (evens[i : i + self.size] for i in range(0, len(evens), self.size))
+
+
+def test_a_sampler_plugin_is_chosen_by_dataloader_type():
+    SAMPLERS.register("every_other", EveryOther)
+    try:
+        config = DataLoaderConfig(micro_batch_size=2, dataloader_type="every_other", num_workers=0)
+        assert firsts(build_pretraining_data_loader(Numbers(8), 0, config)) == [[0, 2], [4, 6]]
+    finally:
+        SAMPLERS._registered.pop("every_other")
+
+
+def test_a_short_last_batch_counts_only_the_samples_it_holds():
+    # 10 samples, 2 ranks of 2, drop_last off: the third global batch holds samples 8 and 9
+    config = DataLoaderConfig(
+        micro_batch_size=2, data_parallel_size=2, drop_last=False, num_workers=0
+    )
+    loader = build_pretraining_data_loader(Numbers(10), 0, config)
+    assert firsts(loader) == [[0, 1], [4, 5], [8, 9]]
+    assert loader.consumed_samples == 10
+    resumed = build_pretraining_data_loader(Numbers(10), 0, config)
+    resumed.load_state_dict(loader.state_dict())  # a clean end of data, not an error
+    assert firsts(resumed) == []
 
 
 def test_validation_uses_eval_batch_size_and_full_validation():
@@ -213,7 +247,10 @@ def test_the_end_of_the_data_is_a_clean_end():
     "fields,message",
     [
         (dict(micro_batch_size=0), "micro_batch_size must be positive"),
-        (dict(micro_batch_size=2, dataloader_type="batch"), "'batch' is not supported"),
+        (
+            dict(micro_batch_size=2, dataloader_type="batch"),
+            "'batch' is not supported; expected 'external' or a sampler: cyclic, full_validation",
+        ),
         (dict(micro_batch_size=2, data_parallel_size=2, data_parallel_rank=2), "outside"),
         (
             dict(micro_batch_size=2, global_batch_size=6, data_parallel_size=2),

@@ -6,13 +6,13 @@ from megaload.accounting import consumed_after, num_micro_batches, samples_per_s
 from megaload.config import DataLoaderConfig
 from megaload.iterators import RerunDataIterator, cyclic_iter
 from megaload.loader import (
-    SAMPLERS,
     MegatronDataLoader,
     build_pretraining_data_loader,
     close_gpu_descriptors,
     collate,
 )
 from megaload.samplers import (
+    SAMPLERS,
     MegatronFullValidationSampler,
     MegatronPretrainingRandomSampler,
     MegatronPretrainingSampler,

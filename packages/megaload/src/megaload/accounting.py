@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from megaload.samplers import SamplerError
+
 
 def samples_per_step(micro_batch_size: int, data_parallel_size: int, num_micro_batches: int) -> int:
     """Samples one training step consumes: data_parallel_size x micro_batch_size x the number
@@ -15,7 +17,7 @@ def num_micro_batches(
     """Micro-batches per step on each rank."""
     per_micro_step = micro_batch_size * data_parallel_size
     if global_batch_size % per_micro_step:
-        raise ValueError(
+        raise SamplerError(
             f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
             f"{micro_batch_size} x data_parallel_size {data_parallel_size}"
         )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megaload.samplers import SamplerError
+from megaload.accounting import num_micro_batches
+from megaload.samplers import SAMPLERS, SamplerError, check_batch_layout
 
-DATALOADER_TYPES = ("single", "cyclic", "external")
+#: the dataloader_type that names no sampler: the dataset is a loader of its own
+EXTERNAL = "external"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,16 +19,14 @@ class DataLoaderConfig:
     """Samples per micro-batch on each data-parallel rank."""
 
     dataloader_type: str = "single"
-    """``single`` (sequential), ``cyclic`` (random, epoch after epoch) or ``external``."""
+    """``single`` (sequential), ``cyclic`` (random, epoch after epoch), ``external`` (the dataset
+    is a loader of its own) or another ``megaload.samplers`` plugin."""
 
     global_batch_size: int | None = None
     """Samples per step across all ranks (for accounting and validation)."""
 
     eval_micro_batch_size: int | None = None
     """Micro-batch size of the validation and test loaders (default: micro_batch_size)."""
-
-    eval_global_batch_size: int | None = None
-    """Global batch size of the validation and test loaders (default: global_batch_size)."""
 
     data_parallel_rank: int = 0
     data_parallel_size: int = 1
@@ -61,25 +61,15 @@ class DataLoaderConfig:
     """``cyclic``: seed the permutations with seed + epoch instead of the epoch alone."""
 
     def __post_init__(self) -> None:
-        if self.dataloader_type not in DATALOADER_TYPES:
+        if self.dataloader_type != EXTERNAL and self.dataloader_type not in SAMPLERS:
             raise SamplerError(
-                f"dataloader_type {self.dataloader_type!r} is not supported; expected one of "
-                f"{', '.join(DATALOADER_TYPES)}"
+                f"dataloader_type {self.dataloader_type!r} is not supported; expected "
+                f"{EXTERNAL!r} or a sampler: {', '.join(SAMPLERS.available())}"
             )
-        if self.micro_batch_size < 1:
-            raise SamplerError(f"micro_batch_size must be positive, got {self.micro_batch_size}")
+        check_batch_layout(self.micro_batch_size, self.data_parallel_rank, self.data_parallel_size)
         if self.num_workers < 0:
             raise SamplerError(f"num_workers must be >= 0, got {self.num_workers}")
-        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
-            raise SamplerError(
-                f"data_parallel_rank {self.data_parallel_rank} is outside the data-parallel "
-                f"group of {self.data_parallel_size}"
-            )
-        if self.global_batch_size is not None and self.global_batch_size % (
-            self.micro_batch_size * self.data_parallel_size
-        ):
-            raise SamplerError(
-                f"global_batch_size {self.global_batch_size} is not a multiple of "
-                f"micro_batch_size {self.micro_batch_size} x data_parallel_size "
-                f"{self.data_parallel_size}"
+        if self.global_batch_size is not None:
+            num_micro_batches(
+                self.global_batch_size, self.micro_batch_size, self.data_parallel_size
             )

@@ -19,15 +19,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from megafmt import Registry
-from megaload.config import DataLoaderConfig
-from megaload.samplers import SamplerError
+from megaload.config import EXTERNAL, DataLoaderConfig
+from megaload.samplers import SAMPLERS, SamplerError
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS: Registry[Any] = Registry(
-    "megaload.samplers", "megaload sampler", required=("__iter__",), home="megaload"
-)
 STATE_VERSION = 1
 
 
@@ -46,18 +42,14 @@ def collate(batch: Any) -> Any:
     return batch if isinstance(batch, Mapping) else default_collate(batch)
 
 
-def _is_eval(dataset: Any) -> bool:
-    split = getattr(dataset, "index_split", getattr(dataset, "split", None))
-    return getattr(split, "name", split) in ("valid", "test")
-
-
 class MegatronDataLoader:
     """Batches of one data-parallel rank, counted so that the run can resume on the next one."""
 
     def __init__(self, dataset: Any, consumed_samples: int, config: DataLoaderConfig) -> None:
         self.dataset = dataset
         self.config = config
-        self.is_eval = _is_eval(dataset)
+        split = _split_name(dataset)
+        self.is_eval = split in ("valid", "test")
         self.micro_batch_size = (
             config.eval_micro_batch_size or config.micro_batch_size
             if self.is_eval
@@ -65,7 +57,7 @@ class MegatronDataLoader:
         )
         self.sampler_name = (
             "full_validation"
-            if self.is_eval and config.full_validation and _split_name(dataset) == "valid"
+            if config.full_validation and split == "valid"
             else config.dataloader_type
         )
         if self.sampler_name == "full_validation":
@@ -141,6 +133,8 @@ class MegatronDataLoader:
             self.batch_sampler.consumed_samples = self.consumed_samples
         for batch in self.loader:
             self.consumed_samples += self.samples_per_batch
+            if self.sampler_name == "single":  # the last global batch may be short
+                self.consumed_samples = min(self.consumed_samples, len(self.dataset))
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
@@ -199,6 +193,6 @@ def build_pretraining_data_loader(
     :class:`MegatronDataLoader`, the dataset itself for ``external``, or None without data."""
     if dataset is None:
         return None
-    if config.dataloader_type == "external":
+    if config.dataloader_type == EXTERNAL:
         return dataset
     return MegatronDataLoader(dataset, consumed_samples, config)

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from megafmt import Registry
+
 logger = logging.getLogger(__name__)
 
 
@@ -32,11 +34,10 @@ class SamplerError(ValueError):
     """A sampler cannot be built with these arguments."""
 
 
-def _check_layout(
-    total_samples: int, micro_batch_size: int, data_parallel_rank: int, data_parallel_size: int
+def check_batch_layout(
+    micro_batch_size: int, data_parallel_rank: int, data_parallel_size: int
 ) -> None:
-    if total_samples <= 0:
-        raise SamplerError(f"no sample to consume: the dataset holds {total_samples}")
+    """Refuse a micro-batch size or data-parallel rank and size no sampler can work with."""
     if micro_batch_size <= 0:
         raise SamplerError(f"micro_batch_size must be positive, got {micro_batch_size}")
     if data_parallel_size <= 0:
@@ -46,6 +47,14 @@ def _check_layout(
             f"data_parallel_rank {data_parallel_rank} is outside the data-parallel group of "
             f"{data_parallel_size}"
         )
+
+
+def _check_layout(
+    total_samples: int, micro_batch_size: int, data_parallel_rank: int, data_parallel_size: int
+) -> None:
+    if total_samples <= 0:
+        raise SamplerError(f"no sample to consume: the dataset holds {total_samples}")
+    check_batch_layout(micro_batch_size, data_parallel_rank, data_parallel_size)
 
 
 class MegatronPretrainingSampler:
@@ -198,5 +207,8 @@ class MegatronFullValidationSampler:
             yield [index]
 
 
-class ExternalSampler:
-    """``dataloader_type="external"``: the dataset is already a loader and is returned as is."""
+#: the batch samplers, by ``dataloader_type`` name (``megaload.samplers`` entry points); the
+#: name ``external`` is not a sampler: the dataset is then a loader of its own
+SAMPLERS: Registry[Any] = Registry(
+    "megaload.samplers", "megaload sampler", required=("__iter__",), home="megaload"
+)

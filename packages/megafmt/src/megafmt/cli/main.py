@@ -23,8 +23,10 @@ COMMANDS: Registry[type[Command]] = Registry(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``mega`` parser with a subparser for every installed command."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``mega`` parser with a subparser for every installed command, or for ``only``: a
+    command's plugin is imported to configure it, and some import torch, which ``mega info``
+    should not wait for."""
     parser = argparse.ArgumentParser(
         prog="mega",
         description="Megatron-compatible data pipeline tools. Commands come from the installed "
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"megafmt {version('megafmt')}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS.available():
+    for name in COMMANDS.available() if only is None else [only]:
         try:
             command = COMMANDS.get(name)()
         except PluginError as error:  # one broken plugin must not take the others down
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if first is not None and first not in COMMANDS:
         print(f"mega: error: {COMMANDS.unknown_message(first)}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    args = build_parser(first).parse_args(argv)
     if args.handler is None:
         print(f"mega {args.command}: error: {args.unavailable}", file=sys.stderr)
         return 2

@@ -35,28 +35,25 @@ class ReaderPool:
         if capacity < 1:
             raise ValueError(f"the reader pool needs a capacity of at least 1, got {capacity}")
         self.capacity = capacity
-        self._open: deque[weakref.ref] = deque()
+        self._open: deque[weakref.ref] = deque()  # the CLOCK order; dead entries are skipped
+        self._members: weakref.WeakSet = weakref.WeakSet()  # the same datasets, for lookups
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         with self._lock:
-            self._forget_dead()
-            return len(self._open)
-
-    def _forget_dead(self) -> None:
-        alive = [ref for ref in self._open if ref() is not None]
-        self._open = deque(alive)
+            return len(self._members)
 
     def opened(self, dataset: Releasable) -> None:
         """Note that ``dataset`` opened its reader, releasing others beyond the capacity."""
         with self._lock:
-            if any(ref() is dataset for ref in self._open):
+            if dataset in self._members:
                 return
+            self._members.add(dataset)
             self._open.append(weakref.ref(dataset))
-            if len(self._open) > self.capacity:
-                self._forget_dead()
-            # each pass either releases a reader or clears a mark, so this ends
-            while len(self._open) > self.capacity:
+            if len(self._open) > 2 * self.capacity:  # now and then, drop the dead's entries
+                self._open = deque(ref for ref in self._open if ref() is not None)
+            # each pass drops a dead entry, releases a reader or clears a mark, so this ends
+            while len(self._members) > self.capacity:
                 candidate = self._open.popleft()()
                 if candidate is None:
                     continue
@@ -64,6 +61,7 @@ class ReaderPool:
                     candidate.recently_read = False
                     self._open.append(weakref.ref(candidate))
                     continue
+                self._members.discard(candidate)
                 candidate.release_reader()
 
 
