@@ -42,3 +42,23 @@ def test_a_hanging_rank_is_named_and_killed():
     with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish within 10"):
         run_distributed(_rank_one_never_returns, 2, timeout=10)
     assert time.monotonic() - start < 60
+
+
+_IN_FLIGHT = []
+
+
+def _rank_zero_leaves_a_send_in_flight():
+    """Rank 0 returns before its large message has been received; rank 1 reads it late."""
+    payload = torch.arange(16 * 1024 * 1024, dtype=torch.int32)
+    if torch.distributed.get_rank() == 0:
+        _IN_FLIGHT.append(torch.distributed.isend(payload, dst=1))
+        return "sent"
+    time.sleep(2)
+    received = torch.empty_like(payload)
+    torch.distributed.recv(received, src=0)
+    return bool(torch.equal(received, payload))
+
+
+@pytest.mark.distributed
+def test_a_rank_that_returns_first_keeps_its_connections_until_all_are_done():
+    assert run_distributed(_rank_zero_leaves_a_send_in_flight, 2) == ["sent", True]
