@@ -23,6 +23,7 @@ from megafmt.errors import (
 from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
+from megafmt.manifest import manifest_path, read_manifest, write_manifest
 from megafmt.mapping import map_file
 from megafmt.merging import MergeSummary, expand_inputs, merge
 from megafmt.progress import Progress
@@ -61,9 +62,12 @@ __all__ = [
     "fingerprint_changes",
     "get_bin_path",
     "get_idx_path",
+    "manifest_path",
     "map_file",
     "merge",
     "open_bin_reader",
     "partial_path",
+    "read_manifest",
     "verify",
+    "write_manifest",
 ]

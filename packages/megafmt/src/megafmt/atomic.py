@@ -9,8 +9,11 @@ new one, never a mixture.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
 import secrets
+import shutil
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -26,6 +29,34 @@ def remove_quietly(path: str) -> None:
     """Delete ``path`` if it exists."""
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, but belongs to someone else
+        return True
+    return True
+
+
+def remove_stale_partials(path: str) -> list[str]:
+    """Delete the ``*.partial`` files and folders that writers of ``path`` left behind when
+    they were killed (their process no longer exists); returns what was removed. Those of
+    writers still running are left alone."""
+    removed = []
+    pattern = re.compile(re.escape(path) + r"\.(\d+)-[0-9a-f]+" + re.escape(PARTIAL_SUFFIX) + "$")
+    for candidate in glob.glob(glob.escape(path) + ".*" + PARTIAL_SUFFIX):
+        match = pattern.match(candidate)
+        if match is None or _process_exists(int(match.group(1))):
+            continue
+        if os.path.isdir(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
+            remove_quietly(candidate)
+        removed.append(candidate)
+    return removed
 
 
 @contextlib.contextmanager

@@ -147,6 +147,41 @@ class IndexedDatasetBuilder:
         if self._modes is not None:
             self._modes.extend(mode_values)
 
+    def add_documents(
+        self, tokens: Any, sequence_lengths: Any, sequences_per_document: Any
+    ) -> None:
+        """Append many documents at once: ``tokens`` back to back, the length of each sequence,
+        and how many sequences each document holds (0 makes an empty document, as
+        ``add_document([], [])`` does). The bulk form of ``add_document``, for writers that
+        produce thousands of documents per call."""
+        self._check_open()
+        try:
+            values = as_token_array(tokens, self._dtype)
+            lengths = numpy.asarray(sequence_lengths, dtype=numpy.int64).reshape(-1)
+            counts = numpy.asarray(sequences_per_document, dtype=numpy.int64).reshape(-1)
+            if (lengths.size and not 0 <= lengths.min() <= lengths.max() <= INT32_MAX) or (
+                counts.size and counts.min() < 0
+            ):
+                raise TokenValueError("sequence lengths and counts must not be negative")
+            if int(lengths.sum()) != values.size:
+                raise TokenValueError(
+                    f"the lengths add up to {int(lengths.sum())} tokens, but {values.size} "
+                    "were given"
+                )
+            if int(counts.sum()) != lengths.size:
+                raise TokenValueError(
+                    f"the documents hold {int(counts.sum())} sequences, but {lengths.size} "
+                    "lengths were given"
+                )
+        except TokenValueError as error:
+            raise self._located(error) from None
+        if self._modes is not None:
+            self._modes.frombytes(bytes(lengths.size))
+        self.data_file.write(values)
+        ends = len(self._lengths) + numpy.cumsum(counts, dtype=numpy.int64)
+        self._lengths.frombytes(lengths.astype(numpy.int32).tobytes())
+        self._document_indices.frombytes(ends.tobytes())
+
     def end_document(self) -> None:
         """Close the current document (after its sequences were added with ``add_item``)."""
         self._check_open()

@@ -32,11 +32,15 @@ class Progress:
         unit: str = "items",
         stream: TextIO | None = None,
         log_interval: float = 10.0,
+        also: tuple[str, ...] = (),
+        every: float | None = None,
     ) -> None:
         self.description = description
         self.total = total
         self.unit = unit
         self.done = 0.0
+        self.also = dict.fromkeys(also, 0.0)
+        self._every = every
         self._stream = stream if stream is not None else sys.stderr
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
         self._enabled = os.environ.get("MEGA_PROGRESS", "1") != "0"
@@ -49,11 +53,20 @@ class Progress:
         """Seconds since the progress began."""
         return time.perf_counter() - self._start
 
-    def update(self, amount: float = 1) -> None:
-        """Record ``amount`` more units of work, redrawing the line when it is due."""
+    def update(self, amount: float = 1, **also: float) -> None:
+        """Record ``amount`` more units of work (and of the ``also`` units), redrawing the line
+        when it is due: after ``log_interval`` seconds, or off a terminal with ``every``, each
+        time the count passes a multiple of ``every``."""
+        before = self.done
         self.done += amount
+        for unit, value in also.items():
+            self.also[unit] += value
         now = time.perf_counter()
-        if self._enabled and now - self._last >= self._interval:
+        if self._every is not None and not self._tty:
+            due = self.done // self._every > before // self._every
+        else:
+            due = now - self._last >= self._interval
+        if self._enabled and due:
             self._last = now
             self._write(self._line(), final=False)
 
@@ -64,7 +77,12 @@ class Progress:
         if self.total:
             parts[0] += f"/{format_count(self.total)}"
             parts.append(f"({100 * self.done / self.total:.0f}%)")
-        parts.append(f"{self.unit}, {format_count(rate)} {self.unit}/s, {elapsed:.1f} s")
+        rates = [f"{format_count(rate)} {self.unit}/s"]
+        rates += [
+            f"{format_count(value / elapsed if elapsed > 0 else 0.0)} {unit}/s"
+            for unit, value in self.also.items()
+        ]
+        parts.append(f"{self.unit}, {', '.join(rates)}, {elapsed:.1f} s")
         if self.total and rate > 0 and self.done < self.total:
             parts.append(f"ETA {(self.total - self.done) / rate:.0f} s")
         return " ".join(parts)

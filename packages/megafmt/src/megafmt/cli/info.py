@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from megafmt.cli.command import print_json, table
+from megafmt.manifest import read_manifest
 from megafmt.stats import CorpusStats, LengthSummary, corpus_stats
 
 
@@ -13,8 +15,27 @@ def _lengths(summary: LengthSummary) -> str:
     return f"min {summary.min:,}  {points}  max {summary.max:,}  mean {summary.mean:,.1f}"
 
 
-def render(stats: CorpusStats) -> str:
-    """The human-readable report of one corpus."""
+def _manifest_rows(manifest: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if manifest is None:
+        return []
+    tokenizer = manifest.get("tokenizer", {})
+    inputs = manifest.get("inputs", [])
+    return [
+        (
+            "tokenizer",
+            f"{tokenizer.get('type')}, eod {tokenizer.get('eod')}, vocab "
+            f"{tokenizer.get('vocab_size')}, {tokenizer.get('fingerprint', '')[:19]}",
+        ),
+        (
+            "made by",
+            f"mega preprocess (megafmt {manifest.get('megafmt')}) at {manifest.get('created')} "
+            f"from {len(inputs)} input file(s), {manifest.get('skipped_lines', 0)} lines skipped",
+        ),
+    ]
+
+
+def render(stats: CorpusStats, manifest: dict[str, Any] | None = None) -> str:
+    """The human-readable report of one corpus (and of its manifest, when it has one)."""
     return table(
         [
             ("corpus", stats.path_prefix),
@@ -26,6 +47,7 @@ def render(stats: CorpusStats) -> str:
             ("multimodal", "yes" if stats.multimodal else "no"),
             ("sequence length", _lengths(stats.sequence_lengths)),
             ("document length", _lengths(stats.document_lengths)),
+            *_manifest_rows(manifest),
         ]
     )
 
@@ -39,8 +61,15 @@ class InfoCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         all_stats = [corpus_stats(prefix) for prefix in args.prefixes]
+        manifests = [read_manifest(prefix) for prefix in args.prefixes]
         if args.json:
-            print_json([stats.to_dict() for stats in all_stats])
+            print_json(
+                [
+                    {**stats.to_dict(), "manifest": manifest}
+                    for stats, manifest in zip(all_stats, manifests, strict=True)
+                ]
+            )
         else:
-            print("\n\n".join(render(stats) for stats in all_stats))
+            reports = map(render, all_stats, manifests)
+            print("\n\n".join(reports))
         return 0

@@ -15,7 +15,6 @@ COMMANDS: Registry[type[Command]] = Registry(
     "mega command",
     required=("configure", "run"),
     providers={
-        "preprocess": "it comes with a newer megafmt",
         "index": "it is provided by megaindex: pip install ./packages/megaindex",
         "load": "it is provided by megaload: pip install ./packages/megaload",
         "dist": "it is provided by megadist: pip install ./packages/megadist",

@@ -1,0 +1,218 @@
+"""Turning chunks of input lines into token arrays: the work each worker process does.
+
+The rules are those of Megatron's preprocess_data.py, document by document: each json key is
+tokenized on its own; a list value is a list of sentences (a string is one sentence, or is split
+by punkt with ``--split-sentences``); sentences that tokenize to nothing are dropped; with
+``--append-eod`` a document that has tokens gets the EOD id at the end of its last sentence; a
+document without tokens is still a document (with no sequences). What differs is the speed: a
+chunk's texts go to the tokenizer in one batch and come back as flat numpy arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+from dataclasses import dataclass, field
+
+import numpy
+
+from megafmt.preprocess.inputs import Chunk
+from megafmt.preprocess.sentences import load_splitter
+from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+
+
+class BadLine(ValueError):
+    """A line that cannot become a document; the message says why."""
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    """What a worker needs to encode: built into each worker, never pickled as objects."""
+
+    tokenizer_type: str
+    tokenizer_options: TokenizerOptions
+    json_keys: tuple[str, ...]
+    append_eod: bool
+    dtype: str
+    split_sentences: bool = False
+    keep_newlines: bool = False
+    lang: str = "english"
+
+
+@dataclass
+class EncodedKey:
+    """The documents of one json key in one chunk, ready for ``add_documents``."""
+
+    tokens: numpy.ndarray
+    sequence_lengths: numpy.ndarray
+    sequences_per_document: numpy.ndarray
+
+    def select(self, documents: numpy.ndarray) -> EncodedKey:
+        """The documents where the boolean mask ``documents`` is true."""
+        count = self.sequences_per_document.size
+        document_of_sequence = numpy.repeat(numpy.arange(count), self.sequences_per_document)
+        tokens_per_document = numpy.bincount(
+            document_of_sequence, weights=self.sequence_lengths, minlength=count
+        ).astype(numpy.int64)
+        return EncodedKey(
+            self.tokens[numpy.repeat(documents, tokens_per_document)],
+            self.sequence_lengths[numpy.repeat(documents, self.sequences_per_document)],
+            self.sequences_per_document[documents],
+        )
+
+
+@dataclass
+class EncodedChunk:
+    file: str
+    start: int
+    documents: numpy.ndarray
+    """The offset in the chunk of each line that became a document."""
+    keys: dict[str, EncodedKey]
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    """(line number in ``file``, why) of each line that did not."""
+    nbytes: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(int(key.tokens.size) for key in self.keys.values())
+
+
+class Encoder:
+    """Encodes chunks with one tokenizer (and splitter), built once per process."""
+
+    def __init__(self, settings: EncodeSettings) -> None:
+        self.settings = settings
+        self.tokenizer = load_tokenizer(settings.tokenizer_type, settings.tokenizer_options)
+        self.dtype = numpy.dtype(settings.dtype)
+        self._limits = (int(numpy.iinfo(self.dtype).min), int(numpy.iinfo(self.dtype).max))
+        self._split = (
+            load_splitter(settings.lang, settings.keep_newlines)
+            if settings.split_sentences
+            else None
+        )
+
+    def _sentences(self, raw: object) -> dict[str, list[str]]:
+        if isinstance(raw, bytes):
+            try:
+                raw = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise BadLine(f"invalid UTF-8 at byte {error.start}") from None
+            except ValueError as error:
+                raise BadLine(f"not JSON ({error})") from None
+        if not isinstance(raw, dict):
+            raise BadLine(f"expected a JSON object, found {type(raw).__name__}")
+        sentences = {}
+        for key in self.settings.json_keys:
+            if key not in raw:
+                raise BadLine(f"missing key {key!r}")
+            value = raw[key]
+            if isinstance(value, str):
+                sentences[key] = self._split(value) if self._split else [value]
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                sentences[key] = value
+            else:
+                raise BadLine(
+                    f"key {key!r} holds {type(value).__name__}, expected a string "
+                    "(or a list of strings)"
+                )
+        return sentences
+
+    def _tokenize(self, documents: list[dict[str, list[str]]]) -> dict[str, list[list[list[int]]]]:
+        """For each key, each document's sentences as ids, in one tokenizer call per key."""
+        result = {}
+        for key in self.settings.json_keys:
+            flat = self.tokenizer.encode_batch([s for d in documents for s in d[key]])
+            bounds = itertools.accumulate((len(d[key]) for d in documents), initial=0)
+            result[key] = [flat[a:b] for a, b in itertools.pairwise(bounds)]
+        return result
+
+    def _out_of_range(self, ids: list[list[int]]) -> str | None:
+        low, high = self._limits
+        for sentence in ids:
+            if sentence and (min(sentence) < low or max(sentence) > high):
+                bad = next(i for i in sentence if not low <= i <= high)
+                return f"token id {bad} does not fit the output dtype {self.dtype.name}"
+        return None
+
+    def encode(self, chunk: Chunk) -> EncodedChunk:
+        """The documents of ``chunk``, and the lines that are not documents and why."""
+        bad: list[tuple[int, str]] = []
+        offsets: list[int] = []
+        documents: list[dict[str, list[str]]] = []
+        for offset, raw in enumerate(chunk.lines):
+            try:
+                documents.append(self._sentences(raw))
+                offsets.append(offset)
+            except BadLine as error:
+                bad.append((chunk.first_line + offset, str(error)))
+        try:
+            ids = self._tokenize(documents)
+        except ValueError:  # some text the tokenizer refuses: find which, one document at a time
+            keep = []
+            for offset, document in zip(offsets, documents, strict=True):
+                try:
+                    self._tokenize([document])
+                    keep.append((offset, document))
+                except ValueError as error:
+                    bad.append((chunk.first_line + offset, str(error)))
+            offsets = [offset for offset, _ in keep]
+            documents = [document for _, document in keep]
+            ids = self._tokenize(documents)
+        wrong = {}
+        for key in self.settings.json_keys:
+            for position, document_ids in enumerate(ids[key]):
+                reason = self._out_of_range(document_ids) if position not in wrong else None
+                if reason:
+                    wrong[position] = reason
+        if wrong:
+            bad += [(chunk.first_line + offsets[p], reason) for p, reason in wrong.items()]
+            offsets = [o for p, o in enumerate(offsets) if p not in wrong]
+            ids = {k: [d for p, d in enumerate(v) if p not in wrong] for k, v in ids.items()}
+        bad.sort()
+        keys = {key: self._assemble(ids[key]) for key in self.settings.json_keys}
+        return EncodedChunk(
+            chunk.file, chunk.start, numpy.array(offsets, numpy.int64), keys, bad, chunk.nbytes
+        )
+
+    def _assemble(self, documents: list[list[list[int]]]) -> EncodedKey:
+        eod = self.tokenizer.eod if self.settings.append_eod else None
+        pieces: list[list[int]] = []
+        lengths: list[int] = []
+        per_document: list[int] = []
+        for sentences in documents:
+            before = len(lengths)
+            for sentence in sentences:
+                if sentence:
+                    pieces.append(sentence)
+                    lengths.append(len(sentence))
+            if eod is not None and len(lengths) > before:
+                pieces.append([eod])
+                lengths[-1] += 1
+            per_document.append(len(lengths) - before)
+        total = sum(lengths)
+        tokens = numpy.fromiter(
+            itertools.chain.from_iterable(pieces), dtype=self.dtype, count=total
+        )
+        return EncodedKey(
+            tokens,
+            numpy.array(lengths, dtype=numpy.int32),
+            numpy.array(per_document, dtype=numpy.int64),
+        )
+
+
+_ENCODER: Encoder | None = None
+
+
+def start_worker(settings: EncodeSettings) -> None:
+    """The worker initializer: build the tokenizer once; interrupts are the parent's to handle."""
+    global _ENCODER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ENCODER = Encoder(settings)
+
+
+def encode_in_worker(chunk: Chunk) -> EncodedChunk:
+    """Encode ``chunk`` with this worker's encoder."""
+    if _ENCODER is None:
+        raise RuntimeError("encode_in_worker called in a process where start_worker did not run")
+    return _ENCODER.encode(chunk)

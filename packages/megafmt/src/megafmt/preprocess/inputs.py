@@ -1,0 +1,148 @@
+"""Finding and reading the input of ``mega preprocess``: jsonl (plain, .gz, .zst), parquet when
+pyarrow is installed; a file, a glob, a directory or any fsspec URL.
+
+Files are read in sorted order (Megatron's tool takes ``glob.glob``'s order, which the file
+system decides) and cut into chunks of whole lines, so memory stays bounded however large the
+input. Lines are numbered per file for error messages and counted across files to deal
+documents into partitions the way Megatron's tool does.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from megafmt.errors import MissingFileError, PluginError, ReadError
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+COMPRESSION_SUFFIXES = ("", ".gz", ".zst", ".zstd", ".bz2", ".xz")
+PARQUET_SUFFIX = ".parquet"
+INPUT_SUFFIXES = (
+    *(name + compression for name in JSONL_SUFFIXES for compression in COMPRESSION_SUFFIXES),
+    PARQUET_SUFFIX,
+)
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    """A local path or a URL with its scheme."""
+    size: int
+
+
+@dataclass
+class Chunk:
+    """Consecutive lines of one input file."""
+
+    file: str
+    first_line: int
+    """The number (from 1) of the first line in its file."""
+    start: int
+    """The index of the first line among all lines of all files (from 0)."""
+    lines: list[Any]
+    """Raw lines (bytes), or rows already read as dicts (parquet)."""
+    nbytes: int
+
+
+def _has_magic(path: str) -> bool:
+    return glob.has_magic(path)
+
+
+def expand_input(spec: str) -> list[InputFile]:
+    """The files ``--input`` names, sorted; an error when it names none."""
+    fs, path = fsspec.core.url_to_fs(spec)
+    if _has_magic(path):
+        paths = fs.glob(path)
+    elif fs.isdir(path):
+        paths = [p for p in fs.find(path) if p.endswith(INPUT_SUFFIXES)]
+    elif fs.exists(path):
+        paths = [path]
+    else:
+        raise MissingFileError(f"--input {spec}: no such file or directory")
+    paths = sorted(p for p in paths if not fs.isdir(p))
+    if not paths:
+        raise MissingFileError(
+            f"--input {spec}: no input files found (looked for {', '.join(JSONL_SUFFIXES)} "
+            f"and {PARQUET_SUFFIX}, compressed or not)"
+        )
+    local = "://" not in spec
+    return [InputFile(p if local else fs.unstrip_protocol(p), int(fs.size(p) or 0)) for p in paths]
+
+
+def _open(path: str) -> Any:
+    try:
+        return fsspec.open(path, "rb", compression="infer").open()
+    except ValueError as error:
+        if "zstd" in str(error):
+            raise PluginError(
+                f"{path}: reading .zst input needs zstandard: pip install zstandard"
+            ) from None
+        raise
+
+
+def _lines(stream: Any, block_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream, each with its newline (the last may lack one); block
+    reads, since decompressing streams do not all iterate by line."""
+    rest = b""
+    while block := stream.read(block_bytes):
+        pieces = (rest + block).split(b"\n")
+        rest = pieces.pop()
+        for piece in pieces:
+            yield piece + b"\n"
+    if rest:
+        yield rest
+
+
+def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Iterator[list[dict]]:
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise PluginError(
+            f"{path}: reading parquet input needs pyarrow: pip install pyarrow"
+        ) from None
+    with fsspec.open(path, "rb") as stream:
+        table = parquet.ParquetFile(stream)
+        present = [c for c in columns if c in table.schema_arrow.names]
+        for batch in table.iter_batches(batch_size=batch_rows, columns=present):
+            yield batch.to_pylist()
+
+
+def read_chunks(
+    files: list[InputFile], chunk_bytes: int, columns: tuple[str, ...] = ()
+) -> Iterator[Chunk]:
+    """The lines of ``files``, in order, as chunks of about ``chunk_bytes`` each."""
+    start = 0
+    for file in files:
+        if file.path.endswith(PARQUET_SUFFIX):
+            first = 1
+            for rows in _parquet_rows(file.path, columns, max(1, chunk_bytes // 1024)):
+                yield Chunk(file.path, first, start, rows, 0)
+                first += len(rows)
+                start += len(rows)
+            continue
+        lines: list[bytes] = []
+        size = 0
+        first = 1
+        try:
+            with _open(file.path) as stream:
+                for line in _lines(stream):
+                    lines.append(line)
+                    size += len(line)
+                    if size >= chunk_bytes:
+                        yield Chunk(file.path, first, start, lines, size)
+                        first += len(lines)
+                        start += len(lines)
+                        lines, size = [], 0
+        except (OSError, EOFError) as error:
+            if isinstance(error, (MissingFileError, PluginError)):
+                raise
+            raise ReadError(
+                f"{file.path}: reading failed after line {first + len(lines) - 1}: {error}"
+            ) from None
+        if lines:
+            yield Chunk(file.path, first, start, lines, size)
+            start += len(lines)

@@ -1,0 +1,241 @@
+"""``preprocess``: tokenize an input corpus into Megatron ``.bin``/``.idx`` pairs.
+
+The main process reads the input in chunks of whole lines and keeps a bounded number of them in
+flight on a pool of worker processes, which tokenize a chunk per call; results come back in
+input order and are appended with bulk writes. The worker count changes only the speed, never
+the bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import version
+from typing import TextIO
+
+import numpy
+
+from megafmt.dtypes import DType
+from megafmt.errors import MegafmtError, PluginError
+from megafmt.manifest import write_manifest
+from megafmt.preprocess.encoding import EncodedChunk, EncodeSettings, encode_in_worker, start_worker
+from megafmt.preprocess.inputs import expand_input, read_chunks
+from megafmt.preprocess.sentences import load_splitter
+from megafmt.preprocess.writer import PartitionedOutput
+from megafmt.progress import Progress, format_count
+from megafmt.tokenizers import TokenizerOptions, load_tokenizer, plugin_name
+
+#: bad lines named in the summary (all are counted)
+SHOWN_BAD_LINES = 5
+
+
+class BadInputError(MegafmtError, ValueError):
+    """An input line cannot become a document and ``skip_bad_lines`` is off."""
+
+
+@dataclass
+class PreprocessConfig:
+    """The settings of one run, with the meanings of Megatron's preprocess_data.py flags."""
+
+    input: str
+    output_prefix: str
+    tokenizer_type: str = "bytes"
+    tokenizer_options: TokenizerOptions = field(default_factory=TokenizerOptions)
+    json_keys: tuple[str, ...] = ("text",)
+    append_eod: bool = False
+    workers: int = 1
+    partitions: int = 1
+    keep_sequential_samples: bool = False
+    split_sentences: bool = False
+    keep_newlines: bool = False
+    lang: str = "english"
+    skip_bad_lines: bool = False
+    log_interval: int = 1000
+    """Documents between progress lines (off a terminal)."""
+    chunk_bytes: int = 1 << 20
+    """About this much input goes to a worker per call."""
+
+
+@dataclass
+class PreprocessSummary:
+    outputs: dict[str, str]
+    """json key -> the output prefix of its pair."""
+    documents: int = 0
+    tokens: int = 0
+    input_bytes: int = 0
+    elapsed: float = 0.0
+    skipped_lines: int = 0
+    first_skipped: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        rate = self.tokens / self.elapsed if self.elapsed else 0.0
+        lines = [
+            f"preprocessed {self.documents:,} documents, {self.tokens:,} tokens from "
+            f"{self.input_bytes / 1e6:,.1f} MB in {self.elapsed:.1f} s "
+            f"({format_count(rate)} tokens/s)",
+            *(f"  {key}: {prefix}.bin / .idx" for key, prefix in self.outputs.items()),
+        ]
+        if self.skipped_lines:
+            lines.append(
+                f"skipped {self.skipped_lines:,} bad lines, first: " + "; ".join(self.first_skipped)
+            )
+        return "\n".join(lines)
+
+
+def _check(config: PreprocessConfig) -> None:
+    if config.workers < 1 or config.partitions < 1:
+        raise ValueError(
+            f"--workers and --partitions must be at least 1, found {config.workers} and "
+            f"{config.partitions}"
+        )
+    if not config.json_keys or len(set(config.json_keys)) != len(config.json_keys):
+        raise ValueError(f"--json-keys must name distinct keys, found {list(config.json_keys)}")
+    if config.log_interval < 1:
+        raise ValueError(f"--log-interval must be at least 1, found {config.log_interval}")
+
+
+def _manifest(config: PreprocessConfig, tokenizer, dtype, key: str, counts: dict, inputs) -> dict:
+    return {
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "megafmt": version("megafmt"),
+        "tokenizer": {
+            "type": plugin_name(config.tokenizer_type),
+            "fingerprint": tokenizer.fingerprint,
+            "eod": tokenizer.eod,
+            "vocab_size": tokenizer.vocab_size,
+        },
+        "dtype": numpy.dtype(dtype).name,
+        "json_key": key,
+        **counts,
+        "inputs": [{"path": f.path, "size": f.size} for f in inputs],
+        "flags": {
+            "tokenizer_type": config.tokenizer_type,
+            "tokenizer_options": asdict(config.tokenizer_options),
+            "json_keys": list(config.json_keys),
+            "append_eod": config.append_eod,
+            "split_sentences": config.split_sentences,
+            "keep_newlines": config.keep_newlines,
+            "partitions": config.partitions,
+            "keep_sequential_samples": config.keep_sequential_samples,
+            "skip_bad_lines": config.skip_bad_lines,
+        },
+    }
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """fork where there is one: workers start at once and a caller's script needs no
+    ``__main__`` guard (as with Megatron's tool); they only ever run the encoder."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> PreprocessSummary:
+    """Tokenize ``config.input`` into one pair per json key; returns what was done.
+
+    Raises ``BadInputError`` naming the file and line of the first bad line unless
+    ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
+    """
+    _check(config)
+    inputs = expand_input(config.input)
+    tokenizer = load_tokenizer(config.tokenizer_type, config.tokenizer_options)
+    if config.append_eod and tokenizer.eod is None:
+        raise PluginError(
+            f"--append-eod: the {config.tokenizer_type} tokenizer has no end-of-document token"
+        )
+    if config.split_sentences:
+        load_splitter(config.lang, config.keep_newlines)  # fail here, not in every worker
+    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    level = "sentence" if config.split_sentences else "document"
+    settings = EncodeSettings(
+        config.tokenizer_type,
+        config.tokenizer_options,
+        tuple(config.json_keys),
+        config.append_eod,
+        numpy.dtype(dtype).name,
+        config.split_sentences,
+        config.keep_newlines,
+        config.lang,
+    )
+    # contiguous blocks merge back into input order: one partition writes the same bytes
+    partitions = 1 if config.keep_sequential_samples else config.partitions
+    output = PartitionedOutput(
+        config.output_prefix, settings.json_keys, level, numpy.dtype(dtype), partitions
+    )
+    summary = PreprocessSummary(dict(output.prefixes))
+    counts = {key: [0, 0, 0] for key in settings.json_keys}  # documents, sequences, tokens
+    progress = Progress(
+        f"preprocess {config.output_prefix}",
+        unit="docs",
+        stream=stream,
+        also=("MB", "tokens"),
+        every=config.log_interval,
+    )
+    start = time.perf_counter()
+    pool = ProcessPoolExecutor(
+        config.workers,
+        mp_context=_worker_context(),
+        initializer=start_worker,
+        initargs=(settings,),
+    )
+    try:
+        window: collections.deque[Future[EncodedChunk]] = collections.deque()
+        chunks = read_chunks(inputs, config.chunk_bytes, settings.json_keys)
+
+        def take(result: EncodedChunk) -> None:
+            if result.bad_lines:
+                if not config.skip_bad_lines:
+                    line, why = result.bad_lines[0]
+                    raise BadInputError(f"{result.file}, line {line}: {why}")
+                summary.skipped_lines += len(result.bad_lines)
+                room = SHOWN_BAD_LINES - len(summary.first_skipped)
+                summary.first_skipped += [
+                    f"{result.file}:{line} ({why})" for line, why in result.bad_lines[:room]
+                ]
+            output.add(result)
+            for key, encoded in result.keys.items():
+                counts[key][0] += encoded.sequences_per_document.size
+                counts[key][1] += encoded.sequence_lengths.size
+                counts[key][2] += encoded.tokens.size
+            summary.documents += int(result.documents.size)
+            summary.tokens += result.tokens
+            summary.input_bytes += result.nbytes
+            progress.update(result.documents.size, MB=result.nbytes / 1e6, tokens=result.tokens)
+
+        for chunk in chunks:
+            window.append(pool.submit(encode_in_worker, chunk))
+            if len(window) >= 2 * config.workers + 2:
+                take(window.popleft().result())
+        while window:
+            take(window.popleft().result())
+        pool.shutdown()
+        outputs = output.finalize()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        output.abort()
+        progress.close("")
+        raise
+    summary.elapsed = time.perf_counter() - start
+    for key, prefix in outputs.items():
+        documents, sequences, tokens = counts[key]
+        write_manifest(
+            prefix,
+            _manifest(
+                config,
+                tokenizer,
+                dtype,
+                key,
+                {
+                    "documents": documents,
+                    "sequences": sequences,
+                    "tokens": tokens,
+                    "skipped_lines": summary.skipped_lines,
+                },
+                inputs,
+            ),
+        )
+    progress.close(summary.describe())
+    return summary

@@ -1,0 +1,274 @@
+"""``preprocess``: documents, EOD, keys, partitions, bad lines and interrupts.
+
+Expected arrays are worked out by hand from the rules of Megatron's preprocess_data.py (the
+byte-for-byte comparison with megatron-core lives in the cross-package compat tests).
+"""
+
+import gzip
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy
+import pytest
+
+from megafmt import IndexedDataset, IndexedDatasetBuilder, read_manifest
+from megafmt.cli.main import main
+from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
+from megafmt.tokenizers import TokenizerOptions
+
+
+def write_jsonl(path, records, opener=open):
+    with opener(path, "wt", encoding="utf-8") as stream:
+        for record in records:
+            stream.write((record if isinstance(record, str) else json.dumps(record)) + "\n")
+    return str(path)
+
+
+def documents(prefix):
+    """Each document as its list of sequences (lists of ids)."""
+    dataset = IndexedDataset(prefix)
+    bounds = dataset.document_indices
+    return [
+        [dataset[i].tolist() for i in range(int(a), int(b))] for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def run(tmp_path, source, output="c", **settings):
+    config = PreprocessConfig(
+        input=source, output_prefix=str(tmp_path / "out" / output), **settings
+    )
+    return preprocess(config)
+
+
+NULL = {"tokenizer_type": "null", "tokenizer_options": TokenizerOptions(vocab_size=100)}
+
+
+def test_bytes_tokenizer_documents_eod_and_empty_texts(tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "ab"}, {"text": ""}, {"text": "é"}])
+    summary = run(tmp_path, source, append_eod=True)
+    prefix = summary.outputs["text"]
+    assert prefix == str(tmp_path / "out" / "c_text_document")
+    # "é" is two UTF-8 bytes; the empty text is a document with no sequence and no EOD
+    assert documents(prefix) == [[[97, 98, 256]], [], [[195, 169, 256]]]
+    assert IndexedDataset(prefix).document_indices.tolist() == [0, 1, 1, 2]
+    assert IndexedDataset(prefix).sequence_lengths.dtype == numpy.int32
+    assert numpy.dtype(IndexedDataset(prefix).index.dtype) == numpy.uint16
+    assert (summary.documents, summary.tokens) == (3, 6)
+
+
+def test_null_tokenizer_keys_lists_and_dtype(tmp_path):
+    records = [
+        {"text": "1 2 3", "title": "7"},
+        {"text": ["4 5", "6"], "title": "8 9"},  # a list value is a list of sentences
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    summary = run(tmp_path, source, json_keys=("text", "title"), append_eod=True, **NULL)
+    # EOD is --vocab-size (100); it joins the last sentence of a document
+    assert documents(summary.outputs["text"]) == [[[1, 2, 3, 100]], [[4, 5], [6, 100]]]
+    assert documents(summary.outputs["title"]) == [[[7, 100]], [[8, 9, 100]]]
+    wide = run(
+        tmp_path,
+        source,
+        tokenizer_type="NullTokenizer",  # Megatron's name is an alias
+        tokenizer_options=TokenizerOptions(vocab_size=70000),
+    )
+    assert numpy.dtype(IndexedDataset(wide.outputs["text"]).index.dtype) == numpy.int32
+
+
+def test_partitions_deal_lines_round_robin_and_workers_do_not_change_bytes(tmp_path):
+    records = [{"text": str(i)} for i in range(10)]
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    dealt = run(tmp_path, source, partitions=3, workers=2, chunk_bytes=8, **NULL)
+    # partition 0 holds lines 0 3 6 9, partition 1 lines 1 4 7, partition 2 lines 2 5 8
+    order = [0, 3, 6, 9, 1, 4, 7, 2, 5, 8]
+    assert documents(dealt.outputs["text"]) == [[[i]] for i in order]
+    with open(dealt.outputs["text"] + ".bin", "rb") as stream:
+        expected = stream.read()
+    again = run(tmp_path, source, partitions=3, workers=1, chunk_bytes=1 << 20, **NULL)
+    with open(again.outputs["text"] + ".bin", "rb") as stream:
+        assert stream.read() == expected
+    sequential = run(tmp_path, source, partitions=3, keep_sequential_samples=True, **NULL)
+    assert documents(sequential.outputs["text"]) == [[[i]] for i in range(10)]
+
+
+def test_inputs_gzip_zstd_globs_and_directories(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl.gz", [{"text": "1"}, {"text": "2"}], gzip.open)
+    with zstandard.open(folder / "b.jsonl.zst", "wt", encoding="utf-8") as stream:
+        stream.write('{"text": "3"}\n')
+    write_jsonl(folder / "c.jsonl", [{"text": "4"}])
+    (folder / "notes.txt").write_text("not input")
+    expected = [[[1]], [[2]], [[3]], [[4]]]
+    assert documents(run(tmp_path, str(folder), **NULL).outputs["text"]) == expected
+    glob_run = run(tmp_path, str(folder / "*.jsonl*"), **NULL)
+    assert documents(glob_run.outputs["text"]) == expected
+    assert [f["path"] for f in read_manifest(glob_run.outputs["text"])["inputs"]] == [
+        str(folder / name) for name in ("a.jsonl.gz", "b.jsonl.zst", "c.jsonl")
+    ]
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        run(tmp_path, str(tmp_path / "missing.jsonl"), **NULL)
+
+
+BAD_LINES = [
+    '{"text": "1"}',
+    "not json",
+    '{"title": "2"}',
+    '{"text": 3}',
+    '{"text": "1  2"}',  # two spaces: not a null-tokenizer text
+    '{"text": "500"}',  # beyond the vocabulary but within uint16: kept, as Megatron does
+    '{"text": "70000"}',  # does not fit uint16
+    '{"text": "4"}',
+]
+
+
+def test_a_bad_line_stops_the_run_with_file_and_line(tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", BAD_LINES)
+    with pytest.raises(BadInputError, match=r"in\.jsonl, line 2: not JSON"):
+        run(tmp_path, source, **NULL)
+    assert not os.listdir(tmp_path / "out")  # nothing written, not even a partial file
+
+
+def test_skip_bad_lines_counts_and_names_them(tmp_path):
+    raw = (tmp_path / "in.jsonl").open("wb")
+    raw.write(("\n".join(BAD_LINES) + "\n").encode())
+    raw.write(b'{"text": "\xff"}\n')  # invalid UTF-8
+    raw.close()
+    summary = run(tmp_path, str(tmp_path / "in.jsonl"), skip_bad_lines=True, **NULL)
+    assert documents(summary.outputs["text"]) == [[[1]], [[500]], [[4]]]
+    assert summary.skipped_lines == 6
+    reasons = " ".join(summary.first_skipped)
+    for expected in ("in.jsonl:2 (not JSON", ":3 (missing key 'text')", ":4 (key 'text' holds int"):
+        assert expected in reasons
+    assert ":5 (the null tokenizer expects integers" in reasons
+    assert ":7 (token id 70000 does not fit the output dtype uint16)" in reasons
+    assert read_manifest(summary.outputs["text"])["skipped_lines"] == 6
+    (tmp_path / "utf8.jsonl").write_bytes(b'{"text": "1"}\n{"text": "\xff"}\n')
+    with pytest.raises(BadInputError, match=r"utf8\.jsonl, line 2: invalid UTF-8 at byte 10"):
+        run(tmp_path, str(tmp_path / "utf8.jsonl"), **NULL)
+
+
+def test_manifest_records_how_the_corpus_was_made(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1 2"}])
+    prefix = run(tmp_path, source, append_eod=True, **NULL).outputs["text"]
+    manifest = read_manifest(prefix)
+    assert manifest["tokenizer"]["type"] == "null"
+    assert (manifest["tokenizer"]["eod"], manifest["tokenizer"]["vocab_size"]) == (100, 101)
+    assert (manifest["documents"], manifest["sequences"], manifest["tokens"]) == (1, 1, 3)
+    assert manifest["dtype"] == "uint16" and manifest["flags"]["append_eod"] is True
+    assert manifest["inputs"] == [{"path": source, "size": os.path.getsize(source)}]
+    other = run(
+        tmp_path,
+        source,
+        "other",
+        tokenizer_type="null",
+        tokenizer_options=TokenizerOptions(vocab_size=200),
+    ).outputs["text"]
+    assert read_manifest(other)["tokenizer"]["fingerprint"] != manifest["tokenizer"]["fingerprint"]
+    assert main(["info", prefix]) == 0
+    out = capsys.readouterr().out
+    assert "tokenizer" in out and "null" in out and "eod 100" in out
+
+
+def test_cli_takes_megatron_flags(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "5 6"}, {"text": "7"}])
+    status = main(
+        [
+            "preprocess",
+            "--input",
+            source,
+            "--output-prefix",
+            str(tmp_path / "m"),
+            "--tokenizer-type",
+            "NullTokenizer",
+            "--vocab-size",
+            "10",
+            "--append-eod",
+            "--workers",
+            "2",
+            "--partitions",
+            "2",
+            "--log-interval",
+            "1",
+        ]
+    )
+    assert status == 0
+    assert documents(str(tmp_path / "m_text_document")) == [[[5, 6, 10]], [[7, 10]]]
+    err = capsys.readouterr().err
+    assert "docs/s" in err and "MB/s" in err and "tokens/s" in err
+    assert "preprocessed 2 documents, 5 tokens" in err
+    status = main(
+        [
+            "preprocess",
+            "--input",
+            source,
+            "--output-prefix",
+            str(tmp_path / "n"),
+            "--tokenizer-type",
+            "NullTokenizer",
+        ]
+    )
+    assert status == 1
+    assert "the null tokenizer needs --vocab-size" in capsys.readouterr().err
+
+
+def test_add_documents_equals_add_document_one_by_one(tmp_path):
+    docs = [[[1, 2], [3]], [], [[4, 5, 6]], [[7], [], [8]]]
+    one = IndexedDatasetBuilder(str(tmp_path / "one.bin"), dtype=numpy.uint16)
+    for doc in docs:
+        one.add_document([t for s in doc for t in s], [len(s) for s in doc])
+    one.finalize(str(tmp_path / "one.idx"))
+    bulk = IndexedDatasetBuilder(str(tmp_path / "bulk.bin"), dtype=numpy.uint16)
+    bulk.add_documents([1, 2, 3], [2, 1], [2, 0])
+    bulk.add_documents(numpy.array([4, 5, 6, 7, 8]), [3, 1, 0, 1], [1, 3])
+    bulk.finalize(str(tmp_path / "bulk.idx"))
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"one{suffix}").read_bytes() == (tmp_path / f"bulk{suffix}").read_bytes()
+    bad = IndexedDatasetBuilder(str(tmp_path / "bad.bin"), dtype=numpy.uint16)
+    with pytest.raises(ValueError, match="the lengths add up to 3 tokens, but 2 were given"):
+        bad.add_documents([1, 2], [3], [1])
+    with pytest.raises(ValueError, match="the documents hold 2 sequences, but 1 lengths"):
+        bad.add_documents([1, 2], [2], [2])
+    bad.abort()
+
+
+SLOW_RUN = """
+import sys
+from megafmt.preprocess import PreprocessConfig, preprocess
+preprocess(PreprocessConfig(input=sys.argv[1], output_prefix=sys.argv[2], workers=1,
+                            chunk_bytes=4096, log_interval=10**9))
+"""
+
+
+def test_an_interrupted_run_leaves_no_complete_looking_output_and_a_rerun_works(tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x" * 2000} for _ in range(40000)])
+    output = str(tmp_path / "out" / "c")
+    process = subprocess.Popen([sys.executable, "-c", SLOW_RUN, source, output])
+    deadline = time.monotonic() + 60
+    partial = None
+    while time.monotonic() < deadline and process.poll() is None:
+        names = os.listdir(tmp_path / "out") if os.path.isdir(tmp_path / "out") else []
+        partial = next((n for n in names if n.endswith(".partial")), None)
+        if partial and os.path.getsize(tmp_path / "out" / partial) > 1 << 20:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the run finished before it could be interrupted"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    names = os.listdir(tmp_path / "out")
+    assert not [n for n in names if n.endswith((".bin", ".idx", ".manifest.json"))], names
+    assert main(["verify", output + "_text_document"]) != 0
+    summary = preprocess(PreprocessConfig(input=source, output_prefix=output, workers=2))
+    assert summary.documents == 40000
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "c_text_document.bin",
+        "c_text_document.idx",
+        "c_text_document.manifest.json",
+    ]  # the killed run's partial files were cleared
+    assert main(["verify", output + "_text_document"]) == 0

@@ -1,0 +1,368 @@
+"""``mega preprocess`` against Megatron-LM's tools/preprocess_data.py, byte for byte.
+
+megatron-core's wheel does not ship the tool, so ``megatron_tool`` below does what the tool
+documents, step by step, with megatron-core's own pieces: its ``build_tokenizer`` (the
+tokenizer the tool builds from the same flags), its ``Encoder.encode`` rules and its
+``IndexedDatasetBuilder``: lines dealt round-robin into partitions (contiguous blocks with
+--keep-sequential-samples), each partition encoded document by document, the partitions merged
+with ``add_index``. One deliberate difference: the tool finalizes only the last json key of a
+partition (a bug that leaves the other keys without an .idx); the reference finalizes them all.
+"""
+
+import base64
+import dataclasses
+import io
+import json
+import math
+import os
+import random
+import types
+
+import pytest
+from megatron.core.datasets import indexed_dataset as reference
+from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+from megafmt.preprocess import PreprocessConfig, output_prefix_of, preprocess
+from megafmt.tokenizers import TokenizerOptions
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "ünïcödé",
+    "東京",
+    "🙂",
+    "data",
+    "tokens",
+    ",",
+    ".",
+    "!",
+]
+
+
+def megatron_args(tokenizer_type, options: TokenizerOptions):
+    return types.SimpleNamespace(
+        tokenizer_type=tokenizer_type,
+        tokenizer_model=options.model,
+        vocab_file=options.vocab_file,
+        merge_file=options.merge_file,
+        vocab_size=options.vocab_size,
+        tokenizer_special_tokens=list(options.special_tokens) or None,
+        tokenizer_hf_use_fast=False,
+        trust_remote_code=False,
+        tokenizer_hf_include_special_tokens=options.include_special_tokens,
+        tokenizer_metadata=None,
+        tokenizer_sentencepiece_legacy=False,
+        tiktoken_pattern=options.tiktoken_pattern,
+        tiktoken_num_special_tokens=options.tiktoken_num_special_tokens,
+    )
+
+
+def megatron_encode(tokenizer, line, json_keys, append_eod):
+    """The tool's Encoder.encode: per key, the ids and the sentence lengths of one line."""
+    data = json.loads(line)
+    result = {}
+    for key in json_keys:
+        text = data[key]
+        sentences = text if isinstance(text, list) else [text]
+        ids, lengths = [], []
+        for sentence in sentences:
+            sentence_ids = tokenizer.tokenize(sentence)
+            if len(sentence_ids) > 0:
+                ids.extend(sentence_ids)
+                lengths.append(len(sentence_ids))
+        if len(ids) > 0 and append_eod:
+            ids.append(tokenizer.eod)
+            lengths[-1] += 1
+        result[key] = (ids, lengths)
+    return result
+
+
+def megatron_tool(
+    tokenizer,
+    lines,
+    prefix,
+    json_keys,
+    append_eod,
+    partitions=1,
+    keep_sequential_samples=False,
+):
+    """What preprocess_data.py writes for ``lines``; returns key -> output prefix."""
+    dtype = reference.DType.optimal_dtype(tokenizer.vocab_size)
+    if partitions == 1:
+        dealt = [lines]
+    else:
+        dealt = [[] for _ in range(partitions)]
+        index, size = 0, math.ceil(len(lines) / partitions)
+        for count, line in enumerate(lines, start=1):
+            dealt[index].append(line)
+            if keep_sequential_samples:
+                index += count % size == 0
+            else:
+                index = (index + 1) % partitions
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    part_prefixes = []
+    for number, part in enumerate(dealt):
+        part_prefix = prefix if partitions == 1 else f"{prefix}_{number}"
+        builders = {
+            key: reference.IndexedDatasetBuilder(
+                output_prefix_of(part_prefix, key, "document") + ".bin", dtype=dtype
+            )
+            for key in json_keys
+        }
+        for line in part:
+            for key, (ids, lengths) in megatron_encode(
+                tokenizer, line, json_keys, append_eod
+            ).items():
+                builders[key].add_document(ids, lengths)
+        for key, builder in builders.items():
+            builder.finalize(output_prefix_of(part_prefix, key, "document") + ".idx")
+        part_prefixes.append(part_prefix)
+    if partitions > 1:
+        for key in json_keys:
+            merged = reference.IndexedDatasetBuilder(
+                output_prefix_of(prefix, key, "document") + ".bin", dtype=dtype
+            )
+            for part_prefix in part_prefixes:
+                merged.add_index(output_prefix_of(part_prefix, key, "document"))
+            merged.finalize(output_prefix_of(prefix, key, "document") + ".idx")
+    return {key: output_prefix_of(prefix, key, "document") for key in json_keys}
+
+
+def assert_same_files(ours, theirs):
+    for suffix in (".bin", ".idx"):
+        with open(ours + suffix, "rb") as a, open(theirs + suffix, "rb") as b:
+            assert a.read() == b.read(), f"{ours}{suffix} differs from {theirs}{suffix}"
+
+
+def compare(
+    tmp_path,
+    lines,
+    tokenizer_type,
+    options,
+    json_keys=("text",),
+    append_eod=False,
+    workers=1,
+    partitions=1,
+    keep_sequential_samples=False,
+    chunk_bytes=4096,
+    reference_tokenizer=None,
+):
+    """Our output and the tool's for ``lines``; the tool builds its tokenizer from the same
+    flags with megatron-core's ``build_tokenizer`` unless ``reference_tokenizer`` is given."""
+    source = tmp_path / "input.jsonl"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    if reference_tokenizer is None:
+        reference_tokenizer = build_tokenizer(megatron_args(tokenizer_type, options))
+    theirs = megatron_tool(
+        reference_tokenizer,
+        lines,
+        str(tmp_path / "megatron" / "out"),
+        json_keys,
+        append_eod,
+        partitions,
+        keep_sequential_samples,
+    )
+    summary = preprocess(
+        PreprocessConfig(
+            input=str(source),
+            output_prefix=str(tmp_path / "ours" / "out"),
+            tokenizer_type=tokenizer_type,
+            tokenizer_options=options,
+            json_keys=tuple(json_keys),
+            append_eod=append_eod,
+            workers=workers,
+            partitions=partitions,
+            keep_sequential_samples=keep_sequential_samples,
+            chunk_bytes=chunk_bytes,
+        )
+    )
+    for key in json_keys:
+        assert_same_files(summary.outputs[key], theirs[key])
+    return summary
+
+
+def random_text(rng, words=(0, 40)):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randrange(*words)))
+
+
+def text_lines(count=300, seed=0):
+    """jsonl lines with two text keys; some texts empty, some given as lists of sentences."""
+    rng = random.Random(seed)
+    lines = []
+    for number in range(count):
+        body = random_text(rng) if number % 11 else ""
+        if number % 7 == 3:
+            body = [random_text(rng, (0, 8)) for _ in range(rng.randrange(1, 4))]
+        lines.append(json.dumps({"text": body, "title": random_text(rng, (1, 6))}))
+    return lines
+
+
+@pytest.mark.parametrize("append_eod", [False, True])
+@pytest.mark.parametrize(
+    ("workers", "partitions", "sequential"),
+    [(1, 1, False), (2, 1, False), (2, 3, False), (1, 4, True)],
+)
+def test_null_tokenizer(tmp_path, append_eod, workers, partitions, sequential):
+    rng = random.Random(partitions)
+    lines = [
+        json.dumps(
+            {
+                "text": " ".join(str(rng.randrange(1000)) for _ in range(rng.randrange(1, 30))),
+                "meta": str(rng.randrange(1000)),
+            }
+        )
+        for _ in range(200)
+    ]
+    compare(
+        tmp_path,
+        lines,
+        "NullTokenizer",
+        TokenizerOptions(vocab_size=1000),
+        ("text", "meta"),
+        append_eod,
+        workers,
+        partitions,
+        sequential,
+    )
+
+
+def test_null_tokenizer_with_a_large_vocabulary_writes_int32(tmp_path):
+    lines = [json.dumps({"text": f"{i * 1000} 1 2"}) for i in range(100)]
+    compare(tmp_path, lines, "NullTokenizer", TokenizerOptions(vocab_size=200_000), append_eod=True)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer_dir(tmp_path_factory):
+    """A byte-level BPE trained here in a second, saved as tokenizer.json with an eos token."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    rng = random.Random(1)
+    tokenizer.train_from_iterator([random_text(rng) for _ in range(3000)], trainer)
+    directory = tmp_path_factory.mktemp("hf")
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"})
+    )
+    tokenizer.model.save(str(directory))  # vocab.json and merges.txt, for GPT2BPETokenizer
+    return directory
+
+
+@pytest.mark.parametrize("append_eod", [False, True])
+@pytest.mark.parametrize(("workers", "partitions"), [(1, 1), (2, 2)])
+def test_huggingface_tokenizer_json(tmp_path, hf_tokenizer_dir, append_eod, workers, partitions):
+    pytest.importorskip("transformers")
+    compare(
+        tmp_path,
+        text_lines(),
+        "HuggingFaceTokenizer",
+        TokenizerOptions(model=str(hf_tokenizer_dir)),
+        ("text", "title"),
+        append_eod,
+        workers,
+        partitions,
+    )
+
+
+def test_gpt2_bpe_vocab_and_merges(tmp_path, hf_tokenizer_dir):
+    """megatron-core's GPT2BPETokenizer asks the Hub for the "gpt2" configuration before it
+    reads the local vocab and merges; offline, the reference is the same HuggingFaceTokenizer
+    over a folder that names GPT2Tokenizer (what "gpt2" resolves to) beside those two files."""
+    pytest.importorskip("transformers")
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+        HuggingFaceTokenizer,
+    )
+
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (gpt2 / name).write_bytes((hf_tokenizer_dir / name).read_bytes())
+    (gpt2 / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
+    library = HuggingFaceTokenizer(str(gpt2))
+    reference_tokenizer = types.SimpleNamespace(
+        tokenize=library.text_to_ids, eod=library.eod, vocab_size=library.vocab_size
+    )
+    options = TokenizerOptions(
+        vocab_file=str(hf_tokenizer_dir / "vocab.json"),
+        merge_file=str(hf_tokenizer_dir / "merges.txt"),
+    )
+    compare(
+        tmp_path,
+        text_lines(seed=2),
+        "GPT2BPETokenizer",
+        options,
+        append_eod=True,
+        workers=2,
+        reference_tokenizer=reference_tokenizer,
+    )
+
+
+def test_tiktoken_vocabulary(tmp_path):
+    pytest.importorskip("tiktoken")
+    rng = random.Random(3)
+    sample = " ".join(random_text(rng) for _ in range(200)).encode()
+    pieces = sorted({sample[i : i + n] for n in (2, 3, 4) for i in range(0, len(sample) - n, 7)})
+    ranks = [bytes([b]) for b in range(256)] + [p for p in pieces if len(p) > 1][:500]
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(
+        json.dumps(
+            [
+                {"rank": i, "token_bytes": base64.b64encode(t).decode(), "token_str": ""}
+                for i, t in enumerate(ranks)
+            ]
+        )
+    )
+    options = TokenizerOptions(
+        model=str(vocab), vocab_size=len(ranks) + 16, tiktoken_num_special_tokens=16
+    )
+    summary = compare(
+        tmp_path, text_lines(seed=3), "TikTokenizer", options, append_eod=True, workers=2
+    )
+    # the same ranks as a plain .tiktoken file (base64 token, rank) give the same corpus
+    plain = tmp_path / "vocab.tiktoken"
+    plain.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
+    again = preprocess(
+        PreprocessConfig(
+            input=str(tmp_path / "input.jsonl"),
+            output_prefix=str(tmp_path / "plain" / "out"),
+            tokenizer_type="tiktoken",
+            tokenizer_options=dataclasses.replace(options, model=str(plain)),
+            append_eod=True,
+        )
+    )
+    assert_same_files(again.outputs["text"], summary.outputs["text"])
+
+
+def test_sentencepiece_model(tmp_path):
+    sentencepiece = pytest.importorskip("sentencepiece")
+    rng = random.Random(4)
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([random_text(rng, (3, 20)) for _ in range(2000)]),
+        model_writer=model,
+        vocab_size=50,
+        character_coverage=1.0,
+    )
+    path = tmp_path / "sp.model"
+    path.write_bytes(model.getvalue())
+    compare(
+        tmp_path,
+        text_lines(seed=4),
+        "SentencePieceTokenizer",
+        TokenizerOptions(model=str(path)),
+        append_eod=True,
+        workers=2,
+    )
