@@ -1,17 +1,20 @@
-"""The demo `make demo` runs: write a small corpus with megafmt, inspect it with `mega`, then
-show how get_batch spreads a micro-batch over 2 x 2 tensor- and context-parallel gloo ranks.
+"""The demo `make demo` runs: tokenize a small jsonl with `mega preprocess`, inspect the corpus
+with `mega`, then show how get_batch spreads a micro-batch over 2 x 2 tensor- and
+context-parallel gloo ranks.
 
-The text is tokenized as UTF-8 bytes (ids 0-255) with an end-of-document id 256, so the
-vocabulary has 257 ids and the corpus is stored as uint16, as Megatron's preprocessing would.
+The text is tokenized as UTF-8 bytes (ids 0-255) with an end-of-document id 256 (the `bytes`
+tokenizer: nothing to download), so the vocabulary has 257 ids and the corpus is stored as
+uint16, as Megatron's preprocessing would.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-from megafmt import DType, IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from megafmt import IndexedDataset
 
 ROOT = Path(__file__).resolve().parent.parent
 EOD = 256
@@ -24,13 +27,10 @@ DOCUMENTS = [
 ]
 
 
-def write_corpus(prefix: Path) -> None:
-    dtype = DType.optimal_dtype(EOD + 1)
-    builder = IndexedDatasetBuilder(get_bin_path(str(prefix)), dtype=dtype)
-    for text in DOCUMENTS:
-        tokens = [*list(text.encode("utf-8")), EOD]
-        builder.add_document(tokens, [len(tokens)])
-    builder.finalize(get_idx_path(str(prefix)))
+def write_input(path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as stream:
+        for text in DOCUMENTS:
+            stream.write(json.dumps({"text": text}) + "\n")
 
 
 def mega(*arguments: str) -> None:
@@ -39,11 +39,23 @@ def mega(*arguments: str) -> None:
 
 
 def main() -> None:
-    prefix = ROOT / "build" / "demo" / "corpus"
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    write_corpus(prefix)
-    relative = str(prefix.relative_to(ROOT))
-    print(f"wrote {relative}.bin and {relative}.idx ({len(DOCUMENTS)} documents)")
+    folder = ROOT / "build" / "demo"
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "input.jsonl"
+    write_input(source)
+    print(f"wrote {source.relative_to(ROOT)} ({len(DOCUMENTS)} documents)")
+    output = folder / "corpus"
+    mega(
+        "preprocess",
+        "--input",
+        str(source),
+        "--output-prefix",
+        str(output),
+        "--append-eod",
+        "--workers",
+        "2",
+    )
+    prefix = folder / "corpus_text_document"
     mega("info", str(prefix))
     mega("verify", str(prefix))
     mega("dump", str(prefix), "--doc", "1")

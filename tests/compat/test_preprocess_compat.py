@@ -1,29 +1,27 @@
 """``mega preprocess`` against Megatron-LM's tools/preprocess_data.py, byte for byte.
 
-megatron-core's wheel does not ship the tool, so ``megatron_tool`` below does what the tool
-documents, step by step, with megatron-core's own pieces: its ``build_tokenizer`` (the
-tokenizer the tool builds from the same flags), its ``Encoder.encode`` rules and its
-``IndexedDatasetBuilder``: lines dealt round-robin into partitions (contiguous blocks with
---keep-sequential-samples), each partition encoded document by document, the partitions merged
-with ``add_index``. One deliberate difference: the tool finalizes only the last json key of a
-partition (a bug that leaves the other keys without an .idx); the reference finalizes them all.
+The tool's steps are run by the harness in tools/compat/megatron_preprocess.py (megatron-core's
+wheel does not ship the tool itself): megatron-core's tokenizer from the same flags, its
+builder, lines dealt into partitions and merged as the tool does.
 """
 
 import base64
 import dataclasses
 import io
 import json
-import math
-import os
 import random
+import sys
 import types
+from pathlib import Path
 
 import pytest
-from megatron.core.datasets import indexed_dataset as reference
 from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
-from megafmt.preprocess import PreprocessConfig, output_prefix_of, preprocess
+from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.tokenizers import TokenizerOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "compat"))
+from megatron_preprocess import megatron_tool, tokenizer_args
 
 WORDS = [
     "the",
@@ -44,95 +42,6 @@ WORDS = [
     ".",
     "!",
 ]
-
-
-def megatron_args(tokenizer_type, options: TokenizerOptions):
-    return types.SimpleNamespace(
-        tokenizer_type=tokenizer_type,
-        tokenizer_model=options.model,
-        vocab_file=options.vocab_file,
-        merge_file=options.merge_file,
-        vocab_size=options.vocab_size,
-        tokenizer_special_tokens=list(options.special_tokens) or None,
-        tokenizer_hf_use_fast=False,
-        trust_remote_code=False,
-        tokenizer_hf_include_special_tokens=options.include_special_tokens,
-        tokenizer_metadata=None,
-        tokenizer_sentencepiece_legacy=False,
-        tiktoken_pattern=options.tiktoken_pattern,
-        tiktoken_num_special_tokens=options.tiktoken_num_special_tokens,
-    )
-
-
-def megatron_encode(tokenizer, line, json_keys, append_eod):
-    """The tool's Encoder.encode: per key, the ids and the sentence lengths of one line."""
-    data = json.loads(line)
-    result = {}
-    for key in json_keys:
-        text = data[key]
-        sentences = text if isinstance(text, list) else [text]
-        ids, lengths = [], []
-        for sentence in sentences:
-            sentence_ids = tokenizer.tokenize(sentence)
-            if len(sentence_ids) > 0:
-                ids.extend(sentence_ids)
-                lengths.append(len(sentence_ids))
-        if len(ids) > 0 and append_eod:
-            ids.append(tokenizer.eod)
-            lengths[-1] += 1
-        result[key] = (ids, lengths)
-    return result
-
-
-def megatron_tool(
-    tokenizer,
-    lines,
-    prefix,
-    json_keys,
-    append_eod,
-    partitions=1,
-    keep_sequential_samples=False,
-):
-    """What preprocess_data.py writes for ``lines``; returns key -> output prefix."""
-    dtype = reference.DType.optimal_dtype(tokenizer.vocab_size)
-    if partitions == 1:
-        dealt = [lines]
-    else:
-        dealt = [[] for _ in range(partitions)]
-        index, size = 0, math.ceil(len(lines) / partitions)
-        for count, line in enumerate(lines, start=1):
-            dealt[index].append(line)
-            if keep_sequential_samples:
-                index += count % size == 0
-            else:
-                index = (index + 1) % partitions
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    part_prefixes = []
-    for number, part in enumerate(dealt):
-        part_prefix = prefix if partitions == 1 else f"{prefix}_{number}"
-        builders = {
-            key: reference.IndexedDatasetBuilder(
-                output_prefix_of(part_prefix, key, "document") + ".bin", dtype=dtype
-            )
-            for key in json_keys
-        }
-        for line in part:
-            for key, (ids, lengths) in megatron_encode(
-                tokenizer, line, json_keys, append_eod
-            ).items():
-                builders[key].add_document(ids, lengths)
-        for key, builder in builders.items():
-            builder.finalize(output_prefix_of(part_prefix, key, "document") + ".idx")
-        part_prefixes.append(part_prefix)
-    if partitions > 1:
-        for key in json_keys:
-            merged = reference.IndexedDatasetBuilder(
-                output_prefix_of(prefix, key, "document") + ".bin", dtype=dtype
-            )
-            for part_prefix in part_prefixes:
-                merged.add_index(output_prefix_of(part_prefix, key, "document"))
-            merged.finalize(output_prefix_of(prefix, key, "document") + ".idx")
-    return {key: output_prefix_of(prefix, key, "document") for key in json_keys}
 
 
 def assert_same_files(ours, theirs):
@@ -159,7 +68,7 @@ def compare(
     source = tmp_path / "input.jsonl"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     if reference_tokenizer is None:
-        reference_tokenizer = build_tokenizer(megatron_args(tokenizer_type, options))
+        reference_tokenizer = build_tokenizer(tokenizer_args(tokenizer_type, options))
     theirs = megatron_tool(
         reference_tokenizer,
         lines,

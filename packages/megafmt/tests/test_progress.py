@@ -33,3 +33,20 @@ def test_progress_can_be_silenced(monkeypatch):
     progress.update(5)
     progress.close("summary")
     assert stream.getvalue() == "summary\n"
+
+
+def test_every_prints_a_line_each_multiple_with_the_extra_rates(monkeypatch):
+    stream = io.StringIO()
+    now = [0.0]
+    monkeypatch.setattr("megafmt.progress.time.perf_counter", lambda: now[0])
+    progress = Progress("tokenize", unit="docs", stream=stream, also=("MB",), every=100)
+    now[0] = 1.0
+    progress.update(60, MB=1.0)  # 60 docs: no multiple of 100 passed
+    now[0] = 2.0
+    progress.update(60, MB=3.0)  # 120 docs passes 100: a line
+    now[0] = 4.0
+    progress.update(200, MB=4.0)  # 320 passes 200 and 300: one line
+    assert stream.getvalue().splitlines() == [
+        "tokenize: 120 docs, 60 docs/s, 2 MB/s, 2.0 s",
+        "tokenize: 320 docs, 80 docs/s, 2 MB/s, 4.0 s",
+    ]

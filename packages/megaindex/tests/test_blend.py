@@ -3,7 +3,12 @@ import json
 import pytest
 
 from megaindex import ConfigError, get_blend_and_blend_per_split, get_blend_from_list
-from megaindex.blend import LEGACY_DEFAULT_SPLIT, check_prefixes_exist, default_split
+from megaindex.blend import (
+    LEGACY_DEFAULT_SPLIT,
+    check_prefixes_exist,
+    check_tokenizers_agree,
+    default_split,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,3 +89,23 @@ def test_missing_prefixes_are_all_named(corpus, tmp_path):
         check_prefixes_exist(
             [([corpus, str(tmp_path / "lost")], None), None, ([str(tmp_path / "gone")], None)]
         )
+
+
+def test_blends_of_differently_tokenized_corpora_are_warned_about(tmp_path):
+    from megafmt import write_manifest
+
+    def tokenized(name, fingerprint, eod):
+        write_manifest(
+            str(tmp_path / name), {"tokenizer": {"fingerprint": fingerprint, "eod": eod}}
+        )
+        return str(tmp_path / name)
+
+    web, code = tokenized("web", "sha256:aa", 0), tokenized("code", "sha256:aa", 0)
+    untracked = str(tmp_path / "megatron_made")  # no manifest: not judged
+    assert check_tokenizers_agree([([web, code, untracked], None), None]) == []
+    other_eod = tokenized("math", "sha256:aa", 2)
+    with pytest.warns(UserWarning, match=r"tokenized differently .*eod 2: .*math"):
+        check_tokenizers_agree([([web, code], [1.0, 1.0]), ([other_eod], None)])
+    other_tokenizer = tokenized("books", "sha256:bb", 0)
+    with pytest.warns(UserWarning, match=r"fingerprint sha256:bb eod 0: .*books"):
+        check_tokenizers_agree([([web, other_tokenizer], None)])

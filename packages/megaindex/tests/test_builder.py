@@ -55,3 +55,18 @@ def test_weights_without_sizes_are_refused(make_config, corpus):
         BlendedMegatronDatasetBuilder(GPTDataset, [None, 1, 1], lambda: True, config)
     with pytest.raises(ConfigError, match="sizes must hold one entry per split"):
         BlendedMegatronDatasetBuilder(GPTDataset, [1, 1], lambda: True, config)
+
+
+def test_the_builder_warns_when_blended_corpora_disagree_on_eod(
+    make_config, corpus_writer, tmp_path
+):
+    from megafmt import write_manifest
+
+    prefixes = []
+    for name, eod in (("web", 1000), ("code", 0)):
+        prefix = corpus_writer(str(tmp_path / name))
+        write_manifest(prefix, {"tokenizer": {"fingerprint": "sha256:same", "eod": eod}})
+        prefixes.append(prefix)
+    config = make_config(blend=(prefixes, [1.0, 1.0]))
+    with pytest.warns(UserWarning, match=r"tokenized differently .*eod 0: .*code"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [50, 5, 5], lambda: True, config).build()

@@ -18,7 +18,7 @@ import os
 import warnings
 from collections.abc import Sequence
 
-from megafmt import IndexedDataset
+from megafmt import IndexedDataset, read_manifest
 from megaindex.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -150,3 +150,32 @@ def check_prefixes_exist(blends: Sequence[Blend | None]) -> None:
         raise ConfigError(
             "no .bin/.idx corpus at: " + ", ".join(missing) + f" (working directory {os.getcwd()})"
         )
+
+
+def check_tokenizers_agree(blends: Sequence[Blend | None]) -> list[str]:
+    """Warn when the corpora of the blends were tokenized differently.
+
+    Corpora made by ``mega preprocess`` carry a manifest naming their tokenizer (a fingerprint
+    of its files and settings) and EOD id; mixing corpora whose ids mean different things
+    trains silently on garbage. Corpora without a manifest are not judged. Returns the
+    warnings given.
+    """
+    prefixes = sorted({p for blend in blends if blend is not None for p in blend[0]})
+    groups: dict[tuple[object, object], list[str]] = {}
+    for prefix in prefixes:
+        manifest = read_manifest(prefix)
+        if manifest is None:
+            continue
+        tokenizer = manifest.get("tokenizer", {})
+        key = (tokenizer.get("fingerprint"), tokenizer.get("eod"))
+        groups.setdefault(key, []).append(prefix)
+    if len(groups) < 2:
+        return []
+    described = "; ".join(
+        f"fingerprint {str(fingerprint)[:19]} eod {eod}: {', '.join(members)}"
+        for (fingerprint, eod), members in groups.items()
+    )
+    message = f"the blended corpora were tokenized differently ({described})"
+    logger.warning(message)
+    warnings.warn(message, stacklevel=2)
+    return [message]

@@ -22,7 +22,7 @@ from typing import Any
 import numpy
 
 from megaindex import distributed
-from megaindex.blend import check_prefixes_exist
+from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.errors import ConfigError, IndexBuildError
@@ -96,7 +96,9 @@ class BlendedMegatronDatasetBuilder:
     def build(self) -> list[Any]:
         """The dataset of each split (None for an empty split or a rank that builds none)."""
         if not self.config.mock and distributed.builds_shared_files():
-            check_prefixes_exist([self._blend_of(split) for split in Split])
+            blends = [self._blend_of(split) for split in Split]
+            check_prefixes_exist(blends)
+            check_tokenizers_agree(blends)
         datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets, strict=True):
             if isinstance(dataset, BlendedDataset) and dataset.size is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ class EncodeSettings:
     split_sentences: bool = False
     keep_newlines: bool = False
     lang: str = "english"
+    threads_per_worker: int = 1
+    """Threads a tokenizer library may use inside one worker (cores / workers): the worker
+    processes already keep the cores busy, and more threads would only contend."""
 
 
 @dataclass
@@ -208,6 +212,9 @@ def start_worker(settings: EncodeSettings) -> None:
     """The worker initializer: build the tokenizer once; interrupts are the parent's to handle."""
     global _ENCODER
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threads = str(settings.threads_per_worker)
+    os.environ["RAYON_NUM_THREADS"] = threads  # tokenizers' batch encoding (Rust)
+    os.environ["OMP_NUM_THREADS"] = threads
     _ENCODER = Encoder(settings)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -159,6 +160,7 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
         config.split_sentences,
         config.keep_newlines,
         config.lang,
+        threads_per_worker=max(1, (os.cpu_count() or 1) // config.workers),
     )
     # contiguous blocks merge back into input order: one partition writes the same bytes
     partitions = 1 if config.keep_sequential_samples else config.partitions

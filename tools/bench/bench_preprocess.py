@@ -1,0 +1,143 @@
+"""mega preprocess against Megatron's way of preprocessing, in one run, on the same input.
+
+    .venv/bin/python tools/bench/bench_preprocess.py [--size-mb 200] [--workers 2]
+
+Writes a jsonl of ``--size-mb`` MB of synthetic text and trains a byte-level BPE
+tokenizer.json on part of it (offline, a few seconds). The baseline is Megatron's tool as it
+works: ``multiprocessing.Pool.imap`` over lines with megatron-core's HuggingFaceTokenizer built
+in each worker, one document encoded per call, one ``add_document`` per document
+(tools/compat/megatron_preprocess.py). Then ``mega preprocess`` with the same flags and worker
+count. Prints tokens/s of each, the speedup, and whether the outputs are byte-identical.
+Files go to ``build/bench/preprocess`` and are deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import itertools
+import json
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy
+
+warnings.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "compat"))
+from megatron_preprocess import megatron_tool_pool, tokenizer_args  # noqa: E402
+
+from megafmt import IndexedDataset  # noqa: E402
+from megafmt.preprocess import PreprocessConfig, preprocess  # noqa: E402
+from megafmt.tokenizers import TokenizerOptions  # noqa: E402
+
+
+def make_input(path: Path, size_mb: float, seed: int = 0) -> int:
+    """Documents of Zipf-distributed pseudo-words, ~0.2-6 KB each; returns the line count."""
+    rng = numpy.random.default_rng(seed)
+    letters = numpy.array(list("abcdefghijklmnopqrstuvwxyzéü"))
+    words = ["".join(rng.choice(letters, rng.integers(1, 10))) for _ in range(20000)]
+    documents = []
+    for _ in range(4000):  # distinct documents, reused in turn
+        ids = numpy.minimum(rng.zipf(1.2, rng.integers(40, 1000)), len(words)) - 1
+        text = " ".join(words[i] for i in ids)
+        documents.append(json.dumps({"text": text.capitalize() + "."}) + "\n")
+    lines, written, limit = 0, 0, size_mb * 1e6
+    with open(path, "w", encoding="utf-8") as stream:
+        while written < limit:
+            line = documents[lines % len(documents)]
+            stream.write(line)
+            written += len(line.encode())
+            lines += 1
+    return lines
+
+
+def train_tokenizer(directory: Path, sample: Path, vocab_size: int) -> None:
+    import tokenizers
+
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    with open(sample, encoding="utf-8") as stream:
+        texts = [json.loads(line)["text"] for line in itertools.islice(stream, 4000)]
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=200)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    args = parser.parse_args()
+    work = ROOT / "build" / "bench" / "preprocess"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        source = work / "input.jsonl"
+        lines = make_input(source, args.size_mb)
+        train_tokenizer(work, source, args.vocab_size)
+        options = TokenizerOptions(model=str(work))
+        print(
+            f"input: {lines:,} documents, {source.stat().st_size / 1e6:,.0f} MB; "
+            f"{args.workers} workers; HuggingFace BPE, vocab {args.vocab_size}",
+            flush=True,
+        )
+
+        start = time.perf_counter()
+        theirs = megatron_tool_pool(
+            tokenizer_args("HuggingFaceTokenizer", options),
+            str(source),
+            str(work / "megatron" / "out"),
+            ["text"],
+            True,
+            args.workers,
+        )["text"]
+        megatron_seconds = time.perf_counter() - start
+
+        start = time.perf_counter()
+        ours = preprocess(
+            PreprocessConfig(
+                input=str(source),
+                output_prefix=str(work / "megafmt" / "out"),
+                tokenizer_type="HuggingFaceTokenizer",
+                tokenizer_options=options,
+                append_eod=True,
+                workers=args.workers,
+                log_interval=10**9,
+            )
+        ).outputs["text"]
+        our_seconds = time.perf_counter() - start
+
+        tokens = int(IndexedDataset(ours).sequence_lengths.sum())
+        same = all(filecmp.cmp(ours + s, theirs + s, shallow=False) for s in (".bin", ".idx"))
+        for name, seconds in (
+            ("megatron (Pool.imap)", megatron_seconds),
+            ("mega preprocess", our_seconds),
+        ):
+            print(
+                f"{name:<22} {seconds:8.1f} s  {tokens / seconds / 1e6:7.2f} M tokens/s  "
+                f"{source.stat().st_size / seconds / 1e6:7.1f} MB/s",
+                flush=True,
+            )
+        print(
+            f"speedup {megatron_seconds / our_seconds:.2f}x; {tokens:,} tokens; "
+            f"outputs byte-identical: {'yes' if same else 'NO'}"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
