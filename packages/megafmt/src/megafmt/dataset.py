@@ -10,7 +10,7 @@ the dataset is dropped.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy
@@ -219,6 +219,18 @@ class IndexedDataset:
         if self._modes is not None:
             return tokens, self._modes[position]
         return tokens
+
+    def prefetch(self, reads: Iterable[tuple[int, int, int | None]]) -> None:
+        """Announce the ``get(idx, offset, length)`` calls coming next: a reader of remote
+        storage starts fetching their bytes now, concurrently; local readers ignore it."""
+        prefetch = getattr(self.bin_reader, "prefetch", None)
+        if prefetch is None:
+            return
+        ranges = []
+        for idx, offset, length in reads:
+            start, count = self._span(self._sequence(idx), offset, length)
+            ranges.append((start, count * self._itemsize))
+        prefetch(ranges)
 
     def _span(self, position: int, offset: int, length: int | None) -> tuple[int, int]:
         """The byte where tokens ``offset`` to ``offset + length`` of sequence ``position``

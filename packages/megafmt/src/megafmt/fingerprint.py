@@ -13,6 +13,8 @@ import os
 
 from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
 from megafmt.index import open_readonly
+from megafmt.readers import is_url
+from megafmt.remote import object_version
 
 SAMPLED_BLOCKS = 16
 BLOCK_BYTES = 4096
@@ -35,7 +37,19 @@ def _sampled_hash(path: str, what: str, blocks: int) -> tuple[int, str]:
 
 
 def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
-    """Sizes and sampled hashes of both files of the corpus at ``path_prefix``."""
+    """Sizes and sampled hashes of both files of the corpus at ``path_prefix`` (for a URL:
+    sizes and the store's ETags, which change with the contents, without reading anything)."""
+    if is_url(path_prefix):
+        (idx_bytes, idx_hash), (bin_bytes, bin_hash) = (
+            object_version(get_idx_path(path_prefix)),
+            object_version(get_bin_path(path_prefix)),
+        )
+        return {
+            "idx_bytes": idx_bytes,
+            "idx_hash": idx_hash,
+            "bin_bytes": bin_bytes,
+            "bin_hash": bin_hash,
+        }
     idx_bytes, idx_hash = _sampled_hash(get_idx_path(path_prefix), "index file", SAMPLED_BLOCKS)
     bin_bytes, bin_hash = _sampled_hash(get_bin_path(path_prefix), "token file", SAMPLED_BLOCKS)
     return {
@@ -50,8 +64,11 @@ def corpus_stat(path_prefix: str) -> dict[str, list[int]]:
     """Size, modification time (ns) and inode of both files: two ``stat`` calls. Equal stats
     mean unchanged files (short of someone resetting the time on purpose); unequal ones call
     for :func:`corpus_fingerprint`, since a copy has the same contents under another stat."""
-    stats = {}
+    stats: dict[str, list] = {}
     for suffix, path in (("idx", get_idx_path(path_prefix)), ("bin", get_bin_path(path_prefix))):
+        if is_url(path):
+            stats[suffix] = list(object_version(path))
+            continue
         status = os.stat(path)
         stats[suffix] = [status.st_size, status.st_mtime_ns, status.st_ino]
     return stats

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy
 
-from megafmt.format import get_bin_path, get_idx_path
+from megafmt.errors import MissingFileError
+from megafmt.format import get_bin_path
 from megafmt.index import Index
+from megafmt.remote import file_size, local_index_path
 
 PERCENTILES = (50, 90, 99)
 
@@ -66,9 +67,16 @@ def document_lengths(lengths: numpy.ndarray, document_indices: numpy.ndarray) ->
     return ends[document_indices[1:]] - ends[document_indices[:-1]]
 
 
+def _existing_size(path: str) -> int:
+    size = file_size(path)
+    if size is None:
+        raise MissingFileError(f"{path}: token file not found")
+    return size
+
+
 def corpus_stats(path_prefix: str) -> CorpusStats:
     """Counts, sizes and length distributions of the corpus at ``path_prefix``."""
-    index = Index(get_idx_path(path_prefix))
+    index = Index(local_index_path(path_prefix))
     lengths = index.sequence_lengths
     return CorpusStats(
         path_prefix=path_prefix,
@@ -78,7 +86,7 @@ def corpus_stats(path_prefix: str) -> CorpusStats:
         documents=max(index.document_count - 1, 0),
         tokens=int(lengths.sum(dtype=numpy.int64)),
         idx_bytes=index.nbytes,
-        bin_bytes=os.path.getsize(get_bin_path(path_prefix)),
+        bin_bytes=_existing_size(get_bin_path(path_prefix)),
         multimodal=index.has_modes,
         sequence_lengths=LengthSummary.of(lengths),
         document_lengths=LengthSummary.of(document_lengths(lengths, index.document_indices)),

@@ -10,7 +10,6 @@ corpus of any size verifies in bounded memory.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from megafmt.errors import FormatError, MissingFileError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.progress import Progress
+from megafmt.remote import file_size, local_index_path
 
 CHUNK = 1 << 22
 
@@ -60,13 +60,15 @@ def iter_violations(
 ) -> Iterator[Violation]:
     """Every violation, in check order; stops early when a file cannot be read at all."""
     idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
+    sizes = {path: file_size(path) for path in (idx_path, bin_path)}
     for path, what in ((idx_path, "index file"), (bin_path, "token file")):
-        if not os.path.isfile(path):
+        if sizes[path] is None:
             yield Violation("exists", path, f"{what} not found")
-    if not (os.path.isfile(idx_path) and os.path.isfile(bin_path)):
+    if None in sizes.values():
         return
     try:
-        index = Index(idx_path, multimodal=bool(multimodal))
+        # a remote corpus: its .idx is fetched (and cached); the .bin is checked by size only
+        index = Index(local_index_path(path_prefix), multimodal=bool(multimodal))
     except (FormatError, MissingFileError) as error:
         yield Violation("header", idx_path, str(error).removeprefix(f"{idx_path}: "))
         return
@@ -84,7 +86,7 @@ def iter_violations(
     yield from _sequence_violations(index, meter)
     if meter is not None:
         meter.close("")
-    bin_size = os.path.getsize(bin_path)
+    bin_size = sizes[bin_path]
     if bin_size != index.bin_nbytes:
         yield Violation(
             "bin_size",

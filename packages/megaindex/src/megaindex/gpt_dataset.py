@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy
 
 from megafmt import IndexedDataset, corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.readers import is_url
+from megafmt.remote import default_cache_dir
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
@@ -95,6 +98,9 @@ class GPTDataset(MegatronDataset):
         counts = None
         if config.sequences_per_dataset:
             counts = config.sequences_per_dataset[dataset_path]
+        remote_options = None
+        if is_url(dataset_path) and config.object_storage_cache_path is not None:
+            remote_options = {"idx_cache_dir": config.object_storage_cache_path}
         return IndexedDataset(
             dataset_path,
             multimodal=False,
@@ -102,6 +108,7 @@ class GPTDataset(MegatronDataset):
             fast_cache_load=config.fast_cache_load,
             sequences_per_dataset=counts,
             dtype_code=config.token_dtype_code,
+            reader_options=remote_options,
         )
 
     @property
@@ -134,9 +141,21 @@ class GPTDataset(MegatronDataset):
         ``[self[i] for i in indices]`` gives, built in one pass (DataLoader calls this)."""
         extra = int(self.config.add_extra_token_to_sequence)
         texts = numpy.empty((len(indices), self.config.sequence_length + extra), numpy.int64)
+        self.prefetch(0 if idx is None else idx for idx in indices)
         for row, idx in enumerate(indices):
             self._read_sample(0 if idx is None else idx, texts[row])
         return self._make_sample.batch(texts, [idx is None for idx in indices])
+
+    def prefetch(self, indices: Iterable[int]) -> None:
+        """Announce the samples read next: over object storage their bytes are fetched now,
+        concurrently (megafmt's ``IndexedDataset.prefetch``); local corpora ignore it."""
+        prefetch = getattr(self.dataset, "prefetch", None)
+        if prefetch is None or getattr(self.dataset.bin_reader, "prefetch", None) is None:
+            return
+        reads: list[tuple[int, int, int | None]] = []
+        for idx in indices:
+            reads.extend(zip(*self._sample_spans(idx), strict=True))
+        prefetch(reads)
 
     def _query_document_sample_shuffle_indices(
         self, idx: int
@@ -201,9 +220,13 @@ class GPTDataset(MegatronDataset):
     def _cache_entry(self) -> CacheEntry | None:
         directory = self.config.path_to_cache
         if directory is None and not self.config.mock:
-            directory = os.path.join(
-                self.dataset.path_prefix, "cache", f"{type(self).__name__}_indices"
-            )
+            # beside the corpus, as in megatron-core; a remote corpus keeps its tables on local
+            # disk, under object_storage_cache_path (or megafmt's cache folder)
+            base = self.dataset.path_prefix
+            if is_url(base):
+                local_root = self.config.object_storage_cache_path or default_cache_dir()
+                base = os.path.join(local_root, base.replace("://", "/", 1))
+            directory = os.path.join(base, "cache", f"{type(self).__name__}_indices")
         if directory is None:
             return None
         return CacheEntry.for_dataset(

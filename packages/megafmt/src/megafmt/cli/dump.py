@@ -6,8 +6,8 @@ import argparse
 
 from megafmt.cli.command import print_json
 from megafmt.dataset import IndexedDataset
-from megafmt.format import get_idx_path
 from megafmt.index import has_sequence_modes
+from megafmt.remote import local_index_path
 
 
 def _position(value: int, count: int, what: str) -> int:
@@ -29,7 +29,7 @@ class DumpCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         dataset = IndexedDataset(
-            args.prefix, multimodal=has_sequence_modes(get_idx_path(args.prefix))
+            args.prefix, multimodal=has_sequence_modes(local_index_path(args.prefix))
         )
         if args.doc is not None:
             documents = dataset.document_indices

@@ -1,0 +1,219 @@
+"""Object storage (s3://, gs://, az://, memory://, any fsspec URL): retries and the local
+``.idx`` cache.
+
+Transient failures (timeouts, dropped connections, 5xx answers, throttling) are retried with
+exponential backoff and jitter; permanent ones (a missing object or bucket, access denied) fail
+at once with the URL in the message. Credentials and endpoints come from where the storage
+library looks for them (for S3: the environment, ``~/.aws``, ``AWS_ENDPOINT_URL``); nothing is
+hard-coded.
+
+The ``.idx`` of a remote corpus is copied once into a local folder (megatron-core's
+``path_to_idx_cache``; by default ``$MEGA_CACHE_DIR`` or ``~/.cache/megafmt/idx``), atomically,
+with a note of the remote size and ETag beside it: a changed object is fetched again.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import fsspec
+
+from megafmt.atomic import atomic_write
+from megafmt.errors import MissingFileError, ReadError
+from megafmt.format import get_idx_path
+from megafmt.readers import is_url
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: words in the class name or message of an exception that mark it as worth retrying
+TRANSIENT_MARKERS = (
+    "timeout",
+    "timed out",
+    "connection",
+    "reset",
+    "throttl",
+    "slowdown",
+    "slow down",
+    "serviceunavailable",
+    "service unavailable",
+    "internalerror",
+    "internal error",
+    "503",
+    "500",
+    "502",
+    "504",
+    "temporar",
+    "broken pipe",
+    "serverdisconnected",
+    "incompleteread",
+    "responsestreamingerror",
+    "reduce rate",
+    "requesttimeout",
+)
+#: errno values of OSErrors worth retrying (s3fs turns SlowDown into EBUSY)
+TRANSIENT_ERRNOS = {
+    errno.EBUSY,
+    errno.EAGAIN,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ECONNREFUSED,
+    errno.EPIPE,
+    errno.EIO,
+}
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether retrying ``error`` cannot help: the object or bucket is missing, or access is
+    denied."""
+    return isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError))
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) may go away on a retry."""
+    if is_permanent(error):
+        return False
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (TimeoutError, ConnectionError)):
+            return True
+        if isinstance(seen, OSError) and seen.errno in TRANSIENT_ERRNOS:
+            return True
+        text = f"{type(seen).__name__} {seen}".lower()
+        if any(marker in text for marker in TRANSIENT_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """``retries`` more attempts after a transient failure, waiting ``first_wait`` seconds and
+    doubling up to ``max_wait``, each wait jittered by +-50%."""
+
+    retries: int = 6
+    first_wait: float = 0.1
+    max_wait: float = 10.0
+
+    def call(
+        self, what: str, function: Callable[..., T], *args: Any, counter: list[int] | None = None
+    ) -> T:
+        """``function(*args)``, retried on transient errors; ``what`` names it in errors."""
+        wait = self.first_wait
+        for attempt in range(self.retries + 1):
+            try:
+                return function(*args)
+            except Exception as error:
+                if is_permanent(error):
+                    if isinstance(error, FileNotFoundError):
+                        raise MissingFileError(f"{what}: not found ({error})") from None
+                    raise ReadError(f"{what}: {type(error).__name__}: {error}") from None
+                if not is_transient(error) or attempt == self.retries:
+                    raise ReadError(
+                        f"{what}: failed after {attempt + 1} attempt(s): "
+                        f"{type(error).__name__}: {error}"
+                    ) from error
+                if counter is not None:
+                    counter[0] += 1
+                pause = min(wait, self.max_wait) * random.uniform(0.5, 1.5)
+                logger.warning(
+                    "%s: %s (%s); retry %d of %d in %.2f s",
+                    what,
+                    type(error).__name__,
+                    error,
+                    attempt + 1,
+                    self.retries,
+                    pause,
+                )
+                time.sleep(pause)
+                wait *= 2
+        raise AssertionError("unreachable")
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path within it."""
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def object_version(url: str, storage_options: dict[str, Any] | None = None) -> tuple[int, str]:
+    """The size and ETag (or the store's closest equivalent) of the object at ``url``."""
+    fs, path = filesystem(url, storage_options)
+    info = RetryPolicy().call(url, fs.info, path)
+    return int(info["size"]), str(_etag(info))
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("MEGA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "megafmt", "idx"
+    )
+
+
+def _etag(info: dict[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "md5Hash", "content_md5", "mtime", "LastModified"):
+        if info.get(key) is not None:
+            return str(info[key]).strip('"')
+    return None
+
+
+def cached_index(
+    url: str,
+    cache_dir: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    policy: RetryPolicy = RetryPolicy(),
+    counter: list[int] | None = None,
+) -> str:
+    """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
+    remote size or ETag changes."""
+    fs, path = filesystem(url, storage_options)
+    info = policy.call(url, fs.info, path, counter=counter)
+    size, etag = int(info["size"]), _etag(info)
+    folder = cache_dir or default_cache_dir()
+    os.makedirs(folder, exist_ok=True)
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    local = os.path.join(folder, f"{digest}-{os.path.basename(path)}")
+    note_path = local + ".source.json"
+    note = {"url": url, "size": size, "etag": etag}
+    try:
+        with open(note_path, encoding="utf-8") as stream:
+            fresh = json.load(stream) == note and os.path.getsize(local) == size
+    except (OSError, ValueError):
+        fresh = False
+    if fresh:
+        return local
+    data = policy.call(url, fs.cat_file, path, counter=counter)
+    if len(data) != size:
+        raise ReadError(f"{url}: fetched {len(data)} bytes, but the object has {size}")
+    with atomic_write(local) as stream:
+        stream.write(data)
+    with atomic_write(note_path) as stream:
+        stream.write(json.dumps(note).encode())
+    logger.info("cached %s (%d bytes) at %s", url, size, local)
+    return local
+
+
+def file_size(path: str, storage_options: dict[str, Any] | None = None) -> int | None:
+    """The size of the file or object at ``path`` (local or URL); None when it does not exist."""
+    if not is_url(path):
+        return os.path.getsize(path) if os.path.isfile(path) else None
+    fs, inner = filesystem(path, storage_options)
+    try:
+        return int(RetryPolicy().call(path, fs.info, inner)["size"])
+    except MissingFileError:
+        return None
+
+
+def local_index_path(path_prefix: str, cache_dir: str | None = None) -> str:
+    """Where the ``.idx`` of ``path_prefix`` can be read on this machine: the file itself, or
+    for a URL its cached local copy."""
+    idx_path = get_idx_path(path_prefix)
+    return cached_index(idx_path, cache_dir) if is_url(path_prefix) else idx_path

@@ -1,0 +1,138 @@
+"""A real S3 endpoint on loopback for tests: moto's server, and a proxy in front of it that
+fails, drops or delays a share of the requests.
+
+Used by megafmt's own tests and the cross-package ones; needs ``moto[server]`` (and s3fs/boto3
+to talk to it). Credentials are fake and set in the environment, as a user's would be.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FAKE_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def moto_endpoint() -> Iterator[str]:
+    """Start moto's S3 server on loopback; yields its URL, with the environment pointing every
+    S3 client at it (``AWS_ENDPOINT_URL``) and fake credentials set."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    saved = {key: os.environ.get(key) for key in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL"]}
+    os.environ.update(FAKE_CREDENTIALS, AWS_ENDPOINT_URL=url)
+    try:
+        yield url
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class FaultyProxy:
+    """Forwards HTTP requests to ``target``; a ``failure_rate`` share of them is answered with
+    a 503 SlowDown, cut off without an answer, or delayed by ``delay`` seconds first."""
+
+    def __init__(self, target: str, failure_rate: float, delay: float = 0.2, seed: int = 0):
+        self.target = target.removeprefix("http://")
+        self.failure_rate = failure_rate
+        self.delay = delay
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.counts = {"forwarded": 0, "503": 0, "dropped": 0, "delayed": 0}
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with proxy.lock:
+                    roll = proxy.random.random()
+                fault = roll < proxy.failure_rate
+                kind = ("503", "dropped", "delayed")[int(roll * 1000) % 3] if fault else None
+                if kind == "503":
+                    proxy._count("503")
+                    message = b"<Error><Code>SlowDown</Code><Message>Reduce rate</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(message)))
+                    self.end_headers()
+                    self.wfile.write(message)
+                    return
+                if kind == "dropped":
+                    proxy._count("dropped")
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if kind == "delayed":
+                    proxy._count("delayed")
+                    time.sleep(proxy.delay)
+                connection = http.client.HTTPConnection(proxy.target, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = proxy.target
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                data = answer.read()
+                proxy._count("forwarded")
+                self.send_response(answer.status)
+                length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _count(self, what: str) -> None:
+        with self.lock:
+            self.counts[what] += 1
+
+    def __enter__(self) -> FaultyProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,218 @@
+"""The fsspec reader against a real S3 protocol endpoint (moto's server on loopback)."""
+
+import multiprocessing
+import os
+import time
+
+import numpy
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+import boto3
+
+from megafmt import IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from megafmt.cli.main import main
+from megafmt.errors import MissingFileError
+from megafmt.readers.fsspec_reader import FsspecBinReader
+from megafmt.s3testing import FaultyProxy, moto_endpoint
+from megafmt.testing import BinReaderConformance
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    with moto_endpoint() as url:
+        boto3.client("s3").create_bucket(Bucket="corpora")
+        yield url
+
+
+def upload(local_prefix, key):
+    client = boto3.client("s3")
+    for suffix in (".bin", ".idx"):
+        client.upload_file(local_prefix + suffix, "corpora", key + suffix)
+    return f"s3://corpora/{key}"
+
+
+def write_corpus(prefix, documents=200, seed=0):
+    rng = numpy.random.default_rng(seed)
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.uint16)
+    for _ in range(documents):
+        sequences = [
+            rng.integers(0, 65535, rng.integers(0, 300)) for _ in range(rng.integers(1, 4))
+        ]
+        builder.add_document(
+            numpy.concatenate(sequences).astype(numpy.uint16), [len(s) for s in sequences]
+        )
+    builder.finalize(get_idx_path(prefix))
+    return prefix
+
+
+class TestFsspecReaderOnS3(BinReaderConformance):
+    reader_name = "fsspec"
+    reader_options = {"chunk_bytes": 64, "cache_bytes": 256}
+
+    @pytest.fixture(autouse=True)
+    def _endpoint(self, endpoint):
+        pass
+
+    def publish(self, local_prefix):
+        return upload(local_prefix, "conformance/" + os.path.basename(local_prefix))
+
+
+def test_every_accessor_and_random_reads_equal_the_local_copy(endpoint, tmp_path):
+    local = write_corpus(str(tmp_path / "c"))
+    url = upload(local, "equal/c")
+    options = {"chunk_bytes": 4096, "cache_bytes": 16384, "idx_cache_dir": str(tmp_path / "cache")}
+    remote = IndexedDataset(url, reader_options=options)
+    here = IndexedDataset(local)
+    assert remote.reader_name == "fsspec" and len(remote) == len(here)
+    for name in ("sequence_lengths", "sequence_pointers", "document_indices"):
+        numpy.testing.assert_array_equal(getattr(remote, name), getattr(here, name))
+    for i in range(len(here)):
+        numpy.testing.assert_array_equal(remote[i], here[i])
+    for ours, local in zip(remote[5:40], here[5:40], strict=True):
+        numpy.testing.assert_array_equal(ours, local)
+    rng = numpy.random.default_rng(1)
+    for _ in range(200):
+        i = int(rng.integers(len(here)))
+        size = int(here.sequence_lengths[i])
+        offset = int(rng.integers(size + 1))
+        length = int(rng.integers(size - offset + 1))
+        numpy.testing.assert_array_equal(remote.get(i, offset, length), here.get(i, offset, length))
+
+
+def _read_all(dataset):
+    return [dataset[i].tolist() for i in range(len(dataset))]
+
+
+def test_a_pickled_dataset_reads_in_worker_processes(endpoint, tmp_path):
+    local = write_corpus(str(tmp_path / "c"), documents=50)
+    url = upload(local, "workers/c")
+    remote = IndexedDataset(url, reader_options={"idx_cache_dir": str(tmp_path / "cache")})
+    remote[0]  # the parent's client exists before the workers start
+    for method in ("fork", "spawn"):
+        with multiprocessing.get_context(method).Pool(2) as pool:
+            results = pool.map(_read_all, [remote, remote])
+        assert results[0] == results[1] == _read_all(IndexedDataset(local))
+
+
+def test_the_index_is_cached_once_and_fetched_again_when_it_changes(endpoint, tmp_path):
+    cache = tmp_path / "cache"
+    url = upload(write_corpus(str(tmp_path / "a"), documents=10), "changing/c")
+    first = IndexedDataset(url, reader_options={"idx_cache_dir": str(cache)})
+    (copy,) = [p for p in cache.iterdir() if p.name.endswith(".idx")]
+    stamp = copy.stat().st_mtime_ns
+    time.sleep(0.01)
+    IndexedDataset(url, reader_options={"idx_cache_dir": str(cache)})
+    assert copy.stat().st_mtime_ns == stamp  # reused, not fetched again
+    upload(write_corpus(str(tmp_path / "b"), documents=30, seed=5), "changing/c")
+    second = IndexedDataset(url, reader_options={"idx_cache_dir": str(cache)})
+    assert (len(first.document_indices), len(second.document_indices)) == (11, 31)
+    numpy.testing.assert_array_equal(second[3], IndexedDataset(str(tmp_path / "b"))[3])
+
+
+def test_reads_survive_failing_dropped_and_slow_requests(endpoint, tmp_path, monkeypatch):
+    import s3fs
+
+    # the storage libraries' own retries off: every fault reaches the reader
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    local = write_corpus(str(tmp_path / "c"), documents=100)
+    url = upload(local, "faulty/c")
+    with FaultyProxy(endpoint, failure_rate=0.3, delay=0.05) as proxy:
+        options = {
+            "chunk_bytes": 2048,
+            "cache_bytes": 4096,
+            "first_wait": 0.01,
+            "retries": 10,
+            "idx_cache_dir": str(tmp_path / "cache"),
+            "storage_options": {
+                "endpoint_url": proxy.url,
+                "config_kwargs": {"retries": {"total_max_attempts": 1, "mode": "standard"}},
+            },
+        }
+        remote = IndexedDataset(url, reader_options=options)
+        here = IndexedDataset(local)
+        for i in range(len(here)):
+            numpy.testing.assert_array_equal(remote[i], here[i])
+    assert proxy.counts["503"] > 0 and proxy.counts["dropped"] > 0
+    assert remote.bin_reader.retries > 0
+
+
+def test_missing_objects_and_buckets_fail_at_once_naming_the_url(endpoint, tmp_path):
+    options = {"idx_cache_dir": str(tmp_path / "cache")}
+    for url in ("s3://corpora/no/such/corpus", "s3://no-such-bucket/c"):
+        start = time.monotonic()
+        with pytest.raises(MissingFileError, match=url.replace("/", "/") + r"\.bin: not found"):
+            IndexedDataset(url, reader_options=options)
+        assert time.monotonic() - start < 5
+    assert not IndexedDataset.exists("s3://corpora/no/such/corpus")
+
+
+def test_info_verify_and_dump_take_urls(endpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    local = write_corpus(str(tmp_path / "c"), documents=20)
+    url = upload(local, "cli/c")
+    assert main(["info", url, "--json"]) == 0
+    assert '"documents": 20' in capsys.readouterr().out
+    assert main(["verify", url]) == 0
+    assert main(["dump", url, "--seq", "3"]) == 0
+    expected = " ".join(map(str, IndexedDataset(local)[3].tolist()))
+    assert capsys.readouterr().out.splitlines()[-1] == expected
+    client = boto3.client("s3")  # a .bin cut short is found from its size alone
+    client.put_object(Bucket="corpora", Key="cli/c.bin", Body=b"\0" * 10)
+    assert main(["verify", url]) == 1
+    assert "[bin_size]" in capsys.readouterr().err
+
+
+def test_sequential_reads_fetch_ahead_and_the_cache_stays_bounded(tmp_path):
+    import fsspec
+
+    with fsspec.open("memory://ahead/c.bin", "wb") as stream:
+        stream.write(bytes(range(256)) * 64)  # 16 KiB
+    reader = FsspecBinReader(
+        "memory://ahead/c.bin", chunk_bytes=1024, cache_bytes=4096, readahead=2
+    )
+    asked = []
+    fetch = reader._fetch
+    reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
+    assert reader.read(numpy.uint8, 10, 0).tolist() == list(range(10))
+    reader.read(numpy.uint8, 10, 1030)  # chunk 1 follows chunk 0: fetch 2 and 3 ahead
+    deadline = time.monotonic() + 5
+    while len(asked) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(asked) == [0, 1, 2, 3]
+    reader.read(numpy.uint8, 10, 2 * 1024)  # already there; 3 is too, so only 4 is fetched
+    while reader._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(asked) == [0, 1, 2, 3, 4]
+    reader.read(numpy.uint8, 10, 12 * 1024)  # a jump: no read-ahead
+    assert 13 not in asked
+    assert reader._cached <= 4096
+    reader.close()
+
+
+def test_prefetch_fetches_the_announced_ranges_within_half_the_cache(tmp_path):
+    import fsspec
+
+    with fsspec.open("memory://plan/c.bin", "wb") as stream:
+        stream.write(bytes(64 * 1024))
+    reader = FsspecBinReader("memory://plan/c.bin", chunk_bytes=1024, cache_bytes=8192)
+    asked = []
+    fetch = reader._fetch
+    reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
+    # three ranges: chunks 40, 3-4 (one range across two) and 3 again; 1 + 2 = 3 requests
+    assert reader.prefetch([(40 * 1024 + 5, 10), (3 * 1024 + 1000, 100), (3 * 1024, 8)]) == 3
+    deadline = time.monotonic() + 5
+    while reader._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(asked) == [3, 4, 40]
+    reader.read(numpy.uint8, 100, 3 * 1024 + 1000)
+    assert sorted(asked) == [3, 4, 40]  # already fetched
+    # ten chunks announced, but only half the cache (4 chunks) is spent ahead of use
+    assert reader.prefetch([(c * 1024, 1) for c in range(50, 60)]) == 4
+    reader.close()
+    local = write_corpus(str(tmp_path / "c"), documents=5)
+    IndexedDataset(local).prefetch([(0, 0, None)])  # a local corpus ignores the plan

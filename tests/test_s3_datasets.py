@@ -1,0 +1,78 @@
+"""Training straight from S3: a GPTDataset over an s3:// prefix (moto's server on loopback)
+equals the one built from the local copy, through megaload's DataLoader with 2 workers too."""
+
+import time
+
+import numpy
+import pytest
+import torch
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+import boto3
+
+from megafmt.s3testing import moto_endpoint
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+from megaindex.tokenizer import IdentifiedTokenizer
+from megaload import DataLoaderConfig, build_pretraining_data_loader
+
+pytestmark = pytest.mark.s3
+
+
+def build(prefix, cache, object_cache=None):
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=32,
+        blend=([prefix], None),
+        split="90,8,2",
+        tokenizer=IdentifiedTokenizer.null(1000),
+        path_to_cache=cache,
+        object_storage_cache_path=object_cache,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    return BlendedMegatronDatasetBuilder(GPTDataset, [300, 20, 5], lambda: True, config).build()
+
+
+def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
+    local = corpus_writer(str(tmp_path / "corpus"))
+    with moto_endpoint():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="train")
+        for suffix in (".bin", ".idx"):
+            client.upload_file(local + suffix, "train", "web/corpus" + suffix)
+        remote = build("s3://train/web/corpus", None, str(tmp_path / "object_cache"))
+        here = build(local, str(tmp_path / "cache"))
+        for ours, theirs in zip(remote, here, strict=True):
+            for name in ("document_index", "sample_index", "shuffle_index"):
+                numpy.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name))
+            for i in range(len(theirs)):
+                numpy.testing.assert_array_equal(ours[i]["tokens"], theirs[i]["tokens"])
+        # the tables were cached on local disk, under object_storage_cache_path
+        assert list((tmp_path / "object_cache").rglob("*-shuffle_index.npy"))
+        # the samples announced ahead are fetched then; reading them asks for nothing more
+        train = remote[0]
+        reader = train.dataset.bin_reader
+        reader.close()  # start from an empty cache, with chunks small enough to count
+        state = {"chunk_bytes": 512, "cache_bytes": 1 << 16, "readahead": 0}
+        reader.__setstate__({**reader.__getstate__(), **state})
+        asked = []
+        fetch = reader._fetch
+        reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
+        train.prefetch(range(50, 60))
+        deadline = time.monotonic() + 10
+        while reader._pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = len(asked)
+        assert before > 0
+        for i in range(50, 60):
+            numpy.testing.assert_array_equal(train[i]["tokens"], here[0][i]["tokens"])
+        assert len(asked) == before
+        loader = build_pretraining_data_loader(
+            remote[0], 0, DataLoaderConfig(micro_batch_size=8, num_workers=2)
+        )
+        tokens = torch.cat([batch["tokens"] for batch in loader])
+        expected = [here[0][i]["tokens"] for i in range(len(tokens))]
+        numpy.testing.assert_array_equal(tokens, torch.stack(expected))

@@ -1,0 +1,148 @@
+"""Reading a corpus from S3: megafmt's fsspec reader against megatron-core's S3 reader.
+
+    .venv/bin/python tools/bench/bench_s3.py [--megabytes 64] [--chunk-kib 1024] [--samples 400]
+
+Both read the same corpus from the same S3 endpoint (moto's server on loopback, started here)
+with the same chunk size. Measured: random samples of ``--seq-length`` + 1 tokens (a
+GPTDataset's reads: a random document and offset) and a sequential scan of every sequence;
+the local mmap reader gives the scale. megafmt's chunk cache is capped below the corpus size
+(``--cache-mib``), so the random figure is not the corpus sitting in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy
+
+warnings.filterwarnings("ignore")
+import boto3  # noqa: E402
+from megatron.core.datasets import indexed_dataset as megatron  # noqa: E402
+from megatron.core.datasets.object_storage_utils import S3Config  # noqa: E402
+
+from megafmt import IndexedDataset, IndexedDatasetBuilder  # noqa: E402
+from megafmt.s3testing import moto_endpoint  # noqa: E402
+
+
+def write_corpus(prefix: str, megabytes: float, seed: int = 0) -> None:
+    rng = numpy.random.default_rng(seed)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
+    pool = [rng.integers(0, 50000, n).astype(numpy.uint16) for n in rng.integers(200, 8000, 512)]
+    written, i = 0, 0
+    while written < megabytes * 1e6:
+        tokens = pool[i % len(pool)]
+        builder.add_document(tokens, [len(tokens)])
+        written += tokens.nbytes
+        i += 1
+    builder.finalize(prefix + ".idx")
+
+
+def random_reads(
+    dataset, lengths, samples: int, seq: int, plan: int = 0, seed: int = 1
+) -> tuple[float, int]:
+    """Seconds for ``samples`` reads of ``seq`` + 1 tokens at random places (within a
+    sequence, as long as it allows), and the tokens read. With ``plan`` the dataset is told the
+    next ``plan`` reads ahead of time, as a loader that knows its sampler's order would."""
+    rng = numpy.random.default_rng(seed)
+    reads = []
+    for i in rng.integers(0, len(lengths), samples):
+        size = int(lengths[i])
+        length = min(seq + 1, size)
+        reads.append((int(i), int(rng.integers(0, size - length + 1)), length))
+    total = 0
+    start = time.perf_counter()
+    for number, read in enumerate(reads):
+        if plan and number % plan == 0:
+            dataset.prefetch(reads[number : number + 2 * plan])
+        total += dataset.get(*read).size
+    return time.perf_counter() - start, total
+
+
+def scan(dataset, count: int) -> float:
+    start = time.perf_counter()
+    for i in range(count):
+        dataset[i]
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megabytes", type=float, default=64)
+    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--cache-mib", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=400)
+    parser.add_argument("--seq-length", type=int, default=4096)
+    parser.add_argument("--plan", type=int, default=8, help="reads announced ahead")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_s3"))
+    chunk = args.chunk_kib << 10
+    try:
+        local = str(work / "corpus")
+        write_corpus(local, args.megabytes)
+        with moto_endpoint():
+            client = boto3.client("s3")
+            client.create_bucket(Bucket="bench")
+            for suffix in (".bin", ".idx"):
+                client.upload_file(local + suffix, "bench", "corpus" + suffix)
+            url = "s3://bench/corpus"
+            here = IndexedDataset(local)
+            lengths = here.sequence_lengths
+            theirs = megatron.IndexedDataset(
+                url,
+                mmap=False,
+                object_storage_config=S3Config(
+                    path_to_idx_cache=str(work / "megatron_cache"), bin_chunk_nbytes=chunk
+                ),
+            )
+            options = {
+                "chunk_bytes": chunk,
+                "cache_bytes": args.cache_mib << 20,
+                "idx_cache_dir": str(work / "megafmt_cache"),
+            }
+            ours = IndexedDataset(url, reader_options=options)
+            planned = IndexedDataset(url, reader_options=options)
+            print(
+                f"corpus {args.megabytes:.0f} MB, {len(lengths):,} sequences; chunk "
+                f"{args.chunk_kib} KiB; megafmt cache {args.cache_mib} MiB; samples of "
+                f"{args.seq_length + 1} tokens",
+                flush=True,
+            )
+            timings = {}
+            runs = (
+                ("local mmap", here, 0),
+                ("megatron-core S3", theirs, 0),
+                ("megafmt fsspec", ours, 0),
+                ("megafmt fsspec + plan", planned, args.plan),
+            )
+            for name, dataset, plan in runs:
+                seconds, tokens = random_reads(
+                    dataset, lengths, args.samples, args.seq_length, plan
+                )
+                timings[name] = seconds
+                print(
+                    f"random  {name:<22} {args.samples / seconds:9.1f} samples/s  "
+                    f"{tokens * 2 / seconds / 1e6:8.1f} MB/s",
+                    flush=True,
+                )
+            for name in ("megafmt fsspec", "megafmt fsspec + plan"):
+                speedup = timings["megatron-core S3"] / timings[name]
+                print(f"random speedup of {name} vs megatron-core: {speedup:.2f}x")
+            for name, dataset, _ in runs[:3]:
+                timings[name] = scan(dataset, len(lengths))
+                print(f"scan    {name:<22} {args.megabytes / timings[name]:9.1f} MB/s", flush=True)
+            speedup = timings["megatron-core S3"] / timings["megafmt fsspec"]
+            print(
+                f"scan speedup vs megatron-core: {speedup:.2f}x; megafmt retries "
+                f"{ours.bin_reader.retries + planned.bin_reader.retries}"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
