@@ -216,3 +216,42 @@ def test_prefetch_fetches_the_announced_ranges_within_half_the_cache(tmp_path):
     reader.close()
     local = write_corpus(str(tmp_path / "c"), documents=5)
     IndexedDataset(local).prefetch([(0, 0, None)])  # a local corpus ignores the plan
+
+
+def test_preprocess_reads_its_input_from_s3(endpoint, tmp_path):
+    import gzip
+    import json
+
+    from megafmt.preprocess import PreprocessConfig, preprocess
+
+    lines = [json.dumps({"text": f"document {i}"}) + "\n" for i in range(30)]
+    client = boto3.client("s3")
+    client.put_object(Bucket="corpora", Key="raw/a.jsonl", Body="".join(lines[:20]).encode())
+    client.put_object(
+        Bucket="corpora", Key="raw/b.jsonl.gz", Body=gzip.compress("".join(lines[20:]).encode())
+    )
+    summary = preprocess(
+        PreprocessConfig(
+            input="s3://corpora/raw/", output_prefix=str(tmp_path / "p"), append_eod=True
+        )
+    )
+    dataset = IndexedDataset(summary.outputs["text"])
+    assert len(dataset) == 30
+    assert bytes(dataset[25][:-1].tolist()).decode() == "document 25"
+
+
+def test_a_stalled_request_is_sent_again_and_the_first_answer_wins(endpoint, tmp_path):
+    local = write_corpus(str(tmp_path / "c"), documents=20)
+    url = upload(local, "stalled/c")
+    with FaultyProxy(endpoint, failure_rate=0.0, stalls=1, stall=5.0) as proxy:
+        options = {
+            "hedge_after": 0.3,
+            "readahead": 0,
+            "idx_cache_dir": str(tmp_path / "cache"),
+            "storage_options": {"endpoint_url": proxy.url},
+        }
+        remote = IndexedDataset(url, reader_options=options)
+        start = time.monotonic()
+        numpy.testing.assert_array_equal(remote[7], IndexedDataset(local)[7])
+        assert time.monotonic() - start < 3  # not the 5 s the first request was held
+        assert proxy.counts["stalled"] == 1 and remote.bin_reader.hedges == 1

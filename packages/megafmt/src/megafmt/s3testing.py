@@ -59,15 +59,27 @@ def moto_endpoint() -> Iterator[str]:
 
 class FaultyProxy:
     """Forwards HTTP requests to ``target``; a ``failure_rate`` share of them is answered with
-    a 503 SlowDown, cut off without an answer, or delayed by ``delay`` seconds first."""
+    a 503 SlowDown, cut off without an answer, or delayed by ``delay`` seconds first. The first
+    ``stalls`` ranged GETs are held for ``stall`` seconds (a request stuck on a bad
+    connection)."""
 
-    def __init__(self, target: str, failure_rate: float, delay: float = 0.2, seed: int = 0):
+    def __init__(
+        self,
+        target: str,
+        failure_rate: float,
+        delay: float = 0.2,
+        seed: int = 0,
+        stalls: int = 0,
+        stall: float = 10.0,
+    ):
         self.target = target.removeprefix("http://")
         self.failure_rate = failure_rate
         self.delay = delay
         self.random = random.Random(seed)
         self.lock = threading.Lock()
-        self.counts = {"forwarded": 0, "503": 0, "dropped": 0, "delayed": 0}
+        self.counts = {"forwarded": 0, "503": 0, "dropped": 0, "delayed": 0, "stalled": 0}
+        self.stalls = stalls
+        self.stall = stall
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,6 +93,12 @@ class FaultyProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     roll = proxy.random.random()
+                    stalled = proxy.stalls > 0 and "Range" in self.headers
+                    if stalled:
+                        proxy.stalls -= 1
+                        proxy.counts["stalled"] += 1
+                if stalled:
+                    time.sleep(proxy.stall)
                 fault = roll < proxy.failure_rate
                 kind = ("503", "dropped", "delayed")[int(roll * 1000) % 3] if fault else None
                 if kind == "503":

@@ -5,8 +5,10 @@ bounded by ``cache_bytes``. When reads move forward through the file, the next `
 chunks are fetched ahead on a small thread pool, so a sequential scan does not wait on one
 request at a time (megatron-core's S3 reader keeps one chunk and fetches nothing ahead).
 Requests that fail transiently are retried with backoff (``megafmt.remote``); a short answer is
-retried too, never returned. The reader keeps no file descriptor, and after pickling or a fork
-(DataLoader workers) each process opens its own client.
+retried too, never returned; a request a read waits on that is still unanswered after
+``hedge_after`` seconds is sent again on another connection, the first answer winning. The
+reader keeps no file descriptor, and after pickling or a fork (DataLoader workers) each process
+opens its own client.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy
@@ -43,6 +46,7 @@ class FsspecBinReader:
         threads: int = 4,
         retries: int = 6,
         first_wait: float = 0.1,
+        hedge_after: float | None = 2.0,
         idx_cache_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
         object_storage_config: Any = None,
@@ -59,6 +63,7 @@ class FsspecBinReader:
         self.cache_bytes = cache_bytes
         self.readahead = readahead
         self.threads = threads
+        self.hedge_after = hedge_after
         self.idx_cache_dir = idx_cache_dir
         self.storage_options = dict(storage_options or {})
         self.policy = RetryPolicy(retries, first_wait)
@@ -77,6 +82,8 @@ class FsspecBinReader:
         self._cached = 0
         self._pending: dict[int, Future[bytes]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._urgent: ThreadPoolExecutor | None = None
+        self.hedge_count = [0]
         self._last_chunk = -2
         self._closed = False
         self.retry_count = [0]
@@ -93,6 +100,7 @@ class FsspecBinReader:
             "cache_bytes",
             "readahead",
             "threads",
+            "hedge_after",
             "idx_cache_dir",
             "storage_options",
             "policy",
@@ -117,6 +125,11 @@ class FsspecBinReader:
         """Requests retried so far in this process."""
         return self.retry_count[0]
 
+    @property
+    def hedges(self) -> int:
+        """Slow requests sent a second time so far in this process."""
+        return self.hedge_count[0]
+
     def _fetch(self, chunk: int) -> bytes:
         start = chunk * self.chunk_bytes
         end = min(self.nbytes, start + self.chunk_bytes)
@@ -131,39 +144,57 @@ class FsspecBinReader:
         return self.policy.call(f"{self.path} bytes {start}-{end}", get, counter=self.retry_count)
 
     def _chunk(self, chunk: int) -> bytes:
+        """The bytes of ``chunk``: from the cache, from a request already under way, or from a
+        new one. A request unanswered after ``hedge_after`` seconds is sent again on another
+        connection, and the first answer wins: one slow request does not stall the step."""
         with self._lock:
             data = self._chunks.get(chunk)
             if data is not None:
                 self._chunks.move_to_end(chunk)
                 return data
             pending = self._pending.get(chunk)
-            if pending is None:
+            mine = pending is None
+            if mine:
                 pending = self._pending[chunk] = Future()
-                mine = True
-            else:
-                mine = False
-        if not mine:
+        urgent = self._urgent_pool()
+        if mine:
+            urgent.submit(self._load, chunk, pending)
+        if self.hedge_after is None:
             return pending.result()
-        self._load(chunk, pending)
-        return pending.result()
+        try:
+            return pending.result(timeout=self.hedge_after)
+        except FutureTimeout:
+            self.hedge_count[0] += 1
+            urgent.submit(self._load, chunk, pending)
+            return pending.result()
+
+    def _urgent_pool(self) -> ThreadPoolExecutor:
+        """Threads for requests a read is waiting on, apart from the read-ahead ones."""
+        if self._urgent is None:
+            self._urgent = ThreadPoolExecutor(2 * self.threads, thread_name_prefix="megafmt-read")
+        return self._urgent
 
     def _load(self, chunk: int, pending: Future[bytes]) -> None:
-        """Fetch ``chunk`` into the cache and settle ``pending`` either way."""
+        """Fetch ``chunk`` into the cache and settle ``pending`` (unless a hedged twin did)."""
         try:
             data = self._fetch(chunk)
         except BaseException as error:
             with self._lock:
+                if pending.done():
+                    return
                 self._pending.pop(chunk, None)
-            pending.set_exception(error)
+                pending.set_exception(error)
             return
         with self._lock:
+            if pending.done():
+                return
             self._pending.pop(chunk, None)
             self._chunks[chunk] = data
             self._cached += len(data)
             while self._cached > self.cache_bytes and len(self._chunks) > 1:
                 _, evicted = self._chunks.popitem(last=False)
                 self._cached -= len(evicted)
-        pending.set_result(data)
+            pending.set_result(data)
 
     def _read_ahead(self, first: int, last: int) -> None:
         sequential = first in (self._last_chunk, self._last_chunk + 1)
@@ -223,9 +254,10 @@ class FsspecBinReader:
     def close(self) -> None:
         """Stop fetching ahead and drop the cached chunks; arrays already read stay valid."""
         self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._urgent):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._urgent = None
         with self._lock:
             self._chunks.clear()
             self._cached = 0
