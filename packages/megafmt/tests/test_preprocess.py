@@ -238,6 +238,21 @@ def test_add_documents_equals_add_document_one_by_one(tmp_path):
     bad.abort()
 
 
+def _children(pid):
+    """The process ids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stream:
+                    fields = stream.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
 SLOW_RUN = """
 import sys
 from megafmt.preprocess import PreprocessConfig, preprocess
@@ -259,8 +274,14 @@ def test_an_interrupted_run_leaves_no_complete_looking_output_and_a_rerun_works(
             break
         time.sleep(0.02)
     assert process.poll() is None, "the run finished before it could be interrupted"
+    workers = _children(process.pid)
+    assert workers, "the run had no worker processes"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "orphaned workers"
     names = os.listdir(tmp_path / "out")
     assert not [n for n in names if n.endswith((".bin", ".idx", ".manifest.json"))], names
     assert main(["verify", output + "_text_document"]) != 0

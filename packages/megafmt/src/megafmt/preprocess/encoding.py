@@ -10,6 +10,8 @@ chunk's texts go to the tokenizer in one batch and come back as flat numpy array
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import itertools
 import json
 import os
@@ -206,11 +208,26 @@ class Encoder:
 
 
 _ENCODER: Encoder | None = None
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker when the parent dies, even by SIGKILL: a worker blocked on
+    the task queue would otherwise wait forever."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pool's own checks have to do
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def start_worker(settings: EncodeSettings) -> None:
     """The worker initializer: build the tokenizer once; interrupts are the parent's to handle."""
     global _ENCODER
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threads = str(settings.threads_per_worker)
     os.environ["RAYON_NUM_THREADS"] = threads  # tokenizers' batch encoding (Rust)
