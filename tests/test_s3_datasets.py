@@ -16,16 +16,18 @@ from megafmt.s3testing import moto_endpoint
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaload import DataLoaderConfig, build_pretraining_data_loader
+from megaload.planned import PlannedBatch
 
 pytestmark = pytest.mark.s3
 
 
-def build(prefix, cache, object_cache=None):
+def build(blend, sizes, cache, object_cache=None, split="90,8,2"):
+    """The datasets of every split of ``blend`` (sequence length 32, null tokenizer)."""
     config = GPTDatasetConfig(
         random_seed=1234,
         sequence_length=32,
-        blend=([prefix], None),
-        split="90,8,2",
+        blend=blend,
+        split=split,
         tokenizer=IdentifiedTokenizer.null(1000),
         path_to_cache=cache,
         object_storage_cache_path=object_cache,
@@ -33,7 +35,7 @@ def build(prefix, cache, object_cache=None):
         reset_attention_mask=False,
         eod_mask_loss=False,
     )
-    return BlendedMegatronDatasetBuilder(GPTDataset, [300, 20, 5], lambda: True, config).build()
+    return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
 
 
 def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
@@ -43,31 +45,35 @@ def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
         client.create_bucket(Bucket="train")
         for suffix in (".bin", ".idx"):
             client.upload_file(local + suffix, "train", "web/corpus" + suffix)
-        remote = build("s3://train/web/corpus", None, str(tmp_path / "object_cache"))
-        here = build(local, str(tmp_path / "cache"))
+        sizes = [300, 20, 5]
+        remote = build((["s3://train/web/corpus"], None), sizes, None, str(tmp_path / "objects"))
+        here = build(([local], None), sizes, str(tmp_path / "cache"))
         for ours, theirs in zip(remote, here, strict=True):
             for name in ("document_index", "sample_index", "shuffle_index"):
                 numpy.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name))
             for i in range(len(theirs)):
                 numpy.testing.assert_array_equal(ours[i]["tokens"], theirs[i]["tokens"])
         # the tables were cached on local disk, under object_storage_cache_path
-        assert list((tmp_path / "object_cache").rglob("*-shuffle_index.npy"))
-        # the samples announced ahead are fetched then; reading them asks for nothing more
+        assert list((tmp_path / "objects").rglob("*-shuffle_index.npy"))
         train = remote[0]
         reader = train.dataset.bin_reader
-        reader.close()  # start from an empty cache, with chunks small enough to count
+        reader.close()  # an empty cache, with chunks small enough to count requests
         state = {"chunk_bytes": 512, "cache_bytes": 1 << 16, "readahead": 0}
         reader.__setstate__({**reader.__getstate__(), **state})
         asked = []
         fetch = reader._fetch
         reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
-        train.prefetch(range(50, 60))
+        # a batch announced with the one its worker reads next (megaload's plan): both are
+        # fetched then, and reading the next one asks for nothing more
+        batch = train.__getitems__(PlannedBatch(range(50, 55), upcoming=range(55, 60)))
+        expected = numpy.stack([here[0][i]["tokens"] for i in range(50, 55)])
+        numpy.testing.assert_array_equal(batch["tokens"], expected)
         deadline = time.monotonic() + 10
         while reader._pending and time.monotonic() < deadline:
             time.sleep(0.01)
         before = len(asked)
         assert before > 0
-        for i in range(50, 60):
+        for i in range(55, 60):
             numpy.testing.assert_array_equal(train[i]["tokens"], here[0][i]["tokens"])
         assert len(asked) == before
         loader = build_pretraining_data_loader(
@@ -76,3 +82,22 @@ def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
         tokens = torch.cat([batch["tokens"] for batch in loader])
         expected = [here[0][i]["tokens"] for i in range(len(tokens))]
         numpy.testing.assert_array_equal(tokens, torch.stack(expected))
+
+
+def test_a_blend_of_s3_corpora_equals_the_local_blend(corpus_writer, tmp_path):
+    locals_ = [corpus_writer(str(tmp_path / name), seed=seed) for seed, name in enumerate("ab")]
+    with moto_endpoint():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="blend")
+        for local in locals_:
+            for suffix in (".bin", ".idx"):
+                name = local.rsplit("/", 1)[1] + suffix
+                client.upload_file(local + suffix, "blend", name)
+
+        weights, sizes = [0.3, 0.7], [200, 0, 0]
+        urls = ["s3://blend/a", "s3://blend/b"]
+        remote = build((urls, weights), sizes, None, str(tmp_path / "objects"), "1,0,0")[0]
+        here = build((locals_, weights), sizes, str(tmp_path / "cache"), split="1,0,0")[0]
+        numpy.testing.assert_array_equal(remote.dataset_index, here.dataset_index)
+        for i in range(len(here)):
+            numpy.testing.assert_array_equal(remote[i]["tokens"], here[i]["tokens"])

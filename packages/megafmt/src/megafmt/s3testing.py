@@ -46,15 +46,27 @@ def moto_endpoint() -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     saved = {key: os.environ.get(key) for key in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL"]}
     os.environ.update(FAKE_CREDENTIALS, AWS_ENDPOINT_URL=url)
+    _forget_s3_clients()
     try:
         yield url
     finally:
         server.stop()
+        _forget_s3_clients()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _forget_s3_clients() -> None:
+    """fsspec reuses S3 file systems made with the same arguments; one made for an earlier
+    endpoint would keep talking to it."""
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 class FaultyProxy:

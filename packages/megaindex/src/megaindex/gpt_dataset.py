@@ -141,7 +141,9 @@ class GPTDataset(MegatronDataset):
         ``[self[i] for i in indices]`` gives, built in one pass (DataLoader calls this)."""
         extra = int(self.config.add_extra_token_to_sequence)
         texts = numpy.empty((len(indices), self.config.sequence_length + extra), numpy.int64)
-        self.prefetch(0 if idx is None else idx for idx in indices)
+        # the batch, and the one this worker reads next when the loader says (megaload)
+        upcoming = getattr(indices, "upcoming", ())
+        self.prefetch(0 if idx is None else idx for idx in [*indices, *upcoming])
         for row, idx in enumerate(indices):
             self._read_sample(0 if idx is None else idx, texts[row])
         return self._make_sample.batch(texts, [idx is None for idx in indices])

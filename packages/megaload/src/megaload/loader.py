@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from megaload.config import EXTERNAL, DataLoaderConfig
+from megaload.planned import PlannedBatchSampler
 from megaload.samplers import SAMPLERS, SamplerError
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class MegatronDataLoader:
         pin = torch.cuda.is_available() if config.pin_memory is None else config.pin_memory
         persistent = workers > 0 if config.persistent_workers is None else config.persistent_workers
         self.batch_sampler = self._sampler(consumed_samples)
+        if callable(getattr(self.dataset, "prefetch", None)):  # e.g. a corpus in object storage
+            self.batch_sampler = PlannedBatchSampler(self.batch_sampler, max(1, workers))
         return DataLoader(
             self.dataset,
             batch_sampler=self.batch_sampler,
