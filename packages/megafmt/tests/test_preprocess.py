@@ -18,6 +18,7 @@ import pytest
 
 from megafmt import IndexedDataset, IndexedDatasetBuilder, read_manifest
 from megafmt.cli.main import main
+from megafmt.errors import PluginError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
 from megafmt.tokenizers import TokenizerOptions
 
@@ -293,3 +294,11 @@ def test_an_interrupted_run_leaves_no_complete_looking_output_and_a_rerun_works(
         "c_text_document.manifest.json",
     ]  # the killed run's partial files were cleared
     assert main(["verify", output + "_text_document"]) == 0
+
+
+def test_split_sentences_without_nltk_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nltk", None)  # as if NLTK were not installed
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "One. Two."}])
+    with pytest.raises(PluginError, match="--split-sentences needs NLTK: pip install nltk"):
+        run(tmp_path, source, split_sentences=True)
+    assert not os.path.exists(tmp_path / "out")  # refused before anything was written
