@@ -48,29 +48,29 @@ class Chunk:
     nbytes: int
 
 
-def _has_magic(path: str) -> bool:
-    return glob.has_magic(path)
-
-
 def expand_input(spec: str) -> list[InputFile]:
-    """The files ``--input`` names, sorted; an error when it names none."""
+    """The files ``--input`` names, sorted; an error when it names none. One listing gives
+    names, kinds and sizes (one request for a remote folder, not one per file)."""
     fs, path = fsspec.core.url_to_fs(spec)
-    if _has_magic(path):
-        paths = fs.glob(path)
+    if glob.has_magic(path):
+        found = fs.glob(path, detail=True)
     elif fs.isdir(path):
-        paths = [p for p in fs.find(path) if p.endswith(INPUT_SUFFIXES)]
+        found = {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(INPUT_SUFFIXES)}
     elif fs.exists(path):
-        paths = [path]
+        found = {path: fs.info(path)}
     else:
         raise MissingFileError(f"--input {spec}: no such file or directory")
-    paths = sorted(p for p in paths if not fs.isdir(p))
-    if not paths:
+    files = sorted((p, info) for p, info in found.items() if info.get("type") != "directory")
+    if not files:
         raise MissingFileError(
             f"--input {spec}: no input files found (looked for {', '.join(JSONL_SUFFIXES)} "
             f"and {PARQUET_SUFFIX}, compressed or not)"
         )
     local = "://" not in spec
-    return [InputFile(p if local else fs.unstrip_protocol(p), int(fs.size(p) or 0)) for p in paths]
+    return [
+        InputFile(p if local else fs.unstrip_protocol(p), int(info.get("size") or 0))
+        for p, info in files
+    ]
 
 
 def _open(path: str) -> Any:
@@ -138,8 +138,6 @@ def read_chunks(
                         start += len(lines)
                         lines, size = [], 0
         except (OSError, EOFError) as error:
-            if isinstance(error, (MissingFileError, PluginError)):
-                raise
             raise ReadError(
                 f"{file.path}: reading failed after line {first + len(lines) - 1}: {error}"
             ) from None
