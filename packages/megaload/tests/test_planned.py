@@ -49,7 +49,6 @@ def test_the_loader_plans_only_for_datasets_that_prefetch():
     assert dataset.announced == [[2, 3], [4, 5], [6, 7], []]
     state = loader.state_dict()
     assert state["consumed_samples"] == 8  # resume state is the plain sampler's
-    loader.batch_sampler.consumed_samples = 4  # state reaches the wrapped sampler
-    assert loader.batch_sampler.batch_sampler.consumed_samples == 4
+    assert loader.loader.batch_sampler.batch_sampler is loader.batch_sampler  # state it sets
     plain = build_pretraining_data_loader(Recorder(4), 0, config)
-    assert not isinstance(plain.batch_sampler, PlannedBatchSampler)
+    assert not isinstance(plain.loader.batch_sampler, PlannedBatchSampler)

@@ -115,11 +115,12 @@ class MegatronDataLoader:
         pin = torch.cuda.is_available() if config.pin_memory is None else config.pin_memory
         persistent = workers > 0 if config.persistent_workers is None else config.persistent_workers
         self.batch_sampler = self._sampler(consumed_samples)
+        batches = self.batch_sampler
         if callable(getattr(self.dataset, "prefetch", None)):  # e.g. a corpus in object storage
-            self.batch_sampler = PlannedBatchSampler(self.batch_sampler, max(1, workers))
+            batches = PlannedBatchSampler(batches, max(1, workers))
         return DataLoader(
             self.dataset,
-            batch_sampler=self.batch_sampler,
+            batch_sampler=batches,
             num_workers=workers,
             pin_memory=pin,
             persistent_workers=persistent and workers > 0,

@@ -46,12 +46,3 @@ class PlannedBatchSampler:
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
-
-    def __getattr__(self, name: str) -> Any:  # consumed_samples and the sampler's other state
-        return getattr(self.__dict__["batch_sampler"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("batch_sampler", "lookahead"):
-            super().__setattr__(name, value)
-        else:
-            setattr(self.batch_sampler, name, value)
