@@ -168,7 +168,8 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
         config.output_prefix, settings.json_keys, level, numpy.dtype(dtype), partitions
     )
     summary = PreprocessSummary(dict(output.prefixes))
-    counts = {key: [0, 0, 0] for key in settings.json_keys}  # documents, sequences, tokens
+    # every key has one document per good line (summary.documents); these differ per key
+    counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
     progress = Progress(
         f"preprocess {config.output_prefix}",
         unit="docs",
@@ -199,9 +200,8 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
                 ]
             output.add(result)
             for key, encoded in result.keys.items():
-                counts[key][0] += encoded.sequences_per_document.size
-                counts[key][1] += encoded.sequence_lengths.size
-                counts[key][2] += encoded.tokens.size
+                counts[key]["sequences"] += encoded.sequence_lengths.size
+                counts[key]["tokens"] += encoded.tokens.size
             summary.documents += int(result.documents.size)
             summary.tokens += result.tokens
             summary.input_bytes += result.nbytes
@@ -222,7 +222,6 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
         raise
     summary.elapsed = time.perf_counter() - start
     for key, prefix in outputs.items():
-        documents, sequences, tokens = counts[key]
         write_manifest(
             prefix,
             _manifest(
@@ -231,9 +230,8 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
                 dtype,
                 key,
                 {
-                    "documents": documents,
-                    "sequences": sequences,
-                    "tokens": tokens,
+                    "documents": summary.documents,
+                    **counts[key],
                     "skipped_lines": summary.skipped_lines,
                 },
                 inputs,
