@@ -62,14 +62,16 @@ def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
         reader.__setstate__({**reader.__getstate__(), **state})
         asked = []
         fetch = reader._fetch
-        reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
+        reader._fetch = lambda *span: asked.append(span) or fetch(*span)
         # a batch announced with the one its worker reads next (megaload's plan): both are
         # fetched then, and reading the next one asks for nothing more
         batch = train.__getitems__(PlannedBatch(range(50, 55), upcoming=range(55, 60)))
         expected = numpy.stack([here[0][i]["tokens"] for i in range(50, 55)])
         numpy.testing.assert_array_equal(batch["tokens"], expected)
         deadline = time.monotonic() + 10
-        while reader._pending and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not all(
+            pending.done() for pending in reader._spans.values()
+        ):
             time.sleep(0.01)
         before = len(asked)
         assert before > 0

@@ -2,8 +2,12 @@
 
     .venv/bin/python tools/bench/bench_s3.py [--megabytes 64] [--chunk-kib 1024] [--samples 400]
 
-Both read the same corpus from the same S3 endpoint (moto's server on loopback, started here)
-with the same chunk size. Measured: random samples of ``--seq-length`` + 1 tokens (a
+Both read the same corpus from the same S3 endpoint (moto's server on loopback, started here in
+a process of its own) with the same chunk size, twice: from moto as shipped, and from moto made
+S3-like for timing (``--latency-ms`` before each GET's answer, many answered at once, ranges cut
+in place; see ``megafmt.s3testing.moto_endpoint``). moto as shipped copies the whole object
+for every ranged GET, one at a time per object, so its figures measure moto as much as the
+readers. Measured: random samples of ``--seq-length`` + 1 tokens (a
 GPTDataset's reads: a random document and offset) and a sequential scan of every sequence;
 the local mmap reader gives the scale. megafmt's chunk cache is capped below the corpus size
 (``--cache-mib``), so the random figure is not the corpus sitting in memory.
@@ -70,6 +74,59 @@ def scan(dataset, count: int) -> float:
     return time.perf_counter() - start
 
 
+def measure(args: argparse.Namespace, local: str, work: Path, endpoint: str) -> None:
+    """Every reader's random and scan figures against the endpoint now running."""
+    chunk = args.chunk_kib << 10
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="bench")
+    for suffix in (".bin", ".idx"):
+        client.upload_file(local + suffix, "bench", "corpus" + suffix)
+    url = "s3://bench/corpus"
+    here = IndexedDataset(local)
+    lengths = here.sequence_lengths
+    theirs = megatron.IndexedDataset(
+        url,
+        mmap=False,
+        object_storage_config=S3Config(
+            path_to_idx_cache=str(work / endpoint / "megatron_cache"), bin_chunk_nbytes=chunk
+        ),
+    )
+    options = {
+        "chunk_bytes": chunk,
+        "cache_bytes": args.cache_mib << 20,
+        "idx_cache_dir": str(work / endpoint / "megafmt_cache"),
+    }
+    ours = IndexedDataset(url, reader_options=options)
+    planned = IndexedDataset(url, reader_options=options)
+    print(f"-- {endpoint}", flush=True)
+    timings = {}
+    runs = (
+        ("local mmap", here, 0),
+        ("megatron-core S3", theirs, 0),
+        ("megafmt fsspec", ours, 0),
+        ("megafmt fsspec + plan", planned, args.plan),
+    )
+    for name, dataset, plan in runs:
+        seconds, tokens = random_reads(dataset, lengths, args.samples, args.seq_length, plan)
+        timings[name] = seconds
+        print(
+            f"random  {name:<22} {args.samples / seconds:9.1f} samples/s  "
+            f"{tokens * 2 / seconds / 1e6:8.1f} MB/s",
+            flush=True,
+        )
+    for name in ("megafmt fsspec", "megafmt fsspec + plan"):
+        speedup = timings["megatron-core S3"] / timings[name]
+        print(f"random speedup of {name} vs megatron-core: {speedup:.2f}x")
+    for name, dataset, _ in runs[:3]:
+        timings[name] = scan(dataset, len(lengths))
+        print(f"scan    {name:<22} {args.megabytes / timings[name]:9.1f} MB/s", flush=True)
+    speedup = timings["megatron-core S3"] / timings["megafmt fsspec"]
+    print(
+        f"scan speedup vs megatron-core: {speedup:.2f}x; megafmt retries "
+        f"{ours.bin_reader.retries + planned.bin_reader.retries}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=float, default=64)
@@ -78,68 +135,30 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--seq-length", type=int, default=4096)
     parser.add_argument("--plan", type=int, default=8, help="reads announced ahead")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=20,
+        help="first-byte latency of the S3-like endpoint (measured after moto as shipped)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_s3"))
-    chunk = args.chunk_kib << 10
     try:
         local = str(work / "corpus")
         write_corpus(local, args.megabytes)
-        with moto_endpoint():
-            client = boto3.client("s3")
-            client.create_bucket(Bucket="bench")
-            for suffix in (".bin", ".idx"):
-                client.upload_file(local + suffix, "bench", "corpus" + suffix)
-            url = "s3://bench/corpus"
-            here = IndexedDataset(local)
-            lengths = here.sequence_lengths
-            theirs = megatron.IndexedDataset(
-                url,
-                mmap=False,
-                object_storage_config=S3Config(
-                    path_to_idx_cache=str(work / "megatron_cache"), bin_chunk_nbytes=chunk
-                ),
-            )
-            options = {
-                "chunk_bytes": chunk,
-                "cache_bytes": args.cache_mib << 20,
-                "idx_cache_dir": str(work / "megafmt_cache"),
-            }
-            ours = IndexedDataset(url, reader_options=options)
-            planned = IndexedDataset(url, reader_options=options)
-            print(
-                f"corpus {args.megabytes:.0f} MB, {len(lengths):,} sequences; chunk "
-                f"{args.chunk_kib} KiB; megafmt cache {args.cache_mib} MiB; samples of "
-                f"{args.seq_length + 1} tokens",
-                flush=True,
-            )
-            timings = {}
-            runs = (
-                ("local mmap", here, 0),
-                ("megatron-core S3", theirs, 0),
-                ("megafmt fsspec", ours, 0),
-                ("megafmt fsspec + plan", planned, args.plan),
-            )
-            for name, dataset, plan in runs:
-                seconds, tokens = random_reads(
-                    dataset, lengths, args.samples, args.seq_length, plan
-                )
-                timings[name] = seconds
-                print(
-                    f"random  {name:<22} {args.samples / seconds:9.1f} samples/s  "
-                    f"{tokens * 2 / seconds / 1e6:8.1f} MB/s",
-                    flush=True,
-                )
-            for name in ("megafmt fsspec", "megafmt fsspec + plan"):
-                speedup = timings["megatron-core S3"] / timings[name]
-                print(f"random speedup of {name} vs megatron-core: {speedup:.2f}x")
-            for name, dataset, _ in runs[:3]:
-                timings[name] = scan(dataset, len(lengths))
-                print(f"scan    {name:<22} {args.megabytes / timings[name]:9.1f} MB/s", flush=True)
-            speedup = timings["megatron-core S3"] / timings["megafmt fsspec"]
-            print(
-                f"scan speedup vs megatron-core: {speedup:.2f}x; megafmt retries "
-                f"{ours.bin_reader.retries + planned.bin_reader.retries}"
-            )
+        print(
+            f"corpus {args.megabytes:.0f} MB, {len(IndexedDataset(local)):,} sequences; chunk "
+            f"{args.chunk_kib} KiB; megafmt cache {args.cache_mib} MiB; samples of "
+            f"{args.seq_length + 1} tokens",
+            flush=True,
+        )
+        endpoints = (
+            ("moto as shipped", None),
+            (f"moto S3-like: {args.latency_ms:g} ms to first byte", args.latency_ms / 1000),
+        )
+        for endpoint, latency in endpoints:
+            with moto_endpoint(separate_process=True, first_byte_latency=latency):
+                measure(args, local, work, endpoint)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

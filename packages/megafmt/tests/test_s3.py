@@ -155,6 +155,9 @@ def test_info_verify_and_dump_take_urls(endpoint, tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     local = write_corpus(str(tmp_path / "c"), documents=20)
     url = upload(local, "cli/c")
+    assert main(["verify", "--remote", url]) == 0
+    assert capsys.readouterr().out == f"OK {url} (sizes)\n"
+    assert not (tmp_path / "cache").exists()  # nothing was downloaded
     assert main(["info", url, "--json"]) == 0
     assert '"documents": 20' in capsys.readouterr().out
     assert main(["verify", url]) == 0
@@ -163,8 +166,25 @@ def test_info_verify_and_dump_take_urls(endpoint, tmp_path, capsys, monkeypatch)
     assert capsys.readouterr().out.splitlines()[-1] == expected
     client = boto3.client("s3")  # a .bin cut short is found from its size alone
     client.put_object(Bucket="corpora", Key="cli/c.bin", Body=b"\0" * 10)
-    assert main(["verify", url]) == 1
-    assert "[bin_size]" in capsys.readouterr().err
+    for remote in ([], ["--remote"]):
+        assert main(["verify", *remote, url]) == 1
+        assert "[bin_size]" in capsys.readouterr().err
+
+
+def counting(reader):
+    """The byte ranges ``reader`` asks its storage for, as (start, end), in order."""
+    asked = []
+    fetch = reader._fetch
+    reader._fetch = lambda *span: asked.append(span) or fetch(*span)
+    return asked
+
+
+def settle(reader):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (
+        reader._pending or not all(pending.done() for pending in reader._spans.values())
+    ):
+        time.sleep(0.01)
 
 
 def test_sequential_reads_fetch_ahead_and_the_cache_stays_bounded(tmp_path):
@@ -175,47 +195,69 @@ def test_sequential_reads_fetch_ahead_and_the_cache_stays_bounded(tmp_path):
     reader = FsspecBinReader(
         "memory://ahead/c.bin", chunk_bytes=1024, cache_bytes=4096, readahead=2
     )
-    asked = []
-    fetch = reader._fetch
-    reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
-    assert reader.read(numpy.uint8, 10, 0).tolist() == list(range(10))
+    asked = counting(reader)
+    chunks = [(c * 1024, (c + 1) * 1024) for c in range(16)]
+    assert reader.read(numpy.uint8, 10, 0).tolist() == list(range(10))  # a scan starts
     reader.read(numpy.uint8, 10, 1030)  # chunk 1 follows chunk 0: fetch 2 and 3 ahead
-    deadline = time.monotonic() + 5
-    while len(asked) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(asked) == [0, 1, 2, 3]
+    settle(reader)
+    assert sorted(asked) == chunks[:4]
     reader.read(numpy.uint8, 10, 2 * 1024)  # already there; 3 is too, so only 4 is fetched
-    while reader._pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(asked) == [0, 1, 2, 3, 4]
-    reader.read(numpy.uint8, 10, 12 * 1024)  # a jump: no read-ahead
-    assert 13 not in asked
+    settle(reader)
+    assert sorted(asked) == chunks[:5]
     assert reader._cached <= 4096
+    reader.close()
+
+
+def test_a_read_elsewhere_fetches_its_bytes_not_a_chunk(tmp_path):
+    import fsspec
+
+    data = bytes(range(256)) * 64  # 16 KiB
+    with fsspec.open("memory://jump/c.bin", "wb") as stream:
+        stream.write(data)
+    reader = FsspecBinReader(
+        "memory://jump/c.bin", chunk_bytes=4096, cache_bytes=8192, random_read_bytes=300
+    )
+    asked = counting(reader)
+    assert reader.read(numpy.uint8, 10, 9000).tobytes() == data[9000:9010]
+    assert asked == [(9000, 9300)]  # random_read_bytes from the read, no read-ahead
+    # the next documents of the sample come with it; a read larger than 300 bytes gets its own
+    assert reader.read(numpy.uint8, 200, 9010).tobytes() == data[9010:9210]
+    assert reader.read(numpy.uint8, 500, 1000).tobytes() == data[1000:1500]
+    assert asked == [(9000, 9300), (1000, 1500)]
     reader.close()
 
 
 def test_prefetch_fetches_the_announced_ranges_within_half_the_cache(tmp_path):
     import fsspec
 
+    data = bytes(range(256)) * 256  # 64 KiB
     with fsspec.open("memory://plan/c.bin", "wb") as stream:
-        stream.write(bytes(64 * 1024))
+        stream.write(data)
     reader = FsspecBinReader("memory://plan/c.bin", chunk_bytes=1024, cache_bytes=8192)
-    asked = []
-    fetch = reader._fetch
-    reader._fetch = lambda chunk: asked.append(chunk) or fetch(chunk)
-    # three ranges: chunks 40, 3-4 (one range across two) and 3 again; 1 + 2 = 3 requests
-    assert reader.prefetch([(40 * 1024 + 5, 10), (3 * 1024 + 1000, 100), (3 * 1024, 8)]) == 3
-    deadline = time.monotonic() + 5
-    while reader._pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(asked) == [3, 4, 40]
-    reader.read(numpy.uint8, 100, 3 * 1024 + 1000)
-    assert sorted(asked) == [3, 4, 40]  # already fetched
-    # ten chunks announced, but only half the cache (4 chunks) is spent ahead of use
-    assert reader.prefetch([(c * 1024, 1) for c in range(50, 60)]) == 4
+    asked = counting(reader)
+    # four ranges; the second and third touch and become one request: 3 requests, in order
+    plan = [(40965, 10), (4072, 100), (4172, 8), (3072, 8)]
+    assert reader.prefetch(plan) == 3
+    settle(reader)
+    assert asked == [(40965, 40975), (4072, 4180), (3072, 3080)]
+    assert reader.read(numpy.uint8, 100, 4072).tobytes() == data[4072:4172]
+    assert reader.read(numpy.uint8, 8, 4172).tobytes() == data[4172:4180]
+    assert reader.prefetch(plan) == 0  # all held already
+    assert len(asked) == 3
+    # ten ranges of 1000 bytes announced, but only half the cache (4096 bytes) is held ahead
+    assert reader.prefetch([(c * 1024, 1000) for c in range(50, 60)]) == 4
+    assert reader._span_bytes <= 4096
     reader.close()
     local = write_corpus(str(tmp_path / "c"), documents=5)
     IndexedDataset(local).prefetch([(0, 0, None)])  # a local corpus ignores the plan
+
+
+def test_merge_ranges_joins_touching_ranges_in_order_of_first_use():
+    from megafmt.readers.fsspec_reader import merge_ranges
+
+    ranges = [(50, 60), (0, 10), (10, 20), (55, 70), (30, 40), (5, 8)]
+    assert merge_ranges(ranges) == [(50, 70), (0, 20), (30, 40)]
+    assert merge_ranges([]) == []
 
 
 def test_preprocess_reads_its_input_from_s3(endpoint, tmp_path):
@@ -255,3 +297,28 @@ def test_a_stalled_request_is_sent_again_and_the_first_answer_wins(endpoint, tmp
         numpy.testing.assert_array_equal(remote[7], IndexedDataset(local)[7])
         assert time.monotonic() - start < 3  # not the 5 s the first request was held
         assert proxy.counts["stalled"] == 1 and remote.bin_reader.hedges == 1
+
+
+def test_an_s3_like_endpoint_answers_after_its_latency_and_many_at_once():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with pytest.raises(ValueError, match="separate_process"), moto_endpoint(first_byte_latency=0.1):
+        pass
+    data = os.urandom(1 << 20)
+    with moto_endpoint(separate_process=True, first_byte_latency=0.3):
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="timing")
+        client.put_object(Bucket="timing", Key="o", Body=data)
+
+        def get(start):
+            answer = client.get_object(
+                Bucket="timing", Key="o", Range=f"bytes={start}-{start + 99}"
+            )
+            return answer["Body"].read()
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(get, range(0, 8000, 1000)))
+        elapsed = time.monotonic() - started
+    assert answers == [data[start : start + 100] for start in range(0, 8000, 1000)]
+    assert 0.3 <= elapsed < 8 * 0.3  # each waited its latency, but not one after another

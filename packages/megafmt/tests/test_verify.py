@@ -24,41 +24,65 @@ def first(prefix, **kwargs):
     return violations[0]
 
 
-def test_a_good_corpus_has_no_violations(corpus):
-    assert verify(corpus(DOCUMENTS)) == []
-    assert verify(corpus(DOCUMENTS, modes=[[1, 2], [3]], name="mm"), multimodal=True) == []
-    assert verify(corpus([], name="empty")) == []
+# the checks that the sizes-only mode (`mega verify --remote`) makes too, with the same messages
+sizes_only = pytest.mark.parametrize("sizes_only", [False, True], ids=["full", "sizes_only"])
 
 
-def test_missing_files(corpus, tmp_path):
+@sizes_only
+def test_a_good_corpus_has_no_violations(corpus, sizes_only):
+    assert verify(corpus(DOCUMENTS), sizes_only=sizes_only) == []
+    multimodal = corpus(DOCUMENTS, modes=[[1, 2], [3]], name="mm")
+    assert verify(multimodal, multimodal=True, sizes_only=sizes_only) == []
+    assert verify(corpus([], name="empty"), sizes_only=sizes_only) == []
+
+
+@sizes_only
+def test_missing_files(corpus, tmp_path, sizes_only):
     prefix = corpus(DOCUMENTS)
     os.remove(get_bin_path(prefix))
-    violation = first(prefix)
+    violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "exists" and str(violation).endswith(
         "corpus.bin: token file not found"
     )
-    assert [v.check for v in verify(str(tmp_path / "none"), stop_at_first=False)] == ["exists"] * 2
+    none = str(tmp_path / "none")
+    checks = [v.check for v in verify(none, stop_at_first=False, sizes_only=sizes_only)]
+    assert checks == ["exists"] * 2
 
 
-def test_bad_header(corpus):
+@sizes_only
+def test_bad_header(corpus, sizes_only):
     prefix = corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 9, "<Q", 7)
-    violation = first(prefix)
+    violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "header"
     assert "unsupported version at offset 9: expected 1, found 7" in violation.message
 
 
-def test_modes_present_exactly_when_multimodal(corpus):
+@sizes_only
+def test_idx_size_must_match_its_counts(corpus, sizes_only):
+    prefix = corpus(DOCUMENTS)
+    os.truncate(get_idx_path(prefix), 90)
+    violation = first(prefix, sizes_only=sizes_only)
+    assert violation.check == "header"
+    assert violation.message == (
+        "file too short: the header at offset 18 says 3 sequences and 3 document indices, "
+        "which needs 94 bytes, but the file has 90"
+    )
+
+
+@sizes_only
+def test_modes_present_exactly_when_multimodal(corpus, sizes_only):
     plain = corpus(DOCUMENTS)
-    assert "no sequence_modes section" in first(plain, multimodal=True).message
+    message = first(plain, multimodal=True, sizes_only=sizes_only).message
+    assert "no sequence_modes section" in message
     multimodal = corpus(DOCUMENTS, modes=[[0, 0], [0]], name="mm")
-    violation = first(multimodal, multimodal=False)
+    violation = first(multimodal, multimodal=False, sizes_only=sizes_only)
     assert violation.check == "modes"
     assert (
         "sequence_modes section (3 bytes at offset 94), but the corpus is declared not "
         "multimodal" in violation.message
     )
-    assert verify(multimodal) == []
+    assert verify(multimodal, sizes_only=sizes_only) == []
 
 
 @pytest.mark.parametrize(
@@ -108,11 +132,12 @@ def test_pointers_must_be_prefix_sums(corpus):
     )
 
 
+@sizes_only
 @pytest.mark.parametrize("size", [20, 28])
-def test_bin_size_must_match(corpus, size):
+def test_bin_size_must_match(corpus, size, sizes_only):
     prefix = corpus(DOCUMENTS)
     os.truncate(get_bin_path(prefix), size)
-    violation = first(prefix)
+    violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "bin_size"
     assert violation.message.startswith(
         f"expected 24 bytes (6 tokens of 4 bytes, as {prefix}.idx implies), found {size}"
@@ -126,6 +151,15 @@ def test_all_violations_can_be_listed(corpus, monkeypatch):
     os.truncate(get_bin_path(prefix), 20)
     checks = [v.check for v in verify(prefix, stop_at_first=False)]
     assert checks == ["documents", "pointers", "bin_size"]
+
+
+def test_sizes_only_leaves_the_arrays_unread(corpus):
+    prefix = corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 70, "<q", 1)  # document_indices[0]
+    patch(get_idx_path(prefix), 38, "<i", -1)  # sequence_lengths[1]
+    assert verify(prefix, sizes_only=True) == []
+    checks = [v.check for v in verify(prefix, stop_at_first=False)]
+    assert checks == ["documents", "lengths", "pointers"]
 
 
 def test_large_arrays_are_checked_across_chunks(corpus, monkeypatch):

@@ -57,6 +57,12 @@ def get_bin_path(path_prefix: str) -> str:
     return path_prefix + BIN_SUFFIX
 
 
+def implied_token_count(last_pointer: int, last_length: int, itemsize: int) -> int:
+    """Tokens in a corpus whose last sequence starts at byte ``last_pointer`` of the ``.bin``
+    and holds ``last_length`` tokens of ``itemsize`` bytes (the ``.bin`` it implies, no scan)."""
+    return (last_pointer + last_length * itemsize) // itemsize
+
+
 @dataclass(frozen=True)
 class Header:
     """The fixed 34 bytes at the start of every ``.idx`` file."""

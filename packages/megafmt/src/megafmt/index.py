@@ -25,6 +25,7 @@ from megafmt.format import (
     POINTER_DTYPE,
     Header,
     Layout,
+    implied_token_count,
 )
 from megafmt.mapping import map_file
 
@@ -112,8 +113,9 @@ class Index:
         """Tokens in the corpus, from the last sequence's pointer and length (no scan)."""
         if self.sequence_count == 0:
             return 0
-        end = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype_size
-        return end // self.dtype_size
+        return implied_token_count(
+            int(self.sequence_pointers[-1]), int(self.sequence_lengths[-1]), self.dtype_size
+        )
 
     @property
     def bin_nbytes(self) -> int:

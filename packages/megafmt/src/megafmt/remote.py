@@ -140,6 +140,37 @@ class RetryPolicy:
         raise AssertionError("unreachable")
 
 
+class ShortRead(ConnectionError):
+    """The storage answered with fewer bytes than asked for (retried as transient)."""
+
+
+def fetch_range(
+    fs: Any,
+    path_in_fs: str,
+    url: str,
+    start: int,
+    end: int,
+    policy: RetryPolicy = RetryPolicy(),
+    counter: list[int] | None = None,
+) -> bytes:
+    """Bytes ``start`` to ``end`` (exclusive) of ``url`` (``path_in_fs`` on ``fs``), retried on
+    transient errors; a short answer is retried too, never returned."""
+
+    def get() -> bytes:
+        data = fs.cat_file(path_in_fs, start=start, end=end)
+        if len(data) != end - start:
+            raise ShortRead(f"asked for {end - start} bytes, got {len(data)}")
+        return data
+
+    return policy.call(f"{url} bytes {start}-{end}", get, counter=counter)
+
+
+def read_range(path: str, start: int, size: int) -> bytes:
+    """``size`` bytes at ``start`` of a local file or an object, read in place."""
+    fs, inner = filesystem(path)
+    return fetch_range(fs, inner, path, start, start + size)
+
+
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec file system of ``url`` and the path within it."""
     return fsspec.core.url_to_fs(url, **(storage_options or {}))

@@ -12,6 +12,8 @@ import logging
 import os
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,29 +36,72 @@ def free_port() -> int:
 
 
 @contextmanager
-def moto_endpoint() -> Iterator[str]:
+def moto_endpoint(
+    separate_process: bool = False, first_byte_latency: float | None = None
+) -> Iterator[str]:
     """Start moto's S3 server on loopback; yields its URL, with the environment pointing every
-    S3 client at it (``AWS_ENDPOINT_URL``) and fake credentials set."""
+    S3 client at it (``AWS_ENDPOINT_URL``) and fake credentials set.
+
+    The server runs on a thread of this process, or with ``separate_process`` in a process of
+    its own, as a real endpoint would: it then does not share this interpreter's lock with the
+    clients being measured (benchmarks).
+
+    ``first_byte_latency`` (seconds; a separate process only) makes the server behave like S3
+    for timing: every GET waits that long before its answer, and many wait at once; a byte
+    range is cut from the object held in memory. moto as shipped copies the whole object for
+    every ranged GET under a per-object lock, so a read's cost grows with the object's size and
+    concurrent reads of one object queue up, which no S3 service does.
+    """
+    if first_byte_latency is not None and not separate_process:
+        raise ValueError("first_byte_latency needs separate_process=True")
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
     url = f"http://127.0.0.1:{port}"
     saved = {key: os.environ.get(key) for key in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL"]}
-    os.environ.update(FAKE_CREDENTIALS, AWS_ENDPOINT_URL=url)
+    os.environ.update(FAKE_CREDENTIALS)
+    if separate_process:
+        latency = [] if first_byte_latency is None else ["--latency", str(first_byte_latency)]
+        server: Any = subprocess.Popen(
+            [sys.executable, "-m", "megafmt.s3testing", "--port", str(port), *latency],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_for_port(port, server)
+    else:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+    os.environ["AWS_ENDPOINT_URL"] = url
     _forget_s3_clients()
     try:
         yield url
     finally:
-        server.stop()
+        if separate_process:
+            server.terminate()
+            server.wait()
+        else:
+            server.stop()
         _forget_s3_clients()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"moto's server exited with status {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise TimeoutError(f"moto's server did not listen on port {port} within {timeout} s")
 
 
 def _forget_s3_clients() -> None:
@@ -166,3 +211,30 @@ class FaultyProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _serve(argv: list[str]) -> None:
+    """moto's server on loopback, as a process of its own (see ``moto_endpoint``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--latency", type=float)
+    args = parser.parse_args(argv)
+    if args.latency is not None:
+        os.environ["MOTO_S3_DEFAULT_KEY_BUFFER_SIZE"] = str(1 << 40)  # objects stay in memory
+        from moto.s3.models import FakeKey
+
+        def value(key: Any) -> bytes:
+            time.sleep(args.latency)
+            with key.lock:
+                return key._value_buffer._file.getvalue()  # the bytes held, not a copy
+
+        FakeKey.value = property(value, FakeKey.value.fset)
+    from moto.server import main
+
+    main(["-H", "127.0.0.1", "-p", str(args.port)])
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1:])

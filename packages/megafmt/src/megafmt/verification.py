@@ -15,11 +15,21 @@ from dataclasses import dataclass
 
 import numpy
 
+from megafmt.dtypes import DType
 from megafmt.errors import FormatError, MissingFileError
-from megafmt.format import get_bin_path, get_idx_path
+from megafmt.format import (
+    HEADER_SIZE,
+    LENGTH_DTYPE,
+    POINTER_DTYPE,
+    Header,
+    Layout,
+    get_bin_path,
+    get_idx_path,
+    implied_token_count,
+)
 from megafmt.index import Index
 from megafmt.progress import Progress
-from megafmt.remote import file_size, local_index_path
+from megafmt.remote import file_size, local_index_path, read_range
 
 CHUNK = 1 << 22
 
@@ -42,13 +52,15 @@ def verify(
     *,
     stop_at_first: bool = True,
     progress: bool = False,
+    sizes_only: bool = False,
 ) -> list[Violation]:
     """The violations found in the corpus at ``path_prefix`` (empty when it is well formed).
 
     ``multimodal`` True requires the modes section, False forbids it, None accepts either.
+    ``sizes_only`` checks the header and file sizes alone, without fetching the whole ``.idx``.
     """
     found = []
-    for violation in iter_violations(path_prefix, multimodal, progress=progress):
+    for violation in iter_violations(path_prefix, multimodal, progress, sizes_only):
         found.append(violation)
         if stop_at_first:
             break
@@ -56,9 +68,16 @@ def verify(
 
 
 def iter_violations(
-    path_prefix: str, multimodal: bool | None = None, progress: bool = False
+    path_prefix: str,
+    multimodal: bool | None = None,
+    progress: bool = False,
+    sizes_only: bool = False,
 ) -> Iterator[Violation]:
-    """Every violation, in check order; stops early when a file cannot be read at all."""
+    """Every violation, in check order; stops early when a file cannot be read at all.
+
+    ``sizes_only`` checks the header and the two file sizes alone, reading 50 bytes of the
+    ``.idx`` in place (nothing is downloaded or cached): a quick check of a remote corpus.
+    """
     idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
     sizes = {path: file_size(path) for path in (idx_path, bin_path)}
     for path, what in ((idx_path, "index file"), (bin_path, "token file")):
@@ -66,19 +85,16 @@ def iter_violations(
             yield Violation("exists", path, f"{what} not found")
     if None in sizes.values():
         return
+    if sizes_only:
+        yield from _size_violations(idx_path, bin_path, sizes, multimodal)
+        return
     try:
         # a remote corpus: its .idx is fetched (and cached); the .bin is checked by size only
         index = Index(local_index_path(path_prefix), multimodal=bool(multimodal))
     except (FormatError, MissingFileError) as error:
         yield Violation("header", idx_path, str(error).removeprefix(f"{idx_path}: "))
         return
-    if multimodal is False and index.has_modes:
-        yield Violation(
-            "modes",
-            idx_path,
-            f"the file ends with a sequence_modes section ({index.sequence_count} bytes at offset "
-            f"{index.layout.modes_offset}), but the corpus is declared not multimodal",
-        )
+    yield from _modes_violations(idx_path, index.layout, multimodal)
     yield from _document_violations(index)
     meter = (
         Progress(f"verify {path_prefix}", index.sequence_count, "sequences") if progress else None
@@ -86,13 +102,58 @@ def iter_violations(
     yield from _sequence_violations(index, meter)
     if meter is not None:
         meter.close("")
-    bin_size = sizes[bin_path]
-    if bin_size != index.bin_nbytes:
+    yield from _bin_size_violations(
+        bin_path, sizes[bin_path], idx_path, index.num_tokens, index.dtype_size
+    )
+
+
+def _size_violations(
+    idx_path: str, bin_path: str, sizes: dict[str, int | None], multimodal: bool | None
+) -> Iterator[Violation]:
+    """The header, the ``.idx`` size against its counts and the ``.bin`` size against the last
+    sequence's pointer and length, read in place."""
+    try:
+        header = Header.unpack(read_range(idx_path, 0, HEADER_SIZE), idx_path)
+        layout = Layout.for_file(header, sizes[idx_path], idx_path, bool(multimodal))
+    except FormatError as error:
+        yield Violation("header", idx_path, str(error).removeprefix(f"{idx_path}: "))
+        return
+    yield from _modes_violations(idx_path, layout, multimodal)
+    itemsize = numpy.dtype(DType.dtype_from_code(header.dtype_code)).itemsize
+    tokens = 0
+    if header.sequence_count:
+        last = header.sequence_count - 1
+        length = read_range(idx_path, layout.lengths_offset + 4 * last, 4)
+        pointer = read_range(idx_path, layout.pointers_offset + 8 * last, 8)
+        tokens = implied_token_count(
+            int(numpy.frombuffer(pointer, POINTER_DTYPE)[0]),
+            int(numpy.frombuffer(length, LENGTH_DTYPE)[0]),
+            itemsize,
+        )
+    yield from _bin_size_violations(bin_path, sizes[bin_path], idx_path, tokens, itemsize)
+
+
+def _modes_violations(
+    idx_path: str, layout: Layout, multimodal: bool | None
+) -> Iterator[Violation]:
+    if multimodal is False and layout.has_modes and layout.sequence_count > 0:
+        yield Violation(
+            "modes",
+            idx_path,
+            f"the file ends with a sequence_modes section ({layout.sequence_count} bytes at "
+            f"offset {layout.modes_offset}), but the corpus is declared not multimodal",
+        )
+
+
+def _bin_size_violations(
+    bin_path: str, bin_size: int | None, idx_path: str, tokens: int, itemsize: int
+) -> Iterator[Violation]:
+    if bin_size != tokens * itemsize:
         yield Violation(
             "bin_size",
             bin_path,
-            f"expected {index.bin_nbytes} bytes ({index.num_tokens} tokens of "
-            f"{index.dtype_size} bytes, as {idx_path} implies), found {bin_size}",
+            f"expected {tokens * itemsize} bytes ({tokens} tokens of {itemsize} bytes, as "
+            f"{idx_path} implies), found {bin_size}",
         )
 
 

@@ -20,6 +20,12 @@ class VerifyCommand:
         parser.add_argument(
             "--all", action="store_true", help="report every violation, not only the first"
         )
+        parser.add_argument(
+            "--remote",
+            action="store_true",
+            help="check the header and both file sizes only, reading 50 bytes of the .idx in "
+            "place: nothing is downloaded or cached (quick on object storage)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         status = 0
@@ -28,12 +34,13 @@ class VerifyCommand:
                 prefix,
                 multimodal_choice(args),
                 stop_at_first=not args.all,
-                progress=True,
+                progress=not args.remote,
+                sizes_only=args.remote,
             )
             for violation in violations:
                 print(f"FAIL [{violation.check}] {violation}", file=sys.stderr)
             if violations:
                 status = 1
             else:
-                print(f"OK {prefix}")
+                print(f"OK {prefix}" + (" (sizes)" if args.remote else ""))
         return status

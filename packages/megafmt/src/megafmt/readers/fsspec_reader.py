@@ -1,14 +1,22 @@
 """A ``.bin`` reader for object storage and any fsspec URL (s3://, gs://, az://, memory://).
 
-Bytes are fetched in chunks of ``chunk_bytes`` with byte-range requests and kept in an LRU
-bounded by ``cache_bytes``. When reads move forward through the file, the next ``readahead``
-chunks are fetched ahead on a small thread pool, so a sequential scan does not wait on one
-request at a time (megatron-core's S3 reader keeps one chunk and fetches nothing ahead).
-Requests that fail transiently are retried with backoff (``megafmt.remote``); a short answer is
-retried too, never returned; a request a read waits on that is still unanswered after
-``hedge_after`` seconds is sent again on another connection, the first answer winning. The
-reader keeps no file descriptor, and after pickling or a fork (DataLoader workers) each process
-opens its own client.
+Two kinds of request, each a byte range:
+
+- Chunks of ``chunk_bytes``, kept in an LRU bounded by ``cache_bytes``, for reads that move
+  forward through the file; the next ``readahead`` chunks are fetched ahead on a small thread
+  pool, so a scan does not wait on one request at a time.
+- Spans: the exact bytes of the reads a loader announced (``prefetch``: adjacent ranges merged
+  into one request, all fetched at once, at most ``cache_bytes / 2`` of them held), and for a
+  read that jumps elsewhere unannounced, ``random_read_bytes`` from where it starts (the rest of
+  a sample's documents come with it). A shuffled GPT sample of a few KiB then costs a request
+  of a few KiB, not a chunk of MiBs.
+
+megatron-core's S3 reader keeps one chunk, fetches nothing ahead and fetches a whole chunk for
+every sample. Requests that fail transiently are retried with backoff (``megafmt.remote``); a
+short answer is retried too, never returned; a request a read waits on that is still unanswered
+after ``hedge_after`` seconds is sent again on another connection, the first answer winning.
+The reader keeps no file descriptor, and after pickling or a fork (DataLoader workers) each
+process opens its own client.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -24,11 +32,7 @@ from typing import Any
 import numpy
 
 from megafmt.readers.base import check_read_range
-from megafmt.remote import RetryPolicy, cached_index, filesystem
-
-
-class ShortRead(ConnectionError):
-    """The storage answered with fewer bytes than asked for (retried as transient)."""
+from megafmt.remote import RetryPolicy, cached_index, fetch_range, filesystem
 
 
 class FsspecBinReader:
@@ -44,6 +48,7 @@ class FsspecBinReader:
         cache_bytes: int = 256 << 20,
         readahead: int = 2,
         threads: int = 4,
+        random_read_bytes: int = 256 << 10,
         retries: int = 6,
         first_wait: float = 0.1,
         hedge_after: float | None = 2.0,
@@ -51,10 +56,17 @@ class FsspecBinReader:
         storage_options: dict[str, Any] | None = None,
         object_storage_config: Any = None,
     ) -> None:
-        if chunk_bytes < 1 or cache_bytes < chunk_bytes or readahead < 0 or threads < 1:
+        if (
+            chunk_bytes < 1
+            or cache_bytes < chunk_bytes
+            or readahead < 0
+            or threads < 1
+            or random_read_bytes < 1
+        ):
             raise ValueError(
-                f"need chunk_bytes >= 1, cache_bytes >= chunk_bytes, readahead >= 0 and "
-                f"threads >= 1; got {chunk_bytes}, {cache_bytes}, {readahead}, {threads}"
+                f"need chunk_bytes >= 1, cache_bytes >= chunk_bytes, readahead >= 0, "
+                f"threads >= 1 and random_read_bytes >= 1; got {chunk_bytes}, {cache_bytes}, "
+                f"{readahead}, {threads}, {random_read_bytes}"
             )
         if idx_cache_dir is None and object_storage_config is not None:
             idx_cache_dir = getattr(object_storage_config, "path_to_idx_cache", None)
@@ -63,6 +75,7 @@ class FsspecBinReader:
         self.cache_bytes = cache_bytes
         self.readahead = readahead
         self.threads = threads
+        self.random_read_bytes = random_read_bytes
         self.hedge_after = hedge_after
         self.idx_cache_dir = idx_cache_dir
         self.storage_options = dict(storage_options or {})
@@ -81,10 +94,16 @@ class FsspecBinReader:
         self._chunks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._cached = 0
         self._pending: dict[int, Future[bytes]] = {}
+        # (start, end) -> its bytes to come; the front is dropped first: spans already read
+        # are moved there, new ones join at the back
+        self._spans: collections.OrderedDict[tuple[int, int], Future[bytes]] = (
+            collections.OrderedDict()
+        )
+        self._span_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._urgent: ThreadPoolExecutor | None = None
         self.hedge_count = [0]
-        self._last_chunk = -2
+        self._last_chunk = -1  # a first read in chunk 0 starts a scan
         self._closed = False
         self.retry_count = [0]
 
@@ -100,6 +119,7 @@ class FsspecBinReader:
             "cache_bytes",
             "readahead",
             "threads",
+            "random_read_bytes",
             "hedge_after",
             "idx_cache_dir",
             "storage_options",
@@ -130,60 +150,70 @@ class FsspecBinReader:
         """Slow requests sent a second time so far in this process."""
         return self.hedge_count[0]
 
-    def _fetch(self, chunk: int) -> bytes:
-        start = chunk * self.chunk_bytes
-        end = min(self.nbytes, start + self.chunk_bytes)
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of the object: one request, retried when it fails."""
         fs = self._filesystem()
+        return fetch_range(
+            fs, self._path_in_fs, self.path, start, end, self.policy, self.retry_count
+        )
 
-        def get() -> bytes:
-            data = fs.cat_file(self._path_in_fs, start=start, end=end)
-            if len(data) != end - start:
-                raise ShortRead(f"asked for {end - start} bytes, got {len(data)}")
-            return data
+    def _urgent_pool(self) -> ThreadPoolExecutor:
+        """Threads for requests a read is waiting on, apart from the fetch-ahead ones."""
+        if self._urgent is None:
+            self._urgent = ThreadPoolExecutor(2 * self.threads, thread_name_prefix="megafmt-read")
+        return self._urgent
 
-        return self.policy.call(f"{self.path} bytes {start}-{end}", get, counter=self.retry_count)
+    def _ahead_pool(self) -> ThreadPoolExecutor:
+        """Threads for requests sent ahead of use (read-ahead, announced reads)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="megafmt-fetch")
+        return self._pool
 
-    def _chunk(self, chunk: int) -> bytes:
-        """The bytes of ``chunk``: from the cache, from a request already under way, or from a
-        new one. A request unanswered after ``hedge_after`` seconds is sent again on another
-        connection, and the first answer wins: one slow request does not stall the step."""
-        with self._lock:
-            data = self._chunks.get(chunk)
-            if data is not None:
-                self._chunks.move_to_end(chunk)
-                return data
-            pending = self._pending.get(chunk)
-            mine = pending is None
-            if mine:
-                pending = self._pending[chunk] = Future()
-        urgent = self._urgent_pool()
-        if mine:
-            urgent.submit(self._load, chunk, pending)
-        if self.hedge_after is None:
+    def _wait(self, pending: Future[bytes], send_again: Callable[[], object]) -> bytes:
+        """The answer to ``pending``. A request unanswered after ``hedge_after`` seconds is
+        sent again on another connection, and the first answer wins: one slow request does not
+        stall the step."""
+        if self.hedge_after is None or pending.done():
             return pending.result()
         try:
             return pending.result(timeout=self.hedge_after)
         except FutureTimeout:
             self.hedge_count[0] += 1
-            urgent.submit(self._load, chunk, pending)
+            send_again()
             return pending.result()
 
-    def _urgent_pool(self) -> ThreadPoolExecutor:
-        """Threads for requests a read is waiting on, apart from the read-ahead ones."""
-        if self._urgent is None:
-            self._urgent = ThreadPoolExecutor(2 * self.threads, thread_name_prefix="megafmt-read")
-        return self._urgent
+    # chunks: reads moving forward through the file
 
-    def _load(self, chunk: int, pending: Future[bytes]) -> None:
+    def _chunk_range(self, chunk: int) -> tuple[int, int]:
+        start = chunk * self.chunk_bytes
+        return start, min(self.nbytes, start + self.chunk_bytes)
+
+    def _request_chunk(self, chunk: int, pool: ThreadPoolExecutor) -> Future[bytes]:
+        """The bytes of ``chunk`` to come: from the cache (settled at once), from a request
+        already under way, or from a new one sent on ``pool``."""
+        with self._lock:
+            data = self._chunks.get(chunk)
+            if data is not None:
+                self._chunks.move_to_end(chunk)
+                cached: Future[bytes] = Future()
+                cached.set_result(data)
+                return cached
+            pending = self._pending.get(chunk)
+            if pending is not None:
+                return pending
+            pending = self._pending[chunk] = Future()
+        pool.submit(self._load_chunk, chunk, pending)
+        return pending
+
+    def _load_chunk(self, chunk: int, pending: Future[bytes]) -> None:
         """Fetch ``chunk`` into the cache and settle ``pending`` (unless a hedged twin did)."""
         try:
-            data = self._fetch(chunk)
+            data = self._fetch(*self._chunk_range(chunk))
         except BaseException as error:
             with self._lock:
-                if pending.done():
-                    return
-                self._pending.pop(chunk, None)
-                pending.set_exception(error)
+                if not pending.done():
+                    self._pending.pop(chunk, None)
+                    pending.set_exception(error)
             return
         with self._lock:
             if pending.done():
@@ -196,41 +226,107 @@ class FsspecBinReader:
                 self._cached -= len(evicted)
             pending.set_result(data)
 
-    def _read_ahead(self, first: int, last: int) -> None:
-        sequential = first in (self._last_chunk, self._last_chunk + 1)
-        self._last_chunk = last
-        if not sequential or not self.readahead:
+    def _read_chunks(self, first: int, last: int, sequential: bool) -> bytes:
+        if sequential and self.readahead:
+            final = (self.nbytes - 1) // self.chunk_bytes
+            for chunk in range(last + 1, min(last + self.readahead, final) + 1):
+                self._request_chunk(chunk, self._ahead_pool())
+        urgent = self._urgent_pool()
+        requests = [(chunk, self._request_chunk(chunk, urgent)) for chunk in range(first, last + 1)]
+        pieces = [
+            self._wait(pending, lambda c=chunk, p=pending: urgent.submit(self._load_chunk, c, p))
+            for chunk, pending in requests
+        ]
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    # spans: announced reads, and reads that jump elsewhere
+
+    def _covering_span(self, start: int, end: int) -> tuple[tuple[int, int], Future[bytes]] | None:
+        """A span fetched or under way that holds bytes ``start`` to ``end``, moved to the front
+        (dropped first: a read rarely comes back to bytes it has read)."""
+        with self._lock:
+            for key, pending in self._spans.items():
+                if key[0] <= start and end <= key[1]:
+                    self._spans.move_to_end(key, last=False)
+                    return key, pending
+        return None
+
+    def _add_span(
+        self,
+        start: int,
+        end: int,
+        pool: ThreadPoolExecutor,
+        keep: set[tuple[int, int]] | None = None,
+    ) -> Future[bytes] | None:
+        """Send a request for bytes ``start`` to ``end`` on ``pool``, dropping spans from the
+        front to stay within half the cache. With ``keep`` (announced reads), none of those
+        spans is dropped, and None is returned when there is no room (the plan is larger than
+        the budget); without it (a read needs the bytes now) the span is always added."""
+        key = (start, end)
+        budget = self.cache_bytes // 2
+        with self._lock:
+            while self._spans and self._span_bytes + end - start > budget:
+                front = next(iter(self._spans))
+                if keep is not None and front in keep:
+                    break
+                del self._spans[front]
+                self._span_bytes -= front[1] - front[0]
+            if keep is not None and self._span_bytes + end - start > budget:
+                return None
+            pending = self._spans[key] = Future()
+            self._span_bytes += end - start
+        pool.submit(self._load_span, key, pending)
+        return pending
+
+    def _load_span(self, key: tuple[int, int], pending: Future[bytes]) -> None:
+        try:
+            data = self._fetch(*key)
+        except BaseException as error:
+            with self._lock:
+                if pending.done():  # a hedged twin answered
+                    return
+                if self._spans.get(key) is pending:  # a failed span is not kept
+                    del self._spans[key]
+                    self._span_bytes -= key[1] - key[0]
+                pending.set_exception(error)
             return
-        final = (self.nbytes - 1) // self.chunk_bytes
-        self._fetch_in_background(list(range(last + 1, min(last + self.readahead, final) + 1)))
+        with self._lock:
+            if not pending.done():
+                pending.set_result(data)
+
+    def _read_span(self, key: tuple[int, int], pending: Future[bytes] | None) -> bytes:
+        assert pending is not None, "a read's span is always added"
+        urgent = self._urgent_pool()
+        return self._wait(pending, lambda: urgent.submit(self._load_span, key, pending))
 
     def prefetch(self, ranges: Iterable[tuple[int, int]]) -> int:
-        """Start fetching the chunks that the byte ``(offset, size)`` ranges read next need, in
-        that order, on the fetch threads; adjacent ranges share their chunks. At most half the
-        cache is spent on chunks not yet used, so prefetching never evicts what it fetched
-        before it is read. Returns how many requests were started."""
-        budget = max(1, self.cache_bytes // self.chunk_bytes // 2)
-        wanted: dict[int, None] = {}
-        for offset, size in ranges:
-            if size <= 0 or offset < 0 or offset + size > self.nbytes:
-                continue
-            first, last = offset // self.chunk_bytes, (offset + size - 1) // self.chunk_bytes
-            wanted.update(dict.fromkeys(range(first, last + 1)))
-            if len(wanted) >= budget:
-                break
-        return self._fetch_in_background(list(wanted)[:budget])
-
-    def _fetch_in_background(self, chunks: list[int]) -> int:
+        """Start fetching the byte ``(offset, size)`` ranges read next, all at once on the fetch
+        threads, in the order of their first use; overlapping or adjacent ranges are merged
+        into one request, and ranges already held are skipped. At most half the cache is held
+        in announced bytes, so a long plan is fetched as far as that allows and prefetching
+        never drops what it fetched before it is read. Returns how many requests were started."""
+        wanted = [
+            (offset, offset + size)
+            for offset, size in ranges
+            if size > 0 and offset >= 0 and offset + size <= self.nbytes
+        ]
         self._filesystem()
+        keep: set[tuple[int, int]] = set()
         started = 0
-        for chunk in chunks:
+        for start, end in merge_ranges(wanted):
+            first, last = start // self.chunk_bytes, (end - 1) // self.chunk_bytes
             with self._lock:
-                if chunk in self._chunks or chunk in self._pending:
-                    continue
-                pending = self._pending[chunk] = Future()
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="megafmt-fetch")
-            self._pool.submit(self._load, chunk, pending)
+                held = all(c in self._chunks or c in self._pending for c in range(first, last + 1))
+            found = None if held else self._covering_span(start, end)
+            if held or found is not None:
+                if found is not None:  # announced again: read later than it seemed, keep it
+                    with self._lock:
+                        self._spans.move_to_end(found[0])
+                    keep.add(found[0])
+                continue
+            if self._add_span(start, end, self._ahead_pool(), keep) is None:
+                break
+            keep.add((start, end))
             started += 1
         return started
 
@@ -245,10 +341,20 @@ class FsspecBinReader:
             return numpy.empty(0, dtype=dtype)
         self._filesystem()
         first, last = offset // self.chunk_bytes, (offset + size - 1) // self.chunk_bytes
-        self._read_ahead(first, last)
-        pieces = [self._chunk(chunk) for chunk in range(first, last + 1)]
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        start = offset - first * self.chunk_bytes
+        sequential = first in (self._last_chunk, self._last_chunk + 1)
+        self._last_chunk = last
+        with self._lock:
+            held = all(c in self._chunks or c in self._pending for c in range(first, last + 1))
+        found = None if held else self._covering_span(offset, offset + size)
+        if found is None and not held and not sequential:
+            key = (offset, min(self.nbytes, offset + max(size, self.random_read_bytes)))
+            found = key, self._add_span(*key, self._urgent_pool())
+        if found is None:
+            data = self._read_chunks(first, last, sequential)
+            start = offset - first * self.chunk_bytes
+        else:
+            data = self._read_span(*found)
+            start = offset - found[0][0]
         return numpy.frombuffer(data, dtype=dtype, count=count, offset=start).copy()
 
     def close(self) -> None:
@@ -261,3 +367,20 @@ class FsspecBinReader:
         with self._lock:
             self._chunks.clear()
             self._cached = 0
+            self._spans.clear()
+            self._span_bytes = 0
+
+
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ``(start, end)`` ranges with overlapping or adjacent ones merged, in the order the
+    first range of each merged one came."""
+    spans: list[list[int]] = []  # start, end, position of its first range
+    for position in sorted(range(len(ranges)), key=lambda i: ranges[i]):
+        start, end = ranges[position]
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+            spans[-1][2] = min(spans[-1][2], position)
+        else:
+            spans.append([start, end, position])
+    spans.sort(key=lambda span: span[2])
+    return [(start, end) for start, end, _ in spans]
