@@ -252,6 +252,58 @@ def test_prefetch_fetches_the_announced_ranges_within_half_the_cache(tmp_path):
     IndexedDataset(local).prefetch([(0, 0, None)])  # a local corpus ignores the plan
 
 
+def slow_reader(url, seconds, **options):
+    import fsspec
+
+    with fsspec.open(url, "wb") as stream:
+        stream.write(bytes(range(256)) * 64)  # 16 KiB
+    reader = FsspecBinReader(url, **options)
+    fetch = reader._fetch
+    reader._fetch = lambda *span: time.sleep(seconds) or fetch(*span)
+    return reader
+
+
+def test_threads_reading_one_place_share_one_request():
+    from concurrent.futures import ThreadPoolExecutor
+
+    reader = slow_reader(
+        "memory://shared/c.bin", 0.05, chunk_bytes=1024, cache_bytes=8192, random_read_bytes=1000
+    )
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: reader.read(numpy.uint8, 10, 9000).tolist(), range(8)))
+    assert answers == [list(range(40, 50))] * 8
+    assert list(reader._spans) == [(9000, 10000)]
+    assert reader._span_bytes == 1000
+    reader.close()
+
+
+def test_closing_fails_waiting_reads_and_stops_fetching():
+    import threading
+
+    reader = slow_reader("memory://closing/c.bin", 0.5, chunk_bytes=1024, cache_bytes=8192)
+    errors = []
+
+    def read():
+        try:
+            reader.read(numpy.uint8, 10, 5000)
+        except ValueError as error:
+            errors.append(str(error))
+
+    waiting = threading.Thread(target=read)
+    waiting.start()
+    time.sleep(0.1)
+    reader.close()
+    waiting.join(timeout=5)
+    assert not waiting.is_alive()
+    assert errors == ["memory://closing/c.bin: the reader was closed while this read waited"]
+    time.sleep(0.6)  # the request under way answers after the close: nothing is kept
+    assert not reader._spans and not reader._chunks and reader._span_bytes == 0
+    with pytest.raises(ValueError, match="closed reader"):
+        reader.prefetch([(0, 10)])
+    with pytest.raises(ValueError, match="closed reader"):
+        reader.read(numpy.uint8, 10, 0)
+
+
 def test_merge_ranges_joins_touching_ranges_in_order_of_first_use():
     from megafmt.readers.fsspec_reader import merge_ranges
 

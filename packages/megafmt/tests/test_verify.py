@@ -59,6 +59,16 @@ def test_bad_header(corpus, sizes_only):
 
 
 @sizes_only
+@pytest.mark.parametrize("size,found", [(0, "the file is empty"), (20, "found only 20 bytes")])
+def test_truncated_header(corpus, sizes_only, size, found):
+    prefix = corpus(DOCUMENTS)
+    os.truncate(get_idx_path(prefix), size)
+    violation = first(prefix, sizes_only=sizes_only)
+    assert violation.check == "header"
+    assert violation.message == f"truncated header: expected 34 bytes, {found}"
+
+
+@sizes_only
 def test_idx_size_must_match_its_counts(corpus, sizes_only):
     prefix = corpus(DOCUMENTS)
     os.truncate(get_idx_path(prefix), 90)

@@ -75,7 +75,7 @@ def iter_violations(
 ) -> Iterator[Violation]:
     """Every violation, in check order; stops early when a file cannot be read at all.
 
-    ``sizes_only`` checks the header and the two file sizes alone, reading 50 bytes of the
+    ``sizes_only`` checks the header and the two file sizes alone, reading 46 bytes of the
     ``.idx`` in place (nothing is downloaded or cached): a quick check of a remote corpus.
     """
     idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
@@ -86,7 +86,9 @@ def iter_violations(
     if None in sizes.values():
         return
     if sizes_only:
-        yield from _size_violations(idx_path, bin_path, sizes, multimodal)
+        yield from _size_violations(
+            idx_path, sizes[idx_path], bin_path, sizes[bin_path], multimodal
+        )
         return
     try:
         # a remote corpus: its .idx is fetched (and cached); the .bin is checked by size only
@@ -108,13 +110,13 @@ def iter_violations(
 
 
 def _size_violations(
-    idx_path: str, bin_path: str, sizes: dict[str, int | None], multimodal: bool | None
+    idx_path: str, idx_size: int, bin_path: str, bin_size: int, multimodal: bool | None
 ) -> Iterator[Violation]:
     """The header, the ``.idx`` size against its counts and the ``.bin`` size against the last
     sequence's pointer and length, read in place."""
     try:
-        header = Header.unpack(read_range(idx_path, 0, HEADER_SIZE), idx_path)
-        layout = Layout.for_file(header, sizes[idx_path], idx_path, bool(multimodal))
+        header = Header.unpack(read_range(idx_path, 0, min(HEADER_SIZE, idx_size)), idx_path)
+        layout = Layout.for_file(header, idx_size, idx_path, bool(multimodal))
     except FormatError as error:
         yield Violation("header", idx_path, str(error).removeprefix(f"{idx_path}: "))
         return
@@ -130,7 +132,7 @@ def _size_violations(
             int(numpy.frombuffer(length, LENGTH_DTYPE)[0]),
             itemsize,
         )
-    yield from _bin_size_violations(bin_path, sizes[bin_path], idx_path, tokens, itemsize)
+    yield from _bin_size_violations(bin_path, bin_size, idx_path, tokens, itemsize)
 
 
 def _modes_violations(

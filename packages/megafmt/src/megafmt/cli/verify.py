@@ -23,7 +23,7 @@ class VerifyCommand:
         parser.add_argument(
             "--remote",
             action="store_true",
-            help="check the header and both file sizes only, reading 50 bytes of the .idx in "
+            help="check the header and both file sizes only, reading 46 bytes of the .idx in "
             "place: nothing is downloaded or cached (quick on object storage)",
         )
 

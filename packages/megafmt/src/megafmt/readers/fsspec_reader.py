@@ -157,14 +157,20 @@ class FsspecBinReader:
             fs, self._path_in_fs, self.path, start, end, self.policy, self.retry_count
         )
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: read from a closed reader")
+
     def _urgent_pool(self) -> ThreadPoolExecutor:
         """Threads for requests a read is waiting on, apart from the fetch-ahead ones."""
+        self._check_open()
         if self._urgent is None:
             self._urgent = ThreadPoolExecutor(2 * self.threads, thread_name_prefix="megafmt-read")
         return self._urgent
 
     def _ahead_pool(self) -> ThreadPoolExecutor:
         """Threads for requests sent ahead of use (read-ahead, announced reads)."""
+        self._check_open()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="megafmt-fetch")
         return self._pool
@@ -241,40 +247,38 @@ class FsspecBinReader:
 
     # spans: announced reads, and reads that jump elsewhere
 
-    def _covering_span(self, start: int, end: int) -> tuple[tuple[int, int], Future[bytes]] | None:
-        """A span fetched or under way that holds bytes ``start`` to ``end``, moved to the front
-        (dropped first: a read rarely comes back to bytes it has read)."""
-        with self._lock:
-            for key, pending in self._spans.items():
-                if key[0] <= start and end <= key[1]:
-                    self._spans.move_to_end(key, last=False)
-                    return key, pending
+    def _span_holding(self, start: int, end: int) -> tuple[int, int] | None:
+        """The span, fetched or under way, that holds bytes ``start`` to ``end`` (lock held)."""
+        for key in self._spans:
+            if key[0] <= start and end <= key[1]:
+                return key
         return None
 
+    def _held_in_chunks(self, start: int, end: int) -> bool:
+        """Whether every chunk of bytes ``start`` to ``end`` is cached or under way (lock held)."""
+        first, last = start // self.chunk_bytes, (end - 1) // self.chunk_bytes
+        return all(c in self._chunks or c in self._pending for c in range(first, last + 1))
+
     def _add_span(
-        self,
-        start: int,
-        end: int,
-        pool: ThreadPoolExecutor,
-        keep: set[tuple[int, int]] | None = None,
+        self, key: tuple[int, int], pool: ThreadPoolExecutor, keep: set[tuple[int, int]] | None
     ) -> Future[bytes] | None:
-        """Send a request for bytes ``start`` to ``end`` on ``pool``, dropping spans from the
-        front to stay within half the cache. With ``keep`` (announced reads), none of those
-        spans is dropped, and None is returned when there is no room (the plan is larger than
-        the budget); without it (a read needs the bytes now) the span is always added."""
-        key = (start, end)
+        """Send a request for the bytes of ``key`` (start, end) on ``pool``, dropping spans from
+        the front to stay within half the cache (lock held). With ``keep`` (announced reads),
+        none of those spans is dropped, and None is returned when there is no room (the plan is
+        larger than the budget); without it (a read needs the bytes now) the span is always
+        added."""
+        size = key[1] - key[0]
         budget = self.cache_bytes // 2
-        with self._lock:
-            while self._spans and self._span_bytes + end - start > budget:
-                front = next(iter(self._spans))
-                if keep is not None and front in keep:
-                    break
-                del self._spans[front]
-                self._span_bytes -= front[1] - front[0]
-            if keep is not None and self._span_bytes + end - start > budget:
+        while self._spans and self._span_bytes + size > budget:
+            front = next(iter(self._spans))
+            if keep is not None and front in keep:
                 return None
-            pending = self._spans[key] = Future()
-            self._span_bytes += end - start
+            del self._spans[front]
+            self._span_bytes -= front[1] - front[0]
+        if keep is not None and self._span_bytes + size > budget:
+            return None
+        pending = self._spans[key] = Future()
+        self._span_bytes += size
         pool.submit(self._load_span, key, pending)
         return pending
 
@@ -294,8 +298,7 @@ class FsspecBinReader:
             if not pending.done():
                 pending.set_result(data)
 
-    def _read_span(self, key: tuple[int, int], pending: Future[bytes] | None) -> bytes:
-        assert pending is not None, "a read's span is always added"
+    def _read_span(self, key: tuple[int, int], pending: Future[bytes]) -> bytes:
         urgent = self._urgent_pool()
         return self._wait(pending, lambda: urgent.submit(self._load_span, key, pending))
 
@@ -311,23 +314,22 @@ class FsspecBinReader:
             if size > 0 and offset >= 0 and offset + size <= self.nbytes
         ]
         self._filesystem()
+        pool = self._ahead_pool()
         keep: set[tuple[int, int]] = set()
         started = 0
         for start, end in merge_ranges(wanted):
-            first, last = start // self.chunk_bytes, (end - 1) // self.chunk_bytes
             with self._lock:
-                held = all(c in self._chunks or c in self._pending for c in range(first, last + 1))
-            found = None if held else self._covering_span(start, end)
-            if held or found is not None:
-                if found is not None:  # announced again: read later than it seemed, keep it
-                    with self._lock:
-                        self._spans.move_to_end(found[0])
-                    keep.add(found[0])
-                continue
-            if self._add_span(start, end, self._ahead_pool(), keep) is None:
-                break
-            keep.add((start, end))
-            started += 1
+                if self._held_in_chunks(start, end):
+                    continue
+                key = self._span_holding(start, end)
+                if key is not None:  # announced again: read later than it seemed, keep it
+                    self._spans.move_to_end(key)
+                elif self._add_span((start, end), pool, keep) is None:
+                    break
+                else:
+                    key = (start, end)
+                    started += 1
+                keep.add(key)
         return started
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
@@ -335,40 +337,49 @@ class FsspecBinReader:
         itemsize = numpy.dtype(dtype).itemsize
         check_read_range(self.path, self.nbytes, offset, count, itemsize)
         size = count * itemsize
-        if self._closed:
-            raise ValueError(f"{self.path}: read from a closed reader")
+        self._check_open()
         if size == 0:
             return numpy.empty(0, dtype=dtype)
         self._filesystem()
         first, last = offset // self.chunk_bytes, (offset + size - 1) // self.chunk_bytes
         sequential = first in (self._last_chunk, self._last_chunk + 1)
         self._last_chunk = last
+        span: tuple[tuple[int, int], Future[bytes]] | None = None
         with self._lock:
-            held = all(c in self._chunks or c in self._pending for c in range(first, last + 1))
-        found = None if held else self._covering_span(offset, offset + size)
-        if found is None and not held and not sequential:
-            key = (offset, min(self.nbytes, offset + max(size, self.random_read_bytes)))
-            found = key, self._add_span(*key, self._urgent_pool())
-        if found is None:
+            held = self._held_in_chunks(offset, offset + size)
+            key = None if held else self._span_holding(offset, offset + size)
+            if key is not None:  # dropped first from now on: reads rarely come back
+                self._spans.move_to_end(key, last=False)
+                span = key, self._spans[key]
+            elif not held and not sequential:
+                key = (offset, min(self.nbytes, offset + max(size, self.random_read_bytes)))
+                span = key, self._add_span(key, self._urgent_pool(), None)  # type: ignore[assignment]
+        if span is None:
             data = self._read_chunks(first, last, sequential)
             start = offset - first * self.chunk_bytes
         else:
-            data = self._read_span(*found)
-            start = offset - found[0][0]
+            data = self._read_span(*span)
+            start = offset - span[0][0]
         return numpy.frombuffer(data, dtype=dtype, count=count, offset=start).copy()
 
     def close(self) -> None:
-        """Stop fetching ahead and drop the cached chunks; arrays already read stay valid."""
-        self._closed = True
-        for pool in (self._pool, self._urgent):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = self._urgent = None
+        """Stop fetching and drop what is held; arrays already read stay valid, and a read
+        still waiting fails with a clear error."""
         with self._lock:
+            self._closed = True
+            closed = ValueError(f"{self.path}: the reader was closed while this read waited")
+            for pending in [*self._pending.values(), *self._spans.values()]:
+                if not pending.done():
+                    pending.set_exception(closed)
+            self._pending.clear()
             self._chunks.clear()
             self._cached = 0
             self._spans.clear()
             self._span_bytes = 0
+        for pool in (self._pool, self._urgent):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._urgent = None
 
 
 def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
