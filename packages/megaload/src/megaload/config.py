@@ -49,6 +49,11 @@ class DataLoaderConfig:
     persistent_workers: bool | None = None
     """Keep workers between epochs (default: when there are workers)."""
 
+    shared_batches: bool = True
+    """Workers hand batches over through shared-memory slots set up once, each batch copied
+    out as it arrives (``megaload.shared_batches``); False: torch's new shared memory for every
+    tensor of every batch."""
+
     pad_last_batch: bool = False
     """``single`` with ``drop_last=False``: fill the last micro-batch with padding samples
     (index None) instead of giving higher ranks a short or empty one."""

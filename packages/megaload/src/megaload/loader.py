@@ -17,11 +17,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 
 from megaload.config import EXTERNAL, DataLoaderConfig
 from megaload.planned import PlannedBatchSampler
 from megaload.samplers import SAMPLERS, SamplerError
+from megaload.shared_batches import Collate, SlotReader, available
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +38,12 @@ def close_gpu_descriptors(worker_id: int) -> None:
                 os.close(int(name))
 
 
-def collate(batch: Any) -> Any:
-    """torch's default collation, except for a batch the dataset already collated (a mapping
-    returned by its ``__getitems__``), which passes through untouched."""
-    return batch if isinstance(batch, Mapping) else default_collate(batch)
+#: torch's default collation, except for a batch the dataset already collated (a mapping
+#: returned by its ``__getitems__``), which passes through untouched
+collate = Collate()
+
+#: batches each worker has under way at most (the DataLoader's prefetch_factor)
+PREFETCH_FACTOR = 2
 
 
 class MegatronDataLoader:
@@ -65,6 +68,7 @@ class MegatronDataLoader:
             self.micro_batch_size = 1
         self.data_parallel_size = config.data_parallel_size
         self.consumed_samples = consumed_samples
+        self.slots = SlotReader(pin_memory=False)
         self.loader = self._build(consumed_samples)
 
     @property
@@ -118,14 +122,18 @@ class MegatronDataLoader:
         batches = self.batch_sampler
         if callable(getattr(self.dataset, "prefetch", None)):  # e.g. a corpus in object storage
             batches = PlannedBatchSampler(batches, max(1, workers))
+        shared = workers > 0 and config.shared_batches and available()
+        self.slots.close()
+        self.slots = SlotReader(pin_memory=pin and torch.cuda.is_available())
         return DataLoader(
             self.dataset,
             batch_sampler=batches,
             num_workers=workers,
-            pin_memory=pin,
+            pin_memory=pin and not shared,  # shared batches are copied out into pinned memory
             persistent_workers=persistent and workers > 0,
             worker_init_fn=close_gpu_descriptors if workers > 0 else None,
-            collate_fn=collate,
+            collate_fn=Collate(PREFETCH_FACTOR + 2 if shared else None),
+            prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
         )
 
     def __len__(self) -> int:
@@ -135,7 +143,10 @@ class MegatronDataLoader:
         # each pass starts where the last one stopped: the samplers read this when iterated
         if hasattr(self.batch_sampler, "consumed_samples"):
             self.batch_sampler.consumed_samples = self.consumed_samples
-        for batch in self.loader:
+        if not self.loader.persistent_workers:  # new workers, new slots
+            self.slots.close()
+        for item in self.loader:
+            batch = self.slots.read(item)  # at once: the worker reuses the slot later
             self.consumed_samples += self.samples_per_batch
             if self.sampler_name == "single":  # the last global batch may be short
                 self.consumed_samples = min(self.consumed_samples, len(self.dataset))

@@ -1,0 +1,173 @@
+"""Batches from DataLoader workers through shared memory that is set up once.
+
+torch hands every batch a worker makes to the trainer in new shared memory: for each tensor of
+each batch a segment is created, sized, mapped, sent as a descriptor and mapped again, which on
+a small machine costs more than making the batch. Here each worker maps one file in
+``/dev/shm`` of a few fixed slots, once; it writes a batch into its next slot and sends only
+where the tensors lie, and the loader copies them out at once into one ordinary buffer (one
+copy, a few hundred KiB for a micro-batch of 4 x 4096).
+
+Why a slot is never overwritten before it is copied: a worker fills its slots in turn, and the
+DataLoader hands a worker a new batch only after the trainer took an earlier one, so a worker
+never has more than ``prefetch_factor`` batches under way; the loader copies each batch out as
+it arrives, and ``prefetch_factor + 2`` slots leave a margin. Batches that are not a mapping of
+plain contiguous tensors, or that outgrow the slots, take torch's way unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing import util
+from typing import Any
+
+import numpy
+import torch
+from torch.utils.data import default_collate, get_worker_info
+
+SHM_DIR = "/dev/shm"
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class SlotBatch:
+    """Where a worker wrote a batch: the file, the slot's offset, each tensor's key, dtype,
+    shape and offset within the slot, and the values that are not tensors."""
+
+    path: str
+    offset: int
+    nbytes: int
+    tensors: dict[str, tuple[torch.dtype, tuple[int, ...], int]]
+    others: dict[str, Any]
+    keys: tuple[str, ...]
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
+def _layout(batch: Any) -> tuple[list[tuple[str, torch.Tensor, int]], int] | None:
+    """Each tensor of ``batch`` with its offset in a slot, and the bytes used; None when the
+    batch is not a mapping of contiguous tensors (and other values)."""
+    if not isinstance(batch, Mapping):
+        return None
+    placed, used = [], 0
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            if not value.is_contiguous() or value.is_cuda:
+                return None
+            placed.append((key, value, used))
+            used += _aligned(value.numel() * value.element_size())
+    return (placed, used) if placed else None
+
+
+class SlotWriter:
+    """A worker's slots: made on the first batch, sized for it, reused in turn."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.pid = -1
+
+    def _open(self, slot_bytes: int) -> None:
+        self.pid = os.getpid()
+        self.slot_bytes = slot_bytes
+        self.next = 0
+        self.path = os.path.join(SHM_DIR, f"megaload-{self.pid}-{uuid.uuid4().hex}")
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(descriptor, slot_bytes * self.slots)
+            self.map = mmap.mmap(descriptor, slot_bytes * self.slots)
+        finally:
+            os.close(descriptor)
+        # the loader removes the file when it first maps it; this covers a worker that ends first
+        util.Finalize(self, _remove, args=(self.path,), exitpriority=10)
+
+    def write(self, batch: Any) -> Any:
+        """``batch`` as a :class:`SlotBatch` written into the next slot, or unchanged."""
+        layout = _layout(batch)
+        if layout is None:
+            return batch
+        placed, used = layout
+        if self.pid != os.getpid():
+            self._open(_aligned(used))
+        if used > self.slot_bytes:
+            return batch
+        offset = self.next * self.slot_bytes
+        self.next = (self.next + 1) % self.slots
+        slot = torch.frombuffer(self.map, dtype=torch.uint8, count=used, offset=offset)
+        tensors = {}
+        for key, tensor, start in placed:
+            size = tensor.numel() * tensor.element_size()
+            slot[start : start + size].copy_(tensor.reshape(-1).view(torch.uint8))
+            tensors[key] = (tensor.dtype, tuple(tensor.shape), start)
+        others = {key: value for key, value in batch.items() if key not in tensors}
+        return SlotBatch(self.path, offset, used, tensors, others, tuple(batch))
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+class SlotReader:
+    """The loader's side: maps each worker's file once and copies each batch out."""
+
+    def __init__(self, pin_memory: bool) -> None:
+        self.pin_memory = pin_memory
+        self.maps: dict[str, mmap.mmap] = {}
+
+    def read(self, item: Any) -> Any:
+        """The batch ``item`` stands for (``item`` itself unless it is a :class:`SlotBatch`)."""
+        if not isinstance(item, SlotBatch):
+            return item
+        mapped = self.maps.get(item.path)
+        if mapped is None:
+            descriptor = os.open(item.path, os.O_RDONLY)
+            try:
+                mapped = self.maps[item.path] = mmap.mmap(
+                    descriptor, 0, mmap.MAP_SHARED, mmap.PROT_READ
+                )
+            finally:
+                os.close(descriptor)
+            _remove(item.path)  # mapped on both sides: nothing is left behind when they end
+        buffer = torch.empty(item.nbytes, dtype=torch.uint8, pin_memory=self.pin_memory)
+        buffer.numpy()[:] = numpy.frombuffer(mapped, numpy.uint8, item.nbytes, item.offset)
+        batch: dict[str, Any] = {}
+        for key in item.keys:
+            if key in item.tensors:
+                dtype, shape, start = item.tensors[key]
+                size = torch.Size(shape).numel() * dtype.itemsize
+                batch[key] = buffer[start : start + size].view(dtype).view(shape)
+            else:
+                batch[key] = item.others[key]
+        return batch
+
+    def close(self) -> None:
+        for mapped in self.maps.values():
+            mapped.close()
+        self.maps.clear()
+
+
+def available() -> bool:
+    """Whether this system has the shared-memory folder the slots live in."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+class Collate:
+    """torch's default collation, except for a batch the dataset already collated (a mapping
+    returned by its ``__getitems__``), which passes through; with ``slots``, a batch made in a
+    worker is then written into that worker's shared slots."""
+
+    def __init__(self, slots: int | None = None) -> None:
+        self.writer = SlotWriter(slots) if slots else None
+
+    def __call__(self, batch: Any) -> Any:
+        if not isinstance(batch, Mapping):
+            batch = default_collate(batch)
+        if self.writer is not None and get_worker_info() is not None:
+            return self.writer.write(batch)
+        return batch

@@ -1,0 +1,103 @@
+"""Batches from workers through shared slots: equal to torch's way, slots reused safely,
+nothing left in /dev/shm, and torch's way for what does not fit."""
+
+import os
+
+import pytest
+import torch
+
+from megaload import DataLoaderConfig, build_pretraining_data_loader
+from megaload.shared_batches import SHM_DIR, Collate, SlotBatch, SlotReader, SlotWriter
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
+
+
+class Batches(torch.utils.data.Dataset):
+    """Already collated batches (``__getitems__``) whose every value tells its indices."""
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, idx):
+        raise AssertionError("batches are read with __getitems__")
+
+    def __getitems__(self, indices):
+        ids = torch.tensor(indices)
+        return {
+            "tokens": ids[:, None] * 1000 + torch.arange(64),
+            "loss_mask": (ids[:, None] % 3 == 0).float().expand(-1, 64).contiguous(),
+            "dataset_id": None,
+            "first": int(indices[0]),
+            "flags": ids % 2 == 0,
+        }
+
+
+def shm_files():
+    return {name for name in os.listdir(SHM_DIR) if name.startswith("megaload-")}
+
+
+def test_a_batch_round_trips_through_a_slot_as_a_copy():
+    batch = Batches().__getitems__([4, 5, 6])
+    writer = SlotWriter(slots=2)
+    item = writer.write(batch)
+    assert isinstance(item, SlotBatch) and item.path.startswith(SHM_DIR)
+    reader = SlotReader(pin_memory=False)
+    copy = reader.read(item)
+    assert list(copy) == list(batch)  # the keys in their order
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert copy[key].dtype == value.dtype and torch.equal(copy[key], value)
+        else:
+            assert copy[key] == value
+    assert not os.path.exists(item.path)  # removed once mapped on both sides
+    writer.write(Batches().__getitems__([7, 8, 9]))  # the other slot
+    writer.write(Batches().__getitems__([1, 2, 3]))  # this batch's slot again
+    assert torch.equal(copy["tokens"], batch["tokens"])  # the copy does not change
+    reader.close()
+
+
+def test_what_does_not_fit_a_slot_passes_unchanged():
+    writer = SlotWriter(slots=2)
+    listed = [torch.zeros(3)]
+    assert writer.write(listed) is listed  # not a mapping
+    strided = {"mask": torch.ones(4, 4).expand(2, 4, 4)}
+    assert writer.write(strided) is strided
+    writer.write({"tokens": torch.zeros(4)})  # sizes the slots for 32 bytes
+    larger = {"tokens": torch.zeros(100)}
+    assert writer.write(larger) is larger
+    assert SlotReader(pin_memory=False).read(larger) is larger
+    collate = Collate(slots=2)
+    assert collate([{"a": torch.tensor(1)}, {"a": torch.tensor(2)}])["a"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("persistent,pin", [(True, False), (False, True)])
+def test_a_loader_with_workers_gives_torchs_batches(persistent, pin):
+    before = shm_files()
+    loaders = {
+        shared: build_pretraining_data_loader(
+            Batches(),
+            0,
+            DataLoaderConfig(
+                micro_batch_size=4,
+                num_workers=2,
+                shared_batches=shared,
+                persistent_workers=persistent,
+                pin_memory=pin,  # pinned where CUDA is, as torch does; ignored here otherwise
+            ),
+        )
+        for shared in (True, False)
+    }
+    for _ in range(2):  # two passes: persistent workers keep their slots, new ones make theirs
+        ours, torchs = (list(loaders[shared]) for shared in (True, False))
+        assert len(ours) == len(torchs) == 100  # 25 batches of each worker: slots reused often
+        for mine, theirs in zip(ours, torchs, strict=True):
+            assert list(mine) == list(theirs)
+            assert torch.equal(mine["tokens"], theirs["tokens"])
+            assert torch.equal(mine["loss_mask"], theirs["loss_mask"])
+            assert torch.equal(mine["flags"], theirs["flags"])
+            assert mine["first"] == theirs["first"] and mine["dataset_id"] is None
+            assert mine["tokens"].is_pinned() == theirs["tokens"].is_pinned()
+        assert len(loaders[True].slots.maps) == 2 and not loaders[False].slots.maps
+        loaders[True].consumed_samples = loaders[False].consumed_samples = 0
+    del loaders
+    assert shm_files() == before
