@@ -60,28 +60,23 @@ class SampleMaker:
     def __call__(self, text: numpy.ndarray, padding_sample: bool = False) -> dict[str, Any]:
         """The sample for ``text`` (int64, ``S + 1`` ids with the extra token, else ``S``);
         ``padding_sample`` (megatron-core's ``idx=None``) zeroes its loss mask."""
-        batch = self.batch(text[None, :], [padding_sample])
-        sample = {key: value[0] for key, value in batch.items()}
-        if "attention_mask" in sample and not self.reset_attention_mask:
-            sample["attention_mask"] = self.causal_mask
-        return sample
+        return self._make(text[None, :], [padding_sample], single=True)
 
     def batch(self, texts: numpy.ndarray, padding: list[bool]) -> dict[str, Any]:
         """The collated samples of the rows of ``texts`` (int64, ``[B, S (+1)]``)."""
+        return self._make(texts, padding, single=False)
+
+    def _make(self, texts: numpy.ndarray, padding: list[bool], single: bool) -> dict[str, Any]:
         rows, length = len(texts), self.sequence_length
+        shape = (length,) if single else (rows, length)
+        size = rows * length
         # int64 tokens, labels and positions, then float32 loss mask: every view is aligned
-        buffer = torch.empty(rows * length * 28, dtype=torch.uint8)
-        tokens, labels, position_ids, loss_mask = (
-            buffer[start : start + rows * length * size].view(dtype).view(rows, length)
-            for start, size, dtype in (
-                (0, 8, torch.int64),
-                (rows * length * 8, 8, torch.int64),
-                (rows * length * 16, 8, torch.int64),
-                (rows * length * 24, 4, torch.float32),
-            )
-        )
-        tokens_np, labels_np = tokens.numpy(), labels.numpy()
-        loss_np, positions_np = loss_mask.numpy(), position_ids.numpy()
+        buffer = torch.empty(size * 28, dtype=torch.uint8)
+        integers = buffer[: size * 24].view(torch.int64)
+        tokens, labels, position_ids = integers.view(3, *shape).unbind(0)
+        loss_mask = buffer[size * 24 :].view(torch.float32).view(shape)
+        tokens_np, labels_np, positions_np = integers.numpy().reshape(3, rows, length)
+        loss_np = loss_mask.numpy().reshape(rows, length)
         tokens_np[:] = texts[:, :length]
         labels_np[:, : length - 1] = texts[:, 1:length]
         labels_np[:, length - 1] = texts[:, length] if self.extra else self.pad
@@ -104,16 +99,21 @@ class SampleMaker:
                 threads = torch.get_num_threads()
                 for row in range(rows):
                     implementation().fill_document_causal_mask(starts[row], mask[row, 0], threads)
-                sample["attention_mask"] = torch.from_numpy(mask)
+                sample["attention_mask"] = torch.from_numpy(mask[0] if single else mask)
+            elif single:
+                sample["attention_mask"] = self.causal_mask
             else:
                 sample["attention_mask"] = self.causal_mask.expand(rows, 1, length, length)
         sample["loss_mask"] = loss_mask
         sample["position_ids"] = position_ids
 
-        # pad ids: no loss where the label is one, and 0 in tokens and labels (embeddable)
-        label_is_pad = labels_np == self.pad
-        loss_np[label_is_pad] = 0.0
-        labels_np[label_is_pad] = 0
-        tokens_np[tokens_np == self.pad] = 0
-        loss_np[numpy.asarray(padding, dtype=bool)] = 0.0
+        # pad ids: no loss where the label is one, and 0 in tokens and labels (embeddable);
+        # the window holds none unless it was padded (or the pad id is a real token)
+        if not self.extra or (texts == self.pad).any():
+            label_is_pad = labels_np == self.pad
+            loss_np[label_is_pad] = 0.0
+            labels_np[label_is_pad] = 0
+            tokens_np[tokens_np == self.pad] = 0
+        if any(padding):
+            loss_np[numpy.asarray(padding, dtype=bool)] = 0.0
         return sample
