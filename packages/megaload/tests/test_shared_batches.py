@@ -12,6 +12,9 @@ from megaload.shared_batches import SHM_DIR, Collate, SlotBatch, SlotReader, Slo
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
 
 
+CAUSAL = torch.ones(64, 64, dtype=torch.bool).triu_(1).unsqueeze(0)
+
+
 class Batches(torch.utils.data.Dataset):
     """Already collated batches (``__getitems__``) whose every value tells its indices."""
 
@@ -29,6 +32,7 @@ class Batches(torch.utils.data.Dataset):
             "dataset_id": None,
             "first": int(indices[0]),
             "flags": ids % 2 == 0,
+            "attention_mask": CAUSAL.expand(len(indices), 1, 64, 64),  # torch's way, beside
         }
 
 
@@ -56,12 +60,39 @@ def test_a_batch_round_trips_through_a_slot_as_a_copy():
     reader.close()
 
 
+def test_tensors_that_are_not_contiguous_travel_beside_the_slot():
+    causal = torch.ones(8, 8, dtype=torch.bool).triu_(1).unsqueeze(0)
+    batch = {"attention_mask": causal.expand(3, 1, 8, 8), "tokens": torch.arange(6).view(3, 2)}
+    writer = SlotWriter(slots=2)  # its file goes with it
+    item = writer.write(batch)
+    assert item.nbytes == 64 and list(item.tensors) == ["tokens"]  # 48 bytes, aligned
+    assert item.others["attention_mask"] is batch["attention_mask"]  # pickled by torch
+    copy = SlotReader(pin_memory=False).read(item)
+    assert list(copy) == ["attention_mask", "tokens"]
+    assert torch.equal(copy["tokens"], batch["tokens"])
+
+
+def test_without_room_in_shared_memory_batches_go_torchs_way(monkeypatch, tmp_path):
+    from megaload import shared_batches
+
+    before = shm_files()
+    batch = {"tokens": torch.zeros(4)}
+    large = {"tokens": torch.zeros(100)}
+    assert SlotWriter(slots=2, max_slot_bytes=64).write(large) is large
+    empty = {"tokens": torch.zeros(0)}
+    assert SlotWriter(slots=2).write(empty) is empty
+    monkeypatch.setattr(shared_batches, "SHM_DIR", str(tmp_path / "missing"))
+    writer = SlotWriter(slots=2)
+    assert writer.write(batch) is batch and writer.write(batch) is batch
+    assert shm_files() == before
+
+
 def test_what_does_not_fit_a_slot_passes_unchanged():
     writer = SlotWriter(slots=2)
     listed = [torch.zeros(3)]
     assert writer.write(listed) is listed  # not a mapping
-    strided = {"mask": torch.ones(4, 4).expand(2, 4, 4)}
-    assert writer.write(strided) is strided
+    transposed = {"mask": torch.ones(4, 3).t()}
+    assert writer.write(transposed) is transposed  # no contiguous tensor: nothing to write
     writer.write({"tokens": torch.zeros(4)})  # sizes the slots for 32 bytes
     larger = {"tokens": torch.zeros(100)}
     assert writer.write(larger) is larger
@@ -95,9 +126,23 @@ def test_a_loader_with_workers_gives_torchs_batches(persistent, pin):
             assert torch.equal(mine["tokens"], theirs["tokens"])
             assert torch.equal(mine["loss_mask"], theirs["loss_mask"])
             assert torch.equal(mine["flags"], theirs["flags"])
+            assert torch.equal(mine["attention_mask"], theirs["attention_mask"])
             assert mine["first"] == theirs["first"] and mine["dataset_id"] is None
             assert mine["tokens"].is_pinned() == theirs["tokens"].is_pinned()
-        assert len(loaders[True].slots.maps) == 2 and not loaders[False].slots.maps
+        # persistent workers' slots stay mapped for the next pass; others' go with their pass
+        assert len(loaders[True].slots.maps) == (2 if persistent else 0)
+        assert not loaders[False].slots.maps
         loaders[True].consumed_samples = loaders[False].consumed_samples = 0
     del loaders
     assert shm_files() == before
+
+
+def test_a_pass_started_while_another_is_under_way_leaves_it_working():
+    config = DataLoaderConfig(micro_batch_size=4, num_workers=2, persistent_workers=False)
+    loader = build_pretraining_data_loader(Batches(), 0, config)
+    first = iter(loader)
+    heads = [next(first)["first"] for _ in range(3)]
+    loader.consumed_samples = 0
+    assert [batch["first"] for batch in loader] == list(range(0, 400, 4))
+    heads.append(next(first)["first"])
+    assert heads == [0, 4, 8, 12]

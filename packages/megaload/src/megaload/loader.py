@@ -68,7 +68,6 @@ class MegatronDataLoader:
             self.micro_batch_size = 1
         self.data_parallel_size = config.data_parallel_size
         self.consumed_samples = consumed_samples
-        self.slots = SlotReader(pin_memory=False)
         self.loader = self._build(consumed_samples)
 
     @property
@@ -123,13 +122,13 @@ class MegatronDataLoader:
         if callable(getattr(self.dataset, "prefetch", None)):  # e.g. a corpus in object storage
             batches = PlannedBatchSampler(batches, max(1, workers))
         shared = workers > 0 and config.shared_batches and available()
-        self.slots.close()
+        # a pass still running over the loader this replaces keeps its own reader
         self.slots = SlotReader(pin_memory=pin and torch.cuda.is_available())
         return DataLoader(
             self.dataset,
             batch_sampler=batches,
             num_workers=workers,
-            pin_memory=pin and not shared,  # shared batches are copied out into pinned memory
+            pin_memory=pin,  # batches that went torch's way; the slots' are copied out pinned
             persistent_workers=persistent and workers > 0,
             worker_init_fn=close_gpu_descriptors if workers > 0 else None,
             collate_fn=Collate(PREFETCH_FACTOR + 2 if shared else None),
@@ -143,14 +142,19 @@ class MegatronDataLoader:
         # each pass starts where the last one stopped: the samplers read this when iterated
         if hasattr(self.batch_sampler, "consumed_samples"):
             self.batch_sampler.consumed_samples = self.consumed_samples
-        if not self.loader.persistent_workers:  # new workers, new slots
-            self.slots.close()
-        for item in self.loader:
-            batch = self.slots.read(item)  # at once: the worker reuses the slot later
-            self.consumed_samples += self.samples_per_batch
-            if self.sampler_name == "single":  # the last global batch may be short
-                self.consumed_samples = min(self.consumed_samples, len(self.dataset))
-            yield batch
+        # persistent workers keep their slots from pass to pass; new workers make new ones
+        persistent = self.loader.persistent_workers
+        slots = self.slots if persistent else SlotReader(self.slots.pin_memory)
+        try:
+            for item in self.loader:
+                batch = slots.read(item)  # at once: the worker reuses the slot later
+                self.consumed_samples += self.samples_per_batch
+                if self.sampler_name == "single":  # the last global batch may be short
+                    self.consumed_samples = min(self.consumed_samples, len(self.dataset))
+                yield batch
+        finally:
+            if not persistent:
+                slots.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: enough to continue on exactly the next sample."""

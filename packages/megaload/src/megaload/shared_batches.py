@@ -10,8 +10,10 @@ copy, a few hundred KiB for a micro-batch of 4 x 4096).
 Why a slot is never overwritten before it is copied: a worker fills its slots in turn, and the
 DataLoader hands a worker a new batch only after the trainer took an earlier one, so a worker
 never has more than ``prefetch_factor`` batches under way; the loader copies each batch out as
-it arrives, and ``prefetch_factor + 2`` slots leave a margin. Batches that are not a mapping of
-plain contiguous tensors, or that outgrow the slots, take torch's way unchanged.
+it arrives, and ``prefetch_factor + 2`` slots leave a margin. Tensors that are not contiguous
+(a causal mask expanded over the batch, whose storage torch shares once and then only names)
+travel torch's way beside the slot. Batches that are not a mapping, that outgrow the slots, or
+that find no room in /dev/shm take torch's way whole.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from torch.utils.data import default_collate, get_worker_info
 
 SHM_DIR = "/dev/shm"
 ALIGN = 64
+#: slots are made for batches up to this size; larger ones (dense S x S masks) go torch's way
+MAX_SLOT_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
 class SlotBatch:
-    """Where a worker wrote a batch: the file, the slot's offset, each tensor's key, dtype,
-    shape and offset within the slot, and the values that are not tensors."""
+    """Where a worker wrote a batch: the file, the slot's offset and bytes used; for each
+    tensor written its dtype, shape and offset within the slot; the other values (tensors among
+    them travel torch's way), and the keys in order."""
 
     path: str
     offset: int
@@ -51,40 +56,50 @@ def _aligned(size: int) -> int:
 
 
 def _layout(batch: Any) -> tuple[list[tuple[str, torch.Tensor, int]], int] | None:
-    """Each tensor of ``batch`` with its offset in a slot, and the bytes used; None when the
-    batch is not a mapping of contiguous tensors (and other values)."""
+    """The contiguous tensors of ``batch`` in memory, each with its offset in a slot, and the
+    bytes used; None when the batch is not a mapping or has no such tensor with any bytes."""
     if not isinstance(batch, Mapping):
         return None
     placed, used = [], 0
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            if not value.is_contiguous() or value.is_cuda:
-                return None
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.is_contiguous():
             placed.append((key, value, used))
             used += _aligned(value.numel() * value.element_size())
-    return (placed, used) if placed else None
+    return (placed, used) if used else None
 
 
 class SlotWriter:
-    """A worker's slots: made on the first batch, sized for it, reused in turn."""
+    """A worker's slots: made on the first batch, sized for it, reused in turn. Where they
+    cannot be made (no room in /dev/shm), every batch takes torch's way."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, max_slot_bytes: int = MAX_SLOT_BYTES) -> None:
         self.slots = slots
+        self.max_slot_bytes = max_slot_bytes
         self.pid = -1
+        self.map: mmap.mmap | None = None
 
     def _open(self, slot_bytes: int) -> None:
         self.pid = os.getpid()
-        self.slot_bytes = slot_bytes
-        self.next = 0
-        self.path = os.path.join(SHM_DIR, f"megaload-{self.pid}-{uuid.uuid4().hex}")
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self.map = None
+        if slot_bytes > self.max_slot_bytes:
+            return
+        path = os.path.join(SHM_DIR, f"megaload-{self.pid}-{uuid.uuid4().hex}")
         try:
-            os.ftruncate(descriptor, slot_bytes * self.slots)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return
+        # the loader removes the file when it first maps it; this covers a worker that ends first
+        util.Finalize(self, _remove, args=(path,), exitpriority=10)
+        try:
+            # reserved now: a full /dev/shm is an error here, not a SIGBUS on a later write
+            os.posix_fallocate(descriptor, 0, slot_bytes * self.slots)
             self.map = mmap.mmap(descriptor, slot_bytes * self.slots)
+        except OSError:
+            _remove(path)
+            return
         finally:
             os.close(descriptor)
-        # the loader removes the file when it first maps it; this covers a worker that ends first
-        util.Finalize(self, _remove, args=(self.path,), exitpriority=10)
+        self.path, self.slot_bytes, self.next = path, slot_bytes, 0
 
     def write(self, batch: Any) -> Any:
         """``batch`` as a :class:`SlotBatch` written into the next slot, or unchanged."""
@@ -94,7 +109,7 @@ class SlotWriter:
         placed, used = layout
         if self.pid != os.getpid():
             self._open(_aligned(used))
-        if used > self.slot_bytes:
+        if self.map is None or used > self.slot_bytes:
             return batch
         offset = self.next * self.slot_bytes
         self.next = (self.next + 1) % self.slots
@@ -117,6 +132,8 @@ class SlotReader:
     """The loader's side: maps each worker's file once and copies each batch out."""
 
     def __init__(self, pin_memory: bool) -> None:
+        #: copy batches out into pinned memory (batches that went torch's way are pinned by the
+        #: DataLoader)
         self.pin_memory = pin_memory
         self.maps: dict[str, mmap.mmap] = {}
 
@@ -143,7 +160,9 @@ class SlotReader:
                 size = torch.Size(shape).numel() * dtype.itemsize
                 batch[key] = buffer[start : start + size].view(dtype).view(shape)
             else:
-                batch[key] = item.others[key]
+                value = item.others[key]
+                pin = self.pin_memory and isinstance(value, torch.Tensor)
+                batch[key] = value.pin_memory() if pin else value
         return batch
 
     def close(self) -> None:
