@@ -103,3 +103,13 @@ def test_a_failed_descriptor_stays_open_until_the_reader_closes(flaky):
     reader.close()
     with pytest.raises(OSError):
         os.fstat(first)
+
+
+def test_tokens_view_is_the_whole_bin_when_it_is_mapped(corpus):
+    prefix = corpus([[[1, 2], [3]], [[4, 5, 6]]])
+    mapped = IndexedDataset(prefix)
+    assert mapped.tokens_view.tolist() == [1, 2, 3, 4, 5, 6]
+    assert not mapped.tokens_view.flags.writeable
+    mapped.release_reader()  # as the pool of open readers does: the view comes back
+    assert mapped.tokens_view.tolist() == [1, 2, 3, 4, 5, 6] and mapped.recently_read
+    assert IndexedDataset(prefix, mmap=False).tokens_view is None

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "blending.hpp"
+#include "gather.hpp"
 #include "masks.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
@@ -67,10 +68,38 @@ int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
   return state.pos;
 }
 
+template <typename T>
+void bind_gather_sample(nb::module_& module) {
+  module.def(
+      "gather_sample",
+      [](Input<T> tokens, Input<int64_t> pointers, Input<int32_t> lengths,
+         Input<int32_t> document_index, int64_t begin, int64_t begin_offset, int64_t end,
+         int64_t end_offset, int64_t extra, Output<int64_t> out) {
+        if (pointers.shape(0) != lengths.shape(0)) {
+          throw std::invalid_argument("pointers and lengths differ in length");
+        }
+        return megaindex::gather_sample<T>(
+            tokens.data(), static_cast<int64_t>(tokens.shape(0)), pointers.data(),
+            lengths.data(), static_cast<int64_t>(lengths.shape(0)), document_index.data(),
+            static_cast<int64_t>(document_index.shape(0)), begin, begin_offset, end, end_offset,
+            extra, out.data(), static_cast<int64_t>(out.shape(0)));
+      },
+      "tokens"_a, "pointers"_a, "lengths"_a, "document_index"_a, "begin"_a, "begin_offset"_a,
+      "end"_a, "end_offset"_a, "extra"_a, "out"_a);
+}
+
 }  // namespace
+
 
 NB_MODULE(_ext, m) {
   m.doc() = "C++ index builders of megaindex (private: use megaindex.helpers)";
+
+  bind_gather_sample<uint8_t>(m);
+  bind_gather_sample<int8_t>(m);
+  bind_gather_sample<int16_t>(m);
+  bind_gather_sample<uint16_t>(m);
+  bind_gather_sample<int32_t>(m);
+  bind_gather_sample<int64_t>(m);
 
   m.def("sample_count", &megaindex::sample_count, "num_epochs"_a, "tokens_per_epoch"_a,
         "sequence_length"_a, "drop_last_partial_sequence"_a, "add_extra_token"_a);

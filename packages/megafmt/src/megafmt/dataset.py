@@ -124,6 +124,16 @@ class IndexedDataset:
         reader = self._bin_reader
         return reader if reader is not None else self._attach(self._open_reader())
 
+    @property
+    def tokens_view(self) -> numpy.ndarray | None:
+        """The whole ``.bin`` as one read-only array of tokens when the reader maps the file
+        (the mmap reader), else None: for callers that gather many spans at once, as
+        megaindex's samples do. Counts as a read for the pool of open readers."""
+        self.recently_read = True
+        if self._bin_reader is None:
+            self._attach(self._open_reader())
+        return self._tokens
+
     def release_reader(self) -> None:
         """Drop the ``.bin`` reader (the pool calls this); the next read reopens it."""
         self._tokens = None

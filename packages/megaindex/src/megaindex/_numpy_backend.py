@@ -120,3 +120,45 @@ def fill_document_causal_mask(
     numpy.logical_or(
         columns[None, :] < segment_start[:, None], columns[None, :] > columns[:, None], out=out
     )
+
+
+def gather_sample(
+    tokens: numpy.ndarray,
+    pointers: numpy.ndarray,
+    lengths: numpy.ndarray,
+    document_index: numpy.ndarray,
+    begin: int,
+    begin_offset: int,
+    end: int,
+    end_offset: int,
+    extra: int,
+    out: numpy.ndarray,
+) -> int:
+    """Tokens of documents ``document_index[begin..end]`` (the first from ``begin_offset``, the
+    last up to ``end_offset + extra``) into ``out``; returns how many were written."""
+    if begin < 0 or end < begin or end >= len(document_index):
+        raise IndexError(
+            f"sample spans document_index[{begin}..{end}], outside its {len(document_index)} "
+            "entries"
+        )
+    written = 0
+    for position in range(begin, end + 1):
+        document = int(document_index[position])
+        if not 0 <= document < len(lengths):
+            raise IndexError(
+                f"document {document} at document_index[{position}] is not one of the "
+                f"{len(lengths)} sequences"
+            )
+        size = int(lengths[document])
+        first = begin_offset if position == begin else 0
+        last = end_offset + extra if position == end else size
+        start = int(pointers[document]) // tokens.itemsize + first
+        if first < 0 or last < first or last > size or start + last - first > len(tokens):
+            raise IndexError(
+                f"tokens [{first}, {last}) are outside document {document}, which has {size}"
+            )
+        if written + last - first > len(out):
+            raise IndexError(f"the sample needs room for more than {len(out)} tokens")
+        out[written : written + last - first] = tokens[start : start + last - first]
+        written += last - first
+    return written

@@ -19,6 +19,7 @@ import numpy
 from megafmt import IndexedDataset, corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir
+from megaindex.backends import implementation
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
@@ -133,7 +134,9 @@ class GPTDataset(MegatronDataset):
 
     def __getitem__(self, idx: int | None) -> dict[str, Any]:
         """The sample at ``idx``; None gives a padding sample whose loss mask is all zero."""
-        text, _ = self._query_document_sample_shuffle_indices(0 if idx is None else idx)
+        extra = int(self.config.add_extra_token_to_sequence)
+        text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
+        self._fill_sample(0 if idx is None else idx, text)
         return self._make_sample(text, padding_sample=idx is None)
 
     def __getitems__(self, indices: list[int | None]) -> dict[str, Any]:
@@ -145,7 +148,7 @@ class GPTDataset(MegatronDataset):
         upcoming = getattr(indices, "upcoming", ())
         self.prefetch(0 if idx is None else idx for idx in [*indices, *upcoming])
         for row, idx in enumerate(indices):
-            self._read_sample(0 if idx is None else idx, texts[row])
+            self._fill_sample(0 if idx is None else idx, texts[row])
         return self._make_sample.batch(texts, [idx is None for idx in indices])
 
     def prefetch(self, indices: Iterable[int]) -> None:
@@ -183,6 +186,35 @@ class GPTDataset(MegatronDataset):
         if begin == end:
             lengths[0] = end_offset - begin_offset + extra
         return documents, offsets, lengths
+
+    def _fill_sample(self, idx: int, out: numpy.ndarray) -> None:
+        """Fill ``out`` (int64, one window) with sample ``idx``'s tokens, padded: gathered in one
+        call from the whole ``.bin`` when the corpus is mapped, else read document by document."""
+        if self.shuffle_index is None:
+            self._map_deferred_tables()
+        tokens = getattr(self.dataset, "tokens_view", None)
+        if (
+            tokens is None
+            or tokens.dtype.kind not in "iu"
+            or self.document_index.dtype != numpy.int32
+        ):
+            self._read_sample(idx, out)
+            return
+        sample = int(self.shuffle_index[idx])
+        (begin, begin_offset), (end, end_offset) = self.sample_index[sample : sample + 2].tolist()
+        filled = implementation().gather_sample(
+            tokens,
+            self.dataset.sequence_pointers,
+            self.dataset.sequence_lengths,
+            self.document_index,
+            begin,
+            begin_offset,
+            end,
+            end_offset,
+            int(self.config.add_extra_token_to_sequence),
+            out,
+        )
+        out[filled:] = self._pad_token_id
 
     def _read_sample(self, idx: int, out: numpy.ndarray) -> list[int]:
         """Fill ``out`` (int64, one window) with sample ``idx``'s tokens, padded; returns the ids
