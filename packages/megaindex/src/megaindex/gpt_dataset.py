@@ -7,6 +7,7 @@ samples (see :mod:`megaindex.sample`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -58,6 +59,14 @@ class IndexSource:
     kind: str
     cache_entry: CacheEntry | None
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+@functools.cache
+def can_hold(dtype: numpy.dtype, value: int) -> bool:
+    """Whether integers of ``dtype`` can take ``value`` (a pad id of -1 never appears in a
+    corpus of unsigned tokens)."""
+    limits = numpy.iinfo(dtype)
+    return limits.min <= value <= limits.max
 
 
 class GPTDataset(MegatronDataset):
@@ -136,8 +145,8 @@ class GPTDataset(MegatronDataset):
         """The sample at ``idx``; None gives a padding sample whose loss mask is all zero."""
         extra = int(self.config.add_extra_token_to_sequence)
         text = numpy.empty(self.config.sequence_length + extra, dtype=numpy.int64)
-        self._fill_sample(0 if idx is None else idx, text)
-        return self._make_sample(text, padding_sample=idx is None)
+        may_hold_pad = self._fill_sample(0 if idx is None else idx, text)
+        return self._make_sample(text, idx is None, may_hold_pad)
 
     def __getitems__(self, indices: list[int | None]) -> dict[str, Any]:
         """The samples at ``indices``, already collated: what torch's default collation of
@@ -147,9 +156,10 @@ class GPTDataset(MegatronDataset):
         # the batch, and the one this worker reads next when the loader says (megaload)
         upcoming = getattr(indices, "upcoming", ())
         self.prefetch(0 if idx is None else idx for idx in [*indices, *upcoming])
+        may_hold_pad = False
         for row, idx in enumerate(indices):
-            self._fill_sample(0 if idx is None else idx, texts[row])
-        return self._make_sample.batch(texts, [idx is None for idx in indices])
+            may_hold_pad |= self._fill_sample(0 if idx is None else idx, texts[row])
+        return self._make_sample.batch(texts, [idx is None for idx in indices], may_hold_pad)
 
     def prefetch(self, indices: Iterable[int]) -> None:
         """Announce the samples read next: over object storage their bytes are fetched now,
@@ -187,9 +197,11 @@ class GPTDataset(MegatronDataset):
             lengths[0] = end_offset - begin_offset + extra
         return documents, offsets, lengths
 
-    def _fill_sample(self, idx: int, out: numpy.ndarray) -> None:
+    def _fill_sample(self, idx: int, out: numpy.ndarray) -> bool:
         """Fill ``out`` (int64, one window) with sample ``idx``'s tokens, padded: gathered in one
-        call from the whole ``.bin`` when the corpus is mapped, else read document by document."""
+        call from the whole ``.bin`` when the corpus is mapped, else read document by document.
+        Returns whether ``out`` may hold the pad id (False: it was not padded, and the corpus's
+        tokens cannot take that value)."""
         if self.shuffle_index is None:
             self._map_deferred_tables()
         tokens = getattr(self.dataset, "tokens_view", None)
@@ -199,7 +211,7 @@ class GPTDataset(MegatronDataset):
             or self.document_index.dtype != numpy.int32
         ):
             self._read_sample(idx, out)
-            return
+            return True
         sample = int(self.shuffle_index[idx])
         (begin, begin_offset), (end, end_offset) = self.sample_index[sample : sample + 2].tolist()
         filled = implementation().gather_sample(
@@ -215,6 +227,7 @@ class GPTDataset(MegatronDataset):
             out,
         )
         out[filled:] = self._pad_token_id
+        return filled < len(out) or can_hold(tokens.dtype, self._pad_token_id)
 
     def _read_sample(self, idx: int, out: numpy.ndarray) -> list[int]:
         """Fill ``out`` (int64, one window) with sample ``idx``'s tokens, padded; returns the ids

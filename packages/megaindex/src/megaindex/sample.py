@@ -8,7 +8,8 @@ S x S float mask; here each document's extent is computed once for the whole bat
 (``segment_starts``) and mask rows are filled directly.
 
 A batch keeps tokens, labels, loss mask and position ids in one buffer, so a DataLoader worker
-hands it to the trainer as one shared-memory block. Tensors that do not depend on the data are
+hands it to the trainer as one block of shared memory (a lone sample is never handed over
+that way: it gets plain tensors). Tensors that do not depend on the data are
 built once and shared, as megatron-core shares its cached ones: without
 ``reset_attention_mask`` a single sample's ``attention_mask`` is one cached tensor and a
 batch's is that tensor expanded over the batch (equal values, stride 0 on the batch
@@ -48,6 +49,7 @@ class SampleMaker:
         self.eod_mask_loss = bool(config.eod_mask_loss)
         self.create_attention_mask = bool(config.create_attention_mask)
         self._causal_mask: torch.Tensor | None = None
+        self._positions = numpy.arange(self.sequence_length)
 
     @property
     def causal_mask(self) -> torch.Tensor:
@@ -57,24 +59,35 @@ class SampleMaker:
             self._causal_mask = torch.ones(length, length, dtype=torch.bool).triu_(1).unsqueeze(0)
         return self._causal_mask
 
-    def __call__(self, text: numpy.ndarray, padding_sample: bool = False) -> dict[str, Any]:
+    def __call__(
+        self, text: numpy.ndarray, padding_sample: bool = False, may_hold_pad: bool = True
+    ) -> dict[str, Any]:
         """The sample for ``text`` (int64, ``S + 1`` ids with the extra token, else ``S``);
-        ``padding_sample`` (megatron-core's ``idx=None``) zeroes its loss mask."""
-        return self._make(text[None, :], [padding_sample], single=True)
+        ``padding_sample`` (megatron-core's ``idx=None``) zeroes its loss mask. ``may_hold_pad``
+        False says the text holds no pad id (its window was not padded, and the corpus's dtype
+        cannot hold the id), which spares a scan for it."""
+        return self._make(text[None, :], [padding_sample], True, may_hold_pad)
 
-    def batch(self, texts: numpy.ndarray, padding: list[bool]) -> dict[str, Any]:
+    def batch(
+        self, texts: numpy.ndarray, padding: list[bool], may_hold_pad: bool = True
+    ) -> dict[str, Any]:
         """The collated samples of the rows of ``texts`` (int64, ``[B, S (+1)]``)."""
-        return self._make(texts, padding, single=False)
+        return self._make(texts, padding, False, may_hold_pad)
 
-    def _make(self, texts: numpy.ndarray, padding: list[bool], single: bool) -> dict[str, Any]:
+    def _make(
+        self, texts: numpy.ndarray, padding: list[bool], single: bool, may_hold_pad: bool
+    ) -> dict[str, Any]:
         rows, length = len(texts), self.sequence_length
-        shape = (length,) if single else (rows, length)
         size = rows * length
-        # int64 tokens, labels and positions, then float32 loss mask: every view is aligned
-        buffer = torch.empty(size * 28, dtype=torch.uint8)
-        integers = buffer[: size * 24].view(torch.int64)
-        tokens, labels, position_ids = integers.view(3, *shape).unbind(0)
-        loss_mask = buffer[size * 24 :].view(torch.float32).view(shape)
+        if single:
+            integers = torch.empty((3, length), dtype=torch.int64)
+            loss_mask = torch.empty(length, dtype=torch.float32)
+            tokens, labels, position_ids = integers.unbind(0)
+        else:  # int64 tokens, labels and positions, then float32 loss mask: one buffer
+            buffer = torch.empty(size * 28, dtype=torch.uint8)
+            integers = buffer[: size * 24].view(torch.int64)
+            tokens, labels, position_ids = integers.view(3, rows, length).unbind(0)
+            loss_mask = buffer[size * 24 :].view(torch.float32).view(rows, length)
         tokens_np, labels_np, positions_np = integers.numpy().reshape(3, rows, length)
         loss_np = loss_mask.numpy().reshape(rows, length)
         tokens_np[:] = texts[:, :length]
@@ -88,7 +101,7 @@ class SampleMaker:
             self.reset_attention_mask and self.create_attention_mask
         )
         starts = segment_starts(tokens_np, self.eod) if needs_starts else None
-        positions_np[:] = numpy.arange(length)
+        positions_np[:] = self._positions
         if self.reset_position_ids:
             positions_np -= starts
 
@@ -109,7 +122,7 @@ class SampleMaker:
 
         # pad ids: no loss where the label is one, and 0 in tokens and labels (embeddable);
         # the window holds none unless it was padded (or the pad id is a real token)
-        if not self.extra or (texts == self.pad).any():
+        if not self.extra or (may_hold_pad and (texts == self.pad).any()):
             label_is_pad = labels_np == self.pad
             loss_np[label_is_pad] = 0.0
             labels_np[label_is_pad] = 0
