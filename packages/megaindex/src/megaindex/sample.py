@@ -80,21 +80,22 @@ class SampleMaker:
         rows, length = len(texts), self.sequence_length
         size = rows * length
         if single:
-            integers = torch.empty((3, length), dtype=torch.int64)
-            loss_mask = torch.empty(length, dtype=torch.float32)
-            tokens, labels, position_ids = integers.unbind(0)
+            integers = numpy.empty((3, length), dtype=numpy.int64)
+            tokens, labels, position_ids = torch.from_numpy(integers).unbind(0)
+            loss_mask = torch.ones(length, dtype=torch.float32)
         else:  # int64 tokens, labels and positions, then float32 loss mask: one buffer
             buffer = torch.empty(size * 28, dtype=torch.uint8)
-            integers = buffer[: size * 24].view(torch.int64)
-            tokens, labels, position_ids = integers.view(3, rows, length).unbind(0)
+            block = buffer[: size * 24].view(torch.int64)
+            tokens, labels, position_ids = block.view(3, rows, length).unbind(0)
             loss_mask = buffer[size * 24 :].view(torch.float32).view(rows, length)
-        tokens_np, labels_np, positions_np = integers.numpy().reshape(3, rows, length)
+            loss_mask.fill_(1.0)
+            integers = block.numpy()
+        tokens_np, labels_np, positions_np = integers.reshape(3, rows, length)
         loss_np = loss_mask.numpy().reshape(rows, length)
         tokens_np[:] = texts[:, :length]
         labels_np[:, : length - 1] = texts[:, 1:length]
         labels_np[:, length - 1] = texts[:, length] if self.extra else self.pad
 
-        loss_np[:] = 1.0
         if self.eod_mask_loss:
             loss_np[tokens_np == self.eod] = 0.0
         needs_starts = self.reset_position_ids or (
