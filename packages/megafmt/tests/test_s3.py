@@ -304,6 +304,41 @@ def test_closing_fails_waiting_reads_and_stops_fetching():
         reader.read(numpy.uint8, 10, 0)
 
 
+@pytest.mark.parametrize("where", [0, 9000])  # a chunk (a scan starts), a span (a jump)
+def test_a_failed_send_waits_for_its_hedged_twin(where):
+    import fsspec
+
+    from megafmt.errors import ReadError
+
+    data = bytes(range(256)) * 64
+    with fsspec.open(f"memory://twin{where}/c.bin", "wb") as stream:
+        stream.write(data)
+    reader = FsspecBinReader(
+        f"memory://twin{where}/c.bin",
+        chunk_bytes=1024,
+        cache_bytes=8192,
+        readahead=0,
+        hedge_after=0.1,
+    )
+    fetch, sends = reader._fetch, []
+
+    def first_fails_while_the_twin_is_under_way(*span):
+        sends.append(span)
+        if len(sends) == 1:
+            time.sleep(0.2)  # the twin was sent at 0.1 s
+            raise ReadError("gave up after its retries")
+        time.sleep(0.3)  # and answers at 0.4 s, after the failure
+        return fetch(*span)
+
+    reader._fetch = first_fails_while_the_twin_is_under_way
+    assert reader.read(numpy.uint8, 10, where).tobytes() == data[where : where + 10]
+    assert reader.hedges == 1 and len(sends) == 2
+    reader._fetch = lambda *span: (_ for _ in ()).throw(ReadError("down"))
+    with pytest.raises(ReadError, match="down"):  # with no twin, a failure is the answer
+        reader.read(numpy.uint8, 10, 5000)
+    reader.close()
+
+
 def test_merge_ranges_joins_touching_ranges_in_order_of_first_use():
     from megafmt.readers.fsspec_reader import merge_ranges
 

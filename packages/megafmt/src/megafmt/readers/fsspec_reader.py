@@ -35,6 +35,15 @@ from megafmt.readers.base import check_read_range
 from megafmt.remote import RetryPolicy, cached_index, fetch_range, filesystem
 
 
+class Request(Future):
+    """The bytes a request will bring, and how many sends of it (the first, and a hedged one)
+    are still under way: a send that fails settles it only when it is the last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sends = 1
+
+
 class FsspecBinReader:
     """Reads a remote ``.bin`` in cached, prefetched chunks."""
 
@@ -93,12 +102,10 @@ class FsspecBinReader:
         self._lock = threading.Lock()
         self._chunks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._cached = 0
-        self._pending: dict[int, Future[bytes]] = {}
+        self._pending: dict[int, Request] = {}
         # (start, end) -> its bytes to come; the front is dropped first: spans already read
         # are moved there, new ones join at the back
-        self._spans: collections.OrderedDict[tuple[int, int], Future[bytes]] = (
-            collections.OrderedDict()
-        )
+        self._spans: collections.OrderedDict[tuple[int, int], Request] = collections.OrderedDict()
         self._span_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._urgent: ThreadPoolExecutor | None = None
@@ -175,7 +182,7 @@ class FsspecBinReader:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="megafmt-fetch")
         return self._pool
 
-    def _wait(self, pending: Future[bytes], send_again: Callable[[], object]) -> bytes:
+    def _wait(self, pending: Request, send_again: Callable[[], object]) -> bytes:
         """The answer to ``pending``. A request unanswered after ``hedge_after`` seconds is
         sent again on another connection, and the first answer wins: one slow request does not
         stall the step."""
@@ -185,8 +192,17 @@ class FsspecBinReader:
             return pending.result(timeout=self.hedge_after)
         except FutureTimeout:
             self.hedge_count[0] += 1
+            with self._lock:
+                pending.sends += 1
             send_again()
             return pending.result()
+
+    @staticmethod
+    def _last_send_failed(pending: Request) -> bool:
+        """Count a failed send of ``pending`` (lock held); True when it settles the request:
+        no answer came and no other send is under way."""
+        pending.sends -= 1
+        return not pending.done() and pending.sends <= 0
 
     # chunks: reads moving forward through the file
 
@@ -194,30 +210,30 @@ class FsspecBinReader:
         start = chunk * self.chunk_bytes
         return start, min(self.nbytes, start + self.chunk_bytes)
 
-    def _request_chunk(self, chunk: int, pool: ThreadPoolExecutor) -> Future[bytes]:
+    def _request_chunk(self, chunk: int, pool: ThreadPoolExecutor) -> Request:
         """The bytes of ``chunk`` to come: from the cache (settled at once), from a request
         already under way, or from a new one sent on ``pool``."""
         with self._lock:
             data = self._chunks.get(chunk)
             if data is not None:
                 self._chunks.move_to_end(chunk)
-                cached: Future[bytes] = Future()
+                cached = Request()
                 cached.set_result(data)
                 return cached
             pending = self._pending.get(chunk)
             if pending is not None:
                 return pending
-            pending = self._pending[chunk] = Future()
+            pending = self._pending[chunk] = Request()
         pool.submit(self._load_chunk, chunk, pending)
         return pending
 
-    def _load_chunk(self, chunk: int, pending: Future[bytes]) -> None:
+    def _load_chunk(self, chunk: int, pending: Request) -> None:
         """Fetch ``chunk`` into the cache and settle ``pending`` (unless a hedged twin did)."""
         try:
             data = self._fetch(*self._chunk_range(chunk))
         except BaseException as error:
             with self._lock:
-                if not pending.done():
+                if self._last_send_failed(pending):
                     self._pending.pop(chunk, None)
                     pending.set_exception(error)
             return
@@ -261,7 +277,7 @@ class FsspecBinReader:
 
     def _add_span(
         self, key: tuple[int, int], pool: ThreadPoolExecutor, keep: set[tuple[int, int]] | None
-    ) -> Future[bytes] | None:
+    ) -> Request | None:
         """Send a request for the bytes of ``key`` (start, end) on ``pool``, dropping spans from
         the front to stay within half the cache (lock held). With ``keep`` (announced reads),
         none of those spans is dropped, and None is returned when there is no room (the plan is
@@ -277,17 +293,18 @@ class FsspecBinReader:
             self._span_bytes -= front[1] - front[0]
         if keep is not None and self._span_bytes + size > budget:
             return None
-        pending = self._spans[key] = Future()
+        pending = self._spans[key] = Request()
         self._span_bytes += size
         pool.submit(self._load_span, key, pending)
         return pending
 
-    def _load_span(self, key: tuple[int, int], pending: Future[bytes]) -> None:
+    def _load_span(self, key: tuple[int, int], pending: Request) -> None:
+        """Fetch the bytes of ``key`` and settle ``pending`` (unless a hedged twin did)."""
         try:
             data = self._fetch(*key)
         except BaseException as error:
             with self._lock:
-                if pending.done():  # a hedged twin answered
+                if not self._last_send_failed(pending):
                     return
                 if self._spans.get(key) is pending:  # a failed span is not kept
                     del self._spans[key]
@@ -298,7 +315,7 @@ class FsspecBinReader:
             if not pending.done():
                 pending.set_result(data)
 
-    def _read_span(self, key: tuple[int, int], pending: Future[bytes]) -> bytes:
+    def _read_span(self, key: tuple[int, int], pending: Request) -> bytes:
         urgent = self._urgent_pool()
         return self._wait(pending, lambda: urgent.submit(self._load_span, key, pending))
 
@@ -344,7 +361,7 @@ class FsspecBinReader:
         first, last = offset // self.chunk_bytes, (offset + size - 1) // self.chunk_bytes
         sequential = first in (self._last_chunk, self._last_chunk + 1)
         self._last_chunk = last
-        span: tuple[tuple[int, int], Future[bytes]] | None = None
+        span: tuple[tuple[int, int], Request] | None = None
         with self._lock:
             held = self._held_in_chunks(offset, offset + size)
             key = None if held else self._span_holding(offset, offset + size)
