@@ -33,9 +33,14 @@ int64_t gather_sample(const T* tokens, int64_t num_tokens, const int64_t* pointe
                               std::to_string(num_sequences) + " sequences");
     }
     const int64_t size = lengths[document];
+    const int64_t pointer = pointers[document];
+    if (pointer < 0 || pointer % static_cast<int64_t>(sizeof(T)) != 0) {
+      throw std::out_of_range("document " + std::to_string(document) + " starts at byte " +
+                              std::to_string(pointer) + ", not a token boundary of the .bin");
+    }
     const int64_t first = position == begin ? begin_offset : 0;
     const int64_t last = position == end ? end_offset + extra : size;
-    const int64_t start = pointers[document] / static_cast<int64_t>(sizeof(T)) + first;
+    const int64_t start = pointer / static_cast<int64_t>(sizeof(T)) + first;
     if (first < 0 || last < first || last > size || start + (last - first) > num_tokens) {
       throw std::out_of_range("tokens [" + std::to_string(first) + ", " +
                               std::to_string(last) + ") are outside document " +

@@ -223,5 +223,9 @@ def test_gather_sample_refuses_spans_outside_the_corpus(backend):
     for arguments, message in cases:
         with pytest.raises(IndexError, match=message):
             backend.gather_sample(tokens, pointers, lengths, document_index, *arguments, out)
+    for pointer in (-2, 3):  # a corrupt .idx: nothing is read outside the .bin
+        broken = numpy.array([0, pointer], numpy.int64)
+        with pytest.raises(IndexError, match=f"starts at byte {pointer}, not a token boundary"):
+            backend.gather_sample(tokens, broken, lengths, document_index, 0, 0, 0, 2, 0, out)
     with pytest.raises(IndexError, match="more than 2 tokens"):
         backend.gather_sample(tokens, pointers, lengths, document_index, 0, 0, 1, 2, 0, out[:2])

@@ -150,9 +150,14 @@ def gather_sample(
                 f"{len(lengths)} sequences"
             )
         size = int(lengths[document])
+        pointer = int(pointers[document])
+        if pointer < 0 or pointer % tokens.itemsize:
+            raise IndexError(
+                f"document {document} starts at byte {pointer}, not a token boundary of the .bin"
+            )
         first = begin_offset if position == begin else 0
         last = end_offset + extra if position == end else size
-        start = int(pointers[document]) // tokens.itemsize + first
+        start = pointer // tokens.itemsize + first
         if first < 0 or last < first or last > size or start + last - first > len(tokens):
             raise IndexError(
                 f"tokens [{first}, {last}) are outside document {document}, which has {size}"
