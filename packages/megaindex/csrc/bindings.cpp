@@ -84,8 +84,10 @@ void bind_gather_sample(nb::module_& module) {
             static_cast<int64_t>(document_index.shape(0)), begin, begin_offset, end, end_offset,
             extra, out.data(), static_cast<int64_t>(out.shape(0)));
       },
-      "tokens"_a, "pointers"_a, "lengths"_a, "document_index"_a, "begin"_a, "begin_offset"_a,
-      "end"_a, "end_offset"_a, "extra"_a, "out"_a);
+      // no converting second pass: an array of another dtype must not pick another overload
+      "tokens"_a.noconvert(), "pointers"_a.noconvert(), "lengths"_a.noconvert(),
+      "document_index"_a.noconvert(), "begin"_a, "begin_offset"_a, "end"_a, "end_offset"_a,
+      "extra"_a, "out"_a.noconvert());
 }
 
 }  // namespace

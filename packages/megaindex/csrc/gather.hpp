@@ -40,8 +40,10 @@ int64_t gather_sample(const T* tokens, int64_t num_tokens, const int64_t* pointe
     }
     const int64_t first = position == begin ? begin_offset : 0;
     const int64_t last = position == end ? end_offset + extra : size;
-    const int64_t start = pointer / static_cast<int64_t>(sizeof(T)) + first;
-    if (first < 0 || last < first || last > size || start + (last - first) > num_tokens) {
+    const int64_t base = pointer / static_cast<int64_t>(sizeof(T));
+    // no sum is formed before it is known to fit: a corrupt pointer cannot wrap around
+    if (first < 0 || last < first || last > size || base > num_tokens ||
+        last > num_tokens - base) {
       throw std::out_of_range("tokens [" + std::to_string(first) + ", " +
                               std::to_string(last) + ") are outside document " +
                               std::to_string(document) + ", which has " +
@@ -51,7 +53,7 @@ int64_t gather_sample(const T* tokens, int64_t num_tokens, const int64_t* pointe
       throw std::out_of_range("the sample needs room for more than " +
                               std::to_string(out_size) + " tokens");
     }
-    const T* source = tokens + start;
+    const T* source = tokens + base + first;
     for (int64_t i = 0; i < last - first; ++i) {
       out[written + i] = static_cast<int64_t>(source[i]);
     }

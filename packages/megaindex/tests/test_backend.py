@@ -227,5 +227,25 @@ def test_gather_sample_refuses_spans_outside_the_corpus(backend):
         broken = numpy.array([0, pointer], numpy.int64)
         with pytest.raises(IndexError, match=f"starts at byte {pointer}, not a token boundary"):
             backend.gather_sample(tokens, broken, lengths, document_index, 0, 0, 0, 2, 0, out)
+    # one-byte tokens from so far away that an unchecked start + count would wrap around
+    broken = numpy.array([0, 2**63 - 2], numpy.int64)
+    with pytest.raises(IndexError, match=r"tokens \[0, 2\) are outside document 1"):
+        backend.gather_sample(
+            tokens.astype(numpy.uint8), broken, lengths, document_index, 0, 0, 0, 2, 0, out
+        )
     with pytest.raises(IndexError, match="more than 2 tokens"):
         backend.gather_sample(tokens, pointers, lengths, document_index, 0, 0, 1, 2, 0, out[:2])
+
+
+def test_gather_sample_takes_only_the_dtypes_it_names():
+    tokens = numpy.arange(10, dtype=numpy.uint16)
+    pointers, lengths = numpy.array([0, 8], numpy.int64), numpy.array([4, 6], numpy.int32)
+    document_index = numpy.array([1, 0], numpy.int32)
+    out = numpy.zeros(20, numpy.int64)
+    for wrong in (
+        (tokens, pointers.astype(numpy.uint64), lengths, document_index),
+        (tokens, pointers, lengths.astype(numpy.int64), document_index),
+        (tokens, pointers, lengths, document_index.astype(numpy.int64)),
+    ):
+        with pytest.raises(TypeError):  # not converted, and no other overload taken
+            ext.gather_sample(*wrong, 0, 0, 0, 2, 0, out)
