@@ -65,7 +65,7 @@ def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
         reader._fetch = lambda *span: asked.append(span) or fetch(*span)
         # a batch announced with the one its worker reads next (megaload's plan): both are
         # fetched then, and reading the next one asks for nothing more
-        batch = train.__getitems__(PlannedBatch(range(50, 55), upcoming=range(55, 60)))
+        batch = train.__getitems__(PlannedBatch(range(50, 55), upcoming=range(55, 60))).collated
         expected = numpy.stack([here[0][i]["tokens"] for i in range(50, 55)])
         numpy.testing.assert_array_equal(batch["tokens"], expected)
         deadline = time.monotonic() + 10

@@ -119,3 +119,16 @@ def test_a_padded_last_batch_carries_zero_loss(corpus, tmp_path):
     # 5 samples left for 2 ranks of 4: rank 1 gets the fifth and three padding samples
     assert last["tokens"].shape == (4, 32)
     assert last["loss_mask"][0].sum() > 0 and last["loss_mask"][1:].sum() == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_megatrons_own_loader_takes_our_dataset(corpus, tmp_path, workers):
+    """Only the dataset's import changed: Megatron-LM's loader (torch's DataLoader, default
+    collation) gives the same batches over megaindex's GPTDataset as over megatron-core's."""
+    theirs, ours = datasets(corpus, str(tmp_path), reset_attention_mask=True)
+
+    def megatron_loader(dataset):
+        sampler = MegatronPretrainingSampler(len(dataset), 0, 4, 0, 1)
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=workers)
+
+    assert_same_batches(megatron_loader(theirs), megatron_loader(ours))

@@ -43,7 +43,7 @@ from megaindex.gpt_index import (
 )
 from megaindex.helpers import sample_index_dtype
 from megaindex.megatron_dataset import MegatronDataset
-from megaindex.sample import SampleMaker
+from megaindex.sample import CollatedSamples, SampleMaker
 from megaindex.utils import Split
 
 logger = logging.getLogger(__name__)
@@ -148,9 +148,10 @@ class GPTDataset(MegatronDataset):
         may_hold_pad = self._fill_sample(0 if idx is None else idx, text)
         return self._make_sample(text, idx is None, may_hold_pad)
 
-    def __getitems__(self, indices: list[int | None]) -> dict[str, Any]:
-        """The samples at ``indices``, already collated: what torch's default collation of
-        ``[self[i] for i in indices]`` gives, built in one pass (DataLoader calls this)."""
+    def __getitems__(self, indices: list[int | None]) -> CollatedSamples:
+        """The samples at ``indices`` (DataLoader calls this): equal to
+        ``[self[i] for i in indices]`` for any collate function, and in ``.collated`` already
+        collated, as torch's default collation would, built in one pass."""
         extra = int(self.config.add_extra_token_to_sequence)
         texts = numpy.empty((len(indices), self.config.sequence_length + extra), numpy.int64)
         # the batch, and the one this worker reads next when the loader says (megaload)
@@ -159,7 +160,8 @@ class GPTDataset(MegatronDataset):
         may_hold_pad = False
         for row, idx in enumerate(indices):
             may_hold_pad |= self._fill_sample(0 if idx is None else idx, texts[row])
-        return self._make_sample.batch(texts, [idx is None for idx in indices], may_hold_pad)
+        padding = [idx is None for idx in indices]
+        return CollatedSamples(self._make_sample.batch(texts, padding, may_hold_pad))
 
     def prefetch(self, indices: Iterable[int]) -> None:
         """Announce the samples read next: over object storage their bytes are fetched now,

@@ -18,6 +18,7 @@ dimension; call ``.contiguous()`` for a dense copy). Do not modify them in place
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy
@@ -34,6 +35,28 @@ def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
     starts = numpy.zeros(tokens.shape, dtype=numpy.int64)
     starts[:, 1:] = numpy.where(tokens[:, :-1] == eod, positions[1:], 0)
     return numpy.maximum.accumulate(starts, axis=1)
+
+
+class CollatedSamples(Sequence):
+    """The samples of a batch as torch's ``__getitems__`` protocol wants them: a sequence of
+    sample dicts, which any ``collate_fn`` (torch's default one, Megatron-LM's loader) takes as
+    it takes ``[dataset[i] for i in indices]``. ``collated`` holds what torch's default
+    collation gives, built in one pass; a loader that knows it (megaload) uses it as it is, and
+    no sample is made one by one. Each sample is a view of its row, made when asked for."""
+
+    def __init__(self, collated: dict[str, Any]) -> None:
+        self.collated = collated
+        self._rows = len(collated["tokens"])
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, row: Any) -> Any:
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(self._rows))]
+        if not -self._rows <= row < self._rows:
+            raise IndexError(f"sample {row} of a batch of {self._rows}")
+        return {key: value[row] for key, value in self.collated.items()}
 
 
 class SampleMaker:

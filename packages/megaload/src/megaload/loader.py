@@ -38,8 +38,8 @@ def close_gpu_descriptors(worker_id: int) -> None:
                 os.close(int(name))
 
 
-#: torch's default collation, except for a batch the dataset already collated (a mapping
-#: returned by its ``__getitems__``), which passes through untouched
+#: torch's default collation, except for a batch the dataset already collated (see ``Collate``),
+#: which passes through untouched
 collate = Collate()
 
 #: batches each worker has under way at most (the DataLoader's prefetch_factor)

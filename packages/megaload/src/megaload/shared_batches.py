@@ -177,15 +177,19 @@ def available() -> bool:
 
 
 class Collate:
-    """torch's default collation, except for a batch the dataset already collated (a mapping
-    returned by its ``__getitems__``), which passes through; with ``slots``, a batch made in a
-    worker is then written into that worker's shared slots."""
+    """torch's default collation, except for a batch the dataset already collated: a mapping
+    its ``__getitems__`` returned, or samples that carry their collation in ``collated`` (as
+    megaindex's do), taken as they are. With ``slots``, a batch made in a worker is then
+    written into that worker's shared slots."""
 
     def __init__(self, slots: int | None = None) -> None:
         self.writer = SlotWriter(slots) if slots else None
 
     def __call__(self, batch: Any) -> Any:
-        if not isinstance(batch, Mapping):
+        collated = getattr(batch, "collated", None)
+        if isinstance(collated, Mapping):
+            batch = collated
+        elif not isinstance(batch, Mapping):
             batch = default_collate(batch)
         if self.writer is not None and get_worker_info() is not None:
             return self.writer.write(batch)
