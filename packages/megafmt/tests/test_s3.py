@@ -339,6 +339,25 @@ def test_a_failed_send_waits_for_its_hedged_twin(where):
     reader.close()
 
 
+def test_reads_find_their_span_among_many():
+    import fsspec
+
+    data = bytes(range(256)) * 256  # 64 KiB
+    with fsspec.open("memory://many/c.bin", "wb") as stream:
+        stream.write(data)
+    reader = FsspecBinReader("memory://many/c.bin", chunk_bytes=1024, cache_bytes=1 << 20)
+    asked = counting(reader)
+    plan = [(offset, 100) for offset in range(60000, 0, -1500)]  # 40 spans, apart
+    assert reader.prefetch(plan) == 40
+    settle(reader)
+    for offset, _ in plan:  # each read inside its span, none at its start
+        assert (
+            reader.read(numpy.uint8, 50, offset + 30).tobytes() == data[offset + 30 : offset + 80]
+        )
+    assert len(asked) == 40
+    reader.close()
+
+
 def test_merge_ranges_joins_touching_ranges_in_order_of_first_use():
     from megafmt.readers.fsspec_reader import merge_ranges
 

@@ -21,6 +21,7 @@ process opens its own client.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
 import threading
@@ -33,6 +34,9 @@ import numpy
 
 from megafmt.readers.base import check_read_range
 from megafmt.remote import RetryPolicy, cached_index, fetch_range, filesystem
+
+#: spans that start at or before a read's first byte, looked at for one that holds the read
+SPAN_CANDIDATES = 8
 
 
 class Request(Future):
@@ -106,6 +110,7 @@ class FsspecBinReader:
         # (start, end) -> its bytes to come; the front is dropped first: spans already read
         # are moved there, new ones join at the back
         self._spans: collections.OrderedDict[tuple[int, int], Request] = collections.OrderedDict()
+        self._span_keys: list[tuple[int, int]] = []  # the same keys, sorted: found by bisection
         self._span_bytes = 0
         self._pool: ThreadPoolExecutor | None = None
         self._urgent: ThreadPoolExecutor | None = None
@@ -264,11 +269,20 @@ class FsspecBinReader:
     # spans: announced reads, and reads that jump elsewhere
 
     def _span_holding(self, start: int, end: int) -> tuple[int, int] | None:
-        """The span, fetched or under way, that holds bytes ``start`` to ``end`` (lock held)."""
-        for key in self._spans:
-            if key[0] <= start and end <= key[1]:
+        """The span, fetched or under way, that holds bytes ``start`` to ``end`` (lock held):
+        one of the few that start last at or before ``start`` (spans rarely nest deeper; a
+        span missed costs a request, never a wrong byte)."""
+        position = bisect.bisect_right(self._span_keys, (start, self.nbytes))
+        for key in reversed(self._span_keys[max(0, position - SPAN_CANDIDATES) : position]):
+            if end <= key[1]:
                 return key
         return None
+
+    def _drop_span(self, key: tuple[int, int]) -> None:
+        """Forget the span ``key`` (lock held)."""
+        del self._spans[key]
+        del self._span_keys[bisect.bisect_left(self._span_keys, key)]
+        self._span_bytes -= key[1] - key[0]
 
     def _held_in_chunks(self, start: int, end: int) -> bool:
         """Whether every chunk of bytes ``start`` to ``end`` is cached or under way (lock held)."""
@@ -289,11 +303,11 @@ class FsspecBinReader:
             front = next(iter(self._spans))
             if keep is not None and front in keep:
                 return None
-            del self._spans[front]
-            self._span_bytes -= front[1] - front[0]
+            self._drop_span(front)
         if keep is not None and self._span_bytes + size > budget:
             return None
         pending = self._spans[key] = Request()
+        bisect.insort(self._span_keys, key)
         self._span_bytes += size
         pool.submit(self._load_span, key, pending)
         return pending
@@ -307,8 +321,7 @@ class FsspecBinReader:
                 if not self._last_send_failed(pending):
                     return
                 if self._spans.get(key) is pending:  # a failed span is not kept
-                    del self._spans[key]
-                    self._span_bytes -= key[1] - key[0]
+                    self._drop_span(key)
                 pending.set_exception(error)
             return
         with self._lock:
@@ -392,6 +405,7 @@ class FsspecBinReader:
             self._chunks.clear()
             self._cached = 0
             self._spans.clear()
+            self._span_keys.clear()
             self._span_bytes = 0
         for pool in (self._pool, self._urgent):
             if pool is not None:
