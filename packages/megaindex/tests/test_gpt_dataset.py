@@ -77,6 +77,24 @@ def test_samples_have_megatron_shapes_and_dtypes(make_config):
     assert torch.equal(padding["tokens"], train[0]["tokens"])
 
 
+class Reversed(GPTDataset):
+    """A subclass that shapes its samples where Megatron-LM's FIM dataset does."""
+
+    def _query_document_sample_shuffle_indices(self, idx):
+        text, documents = super()._query_document_sample_shuffle_indices(idx)
+        return text[::-1].copy(), documents
+
+
+def test_a_subclass_shaping_its_samples_is_heard(make_config):
+    plain = build(make_config())[0]
+    config = make_config(path_to_cache=None)
+    reversed_ = BlendedMegatronDatasetBuilder(Reversed, SIZES, lambda: True, config).build()[0]
+    text, _ = plain._query_document_sample_shuffle_indices(5)
+    expected = torch.from_numpy(text[::-1].copy())
+    assert torch.equal(reversed_[5]["tokens"], expected[:-1])
+    assert torch.equal(reversed_.__getitems__([5, 6]).collated["labels"][0], expected[1:])
+
+
 def test_deferred_mapping_and_fast_cache_load(make_config):
     built = build(make_config())[0]
     deferred = build(make_config(defer_npy_index_mmap=True))[0]

@@ -204,6 +204,12 @@ class GPTDataset(MegatronDataset):
         call from the whole ``.bin`` when the corpus is mapped, else read document by document.
         Returns whether ``out`` may hold the pad id (False: it was not padded, and the corpus's
         tokens cannot take that value)."""
+        if (
+            type(self)._query_document_sample_shuffle_indices
+            is not GPTDataset._query_document_sample_shuffle_indices
+        ):  # a subclass shapes its samples there (Megatron-LM's FIM dataset does)
+            out[:] = self._query_document_sample_shuffle_indices(idx)[0]
+            return True
         if self.shuffle_index is None:
             self._map_deferred_tables()
         tokens = getattr(self.dataset, "tokens_view", None)
