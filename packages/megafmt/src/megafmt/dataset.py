@@ -18,7 +18,17 @@ import numpy
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
-from megafmt.readers import BinReader, default_reader_name, is_url, open_bin_reader
+from megafmt.protocols import Read
+from megafmt.readers import (
+    BinReader,
+    DescriptorReporting,
+    IndexCopyingBinReader,
+    PrefetchingBinReader,
+    ViewableBinReader,
+    default_reader_name,
+    is_url,
+    open_bin_reader,
+)
 from megafmt.readers.pool import POOL
 
 
@@ -111,10 +121,9 @@ class IndexedDataset:
     def _attach(self, reader: BinReader) -> BinReader:
         """Use ``reader`` (and its whole-file view, if it has one); a reader that holds a file
         descriptor is registered in the pool that bounds how many stay open."""
-        view = getattr(reader, "view", None)
-        self._tokens = None if view is None else view(self._dtype)
+        self._tokens = reader.view(self._dtype) if isinstance(reader, ViewableBinReader) else None
         self._bin_reader = reader
-        if getattr(reader, "holds_descriptor", True):
+        if not isinstance(reader, DescriptorReporting) or reader.holds_descriptor:
             POOL.opened(self)
         return reader
 
@@ -141,8 +150,9 @@ class IndexedDataset:
 
     def _local_idx_path(self, bin_reader: BinReader) -> str:
         """Where the ``.idx`` is on this machine; a remote reader may keep a local copy."""
-        local = getattr(bin_reader, "local_idx_path", None)
-        return local if local is not None else get_idx_path(self.path_prefix)
+        if isinstance(bin_reader, IndexCopyingBinReader):
+            return bin_reader.local_idx_path
+        return get_idx_path(self.path_prefix)
 
     def _check_consistency(self, bin_reader: BinReader) -> None:
         index = self.index
@@ -230,17 +240,22 @@ class IndexedDataset:
             return tokens, self._modes[position]
         return tokens
 
-    def prefetch(self, reads: Iterable[tuple[int, int, int | None]]) -> None:
+    @property
+    def prefetches(self) -> bool:
+        """Whether ``prefetch`` does anything: the reader fetches ahead (object storage)."""
+        return isinstance(self.bin_reader, PrefetchingBinReader)
+
+    def prefetch(self, reads: Iterable[Read]) -> None:
         """Announce the ``get(idx, offset, length)`` calls coming next: a reader of remote
         storage starts fetching their bytes now, concurrently; local readers ignore it."""
-        prefetch = getattr(self.bin_reader, "prefetch", None)
-        if prefetch is None:
+        reader = self.bin_reader
+        if not isinstance(reader, PrefetchingBinReader):
             return
         ranges = []
         for idx, offset, length in reads:
             start, count = self._span(self._sequence(idx), offset, length)
             ranges.append((start, count * self._itemsize))
-        prefetch(ranges)
+        reader.prefetch(ranges)
 
     def _span(self, position: int, offset: int, length: int | None) -> tuple[int, int]:
         """The byte where tokens ``offset`` to ``offset + length`` of sequence ``position``

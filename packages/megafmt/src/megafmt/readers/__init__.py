@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from megafmt.readers.base import BinReader, BinReaderFactory, ViewableBinReader
+from megafmt.errors import PluginError
+from megafmt.readers.base import (
+    BinReader,
+    BinReaderFactory,
+    DescriptorReporting,
+    IndexCopyingBinReader,
+    PrefetchingBinReader,
+    ViewableBinReader,
+)
 from megafmt.registry import Registry
 
 READERS: Registry[BinReaderFactory] = Registry(
@@ -29,14 +37,24 @@ def default_reader_name(path: str, mmap: bool = True) -> str:
 
 
 def open_bin_reader(name: str, path: str, **options: Any) -> BinReader:
-    """Open ``path`` with the reader registered as ``name``."""
-    return READERS.get(name)(path, **options)
+    """Open ``path`` with the reader registered as ``name``; what it makes must be a
+    :class:`BinReader`."""
+    reader = READERS.get(name)(path, **options)
+    if not isinstance(reader, BinReader):
+        raise PluginError(
+            f"megafmt reader {name!r} made {type(reader).__name__}, which is not a BinReader "
+            "(it needs path, nbytes, read and close)"
+        )
+    return reader
 
 
 __all__ = [
     "READERS",
     "BinReader",
     "BinReaderFactory",
+    "DescriptorReporting",
+    "IndexCopyingBinReader",
+    "PrefetchingBinReader",
     "ViewableBinReader",
     "default_reader_name",
     "is_url",

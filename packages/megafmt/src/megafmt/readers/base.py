@@ -9,6 +9,7 @@ runs to prove it behaves like the built-in ones.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy
@@ -26,10 +27,6 @@ class BinReader(Protocol):
     nbytes: int
     """The size of the file in bytes."""
 
-    # Optional: ``holds_descriptor = False`` on a reader that keeps no file open lets datasets
-    # skip the pool that bounds open readers (megafmt.readers.pool); a reader without the
-    # attribute is assumed to hold one.
-
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """``count`` items of ``dtype`` starting at byte ``offset``.
 
@@ -44,6 +41,10 @@ class BinReader(Protocol):
         ...
 
 
+# What a reader may offer beyond BinReader, each checked with isinstance by the dataset.
+
+
+@runtime_checkable
 class ViewableBinReader(BinReader, Protocol):
     """A reader that can also hand out the whole file as one array (the ``mmap`` reader).
 
@@ -53,6 +54,35 @@ class ViewableBinReader(BinReader, Protocol):
     def view(self, dtype: Any) -> numpy.ndarray:
         """The whole file as a read-only array of ``dtype``."""
         ...
+
+
+@runtime_checkable
+class PrefetchingBinReader(BinReader, Protocol):
+    """A reader that fetches announced byte ranges ahead of their reads (object storage)."""
+
+    def prefetch(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Start fetching the ``(offset, size)`` ranges read next, in order of use; returns how
+        many requests were started."""
+        ...
+
+
+@runtime_checkable
+class IndexCopyingBinReader(BinReader, Protocol):
+    """A reader of a remote ``.bin`` that keeps a local copy of the corpus's ``.idx``."""
+
+    @property
+    def local_idx_path(self) -> str:
+        """Where the ``.idx`` can be read on this machine (fetched when needed)."""
+        ...
+
+
+@runtime_checkable
+class DescriptorReporting(BinReader, Protocol):
+    """A reader that says whether it keeps a file descriptor open. One that keeps none (the
+    ``mmap`` and ``fsspec`` readers) is left out of the pool that bounds open readers
+    (:mod:`megafmt.readers.pool`); a reader that does not say is assumed to hold one."""
+
+    holds_descriptor: bool
 
 
 class BinReaderFactory(Protocol):

@@ -1,0 +1,223 @@
+"""The data path's declared capabilities: what one package asks of another package's objects.
+
+A fast path that crosses a package boundary is one of the Protocols below. The object that
+offers it implements it; the caller dispatches with ``isinstance`` (once, where it can: a
+runtime check of a Protocol costs microseconds) and never reads an undeclared attribute.
+They live in megafmt because every other package depends on it: megaload, which never imports
+megaindex, and megaindex agree on them here. Nothing in this module needs torch.
+
+Token sources, the low-level datasets a mid-level dataset reads (megafmt's ``IndexedDataset``
+implements all four; megatron-core's, or a user's, may implement only the first):
+
+``TokenSource``
+    megatron-core's minimum: ``sequence_lengths`` and ``get(idx, offset, length)``.
+``SpanSource``
+    ``read_spans``: several spans of several sequences copied into one array in one call.
+``MappedTokenSource``
+    ``tokens_view`` and ``sequence_pointers``: the whole ``.bin`` as one array when it is
+    mapped, so a caller gathers a sample's (or a batch's) spans in one native call.
+``PrefetchingSource``
+    ``prefetches`` and ``prefetch(reads)``: a source whose reads are slow to start (object
+    storage) fetches announced reads ahead, concurrently.
+
+Datasets, the mid-level and blended datasets a loader reads (megaindex's ``GPTDataset``,
+``MockGPTDataset`` and ``BlendedDataset`` implement all of them; a blend by delegating to its
+parts):
+
+``BatchAssembly``
+    ``__getitems__(indices)`` (what torch's DataLoader calls for a batch) returns a
+    :class:`CollatedBatch`: the samples, and their collation built in one pass.
+``PlannedPrefetch``
+    ``prefetches`` and ``prefetch(indices)``: told which samples come next, the dataset starts
+    fetching their bytes. The loader hands each batch with the next one its worker reads as a
+    :class:`PlannedBatch`.
+``EpochAware``
+    ``set_epoch(epoch)``: the random sampler announces each new epoch.
+``SplitMember`` and ``BlendSplitMember``
+    the split a dataset serves, under megatron-core's two names for it (``index_split`` on its
+    mid-level datasets, ``split`` on its blends); :func:`split_name` reads either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+import numpy
+
+#: One read of a token source: (sequence, first token, token count or None for the rest).
+Read = tuple[int, int, int | None]
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """Sequences of token ids, by number (megatron-core's ``IndexedDataset`` API)."""
+
+    @property
+    def sequence_lengths(self) -> numpy.ndarray:
+        """The number of tokens of every sequence."""
+        ...
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> Any:
+        """Tokens ``offset`` to ``offset + length`` of sequence ``idx`` (to its end for None)."""
+        ...
+
+
+@runtime_checkable
+class SpanSource(TokenSource, Protocol):
+    """A token source that copies many spans into one array in one call."""
+
+    def read_spans(
+        self,
+        sequences: Sequence[int],
+        offsets: Sequence[int],
+        lengths: Sequence[int | None],
+        out: numpy.ndarray,
+    ) -> int:
+        """Tokens ``offsets[i]`` to ``offsets[i] + lengths[i]`` of each sequence (to its end for
+        None) back to back into ``out``; returns how many were written."""
+        ...
+
+
+@runtime_checkable
+class MappedTokenSource(TokenSource, Protocol):
+    """A token source whose whole token file can be one array (a memory map)."""
+
+    @property
+    def tokens_view(self) -> numpy.ndarray | None:
+        """Every token of the source as one read-only array, or None when the file is not
+        mapped (reads then go through ``get`` or ``read_spans``)."""
+        ...
+
+    @property
+    def sequence_pointers(self) -> numpy.ndarray:
+        """The byte offset of every sequence in the token file (int64)."""
+        ...
+
+
+@runtime_checkable
+class PrefetchingSource(TokenSource, Protocol):
+    """A token source that can fetch announced reads ahead of their use."""
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether announcing reads pays (the bytes come over a network); False makes
+        ``prefetch`` a no-op that callers may skip."""
+        ...
+
+    def prefetch(self, reads: Iterable[Read]) -> None:
+        """Start fetching the bytes of ``reads`` (each as ``get`` takes it), in order of use."""
+        ...
+
+
+class CollatedBatch(Sequence):
+    """The samples of one batch, and in ``collated`` the batch as torch's default collation
+    would make it, built in one pass.
+
+    As a sequence of sample dicts it is what torch's ``__getitems__`` protocol wants, so any
+    ``collate_fn`` (torch's default one, Megatron-LM's loader) takes it as it takes
+    ``[dataset[i] for i in indices]``; a loader that knows the type (megaload) uses
+    ``collated`` as it is. Each sample is made from its row when asked for.
+    """
+
+    def __init__(self, collated: Mapping[str, Any]) -> None:
+        self.collated = collated
+        first = next(iter(collated.values()), ())
+        self._rows = len(first)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, row: Any) -> Any:
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(self._rows))]
+        if not -self._rows <= row < self._rows:
+            raise IndexError(f"sample {row} of a batch of {self._rows}")
+        return {key: value[row] for key, value in self.collated.items()}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for row in range(self._rows):
+            yield self[row]
+
+
+class PlannedBatch(list):
+    """The sample indices of one batch and, in ``upcoming``, those its worker reads next."""
+
+    def __init__(self, indices: Iterable[Any], upcoming: Iterable[Any] = ()) -> None:
+        super().__init__(indices)
+        self.upcoming = list(upcoming)
+
+
+@runtime_checkable
+class BatchAssembly(Protocol):
+    """A dataset that assembles a whole batch in one call."""
+
+    def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch:
+        """The samples at ``indices`` (None: a padding sample) as a :class:`CollatedBatch`;
+        a :class:`PlannedBatch` also names the samples read next."""
+        ...
+
+
+@runtime_checkable
+class PlannedPrefetch(Protocol):
+    """A dataset that fetches the samples it is told come next."""
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether telling it pays (some of its data is fetched over a network)."""
+        ...
+
+    def prefetch(self, indices: Iterable[int | None]) -> None:
+        """Start fetching the samples at ``indices`` (None: a padding sample, skipped)."""
+        ...
+
+
+@runtime_checkable
+class EpochAware(Protocol):
+    """A dataset that wants to know which epoch a sampler is in."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+@runtime_checkable
+class SplitMember(Protocol):
+    """A dataset of one split, named as megatron-core's mid-level datasets name it."""
+
+    index_split: Any
+
+
+@runtime_checkable
+class BlendSplitMember(Protocol):
+    """A dataset of one split, named as megatron-core's ``BlendedDataset`` names it."""
+
+    split: Any
+
+
+def split_name(dataset: object) -> str | None:
+    """The name of the split ``dataset`` serves (``"train"``, ``"valid"``, ``"test"``), read
+    from megatron-core's ``split`` (blends) or ``index_split``; None when it declares none."""
+    if isinstance(dataset, BlendSplitMember):
+        split = dataset.split
+    elif isinstance(dataset, SplitMember):
+        split = dataset.index_split
+    else:
+        return None
+    return split.name if isinstance(split, Enum) else split
+
+
+__all__ = [
+    "BatchAssembly",
+    "BlendSplitMember",
+    "CollatedBatch",
+    "EpochAware",
+    "MappedTokenSource",
+    "PlannedBatch",
+    "PlannedPrefetch",
+    "PrefetchingSource",
+    "Read",
+    "SpanSource",
+    "SplitMember",
+    "TokenSource",
+    "split_name",
+]
