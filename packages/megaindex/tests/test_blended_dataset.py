@@ -9,11 +9,12 @@ from megaindex import (
     ConfigError,
     GPTDataset,
     IndexBuildError,
+    MegatronDataset,
     Split,
 )
 
 
-class Tiny:
+class Tiny(MegatronDataset):
     """A stand-in mid-level dataset of ``size`` samples."""
 
     def __init__(self, name, size):
@@ -35,7 +36,7 @@ def test_samples_carry_their_dataset_id(make_config):
     assert blend.dataset_index.tolist() == [1, 0, 1, 1, 0, 1, 1, 1]
     assert blend[1] == {"dataset_id": 0, "sample": ("a", 0)}
     assert blend[7] == {"dataset_id": 1, "sample": ("b", 5)}
-    assert blend.index_source == "built"
+    assert blend.index_source.kind == "built"
 
 
 def test_exhaustive_blend_uses_every_sample(make_config):
@@ -51,7 +52,7 @@ def test_blended_cache_is_reused_and_checked(make_config):
     datasets = [Tiny("a", 100), Tiny("b", 100)]
     first = BlendedDataset(datasets, [0.5, 0.5], 50, config)
     again = BlendedDataset(datasets, [0.5, 0.5], 50, config)
-    assert (first.index_source, again.index_source) == ("built", "cache")
+    assert (first.index_source.kind, again.index_source.kind) == ("built", "cache")
     numpy.testing.assert_array_equal(first.dataset_index, again.dataset_index)
     path = again._cache_entry().table_path("dataset_index")
     numpy.save(path, numpy.zeros(49, dtype=numpy.int16))
@@ -61,7 +62,7 @@ def test_blended_cache_is_reused_and_checked(make_config):
         r"expected int16 of shape \(50,\)",
     ):
         rebuilt = BlendedDataset(datasets, [0.5, 0.5], 50, config)
-    assert rebuilt.index_source == "built"
+    assert rebuilt.index_source.kind == "built"
 
 
 def test_oversampling_names_the_dataset_and_its_expected_size(make_config):

@@ -144,7 +144,8 @@ def test_blend_build_inspect_and_explain(corpus, corpus_writer, tmp_path, capsys
     assert main(["index", "build", *args]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:6] == ["train", "400", "samples", "blend", "of", "2"]
-    assert out[1].strip().startswith("train") and "GPTDataset-train" in out[1]
+    parts = [line for line in out[1:] if line.strip().startswith("train")]
+    assert len(parts) == 2 and all("GPTDataset-train" in line for line in parts)
     assert main(["index", "inspect", cache, "--first", "100"]) == 0
     report = capsys.readouterr().out
     assert "BlendedDataset train: 2 datasets, size 400" in report

@@ -7,10 +7,13 @@ They live in megafmt because every other package depends on it: megaload, which 
 megaindex, and megaindex agree on them here. Nothing in this module needs torch.
 
 Token sources, the low-level datasets a mid-level dataset reads (megafmt's ``IndexedDataset``
-implements all four; megatron-core's, or a user's, may implement only the first):
+implements all five; megatron-core's, or a user's, may implement only the first):
 
 ``TokenSource``
     megatron-core's minimum: ``sequence_lengths`` and ``get(idx, offset, length)``.
+``StoredTokenSource``
+    ``path_prefix``: the ``.bin``/``.idx`` pair it reads (caches sit beside it and
+    fingerprint it).
 ``SpanSource``
     ``read_spans``: several spans of several sequences copied into one array in one call.
 ``MappedTokenSource``
@@ -62,6 +65,14 @@ class TokenSource(Protocol):
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> Any:
         """Tokens ``offset`` to ``offset + length`` of sequence ``idx`` (to its end for None)."""
         ...
+
+
+@runtime_checkable
+class StoredTokenSource(TokenSource, Protocol):
+    """A token source stored as a ``.bin``/``.idx`` pair, local or at a URL."""
+
+    path_prefix: str
+    """The pair's path without its suffix."""
 
 
 @runtime_checkable
@@ -218,6 +229,7 @@ __all__ = [
     "Read",
     "SpanSource",
     "SplitMember",
+    "StoredTokenSource",
     "TokenSource",
     "split_name",
 ]

@@ -2,8 +2,13 @@
 
 Drop-in for megatron-core's: ``dataset_index`` (int16: which dataset) and
 ``dataset_sample_index`` (int64: which of its samples) are built by the same greedy
-max-error rule (or the exhaustive rule when ``size`` is None), cached under megatron-core's
-names (``<md5>-BlendedDataset-<split>-...``), and every sample carries its ``dataset_id``.
+max-error rule (or the exhaustive rule when ``size`` is None), held and cached by
+:class:`megaindex.tables.CachedTables` under megatron-core's names
+(``<md5>-BlendedDataset-<split>-...``), and every sample carries its ``dataset_id``.
+
+A blend implements the data path's Protocols by delegating to its parts: ``__getitems__``
+reads each part's rows of the batch and collates the whole batch in one pass, and
+``prefetch`` hands each part its own samples.
 """
 
 from __future__ import annotations
@@ -11,30 +16,104 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy
 import torch
 
-from megaindex.cache import CacheEntry, IndexCache, TableSpec, cached_tables, load_table
+from megafmt.protocols import CollatedBatch, PlannedBatch, PlannedPrefetch
+from megaindex.cache import CacheEntry, TableSpec
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.errors import ConfigError, IndexBuildError
+from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import (
     MAX_DATASETS,
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
-from megaindex.megatron_dataset import describe
-from megaindex.utils import normalize
+from megaindex.megatron_dataset import MegatronDataset, describe, one_sample_at_a_time
+from megaindex.tables import BuiltTables, CachedTables, TableSource
+from megaindex.utils import Split, normalize
 
 logger = logging.getLogger(__name__)
 
-TABLES = ("dataset_index", "dataset_sample_index")
+
+@dataclass
+class BlendTableRecipe:
+    """A blend's two tables: which dataset each sample comes from, and which of its samples."""
+
+    datasets: list[Any]
+    weights: list[int | float]
+    size: int | None
+    surplus: float
+    split: Split
+
+    names = ("dataset_index", "dataset_sample_index")
+    corpus = None
+
+    def length(self) -> int:
+        """The number of samples: ``size``, or every sample of every part."""
+        return self.size if self.size is not None else int(sum(self.weights))
+
+    def build(self) -> BuiltTables:
+        size = self.length()
+        dataset_index = numpy.zeros(size, dtype=numpy.int16)
+        dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
+        if self.size is not None:
+            build_blending_indices(
+                dataset_index, dataset_sample_index, self.weights, len(self.datasets), size, False
+            )
+        else:
+            counts = [int(weight) for weight in self.weights]  # whole, checked at construction
+            build_exhaustive_blending_indices(
+                dataset_index, dataset_sample_index, counts, len(self.datasets)
+            )
+        self._check_not_oversampled(dataset_index)
+        return BuiltTables(
+            {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
+        )
+
+    def expected_specs(self) -> dict[str, TableSpec]:
+        return {
+            "dataset_index": TableSpec(("int16",), (self.length(),)),
+            "dataset_sample_index": TableSpec(("int64",), (self.length(),)),
+        }
+
+    def settings(self) -> None:
+        """Nothing beyond the key: the parts fingerprint their corpora themselves."""
+        return None
+
+    def _check_not_oversampled(self, dataset_index: numpy.ndarray) -> None:
+        drawn = numpy.bincount(dataset_index, minlength=len(self.datasets))
+        for number, (dataset, count) in enumerate(zip(self.datasets, drawn, strict=True)):
+            if count <= len(dataset):
+                continue
+            hint = ""
+            if self.size is not None:
+                share = math.ceil(self.size * self.weights[number])
+                expected = math.ceil(share * (1 + self.surplus))
+                hint = (
+                    f"; its share of the blend is {share}, and with mid_level_dataset_surplus="
+                    f"{self.surplus} it should hold at least {expected} (greedy blending never "
+                    "draws more than the share: a dataset this small comes from a stale or "
+                    "foreign cache, or was built for another blend)"
+                )
+            raise IndexBuildError(
+                f"the {self.split.name} blend draws {count} samples from dataset {number} "
+                f"({_where(dataset)}), {count - len(dataset)} more than the {len(dataset)} it "
+                f"holds{hint}"
+            )
 
 
 class BlendedDataset(torch.utils.data.Dataset):
     """``size`` samples drawn from ``datasets`` in proportion to ``weights``; with ``size``
     None, exactly ``weights[i]`` (integers) samples of each dataset."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        one_sample_at_a_time(cls)
 
     def __init__(
         self,
@@ -60,29 +139,93 @@ class BlendedDataset(torch.utils.data.Dataset):
         identifiers["weights"] = self.weights
         identifiers["size"] = self.size
         self.unique_description, self.unique_description_hash = describe(identifiers)
-        self.build_seconds: dict[str, float] = {}
-        self.index_source = "memory"
-        self.dataset_index, self.dataset_sample_index = self._build_indices()
+        self.recipe = BlendTableRecipe(
+            datasets, self.weights, size, config.mid_level_dataset_surplus, self.split
+        )
+        self.tables = CachedTables(
+            self.recipe,
+            self._cache_entry(),
+            self.unique_description,
+            defer=config.defer_npy_index_mmap,
+            fast_load=config.fast_cache_load,
+        )
+        self._prefetches = any(
+            isinstance(dataset, PlannedPrefetch) and dataset.prefetches for dataset in datasets
+        )
+        self._windowed = all(_shares_windows(dataset, datasets[0]) for dataset in datasets)
+
+    @property
+    def index_split(self) -> Split:
+        """The split of the blend (megatron-core's mid-level name for ``split``)."""
+        return self.split
+
+    @property
+    def dataset_index(self) -> numpy.ndarray | None:
+        """Which dataset each sample comes from (None while deferred and unused)."""
+        return self.tables["dataset_index"] if not self.tables.deferred else None
+
+    @property
+    def dataset_sample_index(self) -> numpy.ndarray | None:
+        """Which sample of its dataset each sample is."""
+        return self.tables["dataset_sample_index"] if not self.tables.deferred else None
+
+    @property
+    def index_source(self) -> TableSource:
+        """Where the tables came from (cache, built, memory, deferred), with timings."""
+        return self.tables.source
 
     def __len__(self) -> int:
-        if self.dataset_index is None:
-            return self._length()
-        return self.dataset_index.shape[0]
-
-    def _length(self) -> int:
-        return self.size if self.size is not None else int(sum(self.weights))
+        if self.tables.deferred:
+            return self.recipe.length()
+        return self.tables["dataset_index"].shape[0]
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
-        if self.dataset_index is None:
-            self.dataset_index = load_table(self.path_to_dataset_index, None)
-            self.dataset_sample_index = load_table(self.path_to_dataset_sample_index, None)
-        dataset_id = self.dataset_index[idx]
+        dataset_id = self.tables["dataset_index"][idx]
         return {
             "dataset_id": dataset_id,
-            **self.datasets[dataset_id][self.dataset_sample_index[idx]],
+            **self.datasets[dataset_id][self.tables["dataset_sample_index"][idx]],
         }
 
-    # ---- the two tables ------------------------------------------------------------------------
+    def __getitems__(self, indices: Sequence[int]) -> CollatedBatch | list[dict[str, Any]]:
+        """The samples at ``indices``: each part reads its rows of the batch, and the batch is
+        collated in one pass when the parts are GPT datasets of one configuration (else the
+        samples come one by one)."""
+        if self._prefetches:
+            upcoming = indices.upcoming if isinstance(indices, PlannedBatch) else []
+            self.prefetch([*indices, *upcoming])
+        if not self._windowed:
+            return [self[idx] for idx in indices]
+        positions = numpy.asarray(indices, dtype=numpy.int64)
+        ids = self.tables["dataset_index"][positions]
+        samples = self.tables["dataset_sample_index"][positions]
+        first: GPTDataset = self.datasets[0]
+        texts = numpy.empty((len(indices), first._window), dtype=numpy.int64)
+        may_hold_pad = False
+        for dataset_id in numpy.unique(ids).tolist():
+            rows = numpy.flatnonzero(ids == dataset_id)
+            part = numpy.empty((len(rows), first._window), dtype=numpy.int64)
+            may_hold_pad |= self.datasets[dataset_id]._read_windows(samples[rows].tolist(), part)
+            texts[rows] = part
+        batch = first._make_sample.batch(texts, [False] * len(indices), may_hold_pad)
+        return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch})
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether announcing samples pays: a part reads its corpus over a network."""
+        return self._prefetches
+
+    def prefetch(self, indices: Iterable[int | None]) -> None:
+        """Announce the samples read next: each part is told its own."""
+        wanted = [idx for idx in indices if idx is not None]
+        if not self._prefetches or not wanted:
+            return
+        positions = numpy.asarray(wanted, dtype=numpy.int64)
+        ids = self.tables["dataset_index"][positions]
+        samples = self.tables["dataset_sample_index"][positions]
+        for dataset_id in dict.fromkeys(ids.tolist()):  # in order of first use
+            dataset = self.datasets[dataset_id]
+            if isinstance(dataset, PlannedPrefetch):
+                dataset.prefetch(samples[ids == dataset_id].tolist())
 
     def _cache_entry(self) -> CacheEntry | None:
         if self.config.path_to_cache is None:
@@ -92,73 +235,23 @@ class BlendedDataset(torch.utils.data.Dataset):
             self.unique_description_hash,
             type(self).__name__,
             self.split.name,
-            TABLES,
+            self.recipe.names,
         )
 
-    def _build_indices(self) -> tuple[numpy.ndarray | None, numpy.ndarray | None]:
-        entry = self._cache_entry()
-        if self.config.defer_npy_index_mmap:
-            self.path_to_dataset_index = entry.table_path("dataset_index")
-            self.path_to_dataset_sample_index = entry.table_path("dataset_sample_index")
-            self.index_source = "deferred"
-            return None, None
-        if entry is None:
-            logger.warning("%s indices are not cached: path_to_cache is None", type(self).__name__)
-            tables = self._build_tables()
-        else:
-            cache = IndexCache(entry, self.unique_description)
-            if self.config.fast_cache_load:
-                tables, self.index_source = cache.load(None, check=False), "cache"
-            else:
-                specs = {
-                    "dataset_index": TableSpec(("int16",), (self._length(),)),
-                    "dataset_sample_index": TableSpec(("int64",), (self._length(),)),
-                }
-                tables, self.index_source = cached_tables(
-                    cache,
-                    lambda: cache.load(specs),
-                    self._build_tables,
-                    lambda _: None,
-                    self.build_seconds,
-                )
-        return tables["dataset_index"], tables["dataset_sample_index"]
 
-    def _build_tables(self) -> dict[str, numpy.ndarray]:
-        size = self._length()
-        dataset_index = numpy.zeros(size, dtype=numpy.int16)
-        dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
-        if self.size is not None:
-            build_blending_indices(
-                dataset_index, dataset_sample_index, self.weights, len(self.datasets), size, False
-            )
-        else:
-            counts = [int(weight) for weight in self.weights]  # whole, checked at construction
-            build_exhaustive_blending_indices(
-                dataset_index, dataset_sample_index, counts, len(self.datasets)
-            )
-        self._check_not_oversampled(dataset_index)
-        return {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
+def _shares_windows(dataset: Any, first: Any) -> bool:
+    """Whether ``dataset`` reads GPT windows that ``first``'s sample maker turns into samples
+    as its own would: a GPTDataset that assembles batches, of the same sample configuration."""
+    return (
+        isinstance(dataset, GPTDataset)
+        and dataset.assembles_batches
+        and dataset._make_sample.settings == first._make_sample.settings
+    )
 
-    def _check_not_oversampled(self, dataset_index: numpy.ndarray) -> None:
-        drawn = numpy.bincount(dataset_index, minlength=len(self.datasets))
-        for number, (dataset, count) in enumerate(zip(self.datasets, drawn, strict=True)):
-            if count <= len(dataset):
-                continue
-            hint = ""
-            if self.size is not None:
-                share = math.ceil(self.size * self.weights[number])
-                expected = math.ceil(share * (1 + self.config.mid_level_dataset_surplus))
-                hint = (
-                    f"; its share of the blend is {share}, and with mid_level_dataset_surplus="
-                    f"{self.config.mid_level_dataset_surplus} it should hold at least {expected} "
-                    "(greedy blending never draws more than the share: a dataset this small "
-                    "comes from a stale or foreign cache, or was built for another blend)"
-                )
-            raise IndexBuildError(
-                f"the {self.split.name} blend draws {count} samples from dataset {number} "
-                f"({getattr(dataset, 'dataset_path', None)}), {count - len(dataset)} more than "
-                f"the {len(dataset)} it holds{hint}"
-            )
+
+def _where(dataset: Any) -> str:
+    path = dataset.dataset_path if isinstance(dataset, MegatronDataset) else None
+    return path or type(dataset).__name__
 
 
 def _check_blend(datasets: list[Any], weights: list[int | float], size: int | None) -> None:

@@ -238,7 +238,7 @@ def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:
     }
 
 
-def cached_tables(
+def load_or_build(
     cache: IndexCache,
     load: Callable[[], dict[str, numpy.ndarray]],
     build: Callable[[], dict[str, numpy.ndarray]],

@@ -174,25 +174,21 @@ class GPTDatasetProvider:
 def _report_built(split: Split, dataset: Any, indent: str = "") -> str:
     if isinstance(dataset, list):  # multiple validation sets
         return "\n".join(_report_built(split, d, indent) for d in dataset)
-    if isinstance(dataset, BlendedDataset):
-        line = (
-            f"{indent}{split.name:<5} {len(dataset):>12,} samples  blend of "
-            f"{len(dataset.datasets)}  {dataset.index_source}"
-        )
-        parts = [line] + [_report_built(split, d, indent + "    ") for d in dataset.datasets]
-        return "\n".join(parts)
     source = dataset.index_source
     key = source.cache_entry.base if source.cache_entry else "(not cached)"
-    line = f"{indent}{split.name:<5} {len(dataset):>12,} samples  {source.kind:<6}  {key}"
+    what = f"blend of {len(dataset.datasets)}  " if isinstance(dataset, BlendedDataset) else ""
+    line = f"{indent}{split.name:<5} {len(dataset):>12,} samples  {what}{source.kind:<6}  {key}"
     if source.seconds:
         phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in source.seconds.items())
         line += f"\n{indent}      {phases}"
-    if dataset.epoch_plan is not None:
-        plan = dataset.epoch_plan
-        line += (
-            f"\n{indent}      {plan.num_epochs} epoch(s) of {plan.tokens_per_epoch:,} tokens, "
-            f"separate final epoch: {'yes' if plan.separate_final_epoch else 'no'}"
-        )
+    if isinstance(dataset, BlendedDataset):
+        parts = [line] + [_report_built(split, d, indent + "    ") for d in dataset.datasets]
+        return "\n".join(parts)
+    plan = dataset.epoch_plan
+    line += (
+        f"\n{indent}      {plan.num_epochs} epoch(s) of {plan.tokens_per_epoch:,} tokens, "
+        f"separate final epoch: {'yes' if plan.separate_final_epoch else 'no'}"
+    )
     return line
 
 
@@ -313,7 +309,7 @@ class IndexCommand:
             f"document_index[{begin}] offset {begin_offset} to document_index[{end}] offset "
             f"{end_offset} (+{extra} extra token)"
         )
-        for document, first, count in zip(*dataset._sample_spans(sample), strict=True):
+        for document, first, count in zip(*dataset.sample_spans(sample), strict=True):
             length = int(dataset.dataset.sequence_lengths[document])
             last = length if count is None else first + count
             print(f"  document {document:>10}  tokens [{first}, {last}) of {length}")

@@ -14,14 +14,19 @@ int64 epochs as megatron-core makes), which is what keeps peak memory low.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 
 import numpy
 
+from megafmt.protocols import TokenSource
+from megaindex.cache import TableSpec
 from megaindex.errors import IndexBuildError
-from megaindex.helpers import build_sample_idx, sample_count, shuffle
+from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
+from megaindex.tables import BuiltTables
 
 logger = logging.getLogger(__name__)
 
@@ -187,3 +192,93 @@ def expected_sample_count(
         drop_last_partial_sequence,
         add_extra_token,
     )
+
+
+@dataclass
+class GPTTableRecipe:
+    """GPTDataset's three tables for one split of a corpus: what :class:`~megaindex.tables.
+    CachedTables` builds, checks and fingerprints."""
+
+    source: TokenSource
+    """The corpus (its ``sequence_lengths``)."""
+    indices: numpy.ndarray | None
+    """The split's sequences (None: all, as with fast_cache_load)."""
+    num_samples: int | None
+    sequence_length: int
+    random_seed: int
+    drop_last_partial_sequence: bool
+    add_extra_token: bool
+    corpus: str | None
+    """The corpus's path prefix, fingerprinted in the sidecar (None for mock data)."""
+    where: str
+    """The corpus and split, for errors."""
+
+    names = ("document_index", "sample_index", "shuffle_index")
+
+    @functools.cached_property
+    def plan(self) -> EpochPlan:
+        """The epochs the requested samples take."""
+        return plan_epochs(
+            tokens_per_epoch(self.source.sequence_lengths, self.indices),
+            self.num_samples,
+            self.sequence_length,
+            self.add_extra_token,
+        )
+
+    def build(self) -> BuiltTables:
+        try:
+            tables = build_gpt_index_tables(
+                self.source.sequence_lengths,
+                self.indices,
+                self.num_samples,
+                self.sequence_length,
+                self.random_seed,
+                self.drop_last_partial_sequence,
+                self.add_extra_token,
+            )
+        except IndexBuildError as error:
+            raise IndexBuildError(f"{self.where}: {error}") from None
+        self.plan = tables.plan
+        notes = {
+            "plan": {
+                "num_epochs": tables.plan.num_epochs,
+                "separate_final_epoch": tables.plan.separate_final_epoch,
+                "tokens_per_epoch": tables.plan.tokens_per_epoch,
+            }
+        }
+        arrays = {
+            "document_index": tables.document_index,
+            "sample_index": tables.sample_index,
+            "shuffle_index": tables.shuffle_index,
+        }
+        return BuiltTables(arrays, tables.seconds, notes)
+
+    def expected_specs(self) -> dict[str, TableSpec]:
+        plan = self.plan
+        count = expected_sample_count(
+            plan, self.sequence_length, self.drop_last_partial_sequence, self.add_extra_token
+        )
+        lengths = self.source.sequence_lengths
+        documents = plan.num_epochs * len(lengths if self.indices is None else self.indices)
+        sample_dtype = numpy.dtype(sample_index_dtype(lengths, documents)).name
+        return {
+            "document_index": TableSpec(("int32",), (documents,)),
+            "sample_index": TableSpec((sample_dtype,), (count + 1, 2)),
+            "shuffle_index": TableSpec((numpy.dtype(shuffle_index_dtype(count)).name,), (count,)),
+        }
+
+    def settings(self) -> dict[str, bool]:
+        """What the tables depend on that megatron-core leaves out of the cache key."""
+        return {
+            "add_extra_token_to_sequence": bool(self.add_extra_token),
+            "drop_last_partial_sequence": bool(self.drop_last_partial_sequence),
+        }
+
+    def length(self) -> int:
+        """The number of samples, without the tables (megatron-core's formula in double
+        precision; the table counts in single precision, which can differ by one past 2**24
+        tokens when the last partial sequence is kept)."""
+        usable = self.plan.num_epochs * self.plan.tokens_per_epoch - int(self.add_extra_token)
+        if self.drop_last_partial_sequence:
+            return usable // self.sequence_length
+        return math.ceil(float(usable) / self.sequence_length)

@@ -213,3 +213,41 @@ def build_exhaustive_blending_indices(
     implementation().build_exhaustive_blending_indices(
         sizes, dataset_index[:total], dataset_sample_index[:total]
     )
+
+
+def gather_windows(
+    tokens: numpy.ndarray,
+    pointers: numpy.ndarray,
+    lengths: numpy.ndarray,
+    document_index: numpy.ndarray,
+    sample_index: numpy.ndarray,
+    shuffle_index: numpy.ndarray,
+    samples: numpy.ndarray,
+    extra: int,
+    out: numpy.ndarray,
+) -> numpy.ndarray:
+    """TEMPORARY: per-sample loop until the batch kernel lands."""
+    written = numpy.empty(len(samples), dtype=numpy.int64)
+    for row, idx in enumerate(samples.tolist()):
+        sample = int(shuffle_index[idx])
+        (begin, begin_offset), (end, end_offset) = sample_index[sample : sample + 2].tolist()
+        written[row] = implementation().gather_sample(
+            tokens,
+            pointers,
+            lengths,
+            document_index,
+            begin,
+            begin_offset,
+            end,
+            end_offset,
+            extra,
+            out[row],
+        )
+    return written
+
+
+def fill_document_causal_mask(
+    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int = 1
+) -> None:
+    """TEMPORARY until the checked helper lands."""
+    implementation().fill_document_causal_mask(segment_start, out, threads)

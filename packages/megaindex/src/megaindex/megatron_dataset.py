@@ -13,6 +13,7 @@ import json
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy
@@ -42,6 +43,19 @@ def _special_tokens(tokenizer: Any) -> list[int]:
             with contextlib.suppress(AttributeError, NotImplementedError):
                 tokens.append(getattr(tokenizer, name))
     return tokens
+
+
+def one_sample_at_a_time(cls: type) -> None:
+    """For a subclass (of a dataset that assembles batches) that overrides ``__getitem__`` but
+    not ``__getitems__``: batches are its own samples, one by one, so the DataLoader never
+    bypasses its ``__getitem__`` (megatron-core's MockMultimodalDataset adds an image there)."""
+    if "__getitem__" in vars(cls) and "__getitems__" not in vars(cls):
+        cls.__getitems__ = _samples_one_by_one  # type: ignore[attr-defined]
+        cls.assembles_batches = False  # type: ignore[attr-defined]
+
+
+def _samples_one_by_one(self: Any, indices: Sequence[Any]) -> list[Any]:
+    return [self[idx] for idx in indices]
 
 
 class MegatronDataset(ABC, torch.utils.data.Dataset):

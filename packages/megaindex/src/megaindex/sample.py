@@ -7,24 +7,24 @@ samples. megatron-core loops over end-of-document tokens in Python, rewriting bl
 S x S float mask; here each document's extent is computed once for the whole batch
 (``segment_starts``) and mask rows are filled directly.
 
-A batch keeps tokens, labels, loss mask and position ids in one buffer, so a DataLoader worker
-hands it to the trainer as one block of shared memory (a lone sample is never handed over
-that way: it gets plain tensors). Tensors that do not depend on the data are
-built once and shared, as megatron-core shares its cached ones: without
-``reset_attention_mask`` a single sample's ``attention_mask`` is one cached tensor and a
-batch's is that tensor expanded over the batch (equal values, stride 0 on the batch
-dimension; call ``.contiguous()`` for a dense copy). Do not modify them in place.
+A lone sample is made around its window: tokens and labels are views of it (overlapping by
+all but one position, as megatron-core's are). A batch keeps tokens, labels, position ids and
+loss mask in one buffer, so a DataLoader worker hands it over as one block of shared memory.
+Tensors that do not depend on the data are built once and shared, as megatron-core shares its
+cached ones: without resets a sample's ``position_ids`` is one cached tensor; without
+``reset_attention_mask`` its ``attention_mask`` is one cached tensor, and a batch's is that
+tensor expanded over the batch (equal values, stride 0 on the batch dimension; call
+``.contiguous()`` for a dense copy). Do not modify them in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy
 import torch
 
-from megaindex.backends import implementation
+from megaindex.helpers import fill_document_causal_mask
 
 
 def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
@@ -35,28 +35,6 @@ def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
     starts = numpy.zeros(tokens.shape, dtype=numpy.int64)
     starts[:, 1:] = numpy.where(tokens[:, :-1] == eod, positions[1:], 0)
     return numpy.maximum.accumulate(starts, axis=1)
-
-
-class CollatedSamples(Sequence):
-    """The samples of a batch as torch's ``__getitems__`` protocol wants them: a sequence of
-    sample dicts, which any ``collate_fn`` (torch's default one, Megatron-LM's loader) takes as
-    it takes ``[dataset[i] for i in indices]``. ``collated`` holds what torch's default
-    collation gives, built in one pass; a loader that knows it (megaload) uses it as it is, and
-    no sample is made one by one. Each sample is a view of its row, made when asked for."""
-
-    def __init__(self, collated: dict[str, Any]) -> None:
-        self.collated = collated
-        self._rows = len(collated["tokens"])
-
-    def __len__(self) -> int:
-        return self._rows
-
-    def __getitem__(self, row: Any) -> Any:
-        if isinstance(row, slice):
-            return [self[i] for i in range(*row.indices(self._rows))]
-        if not -self._rows <= row < self._rows:
-            raise IndexError(f"sample {row} of a batch of {self._rows}")
-        return {key: value[row] for key, value in self.collated.items()}
 
 
 class SampleMaker:
@@ -71,7 +49,19 @@ class SampleMaker:
         self.reset_attention_mask = bool(config.reset_attention_mask)
         self.eod_mask_loss = bool(config.eod_mask_loss)
         self.create_attention_mask = bool(config.create_attention_mask)
+        #: what decides the samples made from a window: equal settings, equal samples
+        self.settings = (
+            self.sequence_length,
+            self.extra,
+            self.pad,
+            self.eod,
+            self.reset_position_ids,
+            self.reset_attention_mask,
+            self.eod_mask_loss,
+            self.create_attention_mask,
+        )
         self._causal_mask: torch.Tensor | None = None
+        self._position_tensor: torch.Tensor | None = None
         self._positions = numpy.arange(self.sequence_length)
 
     @property
@@ -88,69 +78,120 @@ class SampleMaker:
         """The sample for ``text`` (int64, ``S + 1`` ids with the extra token, else ``S``);
         ``padding_sample`` (megatron-core's ``idx=None``) zeroes its loss mask. ``may_hold_pad``
         False says the text holds no pad id (its window was not padded, and the corpus's dtype
-        cannot hold the id), which spares a scan for it."""
-        return self._make(text[None, :], [padding_sample], True, may_hold_pad)
+        cannot hold the id), which spares a scan for it.
+
+        ``text`` becomes the sample's storage: tokens and labels are views of it (with the
+        extra token they overlap, one position apart, as megatron-core's do)."""
+        length = self.sequence_length
+        tokens = text[:length]
+        if self.extra:
+            labels = text[1 : length + 1]
+        else:
+            labels = numpy.empty(length, dtype=numpy.int64)
+            labels[:-1] = text[1:length]
+            labels[-1] = self.pad
+        loss_mask = torch.ones(length, dtype=torch.float32)
+        texts = text[None, :]
+        starts = self._mask_loss_and_segments(tokens[None], loss_mask.numpy()[None])
+        sample: dict[str, Any] = {
+            "tokens": torch.from_numpy(tokens),
+            "labels": torch.from_numpy(labels),
+        }
+        if self.create_attention_mask:
+            sample["attention_mask"] = (
+                torch.from_numpy(self._document_masks(starts)[0])
+                if self.reset_attention_mask
+                else self.causal_mask
+            )
+        sample["loss_mask"] = loss_mask
+        sample["position_ids"] = (
+            torch.from_numpy(self._positions - starts[0])
+            if self.reset_position_ids
+            else self.positions
+        )
+        self._clear_pads(texts, tokens[None], labels[None], loss_mask.numpy()[None], may_hold_pad)
+        if padding_sample:
+            loss_mask.zero_()
+        return sample
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[S]`` int64 position ids without resets; built once."""
+        if self._position_tensor is None:
+            self._position_tensor = torch.from_numpy(self._positions.copy())
+        return self._position_tensor
 
     def batch(
         self, texts: numpy.ndarray, padding: list[bool], may_hold_pad: bool = True
     ) -> dict[str, Any]:
-        """The collated samples of the rows of ``texts`` (int64, ``[B, S (+1)]``)."""
-        return self._make(texts, padding, False, may_hold_pad)
-
-    def _make(
-        self, texts: numpy.ndarray, padding: list[bool], single: bool, may_hold_pad: bool
-    ) -> dict[str, Any]:
+        """The collated samples of the rows of ``texts`` (int64, ``[B, S (+1)]``): tokens,
+        labels and position ids (int64) then the loss mask (float32) in one buffer."""
         rows, length = len(texts), self.sequence_length
         size = rows * length
-        if single:
-            integers = numpy.empty((3, length), dtype=numpy.int64)
-            tokens, labels, position_ids = torch.from_numpy(integers).unbind(0)
-            loss_mask = torch.ones(length, dtype=torch.float32)
-        else:  # int64 tokens, labels and positions, then float32 loss mask: one buffer
-            buffer = torch.empty(size * 28, dtype=torch.uint8)
-            block = buffer[: size * 24].view(torch.int64)
-            tokens, labels, position_ids = block.view(3, rows, length).unbind(0)
-            loss_mask = buffer[size * 24 :].view(torch.float32).view(rows, length)
-            loss_mask.fill_(1.0)
-            integers = block.numpy()
-        tokens_np, labels_np, positions_np = integers.reshape(3, rows, length)
-        loss_np = loss_mask.numpy().reshape(rows, length)
+        buffer = torch.empty(size * 28, dtype=torch.uint8)
+        block = buffer[: size * 24].view(torch.int64)
+        tokens, labels, position_ids = block.view(3, rows, length).unbind(0)
+        loss_mask = buffer[size * 24 :].view(torch.float32).view(rows, length)
+        tokens_np, labels_np, positions_np = block.numpy().reshape(3, rows, length)
+        loss_np = loss_mask.numpy()
+        loss_np.fill(1.0)
         tokens_np[:] = texts[:, :length]
         labels_np[:, : length - 1] = texts[:, 1:length]
         labels_np[:, length - 1] = texts[:, length] if self.extra else self.pad
-
-        if self.eod_mask_loss:
-            loss_np[tokens_np == self.eod] = 0.0
-        needs_starts = self.reset_position_ids or (
-            self.reset_attention_mask and self.create_attention_mask
-        )
-        starts = segment_starts(tokens_np, self.eod) if needs_starts else None
+        starts = self._mask_loss_and_segments(tokens_np, loss_np)
         positions_np[:] = self._positions
         if self.reset_position_ids:
             positions_np -= starts
-
         sample: dict[str, Any] = {"tokens": tokens, "labels": labels}
         if self.create_attention_mask:
-            if self.reset_attention_mask:
-                mask = numpy.empty((rows, 1, length, length), dtype=numpy.bool_)
-                threads = torch.get_num_threads()
-                for row in range(rows):
-                    implementation().fill_document_causal_mask(starts[row], mask[row, 0], threads)
-                sample["attention_mask"] = torch.from_numpy(mask[0] if single else mask)
-            elif single:
-                sample["attention_mask"] = self.causal_mask
-            else:
-                sample["attention_mask"] = self.causal_mask.expand(rows, 1, length, length)
+            sample["attention_mask"] = (
+                torch.from_numpy(self._document_masks(starts))
+                if self.reset_attention_mask
+                else self.causal_mask.expand(rows, 1, length, length)
+            )
         sample["loss_mask"] = loss_mask
         sample["position_ids"] = position_ids
-
-        # pad ids: no loss where the label is one, and 0 in tokens and labels (embeddable);
-        # the window holds none unless it was padded (or the pad id is a real token)
-        if not self.extra or (may_hold_pad and (texts == self.pad).any()):
-            label_is_pad = labels_np == self.pad
-            loss_np[label_is_pad] = 0.0
-            labels_np[label_is_pad] = 0
-            tokens_np[tokens_np == self.pad] = 0
+        self._clear_pads(texts, tokens_np, labels_np, loss_np, may_hold_pad)
         if any(padding):
             loss_np[numpy.asarray(padding, dtype=bool)] = 0.0
         return sample
+
+    def _mask_loss_and_segments(
+        self, tokens: numpy.ndarray, loss: numpy.ndarray
+    ) -> numpy.ndarray | None:
+        """No loss on EOD with ``eod_mask_loss``; where each position's document starts when
+        position ids or the attention mask reset at documents (else None)."""
+        if self.eod_mask_loss:
+            loss[tokens == self.eod] = 0.0
+        if self.reset_position_ids or (self.reset_attention_mask and self.create_attention_mask):
+            return segment_starts(tokens, self.eod)
+        return None
+
+    def _document_masks(self, starts: numpy.ndarray) -> numpy.ndarray:
+        """``[B, 1, S, S]`` bool: causal attention within each document of each row."""
+        rows, length = starts.shape
+        mask = numpy.empty((rows, 1, length, length), dtype=numpy.bool_)
+        threads = torch.get_num_threads()
+        for row in range(rows):
+            fill_document_causal_mask(starts[row], mask[row, 0], threads)
+        return mask
+
+    def _clear_pads(
+        self,
+        texts: numpy.ndarray,
+        tokens: numpy.ndarray,
+        labels: numpy.ndarray,
+        loss: numpy.ndarray,
+        may_hold_pad: bool,
+    ) -> None:
+        """No loss where the label is the pad id, and 0 in tokens and labels instead of it (an
+        id the embedding takes). A window holds none unless it was padded (or the pad id is a
+        real token); without the extra token the last label always is one. Both masks are
+        found before either array changes: tokens and labels may share memory."""
+        if self.extra and not (may_hold_pad and (texts == self.pad).any()):
+            return
+        label_is_pad = labels == self.pad
+        token_is_pad = tokens == self.pad
+        loss[label_is_pad] = 0.0
+        labels[label_is_pad] = 0
+        tokens[token_is_pad] = 0

@@ -1,0 +1,206 @@
+"""A dataset's index tables: loaded from the shared cache or built (and cached) once.
+
+``GPTDataset`` (three tables) and ``BlendedDataset`` (two) hold their tables in one of these.
+What the tables are made of is the dataset's :class:`TableRecipe`; how they are kept is the
+same for both:
+
+* ``path_to_cache`` unset (and no default place): built in memory, with megatron-core's warning.
+* ``defer_npy_index_mmap``: nothing is read until a table is first used, then the cached files
+  are mapped (megatron-core's lazy mode); the dataset's length comes from the recipe meanwhile.
+* ``fast_cache_load``: the cached files are mapped without any check (megatron-core trusts them
+  there too).
+* otherwise: the cache is loaded after its checks (the description, each table's dtype and
+  shape, and where the recipe fingerprints its inputs, that they did not change since the
+  build), or built on global rank 0 and saved (see :func:`megaindex.cache.load_or_build`); a
+  damaged or stale cache is rebuilt with a warning, or refused with ``stale_cache="error"``.
+
+``source`` says which of these happened, with timings, for ``mega index build`` and the logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy
+
+from megafmt import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megaindex.cache import (
+    CacheEntry,
+    DamagedCacheError,
+    IndexCache,
+    TableSpec,
+    load_or_build,
+    specs_from_sidecar,
+    table_specs,
+)
+from megaindex.errors import ConfigError, StaleCacheError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TableSource:
+    """Where a dataset's tables came from: ``"cache"``, ``"built"`` (and cached), ``"memory"``
+    (built, not cached) or ``"deferred"`` (mapped on first use); with timings in seconds."""
+
+    kind: str
+    cache_entry: CacheEntry | None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class BuiltTables:
+    """Freshly built tables, the seconds each took, and notes kept in the cache's sidecar
+    (GPTDataset's epoch plan)."""
+
+    tables: dict[str, numpy.ndarray]
+    seconds: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class TableRecipe(Protocol):
+    """What a dataset's tables are made of."""
+
+    names: tuple[str, ...]
+    """The tables, in the order the dataset hands them out."""
+
+    def build(self) -> BuiltTables:
+        """Build every table."""
+        ...
+
+    def expected_specs(self) -> dict[str, TableSpec]:
+        """The dtype and shape each table must have, computed from the inputs."""
+        ...
+
+    corpus: str | None
+    """The corpus the tables are cut from, fingerprinted in the cache's sidecar (None: none)."""
+
+    def settings(self) -> dict[str, Any] | None:
+        """The settings the tables depend on that the cache key leaves out, recorded in the
+        sidecar and compared at load; None: no sidecar (the shapes are checked instead)."""
+        ...
+
+
+class CachedTables:
+    """The tables of one dataset, by name (``tables["sample_index"]``)."""
+
+    def __init__(
+        self,
+        recipe: TableRecipe,
+        entry: CacheEntry | None,
+        description: str,
+        *,
+        defer: bool = False,
+        fast_load: bool = False,
+        stale_cache: str = "rebuild",
+    ) -> None:
+        self.recipe = recipe
+        self.stale_cache = stale_cache
+        self._tables: dict[str, numpy.ndarray] | None = None
+        self._notes: dict[str, Any] = {}
+        self._cache = None if entry is None else IndexCache(entry, description)
+        if defer:
+            if entry is None:
+                raise ConfigError(
+                    "defer_npy_index_mmap maps cached tables, but this dataset has no cache "
+                    "directory: set path_to_cache"
+                )
+            self.source = TableSource("deferred", entry)
+        elif entry is None:
+            self.source = TableSource("memory", None)
+            logger.warning("index tables are not cached: path_to_cache is None")
+            self._tables = self._build()
+        elif fast_load:
+            self.source = TableSource("cache", entry)
+            self._tables = self._cache.load(None, check=False)
+        else:
+            self.source = TableSource("cache", entry)
+            self._tables, self.source.kind = load_or_build(
+                self._cache, self._load_checked, self._build, self._sidecar, self.source.seconds
+            )
+
+    @property
+    def deferred(self) -> bool:
+        """Whether the tables are deferred and not used yet (megatron-core's lazy mode)."""
+        return self._tables is None and self.source.kind == "deferred"
+
+    def __getitem__(self, name: str) -> numpy.ndarray:
+        tables = self._tables
+        if tables is None:  # deferred, or unpickled: map the cached files now
+            tables = self._tables = self._cache.load(None, check=False)
+        return tables[name]
+
+    def ordered(self) -> tuple[numpy.ndarray, ...]:
+        """Every table, in the recipe's order."""
+        return tuple(self[name] for name in self.recipe.names)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # cached tables travel to DataLoader workers as their files, mapped there on first use
+        # (checked here already); tables built in memory travel as they are
+        state = dict(self.__dict__)
+        if self._cache is not None:
+            state["_tables"] = None
+        return state
+
+    def _build(self) -> dict[str, numpy.ndarray]:
+        built = self.recipe.build()
+        self.source.seconds.update(built.seconds)
+        self._notes = built.notes
+        return built.tables
+
+    def _sidecar(self, tables: Mapping[str, numpy.ndarray]) -> dict[str, Any] | None:
+        settings = self.recipe.settings()
+        if settings is None:
+            return None
+        corpus = self.recipe.corpus
+        return {
+            "corpus": None if corpus is None else corpus_fingerprint(corpus),
+            "corpus_stat": None if corpus is None else corpus_stat(corpus),
+            "config": settings,
+            **self._notes,
+            "tables": table_specs(tables),
+        }
+
+    def _load_checked(self) -> dict[str, numpy.ndarray]:
+        """The cached tables, after checking that they fit the inputs."""
+        cache = self._cache
+        settings = self.recipe.settings()
+        sidecar = None if settings is None else cache.read_sidecar()
+        if sidecar is None:  # nothing recorded, or built by megatron-core: check the shapes
+            return cache.load(self.recipe.expected_specs())
+        changes = self._changes(sidecar, settings)
+        if changes:
+            what = f"{cache.entry.sidecar_path}: the cache was built from other data: " + "; ".join(
+                changes
+            )
+            if self.stale_cache == "error":
+                raise StaleCacheError(
+                    f"{what}. Delete the cache, or set stale_cache='rebuild' to rebuild it"
+                )
+            raise DamagedCacheError(what)
+        return cache.load(specs_from_sidecar(sidecar))
+
+    def _changes(self, sidecar: Mapping[str, Any], settings: dict[str, Any]) -> list[str]:
+        """How the corpus and settings differ from those the sidecar recorded (empty: not)."""
+        corpus = self.recipe.corpus
+        stat = None if corpus is None else corpus_stat(corpus)
+        if sidecar.get("corpus_stat") == stat and sidecar.get("config") == settings:
+            return []  # the same files (two stat calls) and the same settings
+        # other stats: hash the contents (a copy of the same corpus is fine)
+        current = {
+            "corpus": None if corpus is None else corpus_fingerprint(corpus),
+            "config": settings,
+        }
+        return fingerprint_changes(_flatten(sidecar), _flatten(current))
+
+
+def _flatten(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``corpus`` and ``config`` sections as ``{"corpus.x": ..., "config.y": ...}``."""
+    return {
+        f"{section}.{key}": value
+        for section in ("corpus", "config")
+        for key, value in (fingerprint.get(section) or {}).items()
+    }
