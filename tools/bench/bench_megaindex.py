@@ -179,10 +179,11 @@ def bench_build(documents: int) -> None:
     print(f"  tables identical: {tables_equal}", flush=True)
 
 
-def realistic_corpus(prefix: str) -> None:
+def realistic_corpus(prefix: str, seed: int = 0) -> None:
+    """20k documents of 50-950 random tokens, each ending with EOD."""
     from megafmt import IndexedDatasetBuilder
 
-    rng = numpy.random.default_rng(0)
+    rng = numpy.random.default_rng(seed)
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
     for _ in range(20000):
         tokens = rng.integers(0, VOCAB, int(rng.integers(50, 950)) + 1).astype(numpy.uint16)

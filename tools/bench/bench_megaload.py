@@ -1,22 +1,30 @@
 """DataLoader throughput: megaload over megaindex against Megatron-LM's loader settings over
-megatron-core's GPTDataset, in one run.
+megatron-core's datasets, in one run.
 
     .venv/bin/python tools/bench/bench_megaload.py [--batches 200]
 
-Micro-batch 4, sequence length 4096, with 0 and 2 workers, attention masks off and on (the
-default flags otherwise). Megatron-LM's side is a torch DataLoader with the sequential batch
-sampler, default collation and persistent workers, as its build_pretraining_data_loader makes
-it (pin_memory off: no GPU here). Prints samples/s for both and the ratio.
+Micro-batch 4, sequence length 4096, with 0 and 2 workers:
+
+* one corpus, attention masks off and on (the default flags otherwise);
+* a blend of 3 corpora (weights 0.5, 0.3, 0.2), attention masks off: megatron-core's blend,
+  megaload over megaindex's blend, and the blend's samples/s as a share of megaload over one
+  corpus measured in the same run.
+
+Megatron-LM's side is a torch DataLoader with the sequential batch sampler, default collation
+and persistent workers, as its build_pretraining_data_loader makes it (pin_memory off: no GPU
+here). Prints samples/s for both and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
+import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,6 +34,7 @@ from megaload import DataLoaderConfig, MegatronPretrainingSampler, build_pretrai
 
 WORKDIR = bench_megaindex.ROOT / "build" / "bench_megaload"
 MICRO_BATCH = 4
+BLEND_WEIGHTS = [0.5, 0.3, 0.2]
 
 
 def samples_per_second(loader, batches: int) -> float:
@@ -48,45 +57,99 @@ def megatron_loader(dataset, workers: int) -> DataLoader:
     )
 
 
+def megaload_loader(dataset, workers: int):
+    config = DataLoaderConfig(micro_batch_size=MICRO_BATCH, num_workers=workers, pin_memory=False)
+    return build_pretraining_data_loader(dataset, 0, config)
+
+
+def bench_corpus(prefix: str, size: int, batches: int) -> dict[int, float]:
+    """One corpus, masks off and on; returns megaload's samples/s with masks off by workers."""
+    single: dict[int, float] = {}
+    for masks in (False, True):
+        theirs, ours = (
+            bench_megaindex.datasets(
+                side,
+                prefix,
+                str(WORKDIR / f"{side}{masks}"),
+                [size, None, None],
+                create_attention_mask=masks,
+            )[0]
+            for side in ("megatron", "megaindex")
+        )
+        for workers in (0, 2):
+            mine = samples_per_second(megaload_loader(ours, workers), batches)
+            if not masks:
+                single[workers] = mine
+            bench_megaindex.report(
+                f"  one corpus, {workers} workers, attention mask {'on' if masks else 'off'}",
+                samples_per_second(megatron_loader(theirs, workers), batches),
+                mine,
+                "samples/s",
+                True,
+            )
+    return single
+
+
+def bench_blend(prefixes: list[str], size: int, batches: int, single: dict[int, float]) -> None:
+    """A blend of the corpora, masks off: against megatron-core's blend and one corpus."""
+    blend = (prefixes, BLEND_WEIGHTS)
+    theirs, ours = (
+        bench_megaindex.datasets(
+            side,
+            prefixes[0],
+            str(WORKDIR / f"{side}-blend"),
+            [size, 0, 0],
+            blend=blend,
+            create_attention_mask=False,
+        )[0]
+        for side in ("megatron", "megaindex")
+    )
+    for idx in (0, 1, 7):
+        for key, value in theirs[idx].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(ours[idx][key])), key
+    for workers in (0, 2):
+        mine = samples_per_second(megaload_loader(ours, workers), batches)
+        bench_megaindex.report(
+            f"  blend of 3, {workers} workers, attention mask off",
+            samples_per_second(megatron_loader(theirs, workers), batches),
+            mine,
+            "samples/s",
+            True,
+        )
+        if workers in single:
+            print(
+                f"  blend of 3 as a share of one corpus, {workers} workers: "
+                f"{mine / single[workers]:.0%} ({mine:,.0f} vs {single[workers]:,.0f} samples/s)",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=200)
     args = parser.parse_args()
     bench_megaindex.quiet_imports()
+    # megatron-core's BlendedDataset asks torch.distributed for the rank: one process group
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     shutil.rmtree(WORKDIR, ignore_errors=True)
     WORKDIR.mkdir(parents=True)
-    bench_megaindex.WORKDIR = WORKDIR
-    prefix = str(WORKDIR / "realistic")
-    bench_megaindex.realistic_corpus(prefix)
+    prefixes = [str(WORKDIR / f"corpus{seed}") for seed in range(len(BLEND_WEIGHTS))]
+    for seed, prefix in enumerate(prefixes):
+        bench_megaindex.realistic_corpus(prefix, seed)
     size = (args.batches + 2) * MICRO_BATCH
     print(
-        f"DataLoader, micro-batch {MICRO_BATCH}, sequence {bench_megaindex.SEQUENCE_LENGTH} "
-        "(samples/s)",
+        f"DataLoader, micro-batch {MICRO_BATCH}, sequence {bench_megaindex.SEQUENCE_LENGTH}, "
+        f"{args.batches} batches (samples/s)",
         flush=True,
     )
     try:
-        for masks in (False, True):
-            flags = {"create_attention_mask": masks}
-            theirs = bench_megaindex.datasets(
-                "megatron", prefix, str(WORKDIR / f"m{masks}"), [size, None, None], **flags
-            )[0]
-            ours = bench_megaindex.datasets(
-                "megaindex", prefix, str(WORKDIR / f"o{masks}"), [size, None, None], **flags
-            )[0]
-            for workers in (0, 2):
-                config = DataLoaderConfig(
-                    micro_batch_size=MICRO_BATCH, num_workers=workers, pin_memory=False
-                )
-                mine = build_pretraining_data_loader(ours, 0, config)
-                bench_megaindex.report(
-                    f"  {workers} workers, attention mask {'on' if masks else 'off'}",
-                    samples_per_second(megatron_loader(theirs, workers), args.batches),
-                    samples_per_second(mine, args.batches),
-                    "samples/s",
-                    True,
-                )
+        single = bench_corpus(prefixes[0], size, args.batches)
+        bench_blend(prefixes, size, args.batches, single)
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

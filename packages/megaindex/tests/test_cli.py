@@ -204,3 +204,39 @@ def test_inspect_plots_blend_shares(corpus, corpus_writer, tmp_path, capsys):
     plot = tmp_path / "shares.png"
     assert main(["index", "inspect", cache, "--plot", str(plot)]) == 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class Shifted(GPTDataset):
+    """A third party's dataset class: GPT samples with every token id plus one."""
+
+    shapes_samples = True
+
+    def shape_sample(self, idx, text):
+        return text + 1
+
+
+def test_dataset_classes_are_plugins_by_name(corpus, tmp_path, capsys, make_config):
+    from megafmt import PluginError
+    from megaindex.plugins import DATASETS
+
+    assert {"gpt", "mock"} <= set(DATASETS.available())
+    DATASETS.register("shifted-test", Shifted, replace=True)
+    cache = str(tmp_path / "cache")
+    args = [*dataset_args(corpus, cache), "--samples", "100,10,0"]
+    assert main(["index", "build", "--dataset", "shifted-test", *args]) == 0
+    assert "ShiftedDataset" not in capsys.readouterr().out  # the class name keys the cache
+    assert any(name.endswith("-Shifted-train-description.txt") for name in os.listdir(cache))
+    # the builder takes the same name: it finds the cache just built
+    config = make_config(path_to_cache=cache, split="90,8,2")
+    shifted = BlendedMegatronDatasetBuilder("shifted-test", [100, 10, 0], lambda: True, config)
+    train = shifted.build()[0]
+    plain = BlendedMegatronDatasetBuilder("gpt", [100, 10, 0], lambda: True, config).build()[0]
+    assert train.index_source.kind == "cache" and isinstance(train, Shifted)
+    assert (train[3]["tokens"] == plain[3]["tokens"] + 1).all()
+    mock = ["--seq-length", "16", "--null-tokenizer", "1000", "--samples", "20,5,5"]
+    assert main(["index", "build", "--dataset", "mock", *mock, "--cache-dir", cache]) == 0
+    assert "MockGPTDataset" in capsys.readouterr().out
+    assert main(["index", "build", "--dataset", "gtp", *args]) == 1
+    assert "unknown megaindex dataset 'gtp'" in capsys.readouterr().err
+    with pytest.raises(PluginError, match="did you mean 'gpt'"):
+        BlendedMegatronDatasetBuilder("gtp", [1, 0, 0], lambda: True, config)

@@ -27,6 +27,7 @@ from megaindex.blended_dataset import BlendedDataset
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
+from megaindex.plugins import DATASETS
 from megaindex.utils import Split, normalize
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def _get_size_per_split_per_dataset(
 class BlendedMegatronDatasetBuilder:
     """Builds the train, valid and test datasets of ``config`` with ``cls``.
 
+    ``cls`` may be a ``megaindex.datasets`` plugin's name (``"gpt"``, ``"mock"``, ...).
     ``sizes`` is the number of samples per split (None: one epoch, or every sample of a blend).
     ``is_built_on_rank`` says whether this rank holds datasets (megatron-core: TP rank 0 on the
     first or last pipeline stage).
@@ -57,11 +59,13 @@ class BlendedMegatronDatasetBuilder:
 
     def __init__(
         self,
-        cls: type[MegatronDataset],
+        cls: type[MegatronDataset] | str,
         sizes: list[int | None],
         is_built_on_rank: Callable[[], bool],
         config: BlendedMegatronDatasetConfig,
     ) -> None:
+        if isinstance(cls, str):  # a megaindex.datasets plugin, by name
+            cls = DATASETS.get(cls)
         if len(sizes) != len(Split):
             raise ConfigError(
                 f"sizes must hold one entry per split (train, valid, test), got {sizes}"
@@ -88,7 +92,7 @@ class BlendedMegatronDatasetBuilder:
     @property
     def _synchronize(self) -> bool:
         """Rank 0 first, the others after a barrier (off with fast_cache_load, as in Megatron)."""
-        return not getattr(self.config, "fast_cache_load", False)
+        return not self.config.fast_cache_load
 
     def _barrier(self) -> None:
         distributed.barrier(self.config.barrier_timeout)
@@ -135,11 +139,7 @@ class BlendedMegatronDatasetBuilder:
             only_this[split.value] = (0.0, 1.0)
             sizes: list[int | None] = [0] * len(Split)
             sizes[split.value] = self.sizes[split.value]
-            if (
-                split is Split.valid
-                and len(prefixes) > 1
-                and getattr(self.config, "multiple_validation_sets", False)
-            ):
+            if split is Split.valid and len(prefixes) > 1 and self.config.multiple_validation_sets:
                 if self.config.full_validation and sizes[split.value] is not None:
                     raise ConfigError(
                         "full_validation with multiple validation sets needs no validation size"
@@ -248,7 +248,7 @@ class BlendedMegatronDatasetBuilder:
                 datasets.append(None)
                 continue
             indices = None
-            if not getattr(self.config, "fast_cache_load", False):
+            if not self.config.fast_cache_load:
                 begin = round(bookends[0] * float(num_elements))
                 end = round(bookends[1] * float(num_elements))
                 if end - 1 > numpy.iinfo(numpy.int32).max:

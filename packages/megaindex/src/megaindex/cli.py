@@ -21,13 +21,21 @@ from megaindex.budget import get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
-from megaindex.gpt_dataset import GPTDataset
+from megaindex.mock import MockGPTDataset
+from megaindex.plugins import DATASETS
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaindex.utils import Split
 
 
 def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data (Megatron-LM's flags)")
+    data.add_argument(
+        "--dataset",
+        default="gpt",
+        metavar="NAME",
+        help="the dataset class, a megaindex.datasets plugin: "
+        f"{', '.join(DATASETS.available())} (default: gpt)",
+    )
     data.add_argument(
         "--data-path",
         nargs="+",
@@ -138,8 +146,11 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         args.test_data_path,
         args.per_split_data_args_path,
     )
-    if blend is None and blend_per_split is None:
-        raise ValueError("give the data: --data-path, --data-args-path, or per-split paths")
+    cls = DATASETS.get(args.dataset)
+    if blend is None and blend_per_split is None and not issubclass(cls, MockGPTDataset):
+        raise ValueError(
+            "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
+        )
     config = GPTDatasetConfig(
         random_seed=args.seed,
         sequence_length=args.seq_length,
@@ -158,11 +169,12 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         add_extra_token_to_sequence=not args.no_extra_token,
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
     )
-    return BlendedMegatronDatasetBuilder(GPTDataset, _sizes(args), lambda: True, config).build()
+    return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
 
 
-class GPTDatasetProvider:
-    """The ``gpt`` provider of ``mega load simulate``: GPT datasets from Megatron-LM's flags."""
+class DatasetProvider:
+    """megaindex's provider for ``mega load simulate``: the datasets of any
+    ``megaindex.datasets`` plugin (``--dataset``), from Megatron-LM's flags."""
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         _dataset_arguments(parser)

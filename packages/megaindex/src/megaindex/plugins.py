@@ -1,0 +1,18 @@
+"""The ``megaindex.datasets`` plugins: mid-level dataset classes by name.
+
+Shipped: ``gpt`` (:class:`~megaindex.gpt_dataset.GPTDataset`) and ``mock``
+(:class:`~megaindex.mock.MockGPTDataset`). A third party adds a class (a ``MegatronDataset``
+with megatron-core's two static methods) by declaring an entry point in that group; the builder
+takes the name in place of the class and ``mega index build --dataset NAME`` builds it.
+"""
+
+from __future__ import annotations
+
+from megafmt import Registry
+
+DATASETS: Registry[type] = Registry(
+    "megaindex.datasets",
+    "megaindex dataset",
+    required=("build_low_level_dataset", "numel_low_level_dataset"),
+    home="megaindex",
+)
