@@ -14,11 +14,13 @@ import warnings
 from functools import cache
 from types import ModuleType
 
+from megaindex.errors import MegaindexError
+
 BACKEND_ENV = "MEGAINDEX_BACKEND"
 CHOICES = ("auto", "cpp", "numpy")
 
 
-class BackendError(ImportError):
+class BackendError(MegaindexError, ImportError):
     """The backend asked for in MEGAINDEX_BACKEND is not available."""
 
 

@@ -32,14 +32,14 @@ import numpy
 
 from megafmt import atomic_write, map_file
 from megaindex import distributed
-from megaindex.errors import CacheError, StaleCacheError
+from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 
 logger = logging.getLogger(__name__)
 
 SIDECAR_FORMAT = 1
 
 
-class DamagedCacheError(Exception):
+class DamagedCacheError(MegaindexError):
     """A cached table cannot be used as it is (internal: the cache is rebuilt)."""
 
 

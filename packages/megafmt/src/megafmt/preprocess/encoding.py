@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy
 
+from megafmt.errors import MegafmtError
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
 
 
-class BadLine(ValueError):
+class BadLine(MegafmtError, ValueError):
     """A line that cannot become a document; the message says why."""
 
 
