@@ -12,11 +12,11 @@ pytest.importorskip("moto")
 
 import boto3
 
+from megafmt.protocols import PlannedBatch
 from megafmt.s3testing import moto_endpoint
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaload import DataLoaderConfig, build_pretraining_data_loader
-from megaload.planned import PlannedBatch
 
 pytestmark = pytest.mark.s3
 
