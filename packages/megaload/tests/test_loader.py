@@ -14,7 +14,6 @@ from megaload import (
     MegaloadError,
     MegatronDataLoader,
     NoDataError,
-    RerunDataIterator,
     ResumeError,
     SamplerError,
     SamplerPluginError,
@@ -271,16 +270,6 @@ def test_worker_start_closes_inherited_gpu_descriptors(monkeypatch):
         os.fstat(read)
     os.fstat(write)
     os.close(write)
-
-
-def test_rerun_iterator_replays_the_last_items():
-    iterator = RerunDataIterator(range(10))
-    assert [next(iterator) for _ in range(3)] == [0, 1, 2]
-    iterator.rewind()
-    assert [next(iterator) for _ in range(4)] == [0, 1, 2, 3]
-    iterator.advance()
-    iterator.rewind()
-    assert next(iterator) == 4
 
 
 def test_accounting():
