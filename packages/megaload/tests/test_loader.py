@@ -6,15 +6,21 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from megafmt.protocols import CollatedBatch
 from megaload import (
-    SAMPLERS,
     DataLoaderConfig,
+    MegaloadError,
     MegatronDataLoader,
-    RerunDataIterator,
+    NoDataError,
+    ResumeError,
     SamplerError,
+    SamplerPluginError,
+    SimulationError,
     build_pretraining_data_loader,
     close_gpu_descriptors,
+    collate,
     cyclic_iter,
     num_micro_batches,
     samples_per_step,
@@ -22,14 +28,18 @@ from megaload import (
 from megaload import loader as loader_module
 
 DATASET_CODE = '''
+import enum
+
 import torch
+
+Split = enum.Enum("Split", "train valid test")  # megatron-core's names its splits so
 
 
 class Numbers(torch.utils.data.Dataset):
-    """Sample i is the tokens [i, i] (and a split name for the loader to find)."""
+    """Sample i is the tokens [i, i] (and a split for the loader to find)."""
 
     def __init__(self, size, split="train"):
-        self.size, self.index_split = size, type("S", (), {"name": split})()
+        self.size, self.index_split = size, Split[split]
 
     def __len__(self):
         return self.size
@@ -62,26 +72,6 @@ def test_external_and_missing_datasets():
     assert build_pretraining_data_loader(None, 0, config) is None
 
 
-class EveryOther:
-    """A third-party batch sampler: Megatron's sequential arguments, even indices only."""
-
-    def __init__(self, total_samples, consumed_samples, micro_batch_size, **layout):
-        self.total, self.size = total_samples, micro_batch_size
-
-    def __iter__(self):
-        evens = list(range(0, self.total, 2))
-        return (evens[i : i + self.size] for i in range(0, len(evens), self.size))
-
-
-def test_a_sampler_plugin_is_chosen_by_dataloader_type():
-    SAMPLERS.register("every_other", EveryOther)
-    try:
-        config = DataLoaderConfig(micro_batch_size=2, dataloader_type="every_other", num_workers=0)
-        assert firsts(build_pretraining_data_loader(Numbers(8), 0, config)) == [[0, 2], [4, 6]]
-    finally:
-        SAMPLERS._registered.pop("every_other")
-
-
 def test_a_short_last_batch_counts_only_the_samples_it_holds():
     # 10 samples, 2 ranks of 2, drop_last off: the third global batch holds samples 8 and 9
     config = DataLoaderConfig(
@@ -96,7 +86,10 @@ def test_a_short_last_batch_counts_only_the_samples_it_holds():
 
 
 def test_validation_uses_eval_batch_size_and_full_validation():
-    config = DataLoaderConfig(micro_batch_size=2, eval_micro_batch_size=3, num_workers=0)
+    # the training step's global batch of 8 is no multiple of the validation batch of 3
+    config = DataLoaderConfig(
+        micro_batch_size=2, global_batch_size=8, eval_micro_batch_size=3, num_workers=0
+    )
     assert firsts(build_pretraining_data_loader(Numbers(7, "valid"), 0, config)) == [
         [0, 1, 2],
         [3, 4, 5],
@@ -109,7 +102,8 @@ def test_validation_uses_eval_batch_size_and_full_validation():
         num_workers=0,
     )
     loader = build_pretraining_data_loader(Numbers(5, "valid"), 0, full)
-    assert loader.sampler_name == "full_validation" and firsts(loader) == [[1], [3]]
+    assert loader.config.dataloader_type == "full_validation"
+    assert firsts(loader) == [[1], [3]]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -278,21 +272,43 @@ def test_worker_start_closes_inherited_gpu_descriptors(monkeypatch):
     os.close(write)
 
 
-def test_rerun_iterator_replays_the_last_items():
-    iterator = RerunDataIterator(range(10))
-    assert [next(iterator) for _ in range(3)] == [0, 1, 2]
-    iterator.rewind()
-    assert [next(iterator) for _ in range(4)] == [0, 1, 2, 3]
-    iterator.advance()
-    iterator.rewind()
-    assert next(iterator) == 4
-
-
 def test_accounting():
     assert num_micro_batches(256, 2, 16) == 8
     assert samples_per_step(2, 16, 8) == 256
     with pytest.raises(ValueError, match="not a multiple"):
         num_micro_batches(100, 3, 2)
+
+
+class Collated(torch.utils.data.Dataset):
+    """Batches come collated (``megafmt.protocols.CollatedBatch``), with a value torch's
+    collation would turn into a tensor: the loader must take the collation as it is."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, idx):
+        raise AssertionError("batches are read with __getitems__")
+
+    def __getitems__(self, indices):
+        return CollatedBatch({"tokens": torch.tensor(indices), "first": [indices[0]] * 2})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collated_batch_is_taken_as_it_is(workers):
+    config = DataLoaderConfig(micro_batch_size=2, num_workers=workers)
+    batches = list(build_pretraining_data_loader(Collated(), 0, config))
+    assert [batch["tokens"].tolist() for batch in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [batch["first"] for batch in batches] == [[0, 0], [2, 2], [4, 4], [6, 6]]
+    batch = Collated().__getitems__([3, 4])
+    assert collate(batch) is batch.collated
+
+
+def test_every_megaload_error_is_a_megaload_error():
+    for error in (SamplerError, ResumeError, SamplerPluginError, NoDataError, SimulationError):
+        assert issubclass(error, MegaloadError)
+    assert issubclass(SamplerError, ValueError) and issubclass(NoDataError, RuntimeError)
+    with pytest.raises(MegaloadError, match="micro_batch_size must be positive"):
+        DataLoaderConfig(micro_batch_size=0)
 
 
 def test_loader_is_a_stateful_dataloader_lookalike():

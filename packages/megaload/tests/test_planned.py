@@ -4,8 +4,9 @@ import pickle
 
 import torch
 
+from megafmt.protocols import PlannedBatch
 from megaload import DataLoaderConfig, build_pretraining_data_loader
-from megaload.planned import PlannedBatch, PlannedBatchSampler
+from megaload.planned import PlannedBatchSampler
 
 
 def test_each_batch_carries_the_batch_lookahead_later():
@@ -32,11 +33,17 @@ class Recorder:
         return torch.tensor([idx])
 
     def __getitems__(self, indices):
-        self.announced.append(list(getattr(indices, "upcoming", [])))
+        self.announced.append(indices.upcoming if isinstance(indices, PlannedBatch) else None)
         return [self[i] for i in indices]
 
 
 class Prefetching(Recorder):
+    """``megafmt.protocols.PlannedPrefetch``: it says whether telling it pays."""
+
+    def __init__(self, size, prefetches=True):
+        super().__init__(size)
+        self.prefetches = prefetches
+
     def prefetch(self, indices):
         pass
 
@@ -50,5 +57,8 @@ def test_the_loader_plans_only_for_datasets_that_prefetch():
     state = loader.state_dict()
     assert state["consumed_samples"] == 8  # resume state is the plain sampler's
     assert loader.loader.batch_sampler.batch_sampler is loader.batch_sampler  # state it sets
-    plain = build_pretraining_data_loader(Recorder(4), 0, config)
-    assert not isinstance(plain.loader.batch_sampler, PlannedBatchSampler)
+    for dataset in (Recorder(4), Prefetching(4, prefetches=False)):  # local data: no plan
+        plain = build_pretraining_data_loader(dataset, 0, config)
+        assert not isinstance(plain.loader.batch_sampler, PlannedBatchSampler)
+        assert [batch.tolist() for batch in plain] == [[[0], [1]], [[2], [3]]]
+        assert dataset.announced == [None, None]

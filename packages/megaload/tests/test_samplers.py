@@ -172,6 +172,10 @@ def test_full_validation_deals_one_sample_per_rank():
     assert list(MegatronFullValidationSampler(5, 1, 2)) == [[1], [3]]
     assert len(MegatronFullValidationSampler(5, 0, 2)) == 3
     assert list(MegatronFullValidationSampler(1, 1, 4)) == []
+    # from a resume point: 2 samples (one global batch of 2 ranks) read
+    resumed = MegatronFullValidationSampler(5, 0, 2, consumed_samples=2)
+    assert list(resumed) == [[2], [4]] and len(resumed) == 2
+    assert [resumed.next_consumed(c) for c in (0, 2, 4)] == [2, 4, 5]  # never past the data
 
 
 def test_end_of_data_is_a_clean_empty_iteration(caplog):
@@ -186,6 +190,10 @@ def test_end_of_data_is_a_clean_empty_iteration(caplog):
         (lambda: MegatronPretrainingSampler(10, 11, 2, 0, 1), "outside the dataset's 0..10"),
         (lambda: MegatronPretrainingSampler(0, 0, 2, 0, 1), "no sample to consume"),
         (lambda: MegatronPretrainingSampler(10, 0, 2, 2, 2), "rank 2 is outside the data-par"),
+        (
+            lambda: MegatronFullValidationSampler(10, 0, 2, consumed_samples=12),
+            "consumed_samples 12 is outside the dataset's 0..10",
+        ),
         (
             lambda: MegatronPretrainingRandomSampler(None, 5, 0, 2, 0, 4, True),
             "holds 5 samples, fewer than one global batch of micro_batch_size 2 x "
@@ -204,4 +212,3 @@ def test_impossible_cases_are_clear_errors(build, message):
 
 def test_samplers_are_plugins():
     assert SAMPLERS.available() == ["cyclic", "full_validation", "single"]
-    assert SAMPLERS.get("single") is MegatronPretrainingSampler

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megaload.samplers import SamplerError
+from megaload.errors import SamplerError
 
 
 def samples_per_step(micro_batch_size: int, data_parallel_size: int, num_micro_batches: int) -> int:

@@ -1,7 +1,9 @@
 """``mega load simulate``: run the real samplers and loader for a few steps over simulated
 data-parallel ranks, check that the ranks' samples are disjoint and cover each global batch,
-and report throughput. The dataset comes from a ``megaload.datasets`` provider plugin (megaindex
-provides ``gpt``), which adds its own arguments (``--data-path`` and the rest)."""
+and report throughput. The dataset comes from a ``megaload.datasets`` provider plugin, chosen
+with ``--provider`` (megaindex provides ``megaindex``), which adds its own arguments
+(``--data-path`` and the rest). ``mega load samplers`` lists the ``megaload.samplers``
+plugins ``--dataloader-type`` can name."""
 
 from __future__ import annotations
 
@@ -13,14 +15,16 @@ from typing import Any
 
 from megafmt import Progress, Registry
 from megaload.accounting import num_micro_batches
+from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig
+from megaload.errors import SimulationError
 from megaload.loader import build_pretraining_data_loader
 
 PROVIDERS: Registry[Any] = Registry(
     "megaload.datasets",
     "megaload dataset provider",
     required=("configure", "build"),
-    providers={"gpt": "it is provided by megaindex: pip install ./packages/megaindex"},
+    providers={"megaindex": "it is provided by megaindex: pip install ./packages/megaindex"},
 )
 
 
@@ -29,12 +33,22 @@ class LoadCommand:
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         commands = parser.add_subparsers(dest="load_command", metavar="SUBCOMMAND", required=True)
+        commands.add_parser("samplers", help="list the samplers --dataloader-type can name")
         simulate = commands.add_parser("simulate", help="run the loader over simulated ranks")
-        simulate.add_argument("--dataset", default="gpt", help="dataset provider plugin")
+        simulate.add_argument(
+            "--provider",
+            default="megaindex",
+            help="the megaload.datasets plugin that builds the dataset (default: megaindex)",
+        )
         simulate.add_argument("--micro-batch-size", type=int, required=True)
         simulate.add_argument("--dp", type=int, default=1, help="data-parallel size")
         simulate.add_argument("--steps", type=int, default=10)
-        simulate.add_argument("--dataloader-type", choices=["single", "cyclic"], default="single")
+        simulate.add_argument(
+            "--dataloader-type",
+            choices=SAMPLERS.available(),
+            default="single",
+            help="a megaload.samplers plugin (mega load samplers lists them)",
+        )
         simulate.add_argument("--no-data-sharding", action="store_true")
         simulate.add_argument("--num-workers", type=int, default=0)
         simulate.add_argument(
@@ -58,9 +72,13 @@ class LoadCommand:
             simulate.add_argument("--global-batch-size", type=int)
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.load_command == "samplers":
+            for name, target in SAMPLERS.view().items():
+                print(f"{name:<20} {target}")
+            return 0
         if args.global_batch_size is None:
-            raise ValueError("mega load simulate needs --global-batch-size")
-        dataset = PROVIDERS.get(args.dataset)().build(args)[0]
+            raise SimulationError("mega load simulate needs --global-batch-size")
+        dataset = PROVIDERS.get(args.provider)().build(args)[0]
         micro_batches = num_micro_batches(args.global_batch_size, args.micro_batch_size, args.dp)
         loaders = [
             build_pretraining_data_loader(
@@ -113,13 +131,13 @@ def _simulate(args: argparse.Namespace, loaders: list[Any], micro_batches: int) 
                     tokens += batch["tokens"].numel()
             real = [i for i in indices if i is not None]
             if len(set(real)) != len(real):
-                raise ValueError(f"step {step}: ranks read overlapping samples")
+                raise SimulationError(f"step {step}: ranks read overlapping samples")
             if (
                 args.dataloader_type == "single"
                 and real
                 and sorted(real) != list(range(min(real), min(real) + len(real)))
             ):
-                raise ValueError(f"step {step}: the global batch is not one contiguous block")
+                raise SimulationError(f"step {step}: the global batch is not one contiguous block")
             if log is not None:
                 log.write(f"{digest.hexdigest()}\n")
             progress.update()

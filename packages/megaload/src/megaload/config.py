@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from megaload.accounting import num_micro_batches
-from megaload.samplers import SAMPLERS, SamplerError, check_batch_layout
+from megaload.batch_sampler import SAMPLERS
+from megaload.errors import SamplerError
+from megaload.samplers import check_batch_layout
 
 #: the dataloader_type that names no sampler: the dataset is a loader of its own
 EXTERNAL = "external"
+#: the sampler Megatron-LM reads the validation split with under ``full_validation``
+FULL_VALIDATION = "full_validation"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +24,8 @@ class DataLoaderConfig:
 
     dataloader_type: str = "single"
     """``single`` (sequential), ``cyclic`` (random, epoch after epoch), ``external`` (the dataset
-    is a loader of its own) or another ``megaload.samplers`` plugin."""
+    is a loader of its own) or another ``megaload.samplers`` plugin (``mega load samplers``
+    lists them)."""
 
     global_batch_size: int | None = None
     """Samples per step across all ranks (for accounting and validation)."""
@@ -38,7 +43,8 @@ class DataLoaderConfig:
     """``cyclic``: shuffle within each rank's bucket of the data."""
 
     full_validation: bool = False
-    """Validate on the whole validation set, one sample per rank per batch."""
+    """Validate on the whole validation set, one sample per rank per batch (the
+    ``full_validation`` sampler, whatever ``dataloader_type`` says)."""
 
     drop_last: bool = True
     """``single``: drop the last, partial global batch."""
@@ -78,3 +84,25 @@ class DataLoaderConfig:
             num_micro_batches(
                 self.global_batch_size, self.micro_batch_size, self.data_parallel_size
             )
+
+    def for_split(self, split: str | None) -> DataLoaderConfig:
+        """This configuration as a loader of ``split`` (``"train"``, ``"valid"``, ``"test"`` or
+        None) applies it, by Megatron-LM's rules: validation and test batches hold
+        ``eval_micro_batch_size`` samples, and with ``full_validation`` the validation split
+        is read by the ``full_validation`` sampler, one sample per rank per batch. The training
+        step's ``global_batch_size`` does not describe those batches: it is None there."""
+        if split not in ("valid", "test"):
+            return self
+        if self.full_validation and split == "valid":
+            kind, micro = FULL_VALIDATION, 1
+        else:
+            kind, micro = self.dataloader_type, self.eval_micro_batch_size or self.micro_batch_size
+        if (kind, micro) == (self.dataloader_type, self.micro_batch_size):
+            return self
+        return replace(
+            self,
+            dataloader_type=kind,
+            micro_batch_size=micro,
+            eval_micro_batch_size=None,
+            global_batch_size=None,
+        )

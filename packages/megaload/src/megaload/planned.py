@@ -2,33 +2,31 @@
 
 The batch sampler knows the order; a dataset over object storage (megaindex's GPTDataset over
 an ``s3://`` corpus) can fetch a batch's bytes while the one before is being read, if it is
-told. ``PlannedBatchSampler`` wraps a batch sampler and hands each batch with the batch that
-the same DataLoader worker reads next (``lookahead`` batches later, the worker count); the
-dataset's ``__getitems__`` passes both to its ``prefetch``. The batches and their order are
-those of the wrapped sampler, so resume state is unaffected.
+told. ``PlannedBatchSampler`` wraps a batch sampler and hands each batch as a
+``megafmt.protocols.PlannedBatch`` that also names the batch the same DataLoader worker reads
+next (``lookahead`` batches later, the worker count); the dataset's ``__getitems__`` passes
+both to its ``prefetch``. The loader wraps its sampler so for a dataset that implements
+``megafmt.protocols.PlannedPrefetch`` and says it ``prefetches``. The batches and their order
+are those of the wrapped sampler, so resume state is unaffected.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
-
-class PlannedBatch(list):
-    """The sample indices of one batch, and in ``upcoming`` those its worker reads next."""
-
-    def __init__(self, indices: Iterable[Any], upcoming: Iterable[Any] = ()) -> None:
-        super().__init__(indices)
-        self.upcoming = list(upcoming)
+from megafmt.protocols import PlannedBatch
+from megaload.errors import SamplerError
 
 
 class PlannedBatchSampler:
-    """``batch_sampler``'s batches as :class:`PlannedBatch` es, ``lookahead`` batches ahead."""
+    """``batch_sampler``'s batches as :class:`~megafmt.protocols.PlannedBatch` es,
+    ``lookahead`` batches ahead."""
 
-    def __init__(self, batch_sampler: Any, lookahead: int) -> None:
+    def __init__(self, batch_sampler: Collection[Any], lookahead: int) -> None:
         if lookahead < 1:
-            raise ValueError(f"lookahead must be at least 1, found {lookahead}")
+            raise SamplerError(f"lookahead must be at least 1, found {lookahead}")
         self.batch_sampler = batch_sampler
         self.lookahead = lookahead
 

@@ -2,6 +2,12 @@
 batch. With their default arguments each yields exactly the index lists Megatron-LM's
 ``data_samplers.py`` yields, in the same order, for every rank and resume point.
 
+Each is built as Megatron-LM builds it (same constructor), or as the ``megaload.samplers``
+plugin it is (``single``, ``cyclic``, ``full_validation``) through its ``from_config`` factory,
+and implements :class:`~megaload.batch_sampler.BatchSampler`: the sequential and full-validation
+samplers resume at any micro-batch and data-parallel size, the random one only where its epochs
+are shuffled and cut the same way (see :meth:`MegatronPretrainingRandomSampler.check_resume`).
+
 ``consumed_samples`` is global (all ranks together), as in Megatron-LM. The fixes for the known
 quirks are options, off by default:
 
@@ -20,18 +26,18 @@ data-parallel group are errors that say so, where Megatron-LM asserts or divides
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from megafmt import Registry
+from megafmt.protocols import EpochAware
+from megaload.errors import ResumeError, SamplerError
+
+if TYPE_CHECKING:
+    from megaload.config import DataLoaderConfig
 
 logger = logging.getLogger(__name__)
-
-
-class SamplerError(ValueError):
-    """A sampler cannot be built with these arguments."""
 
 
 def check_batch_layout(
@@ -57,7 +63,27 @@ def _check_layout(
     check_batch_layout(micro_batch_size, data_parallel_rank, data_parallel_size)
 
 
-class MegatronPretrainingSampler:
+def _check_consumed(consumed_samples: int, total_samples: int) -> None:
+    if not 0 <= consumed_samples <= total_samples:
+        raise SamplerError(
+            f"consumed_samples {consumed_samples} is outside the dataset's 0..{total_samples}"
+        )
+    if consumed_samples == total_samples:
+        logger.info("all %d samples are consumed: the sampler yields nothing", total_samples)
+
+
+class _ResumesAnywhere:
+    """The resume rules of a sampler that reads the dataset in its own order: a run continues
+    at any micro-batch and data-parallel size, so there is nothing to agree on."""
+
+    def resume_state(self) -> dict[str, Any]:
+        return {}
+
+    def check_resume(self, saved: Mapping[str, Any]) -> None:
+        return None
+
+
+class MegatronPretrainingSampler(_ResumesAnywhere):
     """Sequential: every global batch of ``micro_batch_size * data_parallel_size`` consecutive
     indices from ``consumed_samples`` on, each rank taking its contiguous share."""
 
@@ -73,12 +99,7 @@ class MegatronPretrainingSampler:
         pad_last_batch: bool = False,
     ) -> None:
         _check_layout(total_samples, micro_batch_size, data_parallel_rank, data_parallel_size)
-        if not 0 <= consumed_samples <= total_samples:
-            raise SamplerError(
-                f"consumed_samples {consumed_samples} is outside the dataset's 0..{total_samples}"
-            )
-        if consumed_samples == total_samples:
-            logger.info("all %d samples are consumed: the sampler yields nothing", total_samples)
+        _check_consumed(consumed_samples, total_samples)
         self.total_samples = total_samples
         self.consumed_samples = consumed_samples
         self.micro_batch_size = micro_batch_size
@@ -88,6 +109,21 @@ class MegatronPretrainingSampler:
         self.drop_last = drop_last
         self.pad_last_batch = pad_last_batch
 
+    @classmethod
+    def from_config(
+        cls, dataset: Sized, consumed_samples: int, config: DataLoaderConfig
+    ) -> MegatronPretrainingSampler:
+        """The ``single`` plugin's factory."""
+        return cls(
+            len(dataset),
+            consumed_samples,
+            config.micro_batch_size,
+            config.data_parallel_rank,
+            config.data_parallel_size,
+            config.drop_last,
+            pad_last_batch=config.pad_last_batch,
+        )
+
     def __len__(self) -> int:
         # megatron-core's value: the number of samples, not of batches
         return self.total_samples
@@ -96,6 +132,10 @@ class MegatronPretrainingSampler:
         """Where this rank's share starts and ends inside a global batch."""
         start = self.data_parallel_rank * self.micro_batch_size
         return start, start + self.micro_batch_size
+
+    def next_consumed(self, consumed_samples: int) -> int:
+        # the last global batch may be short
+        return min(consumed_samples + self.micro_batch_times_data_parallel_size, self.total_samples)
 
     def __iter__(self) -> Iterator[list[Any]]:
         start, end = self.get_start_end_idx()
@@ -150,8 +190,86 @@ class MegatronPretrainingRandomSampler:
         self.balanced = balanced
         self.seed = seed
 
+    @classmethod
+    def from_config(
+        cls, dataset: Sized, consumed_samples: int, config: DataLoaderConfig
+    ) -> MegatronPretrainingRandomSampler:
+        """The ``cyclic`` plugin's factory."""
+        return cls(
+            dataset,
+            len(dataset),
+            consumed_samples,
+            config.micro_batch_size,
+            config.data_parallel_rank,
+            config.data_parallel_size,
+            config.data_sharding,
+            balanced=config.balanced,
+            seed=config.seed,
+        )
+
     def __len__(self) -> int:
         return self.total_samples
+
+    def next_consumed(self, consumed_samples: int) -> int:
+        return consumed_samples + self.micro_batch_times_data_parallel_size
+
+    def _epoch_layout(self) -> tuple[int, int]:
+        """The samples one epoch consumes, and the size of each epoch's permutation (of a
+        rank's bucket with data sharding, else of all the samples an epoch deals out)."""
+        width = self.micro_batch_times_data_parallel_size
+        epoch_samples = self.total_samples - self.last_batch_size
+        if self.data_sharding:
+            return epoch_samples, (self.total_samples // width) * self.micro_batch_size
+        step = width if self.balanced else self.micro_batch_size
+        return epoch_samples, (self.total_samples // step) * step
+
+    def resume_state(self) -> dict[str, Any]:
+        epoch_samples, permutation_size = self._epoch_layout()
+        return {
+            "data_sharding": self.data_sharding,
+            "seed": self.seed,
+            "balanced": self.balanced,
+            "micro_batch_size": self.micro_batch_size,
+            "data_parallel_size": self.data_parallel_size,
+            "epoch_samples": epoch_samples,
+            "permutation_size": permutation_size,
+        }
+
+    def check_resume(self, saved: Mapping[str, Any]) -> None:
+        """A run continues exactly only in the same order (``data_sharding``, ``seed``,
+        ``balanced``), over epochs of the same length shuffled by permutations of the same size;
+        with data sharding also at the same data-parallel size, as each rank shuffles its own
+        bucket. Without sharding another size resumes where those agree."""
+        mine = self.resume_state()
+        missing = [field for field in mine if field not in saved]
+        if missing:
+            raise ResumeError(
+                f"the saved sampler state lacks {', '.join(missing)}: it was not saved by the "
+                "cyclic sampler"
+            )
+        for field in ("data_sharding", "seed", "balanced"):
+            if saved[field] != mine[field]:
+                raise ResumeError(
+                    f"the state was saved by the cyclic sampler with {field}={saved[field]!r}, "
+                    f"this one has {field}={mine[field]!r}: the samples would come in another "
+                    "order"
+                )
+        if self.data_sharding and saved["data_parallel_size"] != self.data_parallel_size:
+            raise ResumeError(
+                f"the cyclic sampler with data sharding cannot resume at data_parallel_size "
+                f"{self.data_parallel_size} a run saved at {saved['data_parallel_size']}: each "
+                "rank shuffles its own bucket of the data, and the buckets depend on the size. "
+                "Resume at the saved size, or run without data_sharding (one global shuffle)"
+            )
+        for field in ("epoch_samples", "permutation_size"):
+            if saved[field] != mine[field]:
+                raise ResumeError(
+                    f"the cyclic sampler cannot resume at micro_batch_size "
+                    f"{self.micro_batch_size} x data_parallel_size {self.data_parallel_size} a "
+                    f"run saved at {saved['micro_batch_size']} x {saved['data_parallel_size']}: "
+                    f"its {field} was {saved[field]}, here it is {mine[field]}, so the epochs "
+                    "would be cut or shuffled differently"
+                )
 
     def _permutation(self, size: int, epoch: int) -> list[int]:
         generator = torch.Generator()
@@ -160,55 +278,71 @@ class MegatronPretrainingRandomSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         width = self.micro_batch_times_data_parallel_size
-        active_total = self.total_samples - self.last_batch_size
-        self.epoch = self.consumed_samples // active_total
-        done_this_epoch = self.consumed_samples % active_total
+        epoch_samples, permutation_size = self._epoch_layout()
+        self.epoch = self.consumed_samples // epoch_samples
+        done_this_epoch = self.consumed_samples % epoch_samples
         if done_this_epoch % width:
             raise SamplerError(
                 f"consumed_samples {self.consumed_samples} does not end a global batch of {width}"
                 f" ({done_this_epoch} into the epoch)"
             )
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if set_epoch is not None:
-            set_epoch(self.epoch)
+        if isinstance(self.dataset, EpochAware):
+            self.dataset.set_epoch(self.epoch)
+        order = self._permutation(permutation_size, self.epoch)
         if self.data_sharding:
-            bucket = (self.total_samples // width) * self.micro_batch_size
-            first = self.data_parallel_rank * bucket
-            order = self._permutation(bucket, self.epoch)[
-                done_this_epoch // self.data_parallel_size :
-            ]
-            indices = [first + i for i in order]
+            first = self.data_parallel_rank * permutation_size
+            indices = [first + i for i in order[done_this_epoch // self.data_parallel_size :]]
         else:
-            step = width if self.balanced else self.micro_batch_size
-            bucket = (self.total_samples // step) * step
-            order = self._permutation(bucket, self.epoch)[done_this_epoch:]
-            indices = order[self.data_parallel_rank :: self.data_parallel_size]
+            indices = order[done_this_epoch:][self.data_parallel_rank :: self.data_parallel_size]
         for start in range(0, len(indices) - self.micro_batch_size + 1, self.micro_batch_size):
             self.consumed_samples += width
             yield indices[start : start + self.micro_batch_size]
 
 
-class MegatronFullValidationSampler:
+class MegatronFullValidationSampler(_ResumesAnywhere):
     """One sample per rank per batch, over the whole dataset (validation sets smaller than a
-    global batch included): rank r reads r, r + dp, r + 2 dp, ..."""
+    global batch included): rank r reads r, r + dp, r + 2 dp, ... (from ``consumed_samples``
+    on, which Megatron-LM's constructor does not take: it always starts at 0)."""
 
-    def __init__(self, total_samples: int, data_parallel_rank: int, data_parallel_size: int):
+    def __init__(
+        self,
+        total_samples: int,
+        data_parallel_rank: int,
+        data_parallel_size: int,
+        *,
+        consumed_samples: int = 0,
+    ) -> None:
         _check_layout(total_samples, 1, data_parallel_rank, data_parallel_size)
+        _check_consumed(consumed_samples, total_samples)
         self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
         self.data_parallel_rank = data_parallel_rank
         self.data_parallel_size = data_parallel_size
         self.micro_batch_size = 1
 
+    @classmethod
+    def from_config(
+        cls, dataset: Sized, consumed_samples: int, config: DataLoaderConfig
+    ) -> MegatronFullValidationSampler:
+        """The ``full_validation`` plugin's factory (``config.micro_batch_size`` is not read:
+        a batch is always one sample)."""
+        return cls(
+            len(dataset),
+            config.data_parallel_rank,
+            config.data_parallel_size,
+            consumed_samples=consumed_samples,
+        )
+
+    def _indices(self) -> range:
+        first = self.consumed_samples + self.data_parallel_rank
+        return range(first, self.total_samples, self.data_parallel_size)
+
     def __len__(self) -> int:
-        return len(range(self.data_parallel_rank, self.total_samples, self.data_parallel_size))
+        return len(self._indices())
+
+    def next_consumed(self, consumed_samples: int) -> int:
+        return min(consumed_samples + self.data_parallel_size, self.total_samples)
 
     def __iter__(self) -> Iterator[list[int]]:
-        for index in range(self.data_parallel_rank, self.total_samples, self.data_parallel_size):
+        for index in self._indices():
             yield [index]
-
-
-#: the batch samplers, by ``dataloader_type`` name (``megaload.samplers`` entry points); the
-#: name ``external`` is not a sampler: the dataset is then a loader of its own
-SAMPLERS: Registry[Any] = Registry(
-    "megaload.samplers", "megaload sampler", required=("__iter__",), home="megaload"
-)

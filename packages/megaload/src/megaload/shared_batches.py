@@ -31,6 +31,8 @@ import numpy
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from megafmt.protocols import CollatedBatch
+
 SHM_DIR = "/dev/shm"
 ALIGN = 64
 #: slots are made for batches up to this size; larger ones (dense S x S masks) go torch's way
@@ -178,17 +180,16 @@ def available() -> bool:
 
 class Collate:
     """torch's default collation, except for a batch the dataset already collated: a mapping
-    its ``__getitems__`` returned, or samples that carry their collation in ``collated`` (as
-    megaindex's do), taken as they are. With ``slots``, a batch made in a worker is then
-    written into that worker's shared slots."""
+    its ``__getitems__`` returned, or a ``megafmt.protocols.CollatedBatch`` (what megaindex's
+    datasets return), whose ``collated`` is taken as it is. With ``slots``, a batch made in a
+    worker is then written into that worker's shared slots."""
 
     def __init__(self, slots: int | None = None) -> None:
         self.writer = SlotWriter(slots) if slots else None
 
     def __call__(self, batch: Any) -> Any:
-        collated = getattr(batch, "collated", None)
-        if isinstance(collated, Mapping):
-            batch = collated
+        if isinstance(batch, CollatedBatch):
+            batch = batch.collated
         elif not isinstance(batch, Mapping):
             batch = default_collate(batch)
         if self.writer is not None and get_worker_info() is not None:

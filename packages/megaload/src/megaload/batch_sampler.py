@@ -1,0 +1,85 @@
+"""The batch-sampler plugin contract: what a ``megaload.samplers`` entry point builds, and how the
+loader builds and checks it.
+
+Every sampler, shipped or third-party, is registered as one kind of factory,
+``factory(dataset, consumed_samples, config) -> BatchSampler``: the dataset to sample, where the
+run stands (samples consumed by all ranks together, as Megatron-LM counts them), and the
+loader's :class:`~megaload.config.DataLoaderConfig` as it applies to the dataset's split (its
+``micro_batch_size`` is the split's). What it builds carries its own resume rules: the loader
+records ``resume_state()`` in its state dict and, given a saved state, asks ``check_resume`` of
+the sampler it would continue with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from megafmt import Registry
+from megaload.errors import SamplerPluginError
+
+if TYPE_CHECKING:
+    from megaload.config import DataLoaderConfig
+
+
+@runtime_checkable
+class BatchSampler(Protocol):
+    """One data-parallel rank's batches of sample indices, and the rules for resuming them."""
+
+    consumed_samples: int
+    """Samples consumed by all ranks together: where the next pass starts. The loader sets it
+    before each pass."""
+
+    def __iter__(self) -> Iterator[list[int | None]]:
+        """This rank's batches from ``consumed_samples`` on, as lists of sample indices (None: a
+        padding sample)."""
+        ...
+
+    def __len__(self) -> int:
+        """The length torch's DataLoader reports (Megatron-LM's samplers: the sample count)."""
+        ...
+
+    def next_consumed(self, consumed_samples: int) -> int:
+        """Samples consumed once every rank has taken one more batch after
+        ``consumed_samples`` (the loader's count of a batch it hands out)."""
+        ...
+
+    def resume_state(self) -> dict[str, Any]:
+        """What a resume must agree with, as plain values; the loader saves it."""
+        ...
+
+    def check_resume(self, saved: Mapping[str, Any]) -> None:
+        """Raise :class:`~megaload.errors.ResumeError`, naming the field, if this sampler cannot
+        continue exactly where one whose ``resume_state()`` was ``saved`` stopped."""
+        ...
+
+
+class SamplerFactory(Protocol):
+    """What a ``megaload.samplers`` entry point names."""
+
+    def __call__(
+        self, dataset: Any, consumed_samples: int, config: DataLoaderConfig
+    ) -> BatchSampler: ...
+
+
+#: the batch-sampler factories, by ``dataloader_type`` name (``megaload.samplers`` entry points);
+#: the name ``external`` is not a sampler: the dataset is then a loader of its own
+SAMPLERS: Registry[SamplerFactory] = Registry(
+    "megaload.samplers", "megaload sampler", required=("__call__",), home="megaload"
+)
+
+
+def build_batch_sampler(
+    dataset: Any, consumed_samples: int, config: DataLoaderConfig
+) -> BatchSampler:
+    """The ``config.dataloader_type`` sampler of ``dataset`` from ``consumed_samples`` on."""
+    name = config.dataloader_type
+    sampler = SAMPLERS.get(name)(dataset, consumed_samples, config)
+    if not isinstance(sampler, BatchSampler):
+        raise SamplerPluginError(
+            f"megaload sampler {name!r} ({SAMPLERS.view()[name]}) built a "
+            f"{type(sampler).__qualname__}, not a megaload BatchSampler: expected __iter__, "
+            "__len__, a settable consumed_samples, next_consumed(), resume_state() and "
+            "check_resume()"
+        )
+    return sampler

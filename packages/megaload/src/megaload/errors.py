@@ -1,0 +1,36 @@
+"""The exceptions megaload raises.
+
+Every error derives from :class:`MegaloadError` and from the builtin that fits it, so callers
+that already catch ``ValueError`` (or ``RuntimeError``, ``LookupError``) keep working. Messages
+name the argument or field, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+from megafmt.errors import PluginError
+
+
+class MegaloadError(Exception):
+    """Base class of every error raised by megaload."""
+
+
+class SamplerError(MegaloadError, ValueError):
+    """A sampler or loader cannot be built with these arguments."""
+
+
+class ResumeError(SamplerError):
+    """A saved loader state cannot be resumed by this loader: another dataset, sampler, or a
+    layout the sampler's resume rules refuse."""
+
+
+class SamplerPluginError(MegaloadError, PluginError):
+    """A ``megaload.samplers`` plugin built something that is not a batch sampler."""
+
+
+class NoDataError(MegaloadError, RuntimeError):
+    """A loader that is read again and again yields nothing at all."""
+
+
+class SimulationError(MegaloadError, ValueError):
+    """``mega load simulate`` lacks an argument it needs, or found ranks that read the same
+    samples or a sequential global batch that is not one block."""
