@@ -98,20 +98,40 @@ def test_the_cyclic_rule_refuses_a_state_of_another_sampler():
         sampler.check_resume({})
 
 
+def test_version_1_states_resume_under_the_rules_they_recorded(caplog):
+    # what a loader of the previous release saved, written out by hand
+    version_1 = {
+        "version": 1,
+        "sampler": "cyclic",
+        "consumed_samples": 8,
+        "total_samples": 40,
+        "micro_batch_size": 2,
+        "data_parallel_size": 2,
+        "data_sharding": True,
+    }
+
+    def sharded(ranks):
+        config = DataLoaderConfig(
+            micro_batch_size=2, dataloader_type="cyclic", data_parallel_size=ranks, num_workers=0
+        )
+        return build_pretraining_data_loader(Numbers(40), 0, config)
+
+    loader = sharded(2)
+    loader.load_state_dict(version_1)
+    assert loader.consumed_samples == 8
+    assert "does not record" in caplog.text and "seed" in caplog.text
+    expected = sharded(2)
+    expected.load_state_dict(expected.state_dict() | {"consumed_samples": 8})
+    assert [b["tokens"].tolist() for b in loader] == [b["tokens"].tolist() for b in expected]
+    with pytest.raises(ResumeError, match="data_parallel_size 4 a run saved at 2"):
+        sharded(4).load_state_dict(version_1)
+
+
 def test_loader_states_of_another_version_or_sampler_are_refused():
     config = DataLoaderConfig(micro_batch_size=2, num_workers=0)
     loader = build_pretraining_data_loader(Numbers(8), 0, config)
-    version_1 = {
-        "version": 1,
-        "sampler": "single",
-        "consumed_samples": 4,
-        "total_samples": 8,
-        "micro_batch_size": 2,
-        "data_parallel_size": 1,
-        "data_sharding": True,
-    }
-    with pytest.raises(ResumeError, match="loader state version 1 is not 2"):
-        loader.load_state_dict(version_1)
+    with pytest.raises(ResumeError, match="loader state version 3 is not 2"):
+        loader.load_state_dict({**loader.state_dict(), "version": 3})
     with pytest.raises(ResumeError, match="saved by the 'cyclic' sampler, this loader uses 'sin"):
         loader.load_state_dict(cyclic(8, 2, 1).state_dict())
     assert issubclass(ResumeError, SamplerError)  # callers that catch SamplerError keep working

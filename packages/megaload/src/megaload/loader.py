@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+import logging
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ from megaload.planned import PlannedBatchSampler
 from megaload.shared_batches import Collate, SlotReader, available
 
 #: 2: the sampler's own resume fields moved under ``sampler_state``
+logger = logging.getLogger(__name__)
+
 STATE_VERSION = 2
 
 
@@ -116,6 +119,8 @@ class MegatronDataLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (as ``state_dict()`` returned it, possibly in another process
         and at another size where the sampler's resume rules allow)."""
+        if state.get("version") == 1:
+            state = self._upgraded(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(
                 f"loader state version {state.get('version')!r} is not {STATE_VERSION}"
@@ -133,6 +138,27 @@ class MegatronDataLoader:
         self.batch_sampler.check_resume(state["sampler_state"])
         self.consumed_samples = int(state["consumed_samples"])
         self.loader = self._build(self.consumed_samples)
+
+    def _upgraded(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A version-1 state (no ``sampler_state``; the sampler's layout at the top level) as
+        version 2: what it recorded is checked, what it did not record is taken as this
+        sampler's, with a warning naming it."""
+        mine = self.batch_sampler.resume_state()
+        recorded = {field: state[field] for field in mine if field in state}
+        unknown = sorted(set(mine) - set(recorded))
+        if unknown:
+            logger.warning(
+                "the loader state (version 1) does not record %s; resuming as if they were "
+                "this loader's",
+                ", ".join(unknown),
+            )
+        return {
+            "version": STATE_VERSION,
+            "sampler": state.get("sampler"),
+            "consumed_samples": state.get("consumed_samples"),
+            "total_samples": state.get("total_samples"),
+            "sampler_state": {**mine, **recorded},
+        }
 
 
 def build_pretraining_data_loader(
