@@ -6,6 +6,7 @@ import numpy
 import pytest
 
 from megafmt import FormatError, IndexedDataset, ReadError, get_bin_path
+from megafmt import retry as retry_module
 from megafmt.readers import READERS, default_reader_name, is_url
 from megafmt.readers import file_reader as file_reader_module
 from megafmt.readers.file_reader import FileBinReader
@@ -34,46 +35,72 @@ def test_default_reader_choice():
 
 @pytest.fixture
 def flaky(corpus, monkeypatch):
-    """A FileBinReader whose first ``failures[0]`` preadv calls fail with EIO."""
+    """A FileBinReader whose first ``len(failures)`` preadv calls raise ``failures`` in turn."""
     prefix = corpus([[[1, 2, 3, 4]]])
-    failures = [0]
+    failures = []
     calls = []
     real = os.preadv
     sleeps = []
 
     def preadv(fd, buffers, offset):
         calls.append(offset)
-        if len(calls) <= failures[0]:
-            raise OSError(errno.EIO, "Input/output error")
+        if len(calls) <= len(failures):
+            raise failures[len(calls) - 1]
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(file_reader_module.os, "preadv", preadv)
-    monkeypatch.setattr(file_reader_module.time, "sleep", sleeps.append)
+    monkeypatch.setattr(retry_module.time, "sleep", sleeps.append)
     reader = FileBinReader(get_bin_path(prefix), num_max_retries=3, sleep_duration_start=0.5)
     return reader, failures, calls, sleeps
 
 
+def eio():
+    return OSError(errno.EIO, "Input/output error")
+
+
 def test_file_reader_retries_with_exponential_backoff(flaky, caplog):
     reader, failures, calls, sleeps = flaky
-    failures[0] = 3
+    failures[:] = [eio(), OSError(errno.ESTALE, "Stale file handle"), TimeoutError("timed out")]
     with caplog.at_level(logging.WARNING):
         assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
-    assert len(calls) == 4
-    assert [round(s / 0.5) for s in sleeps] == [1, 2, 4]
-    assert all(abs(s / (0.5 * 2**i) - 1) <= 0.1 for i, s in enumerate(sleeps))
-    assert "attempt 1 of 4" in caplog.text and "Input/output error" in caplog.text
+    assert len(calls) == 4 and reader.retries == 3
+    assert all(0.5 * 2**i / 2 <= pause <= 0.5 * 2**i for i, pause in enumerate(sleeps))
+    assert len(sleeps) == 3
+    first = "corpus.bin: reading 16 bytes at offset 0: OSError: [Errno 5] Input/output error; "
+    assert first + "retry 1 of 3 in" in caplog.text
+    assert "Stale file handle; retry 2 of 3" in caplog.text
 
 
 def test_file_reader_gives_up_after_its_retries(flaky):
     reader, failures, calls, sleeps = flaky
-    failures[0] = 10
+    failures[:] = [eio() for _ in range(10)]
     with pytest.raises(
         ReadError,
-        match=r"corpus.bin: reading 16 bytes at offset 0 failed 4 times, "
-        r"giving up: \[Errno 5\] Input/output error",
-    ):
+        match=r"corpus.bin: reading 16 bytes at offset 0: gave up after 4 attempts: "
+        r"OSError: \[Errno 5\] Input/output error",
+    ) as raised:
         reader.read(numpy.int32, 4, 0)
-    assert len(calls) == 4 and len(sleeps) == 3
+    assert raised.value.__cause__ is failures[3]
+    assert len(calls) == 4 and len(sleeps) == 3 and reader.retries == 3
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TypeError("connection reset by peer"),
+        ValueError("503 Service Unavailable"),
+        OSError(errno.EINVAL, "Invalid argument"),
+    ],
+    ids=repr,
+)
+def test_file_reader_raises_what_no_retry_can_help_at_once(flaky, error):
+    reader, failures, calls, sleeps = flaky
+    failures[:] = [error]
+    with pytest.raises(ReadError, match="corpus.bin: reading 16 bytes at offset 0: ") as raised:
+        reader.read(numpy.int32, 4, 0)
+    assert raised.value.__cause__ is error
+    assert len(calls) == 1 and sleeps == [] and reader.retries == 0
+    assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
 
 
 def test_file_reader_notices_a_file_truncated_after_opening(corpus):
@@ -95,7 +122,7 @@ def test_file_reader_options_are_validated(corpus):
 
 def test_a_failed_descriptor_stays_open_until_the_reader_closes(flaky):
     reader, failures, _calls, _sleeps = flaky
-    failures[0] = 1
+    failures[:] = [eio()]
     first = reader._fd
     assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
     assert reader._retired == [first] and reader._fd not in (None, first)

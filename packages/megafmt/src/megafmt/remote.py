@@ -1,11 +1,11 @@
 """Object storage (s3://, gs://, az://, memory://, any fsspec URL): retries and the local
 ``.idx`` cache.
 
-Transient failures (timeouts, dropped connections, 5xx answers, throttling) are retried with
-exponential backoff and jitter; permanent ones (a missing object or bucket, access denied) fail
-at once with the URL in the message. Credentials and endpoints come from where the storage
-library looks for them (for S3: the environment, ``~/.aws``, ``AWS_ENDPOINT_URL``); nothing is
-hard-coded.
+Requests are retried by a :class:`~megafmt.retry.RetryPolicy`: transient failures (timeouts,
+dropped connections, 5xx answers, throttling) with exponential backoff and jitter; a missing
+object or bucket, access denied, or a bug fail at once with the URL in the message.
+Credentials and endpoints come from where the storage library looks for them (for S3: the
+environment, ``~/.aws``, ``AWS_ENDPOINT_URL``); nothing is hard-coded.
 
 The ``.idx`` of a remote corpus is copied once into a local folder (megatron-core's
 ``path_to_idx_cache``; by default ``$MEGA_CACHE_DIR`` or ``~/.cache/megafmt/idx``), atomically,
@@ -14,16 +14,11 @@ with a note of the remote size and ETag beside it: a changed object is fetched a
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
 import os
-import random
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import fsspec
 
@@ -31,113 +26,11 @@ from megafmt.atomic import atomic_write
 from megafmt.errors import MissingFileError, ReadError
 from megafmt.format import get_idx_path
 from megafmt.readers import is_url
+from megafmt.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-#: words in the class name or message of an exception that mark it as worth retrying
-TRANSIENT_MARKERS = (
-    "timeout",
-    "timed out",
-    "connection",
-    "reset",
-    "throttl",
-    "slowdown",
-    "slow down",
-    "serviceunavailable",
-    "service unavailable",
-    "internalerror",
-    "internal error",
-    "503",
-    "500",
-    "502",
-    "504",
-    "temporar",
-    "broken pipe",
-    "serverdisconnected",
-    "incompleteread",
-    "responsestreamingerror",
-    "reduce rate",
-    "requesttimeout",
-)
-#: errno values of OSErrors worth retrying (s3fs turns SlowDown into EBUSY)
-TRANSIENT_ERRNOS = {
-    errno.EBUSY,
-    errno.EAGAIN,
-    errno.ETIMEDOUT,
-    errno.ECONNRESET,
-    errno.ECONNABORTED,
-    errno.ECONNREFUSED,
-    errno.EPIPE,
-    errno.EIO,
-}
-
-
-def is_permanent(error: BaseException) -> bool:
-    """Whether retrying ``error`` cannot help: the object or bucket is missing, or access is
-    denied."""
-    return isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError))
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from) may go away on a retry."""
-    if is_permanent(error):
-        return False
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, (TimeoutError, ConnectionError)):
-            return True
-        if isinstance(seen, OSError) and seen.errno in TRANSIENT_ERRNOS:
-            return True
-        text = f"{type(seen).__name__} {seen}".lower()
-        if any(marker in text for marker in TRANSIENT_MARKERS):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """``retries`` more attempts after a transient failure, waiting ``first_wait`` seconds and
-    doubling up to ``max_wait``, each wait jittered by +-50%."""
-
-    retries: int = 6
-    first_wait: float = 0.1
-    max_wait: float = 10.0
-
-    def call(
-        self, what: str, function: Callable[..., T], *args: Any, counter: list[int] | None = None
-    ) -> T:
-        """``function(*args)``, retried on transient errors; ``what`` names it in errors."""
-        wait = self.first_wait
-        for attempt in range(self.retries + 1):
-            try:
-                return function(*args)
-            except Exception as error:
-                if is_permanent(error):
-                    if isinstance(error, FileNotFoundError):
-                        raise MissingFileError(f"{what}: not found ({error})") from None
-                    raise ReadError(f"{what}: {type(error).__name__}: {error}") from None
-                if not is_transient(error) or attempt == self.retries:
-                    raise ReadError(
-                        f"{what}: failed after {attempt + 1} attempt(s): "
-                        f"{type(error).__name__}: {error}"
-                    ) from error
-                if counter is not None:
-                    counter[0] += 1
-                pause = min(wait, self.max_wait) * random.uniform(0.5, 1.5)
-                logger.warning(
-                    "%s: %s (%s); retry %d of %d in %.2f s",
-                    what,
-                    type(error).__name__,
-                    error,
-                    attempt + 1,
-                    self.retries,
-                    pause,
-                )
-                time.sleep(pause)
-                wait *= 2
-        raise AssertionError("unreachable")
+#: the retries of a request made without a reader's own policy
+DEFAULT_POLICY = RetryPolicy()
 
 
 class ShortRead(ConnectionError):
@@ -150,7 +43,7 @@ def fetch_range(
     url: str,
     start: int,
     end: int,
-    policy: RetryPolicy = RetryPolicy(),
+    policy: RetryPolicy = DEFAULT_POLICY,
     counter: list[int] | None = None,
 ) -> bytes:
     """Bytes ``start`` to ``end`` (exclusive) of ``url`` (``path_in_fs`` on ``fs``), retried on
@@ -179,7 +72,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
 def object_version(url: str, storage_options: dict[str, Any] | None = None) -> tuple[int, str]:
     """The size and ETag (or the store's closest equivalent) of the object at ``url``."""
     fs, path = filesystem(url, storage_options)
-    info = RetryPolicy().call(url, fs.info, path)
+    info = DEFAULT_POLICY.call(url, fs.info, path)
     return int(info["size"]), str(_etag(info))
 
 
@@ -200,7 +93,7 @@ def cached_index(
     url: str,
     cache_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
-    policy: RetryPolicy = RetryPolicy(),
+    policy: RetryPolicy = DEFAULT_POLICY,
     counter: list[int] | None = None,
 ) -> str:
     """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
@@ -238,7 +131,7 @@ def file_size(path: str, storage_options: dict[str, Any] | None = None) -> int |
         return os.path.getsize(path) if os.path.isfile(path) else None
     fs, inner = filesystem(path, storage_options)
     try:
-        return int(RetryPolicy().call(path, fs.info, inner)["size"])
+        return int(DEFAULT_POLICY.call(path, fs.info, inner)["size"])
     except MissingFileError:
         return None
 

@@ -2,38 +2,38 @@
 
 For file systems where mapping is slow or unsafe (some network and parallel file systems, or
 files that may be replaced while a job runs). One descriptor is opened per reader and read with
-``preadv`` straight into the array returned, so concurrent reads need no lock. An ``OSError``
-is retried after an exponentially growing pause on a freshly opened descriptor (which recovers
-from stale NFS handles); the failed one is kept open until the reader closes, so another thread
-still reading through it can never read another file that reused its number. After the last
-retry the error is raised as a :class:`~megafmt.errors.ReadError`.
+``preadv`` straight into the array returned, so concurrent reads need no lock. A transient
+failure (``EIO``, ``ESTALE``, a timeout ...; see :mod:`megafmt.retry`) is retried under the
+same :class:`~megafmt.retry.RetryPolicy` as object storage, on a freshly opened descriptor
+(which recovers from stale NFS handles); the failed one is kept open until the reader closes,
+so another thread still reading through it can never read another file that reused its number.
+After the last retry, or at once for a failure no retry can help, the error is raised as a
+:class:`~megafmt.errors.ReadError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import random
 import threading
-import time
 from typing import Any
 
 import numpy
 
-from megafmt.errors import FormatError, ReadError
+from megafmt.errors import FormatError
 from megafmt.index import open_readonly
 from megafmt.readers.base import check_read_range
-
-logger = logging.getLogger(__name__)
+from megafmt.retry import RetryPolicy
 
 
 class FileBinReader:
     """Reads a local ``.bin`` with ``preadv``, retrying transient failures.
 
-    ``num_max_retries`` retries follow a failed read, the first after ``sleep_duration_start``
-    seconds and each later one after twice the previous pause (with +-10% jitter), capped at
-    ``max_sleep_duration``. megatron-core's equivalent sleeps 10, 20 and 40 seconds.
+    ``num_max_retries`` retries follow a failed read, the first after up to
+    ``sleep_duration_start`` seconds and each later one after up to twice as long (jittered
+    down by at most half), capped at ``max_sleep_duration``: a
+    :class:`~megafmt.retry.RetryPolicy`. megatron-core's equivalent sleeps 10, 20 and 40
+    seconds.
     """
 
     def __init__(
@@ -43,15 +43,14 @@ class FileBinReader:
         sleep_duration_start: float = 1.0,
         max_sleep_duration: float = 60.0,
     ) -> None:
-        if num_max_retries < 0 or sleep_duration_start < 0:
+        if num_max_retries < 0 or sleep_duration_start < 0 or max_sleep_duration < 0:
             raise ValueError(
-                f"num_max_retries and sleep_duration_start must be >= 0, got "
-                f"{num_max_retries} and {sleep_duration_start}"
+                f"num_max_retries, sleep_duration_start and max_sleep_duration must be >= 0, "
+                f"got {num_max_retries}, {sleep_duration_start} and {max_sleep_duration}"
             )
         self.path = path
-        self.num_max_retries = num_max_retries
-        self.sleep_duration_start = sleep_duration_start
-        self.max_sleep_duration = max_sleep_duration
+        self.policy = RetryPolicy(num_max_retries, sleep_duration_start, max_sleep_duration)
+        self.retry_count = [0]
         self._closed = False
         self._lock = threading.Lock()
         self._retired: list[int] = []  # descriptors that failed, closed with the reader
@@ -59,27 +58,30 @@ class FileBinReader:
         self.nbytes = os.fstat(self._fd).st_size
         self._itemsizes: dict[Any, int] = {}
 
+    @property
+    def retries(self) -> int:
+        """Reads retried so far by this reader."""
+        return self.retry_count[0]
+
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """A new array of ``count`` items of ``dtype`` read at byte ``offset``."""
         itemsize = self._itemsizes.get(dtype)
         if itemsize is None:
             itemsize = self._itemsizes[dtype] = numpy.dtype(dtype).itemsize
         check_read_range(self.path, self.nbytes, offset, count, itemsize)
+        if self._closed:
+            raise ValueError(f"{self.path}: read from a closed reader")
         out = numpy.empty(count, dtype=dtype)
         self._read_into(memoryview(out.view(numpy.uint8)), int(offset))
         return out
 
     def _read_into(self, buffer: memoryview, offset: int) -> None:
+        what = f"{self.path}: reading {len(buffer)} bytes at offset {offset}"
         filled = 0
-        failures = 0
         while filled < len(buffer):
-            fd = self._descriptor()
-            try:
-                got = os.preadv(fd, [buffer[filled:]], offset + filled)
-            except OSError as error:
-                failures += 1
-                self._retry_or_raise(error, failures, len(buffer), offset, fd)
-                continue
+            got = self.policy.call(
+                what, self._pread, buffer[filled:], offset + filled, counter=self.retry_count
+            )
             if got == 0:
                 raise FormatError(
                     f"{self.path}: unexpected end of file at byte {offset + filled} while reading "
@@ -88,7 +90,22 @@ class FileBinReader:
                 )
             filled += got
 
+    def _pread(self, buffer: memoryview, offset: int) -> int:
+        """One ``preadv`` into ``buffer``; a descriptor it fails on is retired, so the next
+        attempt opens a fresh one."""
+        fd = self._descriptor()
+        try:
+            return os.preadv(fd, [buffer], offset)
+        except OSError:
+            with self._lock:
+                if self._fd == fd:
+                    self._retired.append(fd)
+                    self._fd = None
+            raise
+
     def _descriptor(self) -> int:
+        """The open descriptor, or a fresh one after a failure (never one after the reader
+        closed, even when it closed while this read was under way)."""
         fd = self._fd
         if fd is not None:
             return fd
@@ -98,28 +115,6 @@ class FileBinReader:
             if self._fd is None:
                 self._fd = open_readonly(self.path, "token file")
             return self._fd
-
-    def _retry_or_raise(
-        self, error: OSError, failures: int, size: int, offset: int, fd: int
-    ) -> None:
-        what = f"{self.path}: reading {size} bytes at offset {offset}"
-        if failures > self.num_max_retries:
-            raise ReadError(f"{what} failed {failures} times, giving up: {error}") from error
-        pause = self.sleep_duration_start * 2 ** (failures - 1) * random.uniform(0.9, 1.1)
-        pause = min(pause, self.max_sleep_duration)
-        logger.warning(
-            "%s failed (attempt %d of %d): %s; retrying in %.2f s",
-            what,
-            failures,
-            self.num_max_retries + 1,
-            error,
-            pause,
-        )
-        with self._lock:  # the next read opens a fresh descriptor
-            if self._fd == fd:
-                self._retired.append(fd)
-                self._fd = None
-        time.sleep(pause)
 
     def _close_all(self) -> None:
         descriptors = [getattr(self, "_fd", None), *getattr(self, "_retired", [])]
@@ -141,7 +136,7 @@ class FileBinReader:
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             type(self),
-            (self.path, self.num_max_retries, self.sleep_duration_start, self.max_sleep_duration),
+            (self.path, self.policy.retries, self.policy.first_wait, self.policy.max_wait),
         )
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ Two kinds of request, each a byte range:
   of a few KiB, not a chunk of MiBs.
 
 megatron-core's S3 reader keeps one chunk, fetches nothing ahead and fetches a whole chunk for
-every sample. Requests that fail transiently are retried with backoff (``megafmt.remote``); a
+every sample. Requests that fail transiently are retried with backoff (``megafmt.retry``); a
 short answer is retried too, never returned; a request a read waits on that is still unanswered
 after ``hedge_after`` seconds is sent again on another connection, the first answer winning.
 The reader keeps no file descriptor, and after pickling or a fork (DataLoader workers) each
@@ -33,7 +33,8 @@ from typing import Any
 import numpy
 
 from megafmt.readers.base import check_read_range
-from megafmt.remote import RetryPolicy, cached_index, fetch_range, filesystem
+from megafmt.remote import cached_index, fetch_range, filesystem
+from megafmt.retry import RetryPolicy
 
 #: spans that start at or before a read's first byte, looked at for one that holds the read
 SPAN_CANDIDATES = 8
