@@ -23,7 +23,7 @@ from typing import Any
 import fsspec
 
 from megafmt.atomic import atomic_write
-from megafmt.errors import MissingFileError, ReadError
+from megafmt.errors import MegafmtError, MissingFileError, ReadError
 from megafmt.format import get_idx_path
 from megafmt.readers import is_url
 from megafmt.retry import RetryPolicy
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_POLICY = RetryPolicy()
 
 
-class ShortRead(ConnectionError):
+class ShortRead(MegafmtError, ConnectionError):
     """The storage answered with fewer bytes than asked for (retried as transient)."""
 
 
