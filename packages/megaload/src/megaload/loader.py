@@ -11,9 +11,9 @@ sampler's resume rules allow it (the sequential sampler's always do).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
-import logging
 from typing import Any
 
 import torch
