@@ -1,7 +1,8 @@
 import os
 import struct
 
-from megafmt import corpus_fingerprint, fingerprint_changes, get_bin_path, get_idx_path
+from megafmt import get_bin_path, get_idx_path
+from megafmt.shared import corpus_fingerprint, fingerprint_changes
 
 
 def test_same_files_same_fingerprint(corpus, tmp_path):
@@ -39,7 +40,7 @@ def test_a_change_deep_inside_the_index_is_noticed(corpus):
 
 
 def test_corpus_stat_changes_when_a_file_is_rewritten(corpus):
-    from megafmt import corpus_stat
+    from megafmt.shared import corpus_stat
 
     prefix = corpus([[[1, 2]]])
     before = corpus_stat(prefix)

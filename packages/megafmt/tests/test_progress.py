@@ -1,7 +1,7 @@
 import io
 
-from megafmt import Progress
 from megafmt.progress import format_count
+from megafmt.shared import Progress
 
 
 def test_format_count():

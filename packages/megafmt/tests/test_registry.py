@@ -2,8 +2,9 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from megafmt import PluginError, Registry
+from megafmt import PluginError
 from megafmt import registry as registry_module
+from megafmt.shared import Registry
 
 
 @pytest.fixture

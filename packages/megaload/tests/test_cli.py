@@ -4,8 +4,8 @@ the samplers ``--dataloader-type`` can name."""
 import pytest
 import torch
 
-from megafmt import Registry
 from megafmt.cli.main import main
+from megafmt.shared import Registry
 from megaload import SAMPLERS, MegatronPretrainingSampler, cli
 
 

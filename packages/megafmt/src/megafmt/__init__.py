@@ -3,12 +3,12 @@
 Drop-in for megatron-core's ``megatron.core.datasets.indexed_dataset`` (``DType``,
 ``IndexedDataset``, ``IndexedDatasetBuilder``, ``get_bin_path``, ``get_idx_path``), plus
 verification, statistics, merging, pluggable ``.bin`` readers and the ``mega`` command line.
-numpy and fsspec only: no torch.
+numpy and fsspec only: no torch. The data path's Protocols are in :mod:`megafmt.protocols`;
+what megafmt lends its sibling packages is in :mod:`megafmt.shared`, outside this API.
 """
 
 from importlib.metadata import version
 
-from megafmt.atomic import atomic_write, partial_path
 from megafmt.builder import IndexedDatasetBuilder
 from megafmt.dataset import IndexedDataset
 from megafmt.dtypes import DType
@@ -20,15 +20,11 @@ from megafmt.errors import (
     ReadError,
     TokenValueError,
 )
-from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
 from megafmt.manifest import manifest_path, read_manifest, write_manifest
-from megafmt.mapping import map_file
 from megafmt.merging import MergeSummary, expand_inputs, merge
-from megafmt.progress import Progress
 from megafmt.readers import READERS, BinReader, open_bin_reader
-from megafmt.registry import Registry
 from megafmt.stats import CorpusStats, corpus_stats
 from megafmt.verification import Violation, verify
 
@@ -48,25 +44,17 @@ __all__ = [
     "MergeSummary",
     "MissingFileError",
     "PluginError",
-    "Progress",
     "ReadError",
-    "Registry",
     "TokenValueError",
     "Violation",
     "__version__",
-    "atomic_write",
-    "corpus_fingerprint",
-    "corpus_stat",
     "corpus_stats",
     "expand_inputs",
-    "fingerprint_changes",
     "get_bin_path",
     "get_idx_path",
     "manifest_path",
-    "map_file",
     "merge",
     "open_bin_reader",
-    "partial_path",
     "read_manifest",
     "verify",
     "write_manifest",

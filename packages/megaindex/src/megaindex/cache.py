@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from megafmt import atomic_write, map_file
+from megafmt.shared import atomic_write, map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 

@@ -29,8 +29,7 @@ from megafmt.protocols import (
     StoredTokenSource,
     TokenSource,
 )
-from megafmt.readers import is_url
-from megafmt.remote import default_cache_dir
+from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch

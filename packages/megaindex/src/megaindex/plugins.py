@@ -8,7 +8,7 @@ takes the name in place of the class and ``mega index build --dataset NAME`` bui
 
 from __future__ import annotations
 
-from megafmt import Registry
+from megafmt.shared import Registry
 
 DATASETS: Registry[type] = Registry(
     "megaindex.datasets",

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy
 
-from megafmt import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.shared import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from megafmt import Registry
+from megafmt.shared import Registry
 from megaload.errors import SamplerPluginError
 
 if TYPE_CHECKING:

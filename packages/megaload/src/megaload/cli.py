@@ -13,7 +13,7 @@ import hashlib
 import time
 from typing import Any
 
-from megafmt import Progress, Registry
+from megafmt.shared import Progress, Registry
 from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig

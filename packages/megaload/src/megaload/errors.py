@@ -7,7 +7,7 @@ name the argument or field, what was expected and what was found.
 
 from __future__ import annotations
 
-from megafmt.errors import PluginError
+from megafmt import PluginError
 
 
 class MegaloadError(Exception):

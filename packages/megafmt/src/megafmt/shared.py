@@ -1,0 +1,29 @@
+"""What megafmt lends the project's other packages (megaindex, megaload, megadist), apart from
+the format SDK: the plugin registry, progress reporting, atomic writes, read-only mappings,
+corpus fingerprints and URL helpers.
+
+Not part of the SDK's API (``megafmt``'s ``__all__``): it changes with those packages, and a
+user who reads, writes or checks corpora needs none of it. The data path's Protocols, which
+third parties implement, are public, in :mod:`megafmt.protocols`.
+"""
+
+from megafmt.atomic import atomic_write, partial_path
+from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.mapping import map_file
+from megafmt.progress import Progress
+from megafmt.readers import is_url
+from megafmt.registry import Registry
+from megafmt.remote import default_cache_dir
+
+__all__ = [
+    "Progress",
+    "Registry",
+    "atomic_write",
+    "corpus_fingerprint",
+    "corpus_stat",
+    "default_cache_dir",
+    "fingerprint_changes",
+    "is_url",
+    "map_file",
+    "partial_path",
+]
