@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-import megafmt
-
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 MEGAFMT_MODULES_FOR_SIBLINGS = {"megafmt", "megafmt.protocols", "megafmt.shared"}
 FORBIDDEN = {"megaload": {"megaindex", "megadist"}, "megadist": {"megaindex", "megaload"}}
