@@ -11,8 +11,8 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import boto3
+from s3testing import moto_endpoint
 
-from megafmt.s3testing import moto_endpoint
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaload import DataLoaderConfig, build_pretraining_data_loader

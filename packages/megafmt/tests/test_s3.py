@@ -11,12 +11,12 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import boto3
+from s3testing import FaultyProxy, moto_endpoint
 
 from megafmt import IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
 from megafmt.cli.main import main
 from megafmt.errors import MissingFileError
 from megafmt.readers.fsspec_reader import FsspecBinReader
-from megafmt.s3testing import FaultyProxy, moto_endpoint
 from megafmt.testing import BinReaderConformance
 
 pytestmark = pytest.mark.s3
