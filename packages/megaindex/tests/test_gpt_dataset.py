@@ -11,6 +11,7 @@ import numpy
 import pytest
 import torch
 
+from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
     CacheError,
@@ -164,9 +165,9 @@ def test_mismatched_description_is_rebuilt(make_config):
     corrupt_and_rebuild(make_config, damage, "the description does not match")
 
 
-def test_retokenized_corpus_is_noticed(make_config, corpus, corpus_writer):
+def test_retokenized_corpus_is_noticed(make_config, corpus):
     train = build(make_config())[0]
-    corpus_writer(corpus, seed=1)  # same path, other documents
+    write_corpus(corpus, seed=1)  # same path, other documents
     with pytest.raises(StaleCacheError, match=r"built from other data: corpus.bin_bytes: "):
         build(make_config(stale_cache="error"))
     with pytest.warns(UserWarning, match="built from other data"):
@@ -259,8 +260,8 @@ def test_default_cache_sits_beside_the_data(make_config, corpus):
     )
 
 
-def test_a_split_without_documents_is_an_error(make_config, tmp_path, corpus_writer):
-    small = corpus_writer(str(tmp_path / "small"), documents=10)
+def test_a_split_without_documents_is_an_error(make_config, tmp_path):
+    small = write_corpus(str(tmp_path / "small"), documents=10)
     with pytest.raises(IndexBuildError, match="the split holds no documents"):
         build(make_config(blend=([small], None), split="99,1,0"), [10, 5, None])
 
