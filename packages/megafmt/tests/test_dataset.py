@@ -273,6 +273,15 @@ def test_bin_shorter_than_the_index_implies(make_corpus):
         IndexedDataset(prefix)
 
 
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "file"])
+def test_a_negative_pointer_is_refused_not_read_from_the_end(make_corpus, mmap):
+    prefix = make_corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 34 + 4 * 6 + 8, struct.pack("<q", -8))  # sequence 1 at -8
+    dataset = IndexedDataset(prefix, mmap=mmap)
+    with pytest.raises(FormatError, match=r"corpus.bin: invalid read of 1 items at byte offset -8"):
+        dataset.get(1, length=1)  # not token 11, two tokens before the end of the file
+
+
 def test_last_document_index_must_be_the_sequence_count(make_corpus):
     prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 34 + 12 * 6 + 8 * 4, struct.pack("<q", 5))
