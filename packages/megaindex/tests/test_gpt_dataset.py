@@ -1,4 +1,5 @@
 import glob
+import hashlib
 import json
 import multiprocessing
 import os
@@ -11,6 +12,7 @@ import numpy
 import pytest
 import torch
 
+from megafmt import IndexedDataset
 from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
@@ -20,7 +22,6 @@ from megaindex import (
     Split,
     StaleCacheError,
 )
-from megaindex.megatron_dataset import describe
 
 SIZES = [1000, 50, 10]
 
@@ -40,7 +41,8 @@ def test_first_build_caches_under_megatron_names_then_hits(make_config):
     config = make_config()
     train, _valid, _test = build(config)
     assert train.index_source.kind == "built"
-    key = describe(train.unique_identifiers)[1]
+    # Megatron-LM names the cache by the md5 of the description text
+    key = hashlib.md5(train.unique_description.encode("utf-8")).hexdigest()
     assert key == train.unique_description_hash
     names = sorted(
         os.path.basename(p) for p in glob.glob(os.path.join(config.path_to_cache, f"{key}*"))
@@ -271,11 +273,16 @@ def test_sequence_length_below_one_is_an_error(make_config):
         build(make_config(sequence_length=0))
 
 
-def test_sidecar_records_the_plan(make_config):
+def test_sidecar_records_the_plan(make_config, corpus):
     train = build(make_config())[0]
     with open(train.index_source.cache_entry.sidecar_path) as stream:
         sidecar = json.load(stream)
-    assert sidecar["plan"]["num_epochs"] == train.epoch_plan.num_epochs
+    # Megatron-LM's count: the train split is documents [0, 270); 1000 samples of 32 tokens and
+    # the extra one take as many whole epochs as it needs to hold 32 * 1000 + 1 tokens
+    tokens = int(IndexedDataset(corpus).sequence_lengths[:270].sum())
+    epochs = -(-(32 * 1000 + 1) // tokens)
+    assert sidecar["plan"]["tokens_per_epoch"] == tokens
+    assert sidecar["plan"]["num_epochs"] == epochs == train.epoch_plan.num_epochs
     assert sidecar["tables"]["sample_index"] == {"dtype": "int32", "shape": [1024, 2]}
     assert train.index_split is Split.train
 
