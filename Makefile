@@ -16,8 +16,8 @@ demo: setup
 test: lint test-packages test-cross
 
 lint: setup
-	.venv/bin/ruff check packages tests tools
-	.venv/bin/ruff format --check packages tests tools
+	.venv/bin/ruff check packages tests tools testing
+	.venv/bin/ruff format --check packages tests tools testing
 
 test-packages: $(addprefix test-,$(PACKAGES))
 

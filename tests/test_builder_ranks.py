@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from megadist.spawn import run_distributed
+from megafmt.testing import write_corpus
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig, Split
 from megaindex.tokenizer import IdentifiedTokenizer
 
 
 @pytest.fixture
-def corpus(corpus_writer, tmp_path):
-    return corpus_writer(str(tmp_path / "corpus"))
+def corpus(tmp_path):
+    return write_corpus(str(tmp_path / "corpus"))
 
 
 def _build_on_rank(prefix, cache, holds_data):

@@ -4,9 +4,11 @@ not pull in torch through the plugins of the other commands."""
 import subprocess
 import sys
 
+from megafmt.testing import write_corpus
 
-def test_mega_info_does_not_import_torch(corpus_writer, tmp_path):
-    prefix = corpus_writer(str(tmp_path / "corpus"))
+
+def test_mega_info_does_not_import_torch(tmp_path):
+    prefix = write_corpus(str(tmp_path / "corpus"))
     code = (
         "import sys\n"
         "from megafmt.cli.main import main\n"

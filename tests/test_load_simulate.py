@@ -2,10 +2,11 @@
 same global batches as an uninterrupted one."""
 
 from megafmt.cli.main import main
+from megafmt.testing import write_corpus
 
 
-def simulate(tmp_path, corpus_writer, *extra):
-    corpus = corpus_writer(str(tmp_path / "corpus"), longest=40)
+def simulate(tmp_path, *extra):
+    corpus = write_corpus(str(tmp_path / "corpus"), longest=40)
     return main(
         [
             "load",
@@ -33,13 +34,13 @@ def simulate(tmp_path, corpus_writer, *extra):
     )
 
 
-def test_interrupted_and_resumed_runs_read_the_same_batches(tmp_path, capsys, corpus_writer):
+def test_interrupted_and_resumed_runs_read_the_same_batches(tmp_path, capsys):
     for name, extra in (
         ("whole", ["--steps", "6"]),
         ("first", ["--steps", "3"]),
         ("rest", ["--steps", "3", "--resume-at", "24"]),
     ):
-        assert simulate(tmp_path, corpus_writer, *extra, "--hash-log", str(tmp_path / name)) == 0
+        assert simulate(tmp_path, *extra, "--hash-log", str(tmp_path / name)) == 0
     whole = (tmp_path / "whole").read_text().split()
     assert len(whole) == 6
     assert (tmp_path / "first").read_text().split() + (
@@ -48,14 +49,14 @@ def test_interrupted_and_resumed_runs_read_the_same_batches(tmp_path, capsys, co
     assert "disjoint and covering" in capsys.readouterr().out
 
 
-def test_dry_run_resume_names_the_first_samples(tmp_path, capsys, corpus_writer):
-    assert simulate(tmp_path, corpus_writer, "--dry-run-resume", "16") == 0
+def test_dry_run_resume_names_the_first_samples(tmp_path, capsys):
+    assert simulate(tmp_path, "--dry-run-resume", "16") == 0
     assert capsys.readouterr().out.splitlines() == [
         "rank 0: first micro-batch after 16 consumed samples: [16, 17]",
         "rank 1: first micro-batch after 16 consumed samples: [18, 19]",
     ]
 
 
-def test_the_cyclic_loader_runs_past_an_epoch(tmp_path, capsys, corpus_writer):
-    assert simulate(tmp_path, corpus_writer, "--dataloader-type", "cyclic", "--steps", "40") == 0
+def test_the_cyclic_loader_runs_past_an_epoch(tmp_path, capsys):
+    assert simulate(tmp_path, "--dataloader-type", "cyclic", "--steps", "40") == 0
     assert "40 steps of 8 samples over 2 ranks" in capsys.readouterr().out

@@ -11,9 +11,10 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import boto3
+from s3testing import moto_endpoint
 
 from megafmt.protocols import PlannedBatch
-from megafmt.s3testing import moto_endpoint
+from megafmt.testing import write_corpus
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaload import DataLoaderConfig, build_pretraining_data_loader
@@ -38,8 +39,8 @@ def build(blend, sizes, cache, object_cache=None, split="90,8,2"):
     return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
 
 
-def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
-    local = corpus_writer(str(tmp_path / "corpus"))
+def test_a_gpt_dataset_over_s3_equals_the_local_one(tmp_path):
+    local = write_corpus(str(tmp_path / "corpus"))
     with moto_endpoint():
         client = boto3.client("s3")
         client.create_bucket(Bucket="train")
@@ -86,8 +87,8 @@ def test_a_gpt_dataset_over_s3_equals_the_local_one(corpus_writer, tmp_path):
         numpy.testing.assert_array_equal(tokens, torch.stack(expected))
 
 
-def test_a_blend_of_s3_corpora_equals_the_local_blend(corpus_writer, tmp_path):
-    locals_ = [corpus_writer(str(tmp_path / name), seed=seed) for seed, name in enumerate("ab")]
+def test_a_blend_of_s3_corpora_equals_the_local_blend(tmp_path):
+    locals_ = [write_corpus(str(tmp_path / name), seed=seed) for seed, name in enumerate("ab")]
     with moto_endpoint():
         client = boto3.client("s3")
         client.create_bucket(Bucket="blend")

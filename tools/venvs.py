@@ -9,7 +9,8 @@
 torch is installed first and pinned by requirements/constraints.txt, so pip takes the CPU build on
 this machine instead of downloading a CUDA one. Packages are installed as wheels, not in editable
 mode, so a file missing from a package's build shows up as a failing test. A package is
-reinstalled only when its sources changed (a hash is kept in the venv).
+reinstalled only when its sources or the build inputs all packages share (the VERSION file, the
+build hooks) changed (a hash is kept in the venv).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ PACKAGES = ROOT / "packages"
 CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
 TEST_REQUIREMENTS = ROOT / "requirements" / "test.txt"
 SOURCE_PARTS = ("pyproject.toml", "CMakeLists.txt", "README.md", "src", "csrc")
+#: what every package's build reads outside its own folder: the one version, the build hooks
+SHARED_BUILD_INPUTS = (ROOT / "VERSION", ROOT / "tools" / "build")
 
 
 def run(*command: str | Path) -> None:
@@ -39,9 +42,26 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def metadata(package: str) -> dict:
+def pyproject(package: str) -> dict:
     with open(PACKAGES / package / "pyproject.toml", "rb") as stream:
-        return tomllib.load(stream)["project"]
+        return tomllib.load(stream)
+
+
+def metadata(package: str) -> dict:
+    return pyproject(package)["project"]
+
+
+def declared_dependencies(package: str) -> list[str]:
+    """The requirements ``package`` declares: its ``project.dependencies``, or, where the build
+    pins siblings to the one version, the templates its build backend fills in."""
+    config = pyproject(package)
+    project = config["project"]
+    if "dependencies" not in project.get("dynamic", []):
+        return list(project.get("dependencies", []))
+    tool = config["tool"]
+    if "scikit-build" in tool:
+        return tool["scikit-build"]["metadata"]["dependencies"]["result"]
+    return tool["hatch"]["metadata"]["hooks"]["custom"]["dependencies"]
 
 
 def local_packages() -> list[str]:
@@ -52,7 +72,7 @@ def local_dependencies(package: str) -> list[str]:
     """Sibling packages ``package`` needs, dependencies first."""
     siblings = set(local_packages())
     order: list[str] = []
-    for requirement in metadata(package).get("dependencies", []):
+    for requirement in declared_dependencies(package):
         name = requirement_name(requirement)
         if name in siblings:
             order += [dep for dep in [*local_dependencies(name), name] if dep not in order]
@@ -62,11 +82,12 @@ def local_dependencies(package: str) -> list[str]:
 def needs_torch(packages: list[str], extras: bool = False) -> bool:
     """Whether any of ``packages`` asks for torch (with ``extras``: in any extra too)."""
     for package in packages:
-        project = metadata(package)
-        requirements = list(project.get("dependencies", []))
+        requirements = declared_dependencies(package)
         if extras:
             requirements += [
-                r for extra in project.get("optional-dependencies", {}).values() for r in extra
+                r
+                for extra in metadata(package).get("optional-dependencies", {}).values()
+                for r in extra
             ]
         if any(requirement_name(r) == "torch" for r in requirements):
             return True
@@ -74,15 +95,15 @@ def needs_torch(packages: list[str], extras: bool = False) -> bool:
 
 
 def source_hash(package: str) -> str:
+    """A hash of everything ``package``'s build reads: its sources and the shared build inputs."""
     digest = hashlib.sha256()
-    base = PACKAGES / package
-    for part in SOURCE_PARTS:
-        path = base / part
+    paths = [PACKAGES / package / part for part in SOURCE_PARTS] + list(SHARED_BUILD_INPUTS)
+    for path in paths:
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         for file in files:
             if "__pycache__" in file.parts:
                 continue
-            digest.update(str(file.relative_to(base)).encode())
+            digest.update(str(file.relative_to(ROOT)).encode())
             digest.update(file.read_bytes())
     return digest.hexdigest()
 

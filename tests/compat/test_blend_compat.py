@@ -20,8 +20,7 @@ from megatron.core.datasets.utils import get_blend_from_list as megatron_blend_f
 from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
 import megaindex
-
-VOCAB = 1000
+from megafmt.testing import VOCAB, write_corpus
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,11 +35,11 @@ def single_process_group(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def corpora(tmp_path_factory, corpus_writer):
+def corpora(tmp_path_factory):
     """Five corpora of different sizes and document lengths."""
     directory = tmp_path_factory.mktemp("blend")
     return [
-        corpus_writer(str(directory / f"corpus{number}"), documents, seed=number, longest=longest)
+        write_corpus(str(directory / f"corpus{number}"), documents, seed=number, longest=longest)
         for number, (documents, longest) in enumerate(
             [(300, 60), (120, 30), (500, 90), (80, 200), (200, 10)]
         )

@@ -17,16 +17,16 @@ from megatron.core.datasets.gpt_dataset import MockGPTDataset as MegatronMockGPT
 from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 
 import megaindex
+from megafmt.testing import VOCAB, write_corpus
 from megaindex.tokenizer import IdentifiedTokenizer
 
-VOCAB = 1000
 TABLES = ("document_index", "sample_index", "shuffle_index")
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, corpus_writer):
+def corpus(tmp_path_factory):
     """300 documents of 0 to 59 tokens and EOD (so some hold EOD alone)."""
-    return corpus_writer(str(tmp_path_factory.mktemp("gpt") / "corpus"), shortest=0)
+    return write_corpus(str(tmp_path_factory.mktemp("gpt") / "corpus"), shortest=0)
 
 
 def build_both(corpus, directory, sizes, tokenizer=None, **fields):

@@ -15,14 +15,13 @@ from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 from torch.utils.data import DataLoader
 
 import megaindex
+from megafmt.testing import VOCAB, write_corpus
 from megaload import DataLoaderConfig, MegatronPretrainingSampler, build_pretraining_data_loader
-
-VOCAB = 1000
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, corpus_writer):
-    return corpus_writer(
+def corpus(tmp_path_factory):
+    return write_corpus(
         str(tmp_path_factory.mktemp("loader") / "corpus"), documents=400, longest=40
     )
 

@@ -5,8 +5,8 @@
 Both read the same corpus from the same S3 endpoint (moto's server on loopback, started here in
 a process of its own) with the same chunk size, twice: from moto as shipped, and from moto made
 S3-like for timing (``--latency-ms`` before each GET's answer, many answered at once, ranges cut
-in place; see ``megafmt.s3testing.moto_endpoint``). moto as shipped copies the whole object
-for every ranged GET, one at a time per object, so its figures measure moto as much as the
+in place; see ``moto_endpoint`` in ``testing/s3testing.py``). moto as shipped copies the whole
+object for every ranged GET, one at a time per object, so its figures measure moto as much as the
 readers. Measured: random samples of ``--seq-length`` + 1 tokens (a
 GPTDataset's reads: a random document and offset) and a sequential scan of every sequence;
 the local mmap reader gives the scale. megafmt's chunk cache is capped below the corpus size
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -24,13 +25,14 @@ from pathlib import Path
 
 import numpy
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testing"))  # s3testing
 warnings.filterwarnings("ignore")
 import boto3  # noqa: E402
 from megatron.core.datasets import indexed_dataset as megatron  # noqa: E402
 from megatron.core.datasets.object_storage_utils import S3Config  # noqa: E402
+from s3testing import moto_endpoint  # noqa: E402
 
 from megafmt import IndexedDataset, IndexedDatasetBuilder  # noqa: E402
-from megafmt.s3testing import moto_endpoint  # noqa: E402
 
 
 def write_corpus(prefix: str, megabytes: float, seed: int = 0) -> None:

@@ -29,8 +29,8 @@ def build(
 
 
 @pytest.fixture
-def corpus(tmp_path) -> Callable[..., str]:
-    """``corpus(documents, dtype=..., modes=..., name=...)`` writes a corpus in tmp_path."""
+def make_corpus(tmp_path) -> Callable[..., str]:
+    """``make_corpus(documents, dtype=..., modes=..., name=...)`` writes a corpus in tmp_path."""
 
     def make(documents: Documents, dtype: type = numpy.int32, modes=None, name="corpus") -> str:
         return build(os.path.join(tmp_path, name), documents, dtype, modes)

@@ -166,8 +166,8 @@ def test_abort_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_finalize_replaces_an_older_corpus(corpus, tmp_path):
-    prefix = corpus([[[1, 2, 3]]])
+def test_finalize_replaces_an_older_corpus(make_corpus, tmp_path):
+    prefix = make_corpus([[[1, 2, 3]]])
     builder = IndexedDatasetBuilder(get_bin_path(prefix))
     builder.add_document([9], [1])
     builder.finalize(get_idx_path(prefix))
@@ -194,10 +194,10 @@ def test_a_killed_build_leaves_no_complete_looking_pair(tmp_path):
     assert len(glob.glob(str(tmp_path / "c.bin.*.partial"))) == 1
 
 
-def test_add_index_equals_building_everything_at_once(corpus, tmp_path):
-    first = corpus([[[1, 2], [3]], [[4]]], name="a")
-    second = corpus([[[5, 6, 7]], [[], [8]]], name="b")
-    everything = corpus([[[1, 2], [3]], [[4]], [[5, 6, 7]], [[], [8]]], name="all")
+def test_add_index_equals_building_everything_at_once(make_corpus, tmp_path):
+    first = make_corpus([[[1, 2], [3]], [[4]]], name="a")
+    second = make_corpus([[[5, 6, 7]], [[], [8]]], name="b")
+    everything = make_corpus([[[1, 2], [3]], [[4]], [[5, 6, 7]], [[], [8]]], name="all")
 
     merged = str(tmp_path / "merged")
     builder = IndexedDatasetBuilder(get_bin_path(merged))
@@ -207,9 +207,9 @@ def test_add_index_equals_building_everything_at_once(corpus, tmp_path):
     assert read_bytes(merged) == read_bytes(everything)
 
 
-def test_add_index_keeps_modes(corpus, tmp_path):
-    first = corpus([[[1], [2]]], modes=[[1, 2]], name="a")
-    second = corpus([[[3]]], modes=[[3]], name="b")
+def test_add_index_keeps_modes(make_corpus, tmp_path):
+    first = make_corpus([[[1], [2]]], modes=[[1, 2]], name="a")
+    second = make_corpus([[[3]]], modes=[[3]], name="b")
     merged = str(tmp_path / "merged")
     builder = IndexedDatasetBuilder(get_bin_path(merged), multimodal=True)
     builder.add_index(first)
@@ -218,9 +218,9 @@ def test_add_index_keeps_modes(corpus, tmp_path):
     assert IndexedDataset(merged, multimodal=True).sequence_modes.tolist() == [1, 2, 3]
 
 
-def test_add_index_refuses_mismatched_inputs(corpus, tmp_path):
-    uint16 = corpus([[[1]]], dtype=numpy.uint16, name="u16")
-    plain = corpus([[[1]]], name="plain")
+def test_add_index_refuses_mismatched_inputs(make_corpus, tmp_path):
+    uint16 = make_corpus([[[1]]], dtype=numpy.uint16, name="u16")
+    plain = make_corpus([[[1]]], name="plain")
     builder = IndexedDatasetBuilder(str(tmp_path / "out.bin"))
     with pytest.raises(
         FormatError,

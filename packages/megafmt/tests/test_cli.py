@@ -19,8 +19,8 @@ def mega(capsys, *argv):
     return status, out, err
 
 
-def test_info_reports_counts_and_percentiles(corpus, capsys):
-    prefix = corpus(DOCUMENTS, dtype=numpy.uint16)
+def test_info_reports_counts_and_percentiles(make_corpus, capsys):
+    prefix = make_corpus(DOCUMENTS, dtype=numpy.uint16)
     status, out, _ = mega(capsys, "info", prefix, "--json")
     assert status == 0
     (report,) = json.loads(out)
@@ -41,8 +41,8 @@ def test_info_reports_counts_and_percentiles(corpus, capsys):
     assert "uint16 (code 8)" in out and "tokens           12" in out
 
 
-def test_verify_exit_status(corpus, capsys):
-    prefix = corpus(DOCUMENTS)
+def test_verify_exit_status(make_corpus, capsys):
+    prefix = make_corpus(DOCUMENTS)
     assert mega(capsys, "verify", prefix)[:2] == (0, f"OK {prefix}\n")
     os.truncate(get_bin_path(prefix), 8)
     status, _, err = mega(capsys, "verify", prefix)
@@ -50,8 +50,8 @@ def test_verify_exit_status(corpus, capsys):
     assert err.startswith(f"FAIL [bin_size] {prefix}.bin: expected 48 bytes")
 
 
-def test_dump_a_document_or_a_sequence(corpus, capsys):
-    prefix = corpus(DOCUMENTS)
+def test_dump_a_document_or_a_sequence(make_corpus, capsys):
+    prefix = make_corpus(DOCUMENTS)
     assert mega(capsys, "dump", prefix, "--doc", "0")[1] == "1 2 3\n4 5\n"
     assert mega(capsys, "dump", prefix, "--doc", "-1")[1] == "11 12\n"
     assert mega(capsys, "dump", prefix, "--seq", "4")[1] == "7 8 9 10\n"
@@ -61,21 +61,21 @@ def test_dump_a_document_or_a_sequence(corpus, capsys):
     assert status == 1 and "document 4 out of range: the corpus has 4" in err
 
 
-def test_dump_shows_modes_of_multimodal_corpora(corpus, capsys):
-    prefix = corpus([[[1], [2]]], modes=[[3, 4]])
+def test_dump_shows_modes_of_multimodal_corpora(make_corpus, capsys):
+    prefix = make_corpus([[[1], [2]]], modes=[[3, 4]])
     out = mega(capsys, "dump", prefix, "--doc", "0", "--json")[1]
     assert json.loads(out) == {"sequences": [[1], [2]], "document": 0, "modes": [3, 4]}
 
 
-def test_merge_prefixes_and_directories(corpus, tmp_path, capsys):
+def test_merge_prefixes_and_directories(make_corpus, tmp_path, capsys):
     parts = tmp_path / "parts"
     parts.mkdir()
     for name, documents in (("b", DOCUMENTS[2:]), ("a", DOCUMENTS[:2])):
-        prefix = corpus(documents, name=name)
+        prefix = make_corpus(documents, name=name)
         for path in (get_bin_path(prefix), get_idx_path(prefix)):
             shutil.move(path, parts)
     (parts / "notes.txt").write_text("ignored")
-    whole = corpus(DOCUMENTS, name="whole")
+    whole = make_corpus(DOCUMENTS, name="whole")
     out_prefix = str(tmp_path / "merged")
     status, _, err = mega(capsys, "merge", out_prefix, str(parts))
     assert status == 0, err
@@ -90,14 +90,14 @@ def test_merge_prefixes_and_directories(corpus, tmp_path, capsys):
     assert len(IndexedDataset(out_prefix)) == 12
 
 
-def test_merge_refuses_a_directory_with_an_unpaired_file(corpus, tmp_path, capsys):
+def test_merge_refuses_a_directory_with_an_unpaired_file(make_corpus, tmp_path, capsys):
     (tmp_path / "lone.bin").write_bytes(b"")
     status, _, err = mega(capsys, "merge", str(tmp_path / "out"), str(tmp_path))
     assert status == 1 and "lone.bin has no .idx beside it" in err
 
 
-def test_merge_refuses_writing_over_an_input(corpus, capsys):
-    prefix = corpus(DOCUMENTS)
+def test_merge_refuses_writing_over_an_input(make_corpus, capsys):
+    prefix = make_corpus(DOCUMENTS)
     status, _, err = mega(capsys, "merge", "--force", prefix, prefix)
     assert status == 1 and "the output is also an input" in err
 
@@ -114,8 +114,8 @@ def test_unknown_command_names_its_provider(capsys, monkeypatch):
     assert mega(capsys, "infoo")[2].endswith("(did you mean 'info'?)\n")
 
 
-def test_console_script_is_installed(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_console_script_is_installed(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     script = os.path.join(os.path.dirname(sys.executable), "mega")
     result = subprocess.run([script, "--help"], capture_output=True, text=True, check=True)
     for command in ("info", "verify", "dump", "merge"):
@@ -124,8 +124,8 @@ def test_console_script_is_installed(corpus):
     assert result.returncode == 0 and result.stdout == f"OK {prefix}\n"
 
 
-def test_merge_of_a_multimodal_corpus_keeps_modes(corpus, tmp_path, capsys):
-    prefix = corpus([[[1], [2]]], modes=[[3, 4]])
+def test_merge_of_a_multimodal_corpus_keeps_modes(make_corpus, tmp_path, capsys):
+    prefix = make_corpus([[[1], [2]]], modes=[[3, 4]])
     out_prefix = str(tmp_path / "out")
     assert mega(capsys, "merge", out_prefix, prefix, prefix)[0] == 0
     assert IndexedDataset(out_prefix, multimodal=True).sequence_modes.tolist() == [3, 4, 3, 4]

@@ -22,12 +22,12 @@ SEQUENCES = [sequence for document in DOCUMENTS for sequence in document]
 
 
 @pytest.fixture(params=["mmap", "file"])
-def dataset(request, corpus):
-    return IndexedDataset(corpus(DOCUMENTS), mmap=request.param == "mmap")
+def dataset(request, make_corpus):
+    return IndexedDataset(make_corpus(DOCUMENTS), mmap=request.param == "mmap")
 
 
-def test_reader_follows_the_mmap_flag(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_reader_follows_the_mmap_flag(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     assert IndexedDataset(prefix).reader_name == "mmap"
     assert IndexedDataset(prefix, mmap=False).reader_name == "file"
     assert IndexedDataset(prefix, reader="file").reader_name == "file"
@@ -84,8 +84,8 @@ def test_set_document_indices_replaces_them_in_memory(dataset):
     assert dataset.document_indices.tolist() == [0, 6]
 
 
-def test_multimodal_returns_modes(corpus):
-    prefix = corpus([[[1], [2, 3]], [[4]]], modes=[[1, 2], [3]])
+def test_multimodal_returns_modes(make_corpus):
+    prefix = make_corpus([[[1], [2, 3]], [[4]]], modes=[[1, 2], [3]])
     dataset = IndexedDataset(prefix, multimodal=True)
     tokens, mode = dataset[1]
     assert tokens.tolist() == [2, 3] and mode == 2
@@ -98,8 +98,8 @@ def test_multimodal_returns_modes(corpus):
     assert IndexedDataset(prefix)[1].tolist() == [2, 3]  # modes are ignored when not asked for
 
 
-def test_mmap_reads_are_zero_copy_views(corpus):
-    dataset = IndexedDataset(corpus(DOCUMENTS))
+def test_mmap_reads_are_zero_copy_views(make_corpus):
+    dataset = IndexedDataset(make_corpus(DOCUMENTS))
     whole, part = dataset[4], dataset.get(4, offset=1, length=2)
     assert not whole.flags.owndata and not whole.flags.writeable
     assert numpy.shares_memory(whole, part)
@@ -120,16 +120,16 @@ def open_descriptors():
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_open_corpora_hold_no_file_descriptors(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_open_corpora_hold_no_file_descriptors(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     before = open_descriptors()
     datasets = [IndexedDataset(prefix) for _ in range(300)]
     assert open_descriptors() == before
     assert [d[4].tolist() for d in datasets[::100]] == [[7, 8, 9, 10]] * 3
 
 
-def test_arrays_stay_valid_after_the_dataset_is_gone(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_arrays_stay_valid_after_the_dataset_is_gone(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     lengths = IndexedDataset(prefix).sequence_lengths  # segfaults with megatron-core 0.16.1
     tokens = IndexedDataset(prefix)[4]
     gc.collect()
@@ -138,8 +138,8 @@ def test_arrays_stay_valid_after_the_dataset_is_gone(corpus):
 
 
 @pytest.mark.parametrize("mmap", [True, False])
-def test_pickled_dataset_reopens_its_files(corpus, mmap):
-    dataset = IndexedDataset(corpus(DOCUMENTS), mmap=mmap)
+def test_pickled_dataset_reopens_its_files(make_corpus, mmap):
+    dataset = IndexedDataset(make_corpus(DOCUMENTS), mmap=mmap)
     clone = pickle.loads(pickle.dumps(dataset))
     assert clone.reader_name == dataset.reader_name
     assert [clone[i].tolist() for i in range(len(clone))] == SEQUENCES
@@ -149,14 +149,14 @@ def _sum_in_worker(dataset):
     return [int(dataset[i].sum()) for i in range(len(dataset))]
 
 
-def test_dataset_is_read_in_a_spawned_worker(corpus):
-    dataset = IndexedDataset(corpus(DOCUMENTS))
+def test_dataset_is_read_in_a_spawned_worker(make_corpus):
+    dataset = IndexedDataset(make_corpus(DOCUMENTS))
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         assert pool.apply(_sum_in_worker, (dataset,)) == [sum(s) for s in SEQUENCES]
 
 
-def test_exists(corpus, tmp_path):
-    prefix = corpus(DOCUMENTS)
+def test_exists(make_corpus, tmp_path):
+    prefix = make_corpus(DOCUMENTS)
     assert IndexedDataset.exists(prefix)
     os.remove(get_bin_path(prefix))
     assert not IndexedDataset.exists(prefix)
@@ -173,8 +173,8 @@ def test_exists_for_a_url():
     assert IndexedDataset.exists("memory://megafmt-exists/c")
 
 
-def test_fast_cache_load_uses_the_given_counts(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_fast_cache_load_uses_the_given_counts(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     dataset = IndexedDataset(
         prefix, fast_cache_load=True, sequences_per_dataset=(6, 5), dtype_code=4
     )
@@ -189,13 +189,13 @@ def test_fast_cache_load_uses_the_given_counts(corpus):
         IndexedDataset(prefix, fast_cache_load=True, sequences_per_dataset=(6, 4), dtype_code=4)
 
 
-def test_unknown_reader_lists_the_installed_ones(corpus):
+def test_unknown_reader_lists_the_installed_ones(make_corpus):
     with pytest.raises(
         PluginError,
         match=r"unknown megafmt reader 'mmapp'; available: .*file.*mmap"
         r".*did you mean 'mmap'",
     ):
-        IndexedDataset(corpus(DOCUMENTS), reader="mmapp")
+        IndexedDataset(make_corpus(DOCUMENTS), reader="mmapp")
 
 
 # ---- broken files: each is a clear error naming the file, the field, expected and found -------
@@ -207,8 +207,8 @@ def patch(path, offset, data):
         stream.write(data)
 
 
-def test_missing_files(corpus, tmp_path):
-    prefix = corpus(DOCUMENTS)
+def test_missing_files(make_corpus, tmp_path):
+    prefix = make_corpus(DOCUMENTS)
     os.remove(get_idx_path(prefix))
     with pytest.raises(MissingFileError, match=r"corpus.idx: index file not found"):
         IndexedDataset(prefix)
@@ -216,8 +216,8 @@ def test_missing_files(corpus, tmp_path):
         IndexedDataset(str(tmp_path / "nothing"))
 
 
-def test_wrong_magic(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_wrong_magic(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 0, b"XXXX")
     with pytest.raises(
         FormatError,
@@ -227,8 +227,8 @@ def test_wrong_magic(corpus):
         IndexedDataset(prefix)
 
 
-def test_unknown_dtype_code(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_unknown_dtype_code(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 17, bytes([11]))
     with pytest.raises(
         FormatError, match="corpus.idx: dtype code at offset 17: unknown dtype code 11"
@@ -244,15 +244,15 @@ def test_unknown_dtype_code(corpus):
         (100, "needs 146 bytes, but the file has 100"),
     ],
 )
-def test_truncated_index(corpus, size, message):
-    prefix = corpus(DOCUMENTS)
+def test_truncated_index(make_corpus, size, message):
+    prefix = make_corpus(DOCUMENTS)
     os.truncate(get_idx_path(prefix), size)
     with pytest.raises(FormatError, match=message):
         IndexedDataset(prefix)
 
 
-def test_counts_larger_than_the_file(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_counts_larger_than_the_file(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 18, struct.pack("<Q", 2**40))
     with pytest.raises(
         FormatError,
@@ -262,8 +262,8 @@ def test_counts_larger_than_the_file(corpus):
         IndexedDataset(prefix)
 
 
-def test_bin_shorter_than_the_index_implies(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_bin_shorter_than_the_index_implies(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     os.truncate(get_bin_path(prefix), 40)
     with pytest.raises(
         FormatError,
@@ -273,8 +273,17 @@ def test_bin_shorter_than_the_index_implies(corpus):
         IndexedDataset(prefix)
 
 
-def test_last_document_index_must_be_the_sequence_count(corpus):
-    prefix = corpus(DOCUMENTS)
+@pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "file"])
+def test_a_negative_pointer_is_refused_not_read_from_the_end(make_corpus, mmap):
+    prefix = make_corpus(DOCUMENTS)
+    patch(get_idx_path(prefix), 34 + 4 * 6 + 8, struct.pack("<q", -8))  # sequence 1 at -8
+    dataset = IndexedDataset(prefix, mmap=mmap)
+    with pytest.raises(FormatError, match=r"corpus.bin: invalid read of 1 items at byte offset -8"):
+        dataset.get(1, length=1)  # not token 11, two tokens before the end of the file
+
+
+def test_last_document_index_must_be_the_sequence_count(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 34 + 12 * 6 + 8 * 4, struct.pack("<q", 5))
     with pytest.raises(
         FormatError,
@@ -284,9 +293,9 @@ def test_last_document_index_must_be_the_sequence_count(corpus):
         IndexedDataset(prefix)
 
 
-def test_multimodal_requested_on_a_plain_file(corpus):
+def test_multimodal_requested_on_a_plain_file(make_corpus):
     with pytest.raises(FormatError, match="multimodal=True but the file has no sequence_modes"):
-        IndexedDataset(corpus(DOCUMENTS), multimodal=True)
+        IndexedDataset(make_corpus(DOCUMENTS), multimodal=True)
 
 
 def test_read_spans_concatenates_checked_ranges(dataset):

@@ -21,8 +21,8 @@ def test_header_is_34_bytes_in_spec_order():
     assert Header.unpack(header(8, 7, 9), "x.idx") == Header(8, 7, 9)
 
 
-def test_written_index_matches_hand_built_bytes(corpus):
-    prefix = corpus([[[1, 2, 3], [4, 5]], [[6]], [[], [7]]], dtype=numpy.uint16)
+def test_written_index_matches_hand_built_bytes(make_corpus):
+    prefix = make_corpus([[[1, 2, 3], [4, 5]], [[6]], [[], [7]]], dtype=numpy.uint16)
     lengths = [3, 2, 1, 0, 1]
     pointers = [0, 6, 10, 12, 12]  # uint16: two bytes per token
     documents = [0, 2, 3, 5]
@@ -56,8 +56,8 @@ def test_multimodal_index_ends_with_one_mode_byte_per_sequence(tmp_path):
         assert stream.read() == expected
 
 
-def test_empty_corpus_is_a_header_and_one_document_index(corpus):
-    prefix = corpus([], dtype=numpy.int32)
+def test_empty_corpus_is_a_header_and_one_document_index(make_corpus):
+    prefix = make_corpus([], dtype=numpy.int32)
     with open(get_idx_path(prefix), "rb") as stream:
         assert stream.read() == header(4, 0, 1) + struct.pack("<q", 0)
     with open(get_bin_path(prefix), "rb") as stream:

@@ -1,8 +1,16 @@
-"""Fuzzing the .idx parser: whatever the bytes, opening and reading a corpus either works or
-raises a megafmt error (or IndexError for a position outside a sequence). Never another
-exception, never a crash of the interpreter."""
+"""Fuzzing the .idx parser, and `verify` against what reading shows.
 
-import contextlib
+Whatever the bytes, opening and reading a corpus either works or raises a megafmt error (or
+IndexError for a position outside a sequence): never another exception, never a crash of the
+interpreter. The memory-mapped and the file reader read the same or fail alike. And `verify`
+finds no violation exactly when the corpus opens, every sequence reads, and what the dataset
+hands out is what the format promises: the sequences, read one after another, are the whole
+``.bin`` (each pointer is where the previous sequence ended, the last ends at the end of the
+file) and the document indices run from 0 up to the sequence count without going back.
+Opening checks only what it can cheaply (a longer ``.bin`` or misplaced pointers still read),
+so those two are checked here, from the dataset's own arrays.
+"""
+
 import os
 import struct
 import tempfile
@@ -18,20 +26,58 @@ DOCUMENTS = [[[1, 2, 3], [4, 5]], [[6]], [[], [7, 8, 9, 10]], [[11, 12]]]
 ALLOWED = (MegafmtError, IndexError)
 
 
-def exercise(prefix, multimodal):
+def reads_as_promised(prefix, multimodal):
+    """Whether the corpus opens, every sequence reads (one by one and as one slice), the reads
+    tile the ``.bin`` in order and the document indices are a partition of the sequences."""
     try:
         dataset = IndexedDataset(prefix, multimodal=multimodal, mmap=multimodal is False)
-    except ALLOWED:
-        return
-    for i in range(min(len(dataset), 64)):
-        try:
-            dataset[i]
+        sequences = [dataset[i] for i in range(len(dataset))]
+        window = dataset[0 : len(dataset)]
+        for i in range(len(dataset)):
             dataset.get(i, offset=0, length=0)
+    except ALLOWED:
+        return False
+    if multimodal:
+        sequences, window = [tokens for tokens, _mode in sequences], window[0]
+    end = 0
+    for sequence, pointer in zip(sequences, dataset.sequence_pointers, strict=True):
+        if int(pointer) != end:
+            return False
+        end += sequence.nbytes
+    documents = dataset.document_indices
+    if end != os.path.getsize(get_bin_path(prefix)) or documents[0] != 0:
+        return False
+    if not numpy.all(documents[1:] >= documents[:-1]):
+        return False
+    # the slice is read in one piece from the first pointer: the same tokens when they tile
+    assert [s.tolist() for s in window] == [s.tolist() for s in sequences]
+    return True
+
+
+def each_read(prefix, multimodal, mmap):
+    """What reading gives through one reader: None when the corpus does not open, else each
+    sequence's bytes, None where its read fails."""
+    try:
+        dataset = IndexedDataset(prefix, multimodal=multimodal, mmap=mmap)
+    except ALLOWED:
+        return None
+    reads = []
+    for i in range(len(dataset)):
+        try:
+            tokens = dataset[i]
         except ALLOWED:
-            pass
-    with contextlib.suppress(ALLOWED):
-        dataset[0 : min(len(dataset), 64)]
-    assert isinstance(verify(prefix, stop_at_first=False), list)
+            reads.append(None)
+            continue
+        reads.append((tokens[0] if multimodal else tokens).tobytes())
+    return reads
+
+
+def exercise(prefix, multimodal):
+    """`verify` (asked for the modes section exactly when the dataset is) agrees with reading,
+    and the two local readers read the same or fail alike."""
+    violations = verify(prefix, multimodal=True if multimodal else None, stop_at_first=False)
+    assert (violations == []) == reads_as_promised(prefix, multimodal), violations
+    assert each_read(prefix, multimodal, mmap=True) == each_read(prefix, multimodal, mmap=False)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,8 +19,8 @@ def attached(datasets):
     return sum(d._bin_reader is not None for d in datasets)
 
 
-def test_at_most_capacity_readers_stay_open(corpus, small_pool):
-    prefixes = [corpus([[[i, i + 1, i + 2]]], name=f"c{i}") for i in range(10)]
+def test_at_most_capacity_readers_stay_open(make_corpus, small_pool):
+    prefixes = [make_corpus([[[i, i + 1, i + 2]]], name=f"c{i}") for i in range(10)]
     datasets = [IndexedDataset(p, mmap=False) for p in prefixes]
     assert attached(datasets) == 3
     descriptors = len(os.listdir("/proc/self/fd"))
@@ -32,8 +32,8 @@ def test_at_most_capacity_readers_stay_open(corpus, small_pool):
     assert len(small_pool) == 3
 
 
-def test_a_dropped_dataset_frees_its_place_without_closing_another(corpus, small_pool):
-    prefixes = [corpus([[[i]]], name=f"c{i}") for i in range(4)]
+def test_a_dropped_dataset_frees_its_place_without_closing_another(make_corpus, small_pool):
+    prefixes = [make_corpus([[[i]]], name=f"c{i}") for i in range(4)]
     first, second, third = (IndexedDataset(p, mmap=False) for p in prefixes[:3])
     del second
     gc.collect()
@@ -42,8 +42,8 @@ def test_a_dropped_dataset_frees_its_place_without_closing_another(corpus, small
     assert len(small_pool) == 3
 
 
-def test_recently_read_datasets_get_a_second_chance(corpus, small_pool):
-    prefixes = [corpus([[[i]]], name=f"c{i}") for i in range(4)]
+def test_recently_read_datasets_get_a_second_chance(make_corpus, small_pool):
+    prefixes = [make_corpus([[[i]]], name=f"c{i}") for i in range(4)]
     first, second, third = (IndexedDataset(p, mmap=False) for p in prefixes[:3])
     first[0]  # marks the oldest as recently read
     fourth = IndexedDataset(prefixes[3], mmap=False)
@@ -52,20 +52,20 @@ def test_recently_read_datasets_get_a_second_chance(corpus, small_pool):
     assert third._bin_reader is not None and fourth._bin_reader is not None
 
 
-def test_memory_mapped_readers_hold_no_descriptor_and_stay_out_of_the_pool(corpus, small_pool):
-    datasets = [IndexedDataset(corpus([[[i]]], name=f"c{i}")) for i in range(5)]
+def test_memory_mapped_readers_hold_no_descriptor_and_stay_out_of_the_pool(make_corpus, small_pool):
+    datasets = [IndexedDataset(make_corpus([[[i]]], name=f"c{i}")) for i in range(5)]
     assert len(small_pool) == 0
     assert attached(datasets) == 5
 
 
-def test_reopening_is_idempotent(corpus, small_pool):
-    dataset = IndexedDataset(corpus([[[1]]]), mmap=False)
+def test_reopening_is_idempotent(make_corpus, small_pool):
+    dataset = IndexedDataset(make_corpus([[[1]]]), mmap=False)
     small_pool.opened(dataset)
     assert len(small_pool) == 1
 
 
-def test_arrays_outlive_a_released_reader(corpus, small_pool):
-    dataset = IndexedDataset(corpus([[[5, 6, 7]]]))
+def test_arrays_outlive_a_released_reader(make_corpus, small_pool):
+    dataset = IndexedDataset(make_corpus([[[5, 6, 7]]]))
     tokens = dataset[0]
     dataset.release_reader()
     assert tokens.tolist() == [5, 6, 7]

@@ -34,9 +34,9 @@ def test_default_reader_choice():
 
 
 @pytest.fixture
-def flaky(corpus, monkeypatch):
+def flaky(make_corpus, monkeypatch):
     """A FileBinReader whose first ``len(failures)`` preadv calls raise ``failures`` in turn."""
-    prefix = corpus([[[1, 2, 3, 4]]])
+    prefix = make_corpus([[[1, 2, 3, 4]]])
     failures = []
     calls = []
     real = os.preadv
@@ -103,8 +103,8 @@ def test_file_reader_raises_what_no_retry_can_help_at_once(flaky, error):
     assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
 
 
-def test_file_reader_notices_a_file_truncated_after_opening(corpus):
-    prefix = corpus([[[1, 2, 3, 4]]])
+def test_file_reader_notices_a_file_truncated_after_opening(make_corpus):
+    prefix = make_corpus([[[1, 2, 3, 4]]])
     dataset = IndexedDataset(prefix, mmap=False)
     os.truncate(get_bin_path(prefix), 8)
     with pytest.raises(
@@ -115,9 +115,9 @@ def test_file_reader_notices_a_file_truncated_after_opening(corpus):
         dataset[0]
 
 
-def test_file_reader_options_are_validated(corpus):
+def test_file_reader_options_are_validated(make_corpus):
     with pytest.raises(ValueError, match="must be >= 0"):
-        FileBinReader(get_bin_path(corpus([[[1]]])), num_max_retries=-1)
+        FileBinReader(get_bin_path(make_corpus([[[1]]])), num_max_retries=-1)
 
 
 def test_a_failed_descriptor_stays_open_until_the_reader_closes(flaky):
@@ -132,8 +132,8 @@ def test_a_failed_descriptor_stays_open_until_the_reader_closes(flaky):
         os.fstat(first)
 
 
-def test_tokens_view_is_the_whole_bin_when_it_is_mapped(corpus):
-    prefix = corpus([[[1, 2], [3]], [[4, 5, 6]]])
+def test_tokens_view_is_the_whole_bin_when_it_is_mapped(make_corpus):
+    prefix = make_corpus([[[1, 2], [3]], [[4, 5, 6]]])
     mapped = IndexedDataset(prefix)
     assert mapped.tokens_view.tolist() == [1, 2, 3, 4, 5, 6]
     assert not mapped.tokens_view.flags.writeable

@@ -21,16 +21,28 @@ def registry(monkeypatch):
     )
 
 
-def test_names_are_listed_sorted_without_importing(registry):
+@pytest.fixture
+def loads(monkeypatch):
+    """The names of the entry points loaded (imported), in order."""
+    loaded = []
+    real = EntryPoint.load
+    monkeypatch.setattr(EntryPoint, "load", lambda point: loaded.append(point.name) or real(point))
+    return loaded
+
+
+def test_names_are_listed_sorted_without_importing(registry, loads):
     assert registry.available() == ["good", "lacking", "missing_attr", "missing_module"]
     assert "good" in registry and "nope" not in registry
+    assert registry.view()["good"] == "megafmt.readers.mmap_reader:MMapBinReader"
+    assert loads == []
 
 
-def test_get_loads_and_caches(registry):
+def test_get_loads_and_caches(registry, loads):
     from megafmt.readers.mmap_reader import MMapBinReader
 
     assert registry.get("good") is MMapBinReader
     assert registry.get("good") is MMapBinReader
+    assert loads == ["good"]  # imported on first use only
 
 
 def test_unknown_name_lists_what_exists_and_suggests(registry):

@@ -11,13 +11,13 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import boto3
+from s3testing import FaultyProxy, moto_endpoint
 
-from megafmt import IndexedDataset, IndexedDatasetBuilder, get_bin_path, get_idx_path
+from megafmt import IndexedDataset
 from megafmt.cli.main import main
 from megafmt.errors import MissingFileError
 from megafmt.readers.fsspec_reader import FsspecBinReader
-from megafmt.s3testing import FaultyProxy, moto_endpoint
-from megafmt.testing import BinReaderConformance
+from megafmt.testing import BinReaderConformance, write_corpus
 
 pytestmark = pytest.mark.s3
 
@@ -36,20 +36,6 @@ def upload(local_prefix, key):
     return f"s3://corpora/{key}"
 
 
-def write_corpus(prefix, documents=200, seed=0):
-    rng = numpy.random.default_rng(seed)
-    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.uint16)
-    for _ in range(documents):
-        sequences = [
-            rng.integers(0, 65535, rng.integers(0, 300)) for _ in range(rng.integers(1, 4))
-        ]
-        builder.add_document(
-            numpy.concatenate(sequences).astype(numpy.uint16), [len(s) for s in sequences]
-        )
-    builder.finalize(get_idx_path(prefix))
-    return prefix
-
-
 class TestFsspecReaderOnS3(BinReaderConformance):
     reader_name = "fsspec"
     reader_options = {"chunk_bytes": 64, "cache_bytes": 256}
@@ -63,7 +49,7 @@ class TestFsspecReaderOnS3(BinReaderConformance):
 
 
 def test_every_accessor_and_random_reads_equal_the_local_copy(endpoint, tmp_path):
-    local = write_corpus(str(tmp_path / "c"))
+    local = write_corpus(str(tmp_path / "c"), documents=200, longest=300)
     url = upload(local, "equal/c")
     options = {"chunk_bytes": 4096, "cache_bytes": 16384, "idx_cache_dir": str(tmp_path / "cache")}
     remote = IndexedDataset(url, reader_options=options)
@@ -119,7 +105,7 @@ def test_reads_survive_failing_dropped_and_slow_requests(endpoint, tmp_path, mon
 
     # the storage libraries' own retries off: every fault reaches the reader
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
-    local = write_corpus(str(tmp_path / "c"), documents=100)
+    local = write_corpus(str(tmp_path / "c"), documents=200, longest=300)
     url = upload(local, "faulty/c")
     with FaultyProxy(endpoint, failure_rate=0.3, delay=0.05) as proxy:
         options = {

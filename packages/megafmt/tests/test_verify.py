@@ -29,16 +29,16 @@ sizes_only = pytest.mark.parametrize("sizes_only", [False, True], ids=["full", "
 
 
 @sizes_only
-def test_a_good_corpus_has_no_violations(corpus, sizes_only):
-    assert verify(corpus(DOCUMENTS), sizes_only=sizes_only) == []
-    multimodal = corpus(DOCUMENTS, modes=[[1, 2], [3]], name="mm")
+def test_a_good_corpus_has_no_violations(make_corpus, sizes_only):
+    assert verify(make_corpus(DOCUMENTS), sizes_only=sizes_only) == []
+    multimodal = make_corpus(DOCUMENTS, modes=[[1, 2], [3]], name="mm")
     assert verify(multimodal, multimodal=True, sizes_only=sizes_only) == []
-    assert verify(corpus([], name="empty"), sizes_only=sizes_only) == []
+    assert verify(make_corpus([], name="empty"), sizes_only=sizes_only) == []
 
 
 @sizes_only
-def test_missing_files(corpus, tmp_path, sizes_only):
-    prefix = corpus(DOCUMENTS)
+def test_missing_files(make_corpus, tmp_path, sizes_only):
+    prefix = make_corpus(DOCUMENTS)
     os.remove(get_bin_path(prefix))
     violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "exists" and str(violation).endswith(
@@ -50,8 +50,8 @@ def test_missing_files(corpus, tmp_path, sizes_only):
 
 
 @sizes_only
-def test_bad_header(corpus, sizes_only):
-    prefix = corpus(DOCUMENTS)
+def test_bad_header(make_corpus, sizes_only):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 9, "<Q", 7)
     violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "header"
@@ -60,8 +60,8 @@ def test_bad_header(corpus, sizes_only):
 
 @sizes_only
 @pytest.mark.parametrize("size,found", [(0, "the file is empty"), (20, "found only 20 bytes")])
-def test_truncated_header(corpus, sizes_only, size, found):
-    prefix = corpus(DOCUMENTS)
+def test_truncated_header(make_corpus, sizes_only, size, found):
+    prefix = make_corpus(DOCUMENTS)
     os.truncate(get_idx_path(prefix), size)
     violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "header"
@@ -69,8 +69,8 @@ def test_truncated_header(corpus, sizes_only, size, found):
 
 
 @sizes_only
-def test_idx_size_must_match_its_counts(corpus, sizes_only):
-    prefix = corpus(DOCUMENTS)
+def test_idx_size_must_match_its_counts(make_corpus, sizes_only):
+    prefix = make_corpus(DOCUMENTS)
     os.truncate(get_idx_path(prefix), 90)
     violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "header"
@@ -81,11 +81,11 @@ def test_idx_size_must_match_its_counts(corpus, sizes_only):
 
 
 @sizes_only
-def test_modes_present_exactly_when_multimodal(corpus, sizes_only):
-    plain = corpus(DOCUMENTS)
+def test_modes_present_exactly_when_multimodal(make_corpus, sizes_only):
+    plain = make_corpus(DOCUMENTS)
     message = first(plain, multimodal=True, sizes_only=sizes_only).message
     assert "no sequence_modes section" in message
-    multimodal = corpus(DOCUMENTS, modes=[[0, 0], [0]], name="mm")
+    multimodal = make_corpus(DOCUMENTS, modes=[[0, 0], [0]], name="mm")
     violation = first(multimodal, multimodal=False, sizes_only=sizes_only)
     assert violation.check == "modes"
     assert (
@@ -114,8 +114,8 @@ def test_modes_present_exactly_when_multimodal(corpus, sizes_only):
         ),
     ],
 )
-def test_document_indices(corpus, offset, value, message):
-    prefix = corpus(DOCUMENTS)
+def test_document_indices(make_corpus, offset, value, message):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), offset, "<q", value)
     violation = first(prefix)
     assert violation.check == "documents"
@@ -123,16 +123,16 @@ def test_document_indices(corpus, offset, value, message):
     assert violation.path == get_idx_path(prefix)
 
 
-def test_negative_length(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_negative_length(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 38, "<i", -1)
     violation = first(prefix)
     assert violation.check == "lengths"
     assert violation.message == "sequence_lengths[1] (byte 38): expected a length >= 0, found -1"
 
 
-def test_pointers_must_be_prefix_sums(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_pointers_must_be_prefix_sums(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 62, "<q", 16)  # sequence 2 starts at 12 = (2 + 1) * 4
     violation = first(prefix)
     assert violation.check == "pointers"
@@ -144,8 +144,8 @@ def test_pointers_must_be_prefix_sums(corpus):
 
 @sizes_only
 @pytest.mark.parametrize("size", [20, 28])
-def test_bin_size_must_match(corpus, size, sizes_only):
-    prefix = corpus(DOCUMENTS)
+def test_bin_size_must_match(make_corpus, size, sizes_only):
+    prefix = make_corpus(DOCUMENTS)
     os.truncate(get_bin_path(prefix), size)
     violation = first(prefix, sizes_only=sizes_only)
     assert violation.check == "bin_size"
@@ -154,8 +154,8 @@ def test_bin_size_must_match(corpus, size, sizes_only):
     )
 
 
-def test_all_violations_can_be_listed(corpus, monkeypatch):
-    prefix = corpus(DOCUMENTS)
+def test_all_violations_can_be_listed(make_corpus, monkeypatch):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 70, "<q", 1)
     patch(get_idx_path(prefix), 62, "<q", 16)
     os.truncate(get_bin_path(prefix), 20)
@@ -163,8 +163,8 @@ def test_all_violations_can_be_listed(corpus, monkeypatch):
     assert checks == ["documents", "pointers", "bin_size"]
 
 
-def test_sizes_only_leaves_the_arrays_unread(corpus):
-    prefix = corpus(DOCUMENTS)
+def test_sizes_only_leaves_the_arrays_unread(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 70, "<q", 1)  # document_indices[0]
     patch(get_idx_path(prefix), 38, "<i", -1)  # sequence_lengths[1]
     assert verify(prefix, sizes_only=True) == []
@@ -172,11 +172,11 @@ def test_sizes_only_leaves_the_arrays_unread(corpus):
     assert checks == ["documents", "lengths", "pointers"]
 
 
-def test_large_arrays_are_checked_across_chunks(corpus, monkeypatch):
+def test_large_arrays_are_checked_across_chunks(make_corpus, monkeypatch):
     from megafmt import verification
 
     monkeypatch.setattr(verification, "CHUNK", 2)
-    prefix = corpus([[[1, 2], [3], [4, 5, 6], [7]], [[8, 9]]])
+    prefix = make_corpus([[[1, 2], [3], [4, 5, 6], [7]], [[8, 9]]])
     assert verify(prefix) == []
     patch(get_idx_path(prefix), 34 + 20 + 8 * 4, "<q", 28)  # pointer of sequence 4: 7 tokens = 28
     assert verify(prefix) == []

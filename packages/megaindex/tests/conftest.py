@@ -2,41 +2,22 @@ from __future__ import annotations
 
 import os
 
-import numpy
 import pytest
 
-from megafmt import IndexedDatasetBuilder
+from megafmt.testing import VOCAB, write_corpus
 from megaindex import GPTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
-
-VOCAB = 1000
-EOD = VOCAB  # megatron-core's NullTokenizer(1000) ends documents with id 1000
-
-
-def write_corpus(prefix: str, documents: int = 300, seed: int = 0, max_length: int = 60) -> str:
-    """A corpus of random documents, each ending with EOD."""
-    rng = numpy.random.default_rng(seed)
-    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=numpy.uint16)
-    for _ in range(documents):
-        tokens = [*rng.integers(0, VOCAB, int(rng.integers(1, max_length))).tolist(), EOD]
-        builder.add_document(tokens, [len(tokens)])
-    builder.finalize(prefix + ".idx")
-    return prefix
-
-
-@pytest.fixture
-def corpus_writer():
-    """``write_corpus(prefix, documents=300, seed=0, max_length=60)``."""
-    return write_corpus
 
 
 @pytest.fixture
 def corpus(tmp_path) -> str:
+    """The prefix of a corpus of 300 random documents ending with EOD (``write_corpus``)."""
     return write_corpus(os.path.join(tmp_path, "corpus"))
 
 
 @pytest.fixture
 def tokenizer() -> IdentifiedTokenizer:
+    """megatron-core's NullTokenizer over the corpus's vocabulary: EOD is VOCAB."""
     return IdentifiedTokenizer.null(VOCAB)
 
 

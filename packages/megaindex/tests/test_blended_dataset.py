@@ -3,6 +3,7 @@ from collections import OrderedDict
 import numpy
 import pytest
 
+from megafmt.testing import write_corpus
 from megaindex import (
     BlendedDataset,
     BlendedMegatronDatasetBuilder,
@@ -90,8 +91,8 @@ def test_invalid_blends(make_config, datasets, weights, size, message):
         BlendedDataset(datasets, weights, size, make_config())
 
 
-def test_builder_blends_several_prefixes(make_config, corpus, tmp_path, corpus_writer):
-    other = corpus_writer(str(tmp_path / "other"), documents=100, seed=3)
+def test_builder_blends_several_prefixes(make_config, corpus, tmp_path):
+    other = write_corpus(str(tmp_path / "other"), documents=100, seed=3)
     config = make_config(blend=([corpus, other], [0.3, 0.7]), split="90,10,0")
     train, _valid, test = BlendedMegatronDatasetBuilder(
         GPTDataset, [500, 40, 0], lambda: True, config
@@ -109,15 +110,13 @@ def test_builder_names_missing_prefixes(make_config, corpus, tmp_path):
         BlendedMegatronDatasetBuilder(GPTDataset, [10, 0, 0], lambda: True, config).build()
 
 
-def test_a_blend_of_many_corpora_keeps_few_files_open(
-    make_config, corpus_writer, tmp_path, monkeypatch
-):
+def test_a_blend_of_many_corpora_keeps_few_files_open(make_config, tmp_path, monkeypatch):
     import os
 
     from megafmt import dataset as megafmt_dataset
     from megafmt.readers.pool import ReaderPool
 
-    prefixes = [corpus_writer(str(tmp_path / f"part{i}"), documents=20, seed=i) for i in range(60)]
+    prefixes = [write_corpus(str(tmp_path / f"part{i}"), documents=20, seed=i) for i in range(60)]
     config = make_config(blend=(prefixes, None), split="1", mmap_bin_files=False)
     monkeypatch.setattr(megafmt_dataset, "POOL", ReaderPool(8))
     before = len(os.listdir("/proc/self/fd"))

@@ -1,5 +1,6 @@
 import pytest
 
+from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
     ConfigError,
@@ -57,14 +58,12 @@ def test_weights_without_sizes_are_refused(make_config, corpus):
         BlendedMegatronDatasetBuilder(GPTDataset, [1, 1], lambda: True, config)
 
 
-def test_the_builder_warns_when_blended_corpora_disagree_on_eod(
-    make_config, corpus_writer, tmp_path
-):
+def test_the_builder_warns_when_blended_corpora_disagree_on_eod(make_config, tmp_path):
     from megafmt import write_manifest
 
     prefixes = []
     for name, eod in (("web", 1000), ("code", 0)):
-        prefix = corpus_writer(str(tmp_path / name))
+        prefix = write_corpus(str(tmp_path / name))
         write_manifest(prefix, {"tokenizer": {"fingerprint": "sha256:same", "eod": eod}})
         prefixes.append(prefix)
     config = make_config(blend=(prefixes, [1.0, 1.0]))

@@ -6,6 +6,7 @@ import pytest
 
 from megafmt import IndexedDataset
 from megafmt.cli.main import main
+from megafmt.testing import write_corpus
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, get_train_valid_test_num_samples
 
 
@@ -121,8 +122,8 @@ def test_usage_errors(argv):
         main(argv)
 
 
-def test_blend_build_inspect_and_explain(corpus, corpus_writer, tmp_path, capsys):
-    other = corpus_writer(str(tmp_path / "other"), documents=150, seed=5)
+def test_blend_build_inspect_and_explain(corpus, tmp_path, capsys):
+    other = write_corpus(str(tmp_path / "other"), documents=150, seed=5)
     cache = str(tmp_path / "cache")
     args = [
         "--data-path",
@@ -159,8 +160,8 @@ def test_blend_build_inspect_and_explain(corpus, corpus_writer, tmp_path, capsys
     assert "of the blend" in capsys.readouterr().out.splitlines()[0]
 
 
-def test_no_split_warns_about_the_legacy_default(corpus_writer, tmp_path, capsys):
-    big = corpus_writer(str(tmp_path / "big"), documents=2000, max_length=8)  # 0.1% test: 2 docs
+def test_no_split_warns_about_the_legacy_default(tmp_path, capsys):
+    big = write_corpus(str(tmp_path / "big"), documents=2000, longest=8)  # 0.1% test: 2 docs
     args = [
         "--data-path",
         big,
@@ -177,8 +178,8 @@ def test_no_split_warns_about_the_legacy_default(corpus_writer, tmp_path, capsys
         assert main(["index", "build", *args]) == 0
 
 
-def test_inspect_plots_blend_shares(corpus, corpus_writer, tmp_path, capsys):
-    other = corpus_writer(str(tmp_path / "other"), documents=150, seed=5)
+def test_inspect_plots_blend_shares(corpus, tmp_path, capsys):
+    other = write_corpus(str(tmp_path / "other"), documents=150, seed=5)
     cache = str(tmp_path / "cache")
     main(
         [

@@ -23,6 +23,7 @@ from megafmt.protocols import (
     TokenSource,
     split_name,
 )
+from megafmt.testing import write_corpus
 from megaindex import (
     BlendedDataset,
     BlendedMegatronDatasetBuilder,
@@ -43,8 +44,8 @@ def build(cls, config, sizes=(200, 20, 0)):
     return BlendedMegatronDatasetBuilder(cls, list(sizes), lambda: True, config).build()
 
 
-def blend_of_three(make_config, corpus, corpus_writer, tmp_path, **flags):
-    others = [corpus_writer(str(tmp_path / f"part{i}"), documents=80, seed=i) for i in (1, 2)]
+def blend_of_three(make_config, corpus, tmp_path, **flags):
+    others = [write_corpus(str(tmp_path / f"part{i}"), documents=80, seed=i) for i in (1, 2)]
     config = make_config(blend=([corpus, *others], [0.5, 0.3, 0.2]), split="90,10,0", **flags)
     return build(GPTDataset, config)[0]
 
@@ -56,10 +57,10 @@ def assert_batches_equal(batch, expected):
         assert torch.equal(batch[key], value), key
 
 
-def test_every_dataset_declares_every_capability(make_config, corpus, corpus_writer, tmp_path):
+def test_every_dataset_declares_every_capability(make_config, corpus, tmp_path):
     gpt = build(GPTDataset, make_config())[0]
     mock = build(MockGPTDataset, make_config(blend=None, split="99,1,0"))[0]
-    blend = blend_of_three(make_config, corpus, corpus_writer, tmp_path)
+    blend = blend_of_three(make_config, corpus, tmp_path)
     for dataset in (gpt, mock, blend):
         assert isinstance(dataset, BatchAssembly)
         assert isinstance(dataset, PlannedPrefetch)
@@ -74,10 +75,8 @@ def test_every_dataset_declares_every_capability(make_config, corpus, corpus_wri
 
 
 @pytest.mark.parametrize("flags", FLAGS, ids=["plain", "resets", "no-mask-no-extra"])
-def test_a_blend_collates_its_batch_in_one_pass(
-    make_config, corpus, corpus_writer, tmp_path, flags
-):
-    blend = blend_of_three(make_config, corpus, corpus_writer, tmp_path, **flags)
+def test_a_blend_collates_its_batch_in_one_pass(make_config, corpus, tmp_path, flags):
+    blend = blend_of_three(make_config, corpus, tmp_path, **flags)
     ids = blend.dataset_index.tolist()
     indices = [ids.index(2), 5, 17, ids.index(1), len(blend) - 1, 3]  # rows of every part
     batch = blend.__getitems__(PlannedBatch(indices, upcoming=[7, 8]))
@@ -100,9 +99,9 @@ class Recording(IndexedDataset):
         self.prefetched.append(list(reads))
 
 
-def test_a_blend_tells_each_part_its_own_samples(make_config, corpus, corpus_writer, tmp_path):
+def test_a_blend_tells_each_part_its_own_samples(make_config, corpus, tmp_path):
     config = make_config(split="100,0,0")
-    prefixes = [corpus, corpus_writer(str(tmp_path / "other"), documents=200, seed=4)]
+    prefixes = [corpus, write_corpus(str(tmp_path / "other"), documents=200, seed=4)]
     parts = []
     for prefix in prefixes:
         source = Recording(prefix)

@@ -1,4 +1,5 @@
 import glob
+import hashlib
 import json
 import multiprocessing
 import os
@@ -11,6 +12,8 @@ import numpy
 import pytest
 import torch
 
+from megafmt import IndexedDataset
+from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
     CacheError,
@@ -19,7 +22,6 @@ from megaindex import (
     Split,
     StaleCacheError,
 )
-from megaindex.megatron_dataset import describe
 
 SIZES = [1000, 50, 10]
 
@@ -39,7 +41,8 @@ def test_first_build_caches_under_megatron_names_then_hits(make_config):
     config = make_config()
     train, _valid, _test = build(config)
     assert train.index_source.kind == "built"
-    key = describe(train.unique_identifiers)[1]
+    # Megatron-LM names the cache by the md5 of the description text
+    key = hashlib.md5(train.unique_description.encode("utf-8")).hexdigest()
     assert key == train.unique_description_hash
     names = sorted(
         os.path.basename(p) for p in glob.glob(os.path.join(config.path_to_cache, f"{key}*"))
@@ -164,9 +167,9 @@ def test_mismatched_description_is_rebuilt(make_config):
     corrupt_and_rebuild(make_config, damage, "the description does not match")
 
 
-def test_retokenized_corpus_is_noticed(make_config, corpus, corpus_writer):
+def test_retokenized_corpus_is_noticed(make_config, corpus):
     train = build(make_config())[0]
-    corpus_writer(corpus, seed=1)  # same path, other documents
+    write_corpus(corpus, seed=1)  # same path, other documents
     with pytest.raises(StaleCacheError, match=r"built from other data: corpus.bin_bytes: "):
         build(make_config(stale_cache="error"))
     with pytest.warns(UserWarning, match="built from other data"):
@@ -259,8 +262,8 @@ def test_default_cache_sits_beside_the_data(make_config, corpus):
     )
 
 
-def test_a_split_without_documents_is_an_error(make_config, tmp_path, corpus_writer):
-    small = corpus_writer(str(tmp_path / "small"), documents=10)
+def test_a_split_without_documents_is_an_error(make_config, tmp_path):
+    small = write_corpus(str(tmp_path / "small"), documents=10)
     with pytest.raises(IndexBuildError, match="the split holds no documents"):
         build(make_config(blend=([small], None), split="99,1,0"), [10, 5, None])
 
@@ -270,11 +273,16 @@ def test_sequence_length_below_one_is_an_error(make_config):
         build(make_config(sequence_length=0))
 
 
-def test_sidecar_records_the_plan(make_config):
+def test_sidecar_records_the_plan(make_config, corpus):
     train = build(make_config())[0]
     with open(train.index_source.cache_entry.sidecar_path) as stream:
         sidecar = json.load(stream)
-    assert sidecar["plan"]["num_epochs"] == train.epoch_plan.num_epochs
+    # Megatron-LM's count: the train split is documents [0, 270); 1000 samples of 32 tokens and
+    # the extra one take as many whole epochs as it needs to hold 32 * 1000 + 1 tokens
+    tokens = int(IndexedDataset(corpus).sequence_lengths[:270].sum())
+    epochs = -(-(32 * 1000 + 1) // tokens)
+    assert sidecar["plan"]["tokens_per_epoch"] == tokens
+    assert sidecar["plan"]["num_epochs"] == epochs == train.epoch_plan.num_epochs
     assert sidecar["tables"]["sample_index"] == {"dtype": "int32", "shape": [1024, 2]}
     assert train.index_split is Split.train
 

@@ -5,6 +5,8 @@ group, pruned to what the rank's pipeline stage needs, and a context-parallel pa
 (``zigzag``, ``thd``) keeps each CP rank's share. ``get_batch`` does the whole path.
 """
 
+from importlib.metadata import version
+
 from megadist.broadcast import PROTOCOLS, broadcast_batch
 from megadist.errors import BatchError, MegadistError, PartitionError, SourceError, TopologyError
 from megadist.get_batch import get_batch
@@ -17,6 +19,8 @@ from megadist.partition import (
     zigzag_split,
 )
 from megadist.topology import BatchTopology, PipelinePosition, device_for_group
+
+__version__ = version("megadist")
 
 __all__ = [
     "BATCH_KEYS",
@@ -32,6 +36,7 @@ __all__ = [
     "PipelinePosition",
     "SourceError",
     "TopologyError",
+    "__version__",
     "broadcast_batch",
     "build_parallel_groups",
     "device_for_group",

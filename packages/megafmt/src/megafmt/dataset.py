@@ -272,10 +272,11 @@ class IndexedDataset:
 
     def _read(self, start: int, length: int) -> numpy.ndarray:
         """``length`` tokens at byte ``start`` of the .bin: a slice of the whole-file view when
-        the reader offers one, else a read."""
+        the reader offers one and the range lies in it, else a read (which refuses a range
+        outside the file; a negative start from a corrupt pointer must not index from the end)."""
         self.recently_read = True
         tokens = self._tokens
-        if tokens is not None and start % self._itemsize == 0:
+        if tokens is not None and start >= 0 and start % self._itemsize == 0:
             first = start // self._itemsize
             if first + length <= len(tokens):
                 return tokens[first : first + length]

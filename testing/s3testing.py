@@ -1,8 +1,10 @@
 """A real S3 endpoint on loopback for tests: moto's server, and a proxy in front of it that
 fails, drops or delays a share of the requests.
 
-Used by megafmt's own tests and the cross-package ones; needs ``moto[server]`` (and s3fs/boto3
-to talk to it). Credentials are fake and set in the environment, as a user's would be.
+Test support, not part of any package: megafmt's own tests, the cross-package ones and
+``tools/bench/bench_s3.py`` import it from this folder (pytest puts it on ``sys.path``, see the
+root pyproject.toml; the benchmark adds it itself). Needs ``moto[server]`` (and s3fs/boto3 to
+talk to it). Credentials are fake and set in the environment, as a user's would be.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def moto_endpoint(
     if separate_process:
         latency = [] if first_byte_latency is None else ["--latency", str(first_byte_latency)]
         server: Any = subprocess.Popen(
-            [sys.executable, "-m", "megafmt.s3testing", "--port", str(port), *latency],
+            [sys.executable, os.path.abspath(__file__), "--port", str(port), *latency],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
