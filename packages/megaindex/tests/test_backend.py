@@ -1,4 +1,5 @@
-"""The C++ extension is built, and it agrees with the numpy fallback on every builder."""
+"""The C++ extension is built, and it agrees with the numpy fallback on every builder (the
+mask kernel: test_kernels.py)."""
 
 import importlib
 import warnings
@@ -113,23 +114,6 @@ def test_blending_agrees(seed):
         numpy.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_document_mask_agrees(seed):
-    rng = numpy.random.default_rng(seed)
-    length = int(rng.integers(1, 1200))  # past 256 rows the fill uses threads
-    tokens = rng.integers(0, 4, length)
-    from megaindex.sample import segment_starts
-
-    starts = segment_starts(tokens, 0)[0]
-    ours = numpy.empty((length, length), dtype=numpy.bool_)
-    theirs = numpy.empty((length, length), dtype=numpy.bool_)
-    ext.fill_document_causal_mask(starts, ours, 1)
-    _numpy_backend.fill_document_causal_mask(starts, theirs)
-    numpy.testing.assert_array_equal(ours, theirs)
-    ext.fill_document_causal_mask(starts, ours, 3)
-    numpy.testing.assert_array_equal(ours, theirs)
-
-
 def test_public_helpers_run_on_either_backend(fresh_backend):
     sizes = numpy.array([5, 3, 4], dtype=numpy.int32)
     document_index = numpy.array([2, 0, 1], dtype=numpy.int32)
@@ -162,10 +146,18 @@ def test_shuffle_is_random_states_shuffle(seed, dtype, fresh_backend):
 
 
 def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
-    with pytest.raises(
-        ValueError, match="writeable, contiguous 1-D array; this one is not contiguous"
-    ):
-        helpers_module.shuffle(numpy.random.RandomState(0), numpy.arange(10)[::2])
+    random_state = numpy.random.RandomState(0)
+    with pytest.raises(ValueError, match=r"array must be C-contiguous, got strides \(16,\)"):
+        helpers_module.shuffle(random_state, numpy.arange(10)[::2])
+    readonly = numpy.arange(10)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="array must be writeable, got a read-only array"):
+        helpers_module.shuffle(random_state, readonly)
+    with pytest.raises(ValueError, match=r"array must have shape \(any,\), got \(2, 5\)"):
+        helpers_module.shuffle(random_state, numpy.zeros((2, 5), numpy.int64))
+    # the C++ backend permutes the index dtypes only; the numpy one must refuse the rest too
+    with pytest.raises(TypeError, match="array must be int32, uint32 or int64, got float64"):
+        helpers_module.shuffle(random_state, numpy.zeros(10))
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Pure-numpy builders with the same inputs and outputs as the C++ extension ``megaindex._ext``.
+"""Pure-numpy builders with the same inputs, outputs and IndexError messages as the C++ extension
+``megaindex._ext``; arguments are checked before either is called (:mod:`megaindex.helpers`).
 
 Used when the extension is not built (or ``MEGAINDEX_BACKEND=numpy``). The sample index is
 computed in closed form: sample k starts ``k * sequence_length`` tokens into the stream, in the
@@ -114,12 +115,14 @@ def legacy_shuffle(key: numpy.ndarray, pos: int, data: numpy.ndarray) -> int:
 
 
 def fill_document_causal_mask(
-    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int = 1
+    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int
 ) -> None:
-    columns = numpy.arange(len(segment_start))
-    numpy.logical_or(
-        columns[None, :] < segment_start[:, None], columns[None, :] > columns[:, None], out=out
-    )
+    rows = numpy.arange(len(segment_start))
+    outside = numpy.flatnonzero((segment_start < 0) | (segment_start > rows))
+    if len(outside):
+        row = int(outside[0])
+        raise IndexError(f"segment_start[{row}] = {int(segment_start[row])} is outside 0..{row}")
+    numpy.logical_or(rows[None, :] < segment_start[:, None], rows[None, :] > rows[:, None], out=out)
 
 
 def gather_sample(

@@ -24,7 +24,7 @@ from typing import Any
 import numpy
 import torch
 
-from megaindex.backends import implementation
+from megaindex.helpers import fill_document_causal_mask
 
 
 def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
@@ -135,7 +135,7 @@ class SampleMaker:
                 mask = numpy.empty((rows, 1, length, length), dtype=numpy.bool_)
                 threads = torch.get_num_threads()
                 for row in range(rows):
-                    implementation().fill_document_causal_mask(starts[row], mask[row, 0], threads)
+                    fill_document_causal_mask(starts[row], mask[row, 0], threads)
                 sample["attention_mask"] = torch.from_numpy(mask[0] if single else mask)
             elif single:
                 sample["attention_mask"] = self.causal_mask

@@ -1,0 +1,145 @@
+"""The private extension refuses, by itself, every array it cannot use as it is: no argument is
+converted into a temporary copy (an output filled there would never reach the caller) and no
+shape or value lets it read or write outside an array, whoever calls it."""
+
+import importlib
+
+import numpy
+import pytest
+
+ext = importlib.import_module("megaindex._ext")
+
+
+def test_an_output_of_another_dtype_is_refused_not_filled_in_a_copy():
+    weights = numpy.array([0.5, 0.5])
+    dataset_index = numpy.zeros(4, numpy.int32)  # int16 expected
+    with pytest.raises(TypeError):
+        ext.build_blending_indices(weights, dataset_index, numpy.zeros(4, numpy.int64))
+    assert dataset_index.tolist() == [0, 0, 0, 0]
+
+
+# every binding with valid arguments (arrays of two entries at least: numpy calls a one-entry
+# array contiguous whatever its stride) and the positions of its outputs
+BINDINGS = {
+    "build_sample_index_int32": (
+        lambda: [numpy.array([3, 2], numpy.int32), numpy.zeros(2, numpy.int32), 2, 1, 0],
+        (),
+    ),
+    "build_sample_index_int64": (
+        lambda: [numpy.array([3, 2], numpy.int32), numpy.zeros(2, numpy.int32), 2, 1, 0],
+        (),
+    ),
+    "legacy_shuffle": (
+        lambda: [
+            numpy.random.RandomState(0).get_state()[1],
+            0,
+            numpy.arange(5, dtype=numpy.int64),
+        ],
+        (0, 2),
+    ),
+    "build_blending_indices": (
+        lambda: [numpy.array([0.5, 0.5]), numpy.zeros(3, numpy.int16), numpy.zeros(3, numpy.int64)],
+        (1, 2),
+    ),
+    "build_exhaustive_blending_indices": (
+        lambda: [
+            numpy.array([1, 2], numpy.int64),
+            numpy.zeros(3, numpy.int16),
+            numpy.zeros(3, numpy.int64),
+        ],
+        (1, 2),
+    ),
+    "fill_document_causal_mask": (
+        lambda: [numpy.array([0, 0, 2], numpy.int64), numpy.zeros((3, 3), numpy.bool_), 1],
+        (1,),
+    ),
+}
+
+
+def strided(array: numpy.ndarray) -> numpy.ndarray:
+    """The same values, not contiguous."""
+    return numpy.repeat(array, 2, axis=-1)[..., ::2]
+
+
+def other_dtype(array: numpy.ndarray) -> numpy.ndarray:
+    return array.astype(numpy.float32 if array.dtype.kind in "iub" else numpy.int64)
+
+
+@pytest.mark.parametrize("name", BINDINGS)
+def test_no_array_argument_is_converted(name):
+    make, outputs = BINDINGS[name]
+    function = getattr(ext, name)
+    function(*make())  # as given, accepted
+    for position, argument in enumerate(make()):
+        if not isinstance(argument, numpy.ndarray):
+            continue
+        for wrong in (other_dtype(argument), strided(argument)):
+            assert not (wrong.dtype == argument.dtype and wrong.flags.c_contiguous)
+            arguments = make()
+            arguments[position] = wrong
+            before = wrong.copy()
+            with pytest.raises(TypeError):
+                function(*arguments)
+            numpy.testing.assert_array_equal(wrong, before)
+        if position in outputs:
+            arguments = make()
+            arguments[position].flags.writeable = False
+            with pytest.raises(TypeError):
+                function(*arguments)
+
+
+def test_a_mask_smaller_than_its_segment_starts_is_refused():
+    starts = numpy.zeros(64, numpy.int64)
+    for shape in [(8, 8), (64, 8), (8, 64), (65, 65)]:
+        with pytest.raises(ValueError, match=rf"out must have shape \(64, 64\).*got \({shape[0]}"):
+            ext.fill_document_causal_mask(starts, numpy.zeros(shape, numpy.bool_), 1)
+
+
+def test_segment_starts_outside_their_row_are_refused_before_writing():
+    out = numpy.zeros((3, 3), numpy.bool_)
+    for starts, message in [
+        ([0, 2, 0], r"segment_start\[1\] = 2 is outside 0\.\.1"),
+        ([0, 0, -1], r"segment_start\[2\] = -1 is outside 0\.\.2"),
+    ]:
+        with pytest.raises(IndexError, match=message):
+            ext.fill_document_causal_mask(numpy.array(starts, numpy.int64), out, 2)
+    assert not out.any()
+
+
+def test_blending_outputs_must_hold_every_entry_written():
+    weights = numpy.array([0.5, 0.5])
+    with pytest.raises(ValueError, match="must both hold 4 entries, got 4 and 3"):
+        ext.build_blending_indices(
+            weights, numpy.zeros(4, numpy.int16), numpy.zeros(3, numpy.int64)
+        )
+    sizes = numpy.array([2, 3], numpy.int64)
+    with pytest.raises(ValueError, match="must both hold 5 entries, got 4 and 5"):
+        ext.build_exhaustive_blending_indices(
+            sizes, numpy.zeros(4, numpy.int16), numpy.zeros(5, numpy.int64)
+        )
+    # a dataset of size 0 would never leave the draw: the loop would run past the outputs
+    with pytest.raises(ValueError, match=r"sizes\[1\] = 0: sizes must be positive"):
+        ext.build_exhaustive_blending_indices(
+            numpy.array([2, 0], numpy.int64),
+            numpy.zeros(2, numpy.int16),
+            numpy.zeros(2, numpy.int64),
+        )
+    with pytest.raises(ValueError, match="needs 1..32767 datasets"):
+        ext.build_blending_indices(
+            numpy.zeros(0), numpy.zeros(2, numpy.int16), numpy.zeros(2, numpy.int64)
+        )
+
+
+def test_scalars_that_would_crash_or_read_outside_are_refused():
+    with pytest.raises(ValueError, match="sequence_length >= 1"):  # integer division by zero
+        ext.sample_count(1, 100, 0, True, 0)
+    with pytest.raises(ValueError, match="product an int64"):
+        ext.sample_count(2**30, 2**40, 8, True, 0)
+    key = numpy.random.RandomState(0).get_state()[1]
+    with pytest.raises(ValueError, match="pos be in 0..624, got 624 words and pos 625"):
+        ext.legacy_shuffle(key, 625, numpy.arange(4, dtype=numpy.int64))
+    sizes = numpy.array([3], numpy.int32)
+    with pytest.raises(ValueError, match="document_index is empty"):
+        ext.build_sample_index_int32(sizes, numpy.zeros(0, numpy.int32), 2, 1, 0)
+    with pytest.raises(ValueError, match="num_samples >= 0"):
+        ext.build_sample_index_int64(sizes, numpy.zeros(1, numpy.int32), 2, -5, 0)
