@@ -27,7 +27,47 @@ template <typename T>
 using Input = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 template <typename T>
 using Output = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// arrays of a dtype checked at run time, read only
+using AnyVector = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using AnyPairs = nb::ndarray<nb::ro, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using NewArray = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
+
 std::string size_text(size_t value) { return std::to_string(value); }
+
+// numpy's name of a dtype, for messages
+std::string dtype_name(nb::dlpack::dtype dtype) {
+  switch (static_cast<nb::dlpack::dtype_code>(dtype.code)) {
+    case nb::dlpack::dtype_code::Int:
+      return "int" + std::to_string(dtype.bits);
+    case nb::dlpack::dtype_code::UInt:
+      return "uint" + std::to_string(dtype.bits);
+    case nb::dlpack::dtype_code::Float:
+      return "float" + std::to_string(dtype.bits);
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      return "dtype code " + std::to_string(dtype.code) + " of " + std::to_string(dtype.bits) +
+             " bits";
+  }
+}
+
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+// Calls visit(Type<T>{}) with the T of Ts that is the dtype of `array`.
+template <typename... Ts, typename Array, typename Visit>
+void with_dtype(const char* name, const char* expected, const Array& array, Visit&& visit) {
+  const nb::dlpack::dtype found = array.dtype();
+  const bool matched = ((found == nb::dtype<Ts>() ? (visit(Type<Ts>{}), true) : false) || ...);
+  if (!matched) {
+    throw nb::type_error((std::string(name) + " must be " + expected + ", got " +
+                          dtype_name(found))
+                             .c_str());
+  }
+}
 
 // A numpy array that owns `data`.
 template <typename Array, typename T>
@@ -172,39 +212,60 @@ void fill_document_causal_mask(Input<int64_t> segment_start,
                                        out.data(), threads);
 }
 
-template <typename T>
-void bind_gather_sample(nb::module_& module) {
-  module.def(
-      "gather_sample",
-      [](Input<T> tokens, Input<int64_t> pointers, Input<int32_t> lengths,
-         Input<int32_t> document_index, int64_t begin, int64_t begin_offset, int64_t end,
-         int64_t end_offset, int64_t extra, Output<int64_t> out) {
-        if (pointers.shape(0) != lengths.shape(0)) {
-          throw std::invalid_argument("pointers and lengths differ in length");
-        }
-        return megaindex::gather_sample<T>(
-            tokens.data(), static_cast<int64_t>(tokens.shape(0)), pointers.data(),
-            lengths.data(), static_cast<int64_t>(lengths.shape(0)), document_index.data(),
-            static_cast<int64_t>(document_index.shape(0)), begin, begin_offset, end, end_offset,
-            extra, out.data(), static_cast<int64_t>(out.shape(0)));
-      },
-      // no converting second pass: an array of another dtype must not pick another overload
-      "tokens"_a.noconvert(), "pointers"_a.noconvert(), "lengths"_a.noconvert(),
-      "document_index"_a.noconvert(), "begin"_a, "begin_offset"_a, "end"_a, "end_offset"_a,
-      "extra"_a, "out"_a.noconvert());
+NewArray<int64_t> gather_windows(AnyVector tokens, Input<int64_t> pointers,
+                                 Input<int32_t> lengths, Input<int32_t> document_index,
+                                 AnyPairs sample_index, AnyVector shuffle_index,
+                                 Input<int64_t> samples, int64_t extra,
+                                 nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> out) {
+  if (pointers.shape(0) != lengths.shape(0)) {
+    throw nb::value_error(("pointers and lengths must hold one entry per sequence, got " +
+                           size_text(pointers.shape(0)) + " and " + size_text(lengths.shape(0)))
+                              .c_str());
+  }
+  if (out.shape(0) != samples.shape(0)) {
+    throw nb::value_error(("out must have a row per sample (" + size_text(samples.shape(0)) +
+                           "), got " + size_text(out.shape(0)))
+                              .c_str());
+  }
+  if (extra != 0 && extra != 1) {
+    throw nb::value_error(("extra must be 0 or 1, got " + std::to_string(extra)).c_str());
+  }
+  const int64_t rows = static_cast<int64_t>(samples.shape(0));
+  std::unique_ptr<int64_t[]> written(new int64_t[rows > 0 ? rows : 1]);
+  with_dtype<uint8_t, int8_t, int16_t, uint16_t, int32_t, int64_t>(
+      "tokens", "uint8, int8, int16, uint16, int32 or int64", tokens, [&](auto token) {
+        using Token = typename decltype(token)::type;
+        with_dtype<int32_t, int64_t>(
+            "sample_index", "int32 or int64", sample_index, [&](auto position) {
+              using Position = typename decltype(position)::type;
+              with_dtype<uint32_t, int64_t>(
+                  "shuffle_index", "uint32 or int64", shuffle_index, [&](auto order) {
+                    using Order = typename decltype(order)::type;
+                    const megaindex::WindowTables<Token, Position, Order> tables{
+                        static_cast<const Token*>(tokens.data()),
+                        static_cast<int64_t>(tokens.shape(0)),
+                        pointers.data(),
+                        lengths.data(),
+                        static_cast<int64_t>(lengths.shape(0)),
+                        document_index.data(),
+                        static_cast<int64_t>(document_index.shape(0)),
+                        static_cast<const Position*>(sample_index.data()),
+                        static_cast<int64_t>(sample_index.shape(0)),
+                        static_cast<const Order*>(shuffle_index.data()),
+                        static_cast<int64_t>(shuffle_index.shape(0))};
+                    nb::gil_scoped_release release;
+                    megaindex::gather_windows(tables, samples.data(), rows, extra, out.data(),
+                                              static_cast<int64_t>(out.shape(1)), written.get());
+                  });
+            });
+      });
+  return owned<NewArray<int64_t>>(std::move(written), {static_cast<size_t>(rows)});
 }
 
 }  // namespace
 
 NB_MODULE(_ext, m) {
   m.doc() = "C++ index builders of megaindex (private: use megaindex.helpers)";
-
-  bind_gather_sample<uint8_t>(m);
-  bind_gather_sample<int8_t>(m);
-  bind_gather_sample<int16_t>(m);
-  bind_gather_sample<uint16_t>(m);
-  bind_gather_sample<int32_t>(m);
-  bind_gather_sample<int64_t>(m);
 
   m.def("sample_count", &sample_count, "num_epochs"_a, "tokens_per_epoch"_a, "sequence_length"_a,
         "drop_last_partial_sequence"_a, "add_extra_token"_a,
@@ -233,4 +294,8 @@ NB_MODULE(_ext, m) {
         "See megaindex.helpers.build_exhaustive_blending_indices.");
   m.def("fill_document_causal_mask", &fill_document_causal_mask, "segment_start"_a.noconvert(),
         "out"_a.noconvert(), "threads"_a, "See megaindex.helpers.fill_document_causal_mask.");
+  m.def("gather_windows", &gather_windows, "tokens"_a.noconvert(), "pointers"_a.noconvert(),
+        "lengths"_a.noconvert(), "document_index"_a.noconvert(), "sample_index"_a.noconvert(),
+        "shuffle_index"_a.noconvert(), "samples"_a.noconvert(), "extra"_a, "out"_a.noconvert(),
+        "Tokens written per row; see megaindex.helpers.gather_windows.");
 }

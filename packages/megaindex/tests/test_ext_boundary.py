@@ -18,6 +18,21 @@ def test_an_output_of_another_dtype_is_refused_not_filled_in_a_copy():
     assert dataset_index.tolist() == [0, 0, 0, 0]
 
 
+def gather_arguments() -> list:
+    """Valid arguments of gather_windows: documents of 4 and 6 uint16 tokens, two samples."""
+    return [
+        numpy.arange(10, dtype=numpy.uint16),  # tokens
+        numpy.array([0, 8], numpy.int64),  # pointers
+        numpy.array([4, 6], numpy.int32),  # lengths
+        numpy.array([1, 0], numpy.int32),  # document_index
+        numpy.array([[0, 0], [0, 2], [1, 1]], numpy.int32),  # sample_index
+        numpy.array([1, 0], numpy.uint32),  # shuffle_index
+        numpy.array([0, 1], numpy.int64),  # samples
+        1,  # extra
+        numpy.zeros((2, 10), numpy.int64),  # out
+    ]
+
+
 # every binding with valid arguments (arrays of two entries at least: numpy calls a one-entry
 # array contiguous whatever its stride) and the positions of its outputs
 BINDINGS = {
@@ -53,6 +68,7 @@ BINDINGS = {
         lambda: [numpy.array([0, 0, 2], numpy.int64), numpy.zeros((3, 3), numpy.bool_), 1],
         (1,),
     ),
+    "gather_windows": (gather_arguments, (8,)),
 }
 
 
@@ -143,3 +159,53 @@ def test_scalars_that_would_crash_or_read_outside_are_refused():
         ext.build_sample_index_int32(sizes, numpy.zeros(0, numpy.int32), 2, 1, 0)
     with pytest.raises(ValueError, match="num_samples >= 0"):
         ext.build_sample_index_int64(sizes, numpy.zeros(1, numpy.int32), 2, -5, 0)
+
+
+def test_gather_windows_shapes_are_checked():
+    arguments = gather_arguments()
+    arguments[8] = numpy.zeros((3, 10), numpy.int64)
+    with pytest.raises(ValueError, match=r"out must have a row per sample \(2\), got 3"):
+        ext.gather_windows(*arguments)
+    arguments = gather_arguments()
+    arguments[2] = numpy.array([4, 6, 1], numpy.int32)
+    with pytest.raises(ValueError, match="pointers and lengths .* got 2 and 3"):
+        ext.gather_windows(*arguments)
+    arguments = gather_arguments()
+    arguments[7] = 2
+    with pytest.raises(ValueError, match="extra must be 0 or 1, got 2"):
+        ext.gather_windows(*arguments)
+    arguments = gather_arguments()
+    arguments[4] = numpy.zeros((3, 3), numpy.int32)
+    with pytest.raises(TypeError):  # two columns, or it is not a sample index
+        ext.gather_windows(*arguments)
+    for position, name, found in [
+        (0, "tokens", "float32"),
+        (4, "sample_index", "uint32"),
+        (5, "shuffle_index", "int32"),
+    ]:
+        arguments = gather_arguments()
+        arguments[position] = arguments[position].astype(found)
+        with pytest.raises(TypeError, match=f"{name} must be .*, got {found}"):
+            ext.gather_windows(*arguments)
+
+
+def test_gather_windows_accepts_every_table_dtype():
+    # document 0 is tokens 0..3, document 1 tokens 4..9; the stream is document 1, then 0
+    expected = numpy.full((2, 10), -1, numpy.int64)
+    # row 0: sample 0 is sample_index rows 1..2, document 1 from 2 then document 0 up to 1 + 1
+    expected[0, :6] = [6, 7, 8, 9, 0, 1]
+    # row 1: sample 1 is rows 0..1, document 1 from 0 up to 2 + 1
+    expected[1, :3] = [4, 5, 6]
+    for tokens in ("uint8", "int8", "int16", "uint16", "int32", "int64"):
+        for positions in ("int32", "int64"):
+            for order in ("uint32", "int64"):
+                arguments = gather_arguments()
+                arguments[0] = arguments[0].astype(tokens)
+                arguments[1] = numpy.array([0, 4 * arguments[0].itemsize], numpy.int64)
+                arguments[4] = arguments[4].astype(positions)
+                arguments[5] = arguments[5].astype(order)
+                arguments[8][:] = -1
+                written = ext.gather_windows(*arguments)
+                assert written.dtype == numpy.int64
+                assert written.tolist() == [6, 3]
+                numpy.testing.assert_array_equal(arguments[8], expected)

@@ -20,7 +20,6 @@ import numpy
 from megafmt import IndexedDataset, corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir
-from megaindex.backends import implementation
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
@@ -41,7 +40,7 @@ from megaindex.gpt_index import (
     shuffle_index_dtype,
     tokens_per_epoch,
 )
-from megaindex.helpers import sample_index_dtype
+from megaindex.helpers import gather_windows, sample_index_dtype
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.sample import CollatedSamples, SampleMaker
 from megaindex.utils import Split
@@ -220,20 +219,17 @@ class GPTDataset(MegatronDataset):
         ):
             self._read_sample(idx, out)
             return True
-        sample = int(self.shuffle_index[idx])
-        (begin, begin_offset), (end, end_offset) = self.sample_index[sample : sample + 2].tolist()
-        filled = implementation().gather_sample(
+        filled = gather_windows(
             tokens,
             self.dataset.sequence_pointers,
             self.dataset.sequence_lengths,
             self.document_index,
-            begin,
-            begin_offset,
-            end,
-            end_offset,
+            self.sample_index,
+            self.shuffle_index,
+            numpy.array([idx], dtype=numpy.int64),
             int(self.config.add_extra_token_to_sequence),
-            out,
-        )
+            out[None, :],
+        )[0]
         out[filled:] = self._pad_token_id
         return filled < len(out) or can_hold(tokens.dtype, self._pad_token_id)
 

@@ -1,5 +1,5 @@
 """The index builders, with megatron-core's names and signatures (``megatron.core.datasets.
-helpers``), and the per-sample kernels of GPTDataset: inputs are checked here, then the active
+helpers``), and the per-batch kernels of GPTDataset: inputs are checked here, then the active
 backend (:mod:`megaindex.backends`: the C++ extension or the numpy fallback) runs.
 
 Errors follow one convention, the same on both backends:
@@ -13,9 +13,9 @@ Errors follow one convention, the same on both backends:
   from the C++ and the numpy backend.
 
 The builders convert inputs of another integer dtype when their values fit (they are built
-once). ``fill_document_causal_mask`` runs per sample and takes every array as it is, never
-copying it: an array of another dtype is refused, not converted. Outputs are always filled in
-place and must be exactly what is asked for.
+once). ``gather_windows`` and ``fill_document_causal_mask`` run per batch on large tables and
+take every array as it is, never copying it: an array of another dtype is refused, not
+converted. Outputs are always filled in place and must be exactly what is asked for.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ def _dtypes(*types: type) -> frozenset[numpy.dtype]:
 INT32_MAX = numpy.iinfo(numpy.int32).max
 INT64_MAX = numpy.iinfo(numpy.int64).max
 MAX_DATASETS = numpy.iinfo(numpy.int16).max
+#: the dtypes a .bin holds that gather_windows widens to int64 (megafmt's integer dtypes)
+TOKEN_DTYPES = _dtypes(numpy.uint8, numpy.int8, numpy.int16, numpy.uint16, numpy.int32, numpy.int64)
+#: megatron-core's sample index and shuffle index dtypes (the int64 ones for huge datasets)
+SAMPLE_INDEX_DTYPES = _dtypes(numpy.int32, numpy.int64)
+SHUFFLE_INDEX_DTYPES = _dtypes(numpy.uint32, numpy.int64)
 #: what shuffle permutes: document indices (int32) and shuffle indices
 SHUFFLE_DTYPES = _dtypes(numpy.int32, numpy.uint32, numpy.int64)
 INT16 = _dtypes(numpy.int16)
@@ -275,3 +280,54 @@ def fill_document_causal_mask(
     out = _array("out", out, BOOL, (length, length), writeable=True)
     threads = _positive("threads", threads)
     implementation().fill_document_causal_mask(segment_start, out, threads)
+
+
+def gather_windows(
+    tokens: numpy.ndarray,
+    pointers: numpy.ndarray,
+    lengths: numpy.ndarray,
+    document_index: numpy.ndarray,
+    sample_index: numpy.ndarray,
+    shuffle_index: numpy.ndarray,
+    samples: numpy.ndarray,
+    extra: int,
+    out: numpy.ndarray,
+) -> numpy.ndarray:
+    """Write the tokens of GPTDataset samples ``samples`` into the rows of ``out``, widened to
+    int64, and return how many each row got (int64 ``[B]``); later positions of a row are left
+    as they are, for the caller to pad.
+
+    Row b holds sample ``s = shuffle_index[samples[b]]``: with ``(begin, begin_offset) =
+    sample_index[s]`` and ``(end, end_offset) = sample_index[s + 1]``, the documents
+    ``document_index[begin..end]`` back to back, the first from ``begin_offset``, the last up
+    to ``end_offset + extra`` (exclusive), those between whole.
+
+    ``tokens`` is the whole ``.bin`` as one 1-D array (uint8, int8, int16, uint16, int32 or
+    int64; read-only views of a memory map are fine), ``pointers`` (int64) and ``lengths``
+    (int32) the byte offset and token count of each sequence, ``document_index`` (int32),
+    ``sample_index`` (int32 or int64, ``[N + 1, 2]``) and ``shuffle_index`` (uint32 or int64,
+    ``[N]``) GPTDataset's tables, ``samples`` (int64 ``[B]``) dataset indices, ``extra`` 0 or
+    1 (``add_extra_token_to_sequence``) and ``out`` a writeable int64 ``[B, W]`` array. No
+    array is copied. A value of the tables that points outside what it refers to, or a sample
+    longer than W, is an IndexError naming the sample, the document and the value."""
+    tokens = _array("tokens", tokens, TOKEN_DTYPES, (None,))
+    pointers = _array("pointers", pointers, INT64, (None,))
+    lengths = _array("lengths", lengths, INT32, (len(pointers),))
+    document_index = _array("document_index", document_index, INT32, (None,))
+    sample_index = _array("sample_index", sample_index, SAMPLE_INDEX_DTYPES, (None, 2))
+    shuffle_index = _array("shuffle_index", shuffle_index, SHUFFLE_INDEX_DTYPES, (None,))
+    samples = _array("samples", samples, INT64, (None,))
+    out = _array("out", out, INT64, (len(samples), None), writeable=True)
+    if extra not in (0, 1) or isinstance(extra, float):
+        raise ValueError(f"extra must be 0 or 1, got {extra!r}")
+    return implementation().gather_windows(
+        tokens,
+        pointers,
+        lengths,
+        document_index,
+        sample_index,
+        shuffle_index,
+        samples,
+        int(extra),
+        out,
+    )
