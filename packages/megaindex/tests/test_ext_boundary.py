@@ -1,8 +1,11 @@
 """The private extension refuses, by itself, every array it cannot use as it is: no argument is
 converted into a temporary copy (an output filled there would never reach the caller) and no
-shape or value lets it read or write outside an array, whoever calls it."""
+shape or value lets it read or write outside an array, whoever calls it. Its typed stub ships
+with it and matches it."""
 
+import ast
 import importlib
+import importlib.resources
 
 import numpy
 import pytest
@@ -209,3 +212,40 @@ def test_gather_windows_accepts_every_table_dtype():
                 assert written.dtype == numpy.int64
                 assert written.tolist() == [6, 3]
                 numpy.testing.assert_array_equal(arguments[8], expected)
+
+
+def signature_parameters(signature: str) -> list[str]:
+    """The parameter names of a nanobind signature ``def f(a: T[...], b: int) -> R``."""
+    inner = signature[signature.index("(") + 1 : signature.rindex(") ->")]
+    names, depth, start = [], 0, 0
+    for position, character in enumerate(inner + ","):
+        depth += character in "[("
+        depth -= character in "])"
+        if character == "," and depth == 0:
+            names.append(inner[start:position].split(":")[0].strip())
+            start = position + 1
+    return [name for name in names if name]
+
+
+def test_the_typed_stub_ships_and_matches_the_module():
+    stub = importlib.resources.files("megaindex").joinpath("_ext.pyi").read_text()
+    stubbed: dict[str, list[list[str]]] = {}
+    for node in ast.parse(stub).body:
+        if isinstance(node, ast.FunctionDef):
+            stubbed.setdefault(node.name, []).append([a.arg for a in node.args.args])
+    built = {
+        name: [signature_parameters(overload[0]) for overload in function.__nb_signature__]
+        for name, function in vars(ext).items()
+        if not name.startswith("_") and callable(function)
+    }
+    assert set(built) == {
+        "build_blending_indices",
+        "build_exhaustive_blending_indices",
+        "build_sample_index_int32",
+        "build_sample_index_int64",
+        "fill_document_causal_mask",
+        "gather_windows",
+        "legacy_shuffle",
+        "sample_count",
+    }
+    assert stubbed == built
