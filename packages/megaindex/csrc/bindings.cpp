@@ -1,10 +1,15 @@
-// The thin Python layer over the builders: megaindex._ext. Arguments are checked by the
-// Python functions that call these (megaindex.helpers); here pointers are read, the GIL is
-// released, and the plain C++ runs.
+// The thin Python layer over the builders: megaindex._ext. The Python functions that call these
+// (megaindex.helpers) check arguments first and say what is wrong in the caller's terms; this
+// layer still refuses, on its own, any array it cannot use as it is, so no caller can make it
+// read or write outside an array. Every array argument is `noconvert`: an array of another dtype
+// or layout is refused (TypeError), never copied into a temporary that an output would be
+// written to and then dropped. Pointers and sizes are read, the GIL is released around the
+// plain C++, and problems found in the data surface as IndexError (std::out_of_range).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "blending.hpp"
@@ -22,15 +27,73 @@ template <typename T>
 using Input = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 template <typename T>
 using Output = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// arrays of a dtype checked at run time, read only
+using AnyVector = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using AnyPairs = nb::ndarray<nb::ro, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
+template <typename T>
+using NewArray = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
+
+std::string size_text(size_t value) { return std::to_string(value); }
+
+// numpy's name of a dtype, for messages
+std::string dtype_name(nb::dlpack::dtype dtype) {
+  switch (static_cast<nb::dlpack::dtype_code>(dtype.code)) {
+    case nb::dlpack::dtype_code::Int:
+      return "int" + std::to_string(dtype.bits);
+    case nb::dlpack::dtype_code::UInt:
+      return "uint" + std::to_string(dtype.bits);
+    case nb::dlpack::dtype_code::Float:
+      return "float" + std::to_string(dtype.bits);
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      return "dtype code " + std::to_string(dtype.code) + " of " + std::to_string(dtype.bits) +
+             " bits";
+  }
+}
 
 template <typename T>
-nb::ndarray<nb::numpy, T, nb::ndim<2>> sample_index(Input<int32_t> sizes,
+struct Type {
+  using type = T;
+};
+
+// Calls visit(Type<T>{}) with the T of Ts that is the dtype of `array`.
+template <typename... Ts, typename Array, typename Visit>
+void with_dtype(const char* name, const char* expected, const Array& array, Visit&& visit) {
+  const nb::dlpack::dtype found = array.dtype();
+  const bool matched = ((found == nb::dtype<Ts>() ? (visit(Type<Ts>{}), true) : false) || ...);
+  if (!matched) {
+    throw nb::type_error((std::string(name) + " must be " + expected + ", got " +
+                          dtype_name(found))
+                             .c_str());
+  }
+}
+
+// A numpy array that owns `data`.
+template <typename Array, typename T>
+Array owned(std::unique_ptr<T[]> data, std::initializer_list<size_t> shape) {
+  T* raw = data.release();
+  nb::capsule owner(raw, [](void* memory) noexcept { delete[] static_cast<T*>(memory); });
+  return Array(raw, shape, owner);
+}
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::shape<-1, 2>> sample_index(Input<int32_t> sizes,
                                                      Input<int32_t> document_index,
                                                      int32_t sequence_length, int64_t num_samples,
                                                      int32_t add_extra_token) {
+  if (sequence_length < 1 || num_samples < 0 || (add_extra_token != 0 && add_extra_token != 1)) {
+    throw nb::value_error(("needs sequence_length >= 1, num_samples >= 0, add_extra_token 0 or "
+                           "1; got " +
+                           std::to_string(sequence_length) + ", " + std::to_string(num_samples) +
+                           ", " + std::to_string(add_extra_token))
+                              .c_str());
+  }
+  if (num_samples > 0 && document_index.shape(0) == 0) {
+    throw nb::value_error("document_index is empty");
+  }
   const size_t rows = static_cast<size_t>(num_samples) + 1;
-  T* data = new T[2 * rows];
-  nb::capsule owner(data, [](void* memory) noexcept { delete[] static_cast<T*>(memory); });
+  std::unique_ptr<T[]> data(new T[2 * rows]);
   int64_t bad_position = -1;
   megaindex::SampleIndexStatus status;
   {
@@ -38,23 +101,41 @@ nb::ndarray<nb::numpy, T, nb::ndim<2>> sample_index(Input<int32_t> sizes,
     status = megaindex::build_sample_index<T>(
         sizes.data(), static_cast<int64_t>(sizes.shape(0)), document_index.data(),
         static_cast<int64_t>(document_index.shape(0)), sequence_length, num_samples,
-        add_extra_token, data, &bad_position);
+        add_extra_token, data.get(), &bad_position);
   }
   if (status != megaindex::SampleIndexStatus::kOk) {
     throw nb::index_error(("document_index[" + std::to_string(bad_position) + "] = " +
                            std::to_string(document_index.data()[bad_position]) +
                            " is not a document id: expected 0.." +
-                           std::to_string(sizes.shape(0) - 1))
+                           std::to_string(static_cast<int64_t>(sizes.shape(0)) - 1))
                               .c_str());
   }
-  return nb::ndarray<nb::numpy, T, nb::ndim<2>>(data, {rows, 2}, owner);
+  return owned<nb::ndarray<nb::numpy, T, nb::shape<-1, 2>>>(std::move(data), {rows, 2});
+}
+
+int64_t sample_count(int32_t num_epochs, int64_t tokens_per_epoch, int32_t sequence_length,
+                     bool drop_last_partial_sequence, int32_t add_extra_token) {
+  int64_t total = 0;
+  if (num_epochs < 1 || tokens_per_epoch < 0 || sequence_length < 1 ||
+      (add_extra_token != 0 && add_extra_token != 1) ||
+      __builtin_mul_overflow(static_cast<int64_t>(num_epochs), tokens_per_epoch, &total)) {
+    throw nb::value_error(("needs num_epochs >= 1, tokens_per_epoch >= 0 (their product an "
+                           "int64), sequence_length >= 1, add_extra_token 0 or 1; got " +
+                           std::to_string(num_epochs) + ", " + std::to_string(tokens_per_epoch) +
+                           ", " + std::to_string(sequence_length) + ", " +
+                           std::to_string(add_extra_token))
+                              .c_str());
+  }
+  return megaindex::sample_count(num_epochs, tokens_per_epoch, sequence_length,
+                                 drop_last_partial_sequence, add_extra_token);
 }
 
 template <typename T>
 int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
-  if (key.shape(0) != megaindex::Mt19937::kSize) {
-    throw nb::value_error(("key must hold the 624 words of an MT19937 state, got " +
-                           std::to_string(key.shape(0)))
+  if (key.shape(0) != megaindex::Mt19937::kSize || pos < 0 || pos > megaindex::Mt19937::kSize) {
+    throw nb::value_error(("key must hold the 624 words of an MT19937 state and pos be in "
+                           "0..624, got " +
+                           size_text(key.shape(0)) + " words and pos " + std::to_string(pos))
                               .c_str());
   }
   megaindex::Mt19937 state;
@@ -68,79 +149,153 @@ int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
   return state.pos;
 }
 
-template <typename T>
-void bind_gather_sample(nb::module_& module) {
-  module.def(
-      "gather_sample",
-      [](Input<T> tokens, Input<int64_t> pointers, Input<int32_t> lengths,
-         Input<int32_t> document_index, int64_t begin, int64_t begin_offset, int64_t end,
-         int64_t end_offset, int64_t extra, Output<int64_t> out) {
-        if (pointers.shape(0) != lengths.shape(0)) {
-          throw std::invalid_argument("pointers and lengths differ in length");
-        }
-        return megaindex::gather_sample<T>(
-            tokens.data(), static_cast<int64_t>(tokens.shape(0)), pointers.data(),
-            lengths.data(), static_cast<int64_t>(lengths.shape(0)), document_index.data(),
-            static_cast<int64_t>(document_index.shape(0)), begin, begin_offset, end, end_offset,
-            extra, out.data(), static_cast<int64_t>(out.shape(0)));
-      },
-      // no converting second pass: an array of another dtype must not pick another overload
-      "tokens"_a.noconvert(), "pointers"_a.noconvert(), "lengths"_a.noconvert(),
-      "document_index"_a.noconvert(), "begin"_a, "begin_offset"_a, "end"_a, "end_offset"_a,
-      "extra"_a, "out"_a.noconvert());
+void check_blending_outputs(size_t dataset_index, size_t dataset_sample_index, size_t expected) {
+  if (dataset_index != expected || dataset_sample_index != expected) {
+    throw nb::value_error(("dataset_index and dataset_sample_index must both hold " +
+                           size_text(expected) + " entries, got " + size_text(dataset_index) +
+                           " and " + size_text(dataset_sample_index))
+                              .c_str());
+  }
+}
+
+void check_dataset_count(size_t count) {
+  if (count == 0 || count > 32767) {
+    throw nb::value_error(
+        ("needs 1..32767 datasets (int16 ids), got " + size_text(count)).c_str());
+  }
+}
+
+void build_blending_indices(Input<double> weights, Output<int16_t> dataset_index,
+                            Output<int64_t> dataset_sample_index) {
+  check_dataset_count(weights.shape(0));
+  check_blending_outputs(dataset_index.shape(0), dataset_sample_index.shape(0),
+                         dataset_index.shape(0));
+  nb::gil_scoped_release release;
+  megaindex::build_blending_indices(weights.data(), static_cast<int32_t>(weights.shape(0)),
+                                    static_cast<int64_t>(dataset_index.shape(0)),
+                                    dataset_index.data(), dataset_sample_index.data());
+}
+
+void build_exhaustive_blending_indices(Input<int64_t> sizes, Output<int16_t> dataset_index,
+                                       Output<int64_t> dataset_sample_index) {
+  check_dataset_count(sizes.shape(0));
+  // every output entry is written: they must hold sum(sizes), and every size be positive
+  int64_t total = 0;
+  for (size_t dataset = 0; dataset < sizes.shape(0); ++dataset) {
+    const int64_t size = sizes.data()[dataset];
+    if (size <= 0 || __builtin_add_overflow(total, size, &total)) {
+      throw nb::value_error(("sizes[" + size_text(dataset) + "] = " + std::to_string(size) +
+                             ": sizes must be positive and their sum an int64")
+                                .c_str());
+    }
+  }
+  check_blending_outputs(dataset_index.shape(0), dataset_sample_index.shape(0),
+                         static_cast<size_t>(total));
+  nb::gil_scoped_release release;
+  megaindex::build_exhaustive_blending_indices(sizes.data(), static_cast<int32_t>(sizes.shape(0)),
+                                               dataset_index.data(), dataset_sample_index.data());
+}
+
+void fill_document_causal_mask(Input<int64_t> segment_start,
+                               nb::ndarray<bool, nb::ndim<2>, nb::c_contig, nb::device::cpu> out,
+                               int threads) {
+  const size_t length = segment_start.shape(0);
+  if (out.shape(0) != length || out.shape(1) != length) {
+    throw nb::value_error(("out must have shape (" + size_text(length) + ", " +
+                           size_text(length) + ") for " + size_text(length) +
+                           " segment starts, got (" + size_text(out.shape(0)) + ", " +
+                           size_text(out.shape(1)) + ")")
+                              .c_str());
+  }
+  nb::gil_scoped_release release;
+  megaindex::fill_document_causal_mask(segment_start.data(), static_cast<int64_t>(length),
+                                       out.data(), threads);
+}
+
+NewArray<int64_t> gather_windows(AnyVector tokens, Input<int64_t> pointers,
+                                 Input<int32_t> lengths, Input<int32_t> document_index,
+                                 AnyPairs sample_index, AnyVector shuffle_index,
+                                 Input<int64_t> samples, int64_t extra,
+                                 nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> out) {
+  if (pointers.shape(0) != lengths.shape(0)) {
+    throw nb::value_error(("pointers and lengths must hold one entry per sequence, got " +
+                           size_text(pointers.shape(0)) + " and " + size_text(lengths.shape(0)))
+                              .c_str());
+  }
+  if (out.shape(0) != samples.shape(0)) {
+    throw nb::value_error(("out must have a row per sample (" + size_text(samples.shape(0)) +
+                           "), got " + size_text(out.shape(0)))
+                              .c_str());
+  }
+  if (extra != 0 && extra != 1) {
+    throw nb::value_error(("extra must be 0 or 1, got " + std::to_string(extra)).c_str());
+  }
+  const int64_t rows = static_cast<int64_t>(samples.shape(0));
+  std::unique_ptr<int64_t[]> written(new int64_t[rows > 0 ? rows : 1]);
+  with_dtype<uint8_t, int8_t, int16_t, uint16_t, int32_t, int64_t>(
+      "tokens", "uint8, int8, int16, uint16, int32 or int64", tokens, [&](auto token) {
+        using Token = typename decltype(token)::type;
+        with_dtype<int32_t, int64_t>(
+            "sample_index", "int32 or int64", sample_index, [&](auto position) {
+              using Position = typename decltype(position)::type;
+              with_dtype<uint32_t, int64_t>(
+                  "shuffle_index", "uint32 or int64", shuffle_index, [&](auto order) {
+                    using Order = typename decltype(order)::type;
+                    const megaindex::WindowTables<Token, Position, Order> tables{
+                        static_cast<const Token*>(tokens.data()),
+                        static_cast<int64_t>(tokens.shape(0)),
+                        pointers.data(),
+                        lengths.data(),
+                        static_cast<int64_t>(lengths.shape(0)),
+                        document_index.data(),
+                        static_cast<int64_t>(document_index.shape(0)),
+                        static_cast<const Position*>(sample_index.data()),
+                        static_cast<int64_t>(sample_index.shape(0)),
+                        static_cast<const Order*>(shuffle_index.data()),
+                        static_cast<int64_t>(shuffle_index.shape(0))};
+                    nb::gil_scoped_release release;
+                    megaindex::gather_windows(tables, samples.data(), rows, extra, out.data(),
+                                              static_cast<int64_t>(out.shape(1)), written.get());
+                  });
+            });
+      });
+  return owned<NewArray<int64_t>>(std::move(written), {static_cast<size_t>(rows)});
 }
 
 }  // namespace
 
-
 NB_MODULE(_ext, m) {
   m.doc() = "C++ index builders of megaindex (private: use megaindex.helpers)";
 
-  bind_gather_sample<uint8_t>(m);
-  bind_gather_sample<int8_t>(m);
-  bind_gather_sample<int16_t>(m);
-  bind_gather_sample<uint16_t>(m);
-  bind_gather_sample<int32_t>(m);
-  bind_gather_sample<int64_t>(m);
-
-  m.def("sample_count", &megaindex::sample_count, "num_epochs"_a, "tokens_per_epoch"_a,
-        "sequence_length"_a, "drop_last_partial_sequence"_a, "add_extra_token"_a);
-  m.def("build_sample_index_int32", &sample_index<int32_t>, "sizes"_a, "document_index"_a,
-        "sequence_length"_a, "num_samples"_a, "add_extra_token"_a);
-  m.def("build_sample_index_int64", &sample_index<int64_t>, "sizes"_a, "document_index"_a,
-        "sequence_length"_a, "num_samples"_a, "add_extra_token"_a);
-  m.def("legacy_shuffle", &legacy_shuffle<int32_t>, "key"_a, "pos"_a, "data"_a);
-  m.def("legacy_shuffle", &legacy_shuffle<uint32_t>, "key"_a, "pos"_a, "data"_a);
-  m.def("legacy_shuffle", &legacy_shuffle<int64_t>, "key"_a, "pos"_a, "data"_a);
-  m.def(
-      "build_blending_indices",
-      [](Input<double> weights, Output<int16_t> dataset_index,
-         Output<int64_t> dataset_sample_index) {
-        nb::gil_scoped_release release;
-        megaindex::build_blending_indices(
-            weights.data(), static_cast<int32_t>(weights.shape(0)),
-            static_cast<int64_t>(dataset_index.shape(0)), dataset_index.data(),
-            dataset_sample_index.data());
-      },
-      "weights"_a, "dataset_index"_a, "dataset_sample_index"_a);
-  m.def(
-      "build_exhaustive_blending_indices",
-      [](Input<int64_t> sizes, Output<int16_t> dataset_index,
-         Output<int64_t> dataset_sample_index) {
-        nb::gil_scoped_release release;
-        megaindex::build_exhaustive_blending_indices(
-            sizes.data(), static_cast<int32_t>(sizes.shape(0)), dataset_index.data(),
-            dataset_sample_index.data());
-      },
-      "sizes"_a, "dataset_index"_a, "dataset_sample_index"_a);
-  m.def(
-      "fill_document_causal_mask",
-      [](Input<int64_t> segment_start,
-         nb::ndarray<bool, nb::ndim<2>, nb::c_contig, nb::device::cpu> out, int threads) {
-        nb::gil_scoped_release release;
-        megaindex::fill_document_causal_mask(
-            segment_start.data(), static_cast<int64_t>(segment_start.shape(0)), out.data(),
-            threads);
-      },
-      "segment_start"_a, "out"_a, "threads"_a);
+  m.def("sample_count", &sample_count, "num_epochs"_a, "tokens_per_epoch"_a, "sequence_length"_a,
+        "drop_last_partial_sequence"_a, "add_extra_token"_a,
+        "Samples cut from the stream; see megaindex.helpers.sample_count.");
+  m.def("build_sample_index_int32", &sample_index<int32_t>, "sizes"_a.noconvert(),
+        "document_index"_a.noconvert(), "sequence_length"_a, "num_samples"_a,
+        "add_extra_token"_a, "The int32 sample index; see megaindex.helpers.build_sample_idx.");
+  m.def("build_sample_index_int64", &sample_index<int64_t>, "sizes"_a.noconvert(),
+        "document_index"_a.noconvert(), "sequence_length"_a, "num_samples"_a,
+        "add_extra_token"_a, "The int64 sample index; see megaindex.helpers.build_sample_idx.");
+  // one overload per index dtype; without conversion an array picks only its own
+  m.def("legacy_shuffle", &legacy_shuffle<int32_t>, "key"_a.noconvert(), "pos"_a,
+        "data"_a.noconvert(),
+        "Shuffle data from the MT19937 state (key, pos), updating key; returns the new pos. "
+        "See megaindex.helpers.shuffle.");
+  m.def("legacy_shuffle", &legacy_shuffle<uint32_t>, "key"_a.noconvert(), "pos"_a,
+        "data"_a.noconvert());
+  m.def("legacy_shuffle", &legacy_shuffle<int64_t>, "key"_a.noconvert(), "pos"_a,
+        "data"_a.noconvert());
+  m.def("build_blending_indices", &build_blending_indices, "weights"_a.noconvert(),
+        "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(),
+        "See megaindex.helpers.build_blending_indices.");
+  m.def("build_exhaustive_blending_indices", &build_exhaustive_blending_indices,
+        "sizes"_a.noconvert(), "dataset_index"_a.noconvert(),
+        "dataset_sample_index"_a.noconvert(),
+        "See megaindex.helpers.build_exhaustive_blending_indices.");
+  m.def("fill_document_causal_mask", &fill_document_causal_mask, "segment_start"_a.noconvert(),
+        "out"_a.noconvert(), "threads"_a, "See megaindex.helpers.fill_document_causal_mask.");
+  m.def("gather_windows", &gather_windows, "tokens"_a.noconvert(), "pointers"_a.noconvert(),
+        "lengths"_a.noconvert(), "document_index"_a.noconvert(), "sample_index"_a.noconvert(),
+        "shuffle_index"_a.noconvert(), "samples"_a.noconvert(), "extra"_a, "out"_a.noconvert(),
+        "Tokens written per row; see megaindex.helpers.gather_windows.");
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -27,6 +29,14 @@ constexpr int64_t kRowsPerThread = 256;
 
 void fill_document_causal_mask(const int64_t* segment_start, int64_t length, bool* out,
                                int threads) {
+  // checked before any thread starts: a start outside 0..row would write outside the row
+  for (int64_t row = 0; row < length; ++row) {
+    if (segment_start[row] < 0 || segment_start[row] > row) {
+      throw std::out_of_range("segment_start[" + std::to_string(row) + "] = " +
+                              std::to_string(segment_start[row]) + " is outside 0.." +
+                              std::to_string(row));
+    }
+  }
   const int64_t workers = std::max<int64_t>(
       1, std::min<int64_t>(threads, length / kRowsPerThread));
   const int64_t rows_each = (length + workers - 1) / workers;

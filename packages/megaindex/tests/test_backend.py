@@ -1,4 +1,5 @@
-"""The C++ extension is built, and it agrees with the numpy fallback on every builder."""
+"""The C++ extension is built, and it agrees with the numpy fallback on every builder (the
+per-batch kernels: test_kernels.py)."""
 
 import importlib
 import warnings
@@ -113,23 +114,6 @@ def test_blending_agrees(seed):
         numpy.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_document_mask_agrees(seed):
-    rng = numpy.random.default_rng(seed)
-    length = int(rng.integers(1, 1200))  # past 256 rows the fill uses threads
-    tokens = rng.integers(0, 4, length)
-    from megaindex.sample import segment_starts
-
-    starts = segment_starts(tokens, 0)[0]
-    ours = numpy.empty((length, length), dtype=numpy.bool_)
-    theirs = numpy.empty((length, length), dtype=numpy.bool_)
-    ext.fill_document_causal_mask(starts, ours, 1)
-    _numpy_backend.fill_document_causal_mask(starts, theirs)
-    numpy.testing.assert_array_equal(ours, theirs)
-    ext.fill_document_causal_mask(starts, ours, 3)
-    numpy.testing.assert_array_equal(ours, theirs)
-
-
 def test_public_helpers_run_on_either_backend(fresh_backend):
     sizes = numpy.array([5, 3, 4], dtype=numpy.int32)
     document_index = numpy.array([2, 0, 1], dtype=numpy.int32)
@@ -162,90 +146,15 @@ def test_shuffle_is_random_states_shuffle(seed, dtype, fresh_backend):
 
 
 def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
-    with pytest.raises(
-        ValueError, match="writeable, contiguous 1-D array; this one is not contiguous"
-    ):
-        helpers_module.shuffle(numpy.random.RandomState(0), numpy.arange(10)[::2])
-
-
-@pytest.mark.parametrize(
-    "dtype", [numpy.uint8, numpy.int8, numpy.int16, numpy.uint16, numpy.int32, numpy.int64]
-)
-def test_gather_sample_agrees(dtype):
-    rng = numpy.random.default_rng(7)
-    lengths = rng.integers(1, 30, 50).astype(numpy.int32)
-    itemsize = numpy.dtype(dtype).itemsize
-    pointers = numpy.concatenate([[0], numpy.cumsum(lengths[:-1], dtype=numpy.int64)]) * itemsize
-    tokens = rng.integers(0, 100, int(lengths.sum())).astype(dtype)
-    document_index = rng.permutation(50).astype(numpy.int32)
-    for begin, begin_offset, end, extra in [(3, 2, 9, 1), (5, 0, 5, 0), (0, 1, 49, 1)]:
-        begin_offset = min(begin_offset, int(lengths[document_index[begin]]) - 1)
-        end_offset = int(lengths[document_index[end]]) - extra
-        outs = []
-        for backend in (ext, _numpy_backend):
-            out = numpy.full(2000, -5, dtype=numpy.int64)
-            filled = backend.gather_sample(
-                tokens,
-                pointers,
-                lengths,
-                document_index,
-                begin,
-                begin_offset,
-                end,
-                end_offset,
-                extra,
-                out,
-            )
-            outs.append((filled, out.tolist()))
-        assert outs[0] == outs[1]
-        # what the documents hold, read one by one
-        expected = []
-        for position in range(begin, end + 1):
-            document = int(document_index[position])
-            first = begin_offset if position == begin else 0
-            last = end_offset + extra if position == end else int(lengths[document])
-            start = int(pointers[document]) // itemsize + first
-            expected.extend(tokens[start : start + last - first].tolist())
-        assert outs[0][1][: outs[0][0]] == expected and outs[0][0] == len(expected)
-
-
-@pytest.mark.parametrize("backend", [ext, _numpy_backend], ids=["cpp", "numpy"])
-def test_gather_sample_refuses_spans_outside_the_corpus(backend):
-    tokens = numpy.arange(10, dtype=numpy.uint16)
-    pointers, lengths = numpy.array([0, 8], numpy.int64), numpy.array([4, 6], numpy.int32)
-    document_index = numpy.array([1, 0, 7], numpy.int32)
-    out = numpy.zeros(20, numpy.int64)
-    cases = [
-        ((0, 0, 3, 0, 0), r"document_index\[0\.\.3\], outside its 3 entries"),
-        ((0, 0, 2, 0, 0), r"document 7 at document_index\[2\] is not one of the 2 sequences"),
-        ((1, 3, 1, 4, 1), r"tokens \[3, 5\) are outside document 0, which has 4"),
-    ]
-    for arguments, message in cases:
-        with pytest.raises(IndexError, match=message):
-            backend.gather_sample(tokens, pointers, lengths, document_index, *arguments, out)
-    for pointer in (-2, 3):  # a corrupt .idx: nothing is read outside the .bin
-        broken = numpy.array([0, pointer], numpy.int64)
-        with pytest.raises(IndexError, match=f"starts at byte {pointer}, not a token boundary"):
-            backend.gather_sample(tokens, broken, lengths, document_index, 0, 0, 0, 2, 0, out)
-    # one-byte tokens from so far away that an unchecked start + count would wrap around
-    broken = numpy.array([0, 2**63 - 2], numpy.int64)
-    with pytest.raises(IndexError, match=r"tokens \[0, 2\) are outside document 1"):
-        backend.gather_sample(
-            tokens.astype(numpy.uint8), broken, lengths, document_index, 0, 0, 0, 2, 0, out
-        )
-    with pytest.raises(IndexError, match="more than 2 tokens"):
-        backend.gather_sample(tokens, pointers, lengths, document_index, 0, 0, 1, 2, 0, out[:2])
-
-
-def test_gather_sample_takes_only_the_dtypes_it_names():
-    tokens = numpy.arange(10, dtype=numpy.uint16)
-    pointers, lengths = numpy.array([0, 8], numpy.int64), numpy.array([4, 6], numpy.int32)
-    document_index = numpy.array([1, 0], numpy.int32)
-    out = numpy.zeros(20, numpy.int64)
-    for wrong in (
-        (tokens, pointers.astype(numpy.uint64), lengths, document_index),
-        (tokens, pointers, lengths.astype(numpy.int64), document_index),
-        (tokens, pointers, lengths, document_index.astype(numpy.int64)),
-    ):
-        with pytest.raises(TypeError):  # not converted, and no other overload taken
-            ext.gather_sample(*wrong, 0, 0, 0, 2, 0, out)
+    random_state = numpy.random.RandomState(0)
+    with pytest.raises(ValueError, match=r"array must be C-contiguous, got strides \(16,\)"):
+        helpers_module.shuffle(random_state, numpy.arange(10)[::2])
+    readonly = numpy.arange(10)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="array must be writeable, got a read-only array"):
+        helpers_module.shuffle(random_state, readonly)
+    with pytest.raises(ValueError, match=r"array must have shape \(any,\), got \(2, 5\)"):
+        helpers_module.shuffle(random_state, numpy.zeros((2, 5), numpy.int64))
+    # the C++ backend permutes the index dtypes only; the numpy one must refuse the rest too
+    with pytest.raises(TypeError, match="array must be int32, uint32 or int64, got float64"):
+        helpers_module.shuffle(random_state, numpy.zeros(10))

@@ -4,6 +4,7 @@ import numpy
 import pytest
 
 from megaindex import build_blending_indices, build_exhaustive_blending_indices, build_sample_idx
+from megaindex.helpers import sample_count
 
 # documents 0, 1, 2 hold 5, 3 and 4 tokens; the stream is document 2, then 0, then 1:
 # document 2 covers tokens [0, 4), document 0 [4, 9), document 1 [9, 12)
@@ -88,12 +89,18 @@ def test_hand_worked_exhaustive_blending():
 
 def test_blending_outputs_are_checked():
     good_index, good_sample = numpy.zeros(4, numpy.int16), numpy.zeros(4, numpy.int64)
-    with pytest.raises(TypeError, match="dataset_index must be a 1-D numpy int16 array"):
+    with pytest.raises(TypeError, match="dataset_index must be int16, got int32"):
         build_blending_indices(numpy.zeros(4, numpy.int32), good_sample, [1.0], 1, 4)
+    with pytest.raises(TypeError, match="dataset_index must be a numpy array of int16, got list"):
+        build_blending_indices([0] * 4, good_sample, [1.0], 1, 4)
     readonly = numpy.zeros(4, numpy.int64)
     readonly.flags.writeable = False
-    with pytest.raises(ValueError, match="must be contiguous and writeable"):
+    with pytest.raises(ValueError, match="dataset_sample_index must be writeable"):
         build_blending_indices(good_index, readonly, [1.0], 1, 4)
+    with pytest.raises(ValueError, match="dataset_index must be C-contiguous"):
+        build_blending_indices(numpy.zeros(8, numpy.int16)[::2], good_sample, [1.0], 1, 4)
+    with pytest.raises(ValueError, match="size must be an integer >= 0, got -1"):
+        build_blending_indices(good_index, good_sample, [1.0], 1, -1)
     with pytest.raises(ValueError, match="fewer than size"):
         build_blending_indices(good_index, good_sample, [1.0], 1, 5)
     with pytest.raises(ValueError, match="weights must be finite and >= 0"):
@@ -102,6 +109,8 @@ def test_blending_outputs_are_checked():
         build_blending_indices(good_index, good_sample, [1.0], 2, 4)
     with pytest.raises(ValueError, match="sizes must all be positive"):
         build_exhaustive_blending_indices(good_index, good_sample, [2, 0], 2)
+    with pytest.raises(ValueError, match=r"must hold sum\(sizes\) = 5 entries"):
+        build_exhaustive_blending_indices(good_index, good_sample, [2, 3], 2)
 
 
 def test_verbose_blending_reports_ratios(capsys):
@@ -111,3 +120,25 @@ def test_verbose_blending_reports_ratios(capsys):
         "dataset 0: weight 0.500000, achieved 0.500000",
         "dataset 1: weight 0.500000, achieved 0.500000",
     ]
+
+
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        ((1, 100, 0), "sequence_length must be a positive integer, got 0"),
+        ((0, 100, 8), "num_epochs must be a positive integer, got 0"),
+        ((1, -1, 8), "tokens_per_epoch must be an integer >= 0, got -1"),
+        ((2**31, 100, 8), r"must fit int32 and num_epochs \* tokens_per_epoch \(100\) int64"),
+        ((2**20, 2**50, 8), "must fit int32 and num_epochs"),
+    ],
+)
+def test_sample_count_arguments_are_checked(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        sample_count(*arguments)
+
+
+def test_hand_worked_sample_count():
+    # 2 epochs of 50 tokens, less the extra token: 99 tokens make 12 samples of 8, or 13 with
+    # the last partial one
+    assert sample_count(2, 50, 8, True, True) == 12
+    assert sample_count(2, 50, 8, False, True) == 13

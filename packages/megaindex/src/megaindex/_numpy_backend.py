@@ -1,4 +1,5 @@
-"""Pure-numpy builders with the same inputs and outputs as the C++ extension ``megaindex._ext``.
+"""Pure-numpy builders with the same inputs, outputs and IndexError messages as the C++ extension
+``megaindex._ext``; arguments are checked before either is called (:mod:`megaindex.helpers`).
 
 Used when the extension is not built (or ``MEGAINDEX_BACKEND=numpy``). The sample index is
 computed in closed form: sample k starts ``k * sequence_length`` tokens into the stream, in the
@@ -114,56 +115,88 @@ def legacy_shuffle(key: numpy.ndarray, pos: int, data: numpy.ndarray) -> int:
 
 
 def fill_document_causal_mask(
-    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int = 1
+    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int
 ) -> None:
-    columns = numpy.arange(len(segment_start))
-    numpy.logical_or(
-        columns[None, :] < segment_start[:, None], columns[None, :] > columns[:, None], out=out
-    )
+    rows = numpy.arange(len(segment_start))
+    outside = numpy.flatnonzero((segment_start < 0) | (segment_start > rows))
+    if len(outside):
+        row = int(outside[0])
+        raise IndexError(f"segment_start[{row}] = {int(segment_start[row])} is outside 0..{row}")
+    numpy.logical_or(rows[None, :] < segment_start[:, None], rows[None, :] > rows[:, None], out=out)
 
 
-def gather_sample(
+def gather_windows(
     tokens: numpy.ndarray,
     pointers: numpy.ndarray,
     lengths: numpy.ndarray,
     document_index: numpy.ndarray,
-    begin: int,
-    begin_offset: int,
-    end: int,
-    end_offset: int,
+    sample_index: numpy.ndarray,
+    shuffle_index: numpy.ndarray,
+    samples: numpy.ndarray,
     extra: int,
     out: numpy.ndarray,
-) -> int:
-    """Tokens of documents ``document_index[begin..end]`` (the first from ``begin_offset``, the
-    last up to ``end_offset + extra``) into ``out``; returns how many were written."""
-    if begin < 0 or end < begin or end >= len(document_index):
-        raise IndexError(
-            f"sample spans document_index[{begin}..{end}], outside its {len(document_index)} "
-            "entries"
-        )
-    written = 0
-    for position in range(begin, end + 1):
-        document = int(document_index[position])
-        if not 0 <= document < len(lengths):
+) -> numpy.ndarray:
+    """The tokens of each sample of ``samples`` into its row of ``out``, one document at a time,
+    with the checks and messages of the C++ kernel (csrc/gather.hpp) in the same order."""
+    written = numpy.zeros(len(samples), dtype=numpy.int64)
+    itemsize = tokens.itemsize
+    width = out.shape[1]
+    for row, sample in enumerate(samples.tolist()):
+        if not 0 <= sample < len(shuffle_index):
             raise IndexError(
-                f"document {document} at document_index[{position}] is not one of the "
-                f"{len(lengths)} sequences"
+                f"sample {sample}: outside shuffle_index's {len(shuffle_index)} entries"
             )
-        size = int(lengths[document])
-        pointer = int(pointers[document])
-        if pointer < 0 or pointer % tokens.itemsize:
+        shuffled = int(shuffle_index[sample])
+        if not 0 <= shuffled < len(sample_index) - 1:
             raise IndexError(
-                f"document {document} starts at byte {pointer}, not a token boundary of the .bin"
+                f"sample {sample}: shuffle_index[{sample}] = {shuffled} needs rows outside "
+                f"sample_index's {len(sample_index)}"
             )
-        first = begin_offset if position == begin else 0
-        last = end_offset + extra if position == end else size
-        start = pointer // tokens.itemsize + first
-        if first < 0 or last < first or last > size or start + last - first > len(tokens):
+        (begin, begin_offset), (end, end_offset) = sample_index[shuffled : shuffled + 2].tolist()
+        if begin < 0 or end < begin or end >= len(document_index):
             raise IndexError(
-                f"tokens [{first}, {last}) are outside document {document}, which has {size}"
+                f"sample {sample}: spans document_index[{begin}..{end}], outside its "
+                f"{len(document_index)} entries"
             )
-        if written + last - first > len(out):
-            raise IndexError(f"the sample needs room for more than {len(out)} tokens")
-        out[written : written + last - first] = tokens[start : start + last - first]
-        written += last - first
+        count = 0
+        for position in range(begin, end + 1):
+            document = int(document_index[position])
+            if not 0 <= document < len(lengths):
+                raise IndexError(
+                    f"sample {sample}: document {document} at document_index[{position}] is not "
+                    f"one of the {len(lengths)} sequences"
+                )
+            size = int(lengths[document])
+            pointer = int(pointers[document])
+            if pointer < 0 or pointer % itemsize:
+                raise IndexError(
+                    f"sample {sample}: document {document} starts at byte {pointer}, not a token "
+                    "boundary of the .bin"
+                )
+            base = pointer // itemsize
+            if base > len(tokens):
+                raise IndexError(
+                    f"sample {sample}: document {document} starts at byte {pointer}, past the end "
+                    f"of the .bin ({len(tokens) * itemsize} bytes)"
+                )
+            first = begin_offset if position == begin else 0
+            last = end_offset + extra if position == end else size
+            if first < 0 or last < first or last > size:
+                raise IndexError(
+                    f"sample {sample}: tokens [{first}, {last}) are outside document {document}, "
+                    f"which has {size}"
+                )
+            if last > len(tokens) - base:
+                raise IndexError(
+                    f"sample {sample}: document {document} needs tokens up to {last} from token "
+                    f"{base}, past the end of the .bin ({len(tokens)} tokens)"
+                )
+            span = last - first
+            if span > width - count:
+                raise IndexError(
+                    f"sample {sample}: needs room for more than the {width} tokens of a row of out"
+                )
+            out[row, count : count + span] = tokens[base + first : base + last]
+            count += span
+        written[row] = count
     return written

@@ -1,9 +1,21 @@
 """The index builders, with megatron-core's names and signatures (``megatron.core.datasets.
-helpers``): inputs are checked here, then the active backend (:mod:`megaindex.backend`) runs.
+helpers``), and the per-batch kernels of GPTDataset: inputs are checked here, then the active
+backend (:mod:`megaindex.backends`: the C++ extension or the numpy fallback) runs.
 
-Inputs of another integer dtype are converted when their values fit; a value that does not fit,
-a non-integer dtype, a wrong shape or an output array that cannot be filled in place is an error
-that names the argument, what was expected and what was found.
+Errors follow one convention, the same on both backends:
+
+- A problem with an argument itself is found here, before any backend runs, and the message
+  names the argument, what was expected and what was found: ``TypeError`` for an object that is
+  not a numpy array or has the wrong dtype, ``ValueError`` for a wrong number of dimensions or
+  shape, a non-contiguous array, a read-only output or a value out of its range.
+- A problem found in the data while the work runs (a corrupt index: a document id, pointer,
+  offset or position outside what it refers to) is an ``IndexError`` whose message is the same
+  from the C++ and the numpy backend.
+
+The builders convert inputs of another integer dtype when their values fit (they are built
+once). ``gather_windows`` and ``fill_document_causal_mask`` run per batch on large tables and
+take every array as it is, never copying it: an array of another dtype is refused, not
+converted. Outputs are always filled in place and must be exactly what is asked for.
 """
 
 from __future__ import annotations
@@ -12,10 +24,27 @@ from typing import Any
 
 import numpy
 
-from megaindex.backends import implementation
+from megaindex.backends import backend, implementation
+
+
+def _dtypes(*types: type) -> frozenset[numpy.dtype]:
+    return frozenset(numpy.dtype(kind) for kind in types)
+
 
 INT32_MAX = numpy.iinfo(numpy.int32).max
+INT64_MAX = numpy.iinfo(numpy.int64).max
 MAX_DATASETS = numpy.iinfo(numpy.int16).max
+#: the dtypes a .bin holds that gather_windows widens to int64 (megafmt's integer dtypes)
+TOKEN_DTYPES = _dtypes(numpy.uint8, numpy.int8, numpy.int16, numpy.uint16, numpy.int32, numpy.int64)
+#: megatron-core's sample index and shuffle index dtypes (the int64 ones for huge datasets)
+SAMPLE_INDEX_DTYPES = _dtypes(numpy.int32, numpy.int64)
+SHUFFLE_INDEX_DTYPES = _dtypes(numpy.uint32, numpy.int64)
+#: what shuffle permutes: document indices (int32) and shuffle indices
+SHUFFLE_DTYPES = _dtypes(numpy.int32, numpy.uint32, numpy.int64)
+INT16 = _dtypes(numpy.int16)
+INT32 = _dtypes(numpy.int32)
+INT64 = _dtypes(numpy.int64)
+BOOL = _dtypes(numpy.bool_)
 
 
 def _integers(name: str, values: Any, dtype: type) -> numpy.ndarray:
@@ -45,19 +74,7 @@ def _positive(name: str, value: int) -> int:
 def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> None:
     """``random_state.shuffle(array)``: the same permutation and the same state afterwards, run
     by the backend (the C++ one prefetches the swaps, several times faster on large arrays)."""
-    problems = [
-        problem
-        for problem, bad in (
-            (f"{array.ndim}-D", array.ndim != 1),
-            ("not contiguous", not array.flags.c_contiguous),
-            ("read-only", not array.flags.writeable),
-        )
-        if bad
-    ]
-    if problems:
-        raise ValueError(
-            f"shuffle needs a writeable, contiguous 1-D array; this one is {', '.join(problems)}"
-        )
+    array = _array("array", array, SHUFFLE_DTYPES, (None,), writeable=True)
     if len(array) < 2:
         random_state.shuffle(array)
         return
@@ -82,6 +99,16 @@ def sample_count(
     add_extra_token_to_sequence: bool = True,
 ) -> int:
     """The number of samples ``build_sample_idx`` cuts from the stream (its rows minus one)."""
+    num_epochs = _positive("num_epochs", num_epochs)
+    sequence_length = _positive("sequence_length", sequence_length)
+    if int(tokens_per_epoch) != tokens_per_epoch or tokens_per_epoch < 0:
+        raise ValueError(f"tokens_per_epoch must be an integer >= 0, got {tokens_per_epoch!r}")
+    tokens_per_epoch = int(tokens_per_epoch)
+    if max(num_epochs, sequence_length) > INT32_MAX or num_epochs * tokens_per_epoch > INT64_MAX:
+        raise ValueError(
+            f"num_epochs ({num_epochs}) and sequence_length ({sequence_length}) must fit int32 "
+            f"and num_epochs * tokens_per_epoch ({tokens_per_epoch}) int64"
+        )
     return int(
         implementation().sample_count(
             num_epochs,
@@ -135,21 +162,41 @@ def build_sample_idx(
     return sample_index
 
 
-def _output(name: str, array: Any, dtype: type, size: int | None = None) -> numpy.ndarray:
-    if not isinstance(array, numpy.ndarray) or array.dtype != dtype or array.ndim != 1:
-        found = (
-            f"{array.dtype} array of shape {array.shape}"
-            if isinstance(array, numpy.ndarray)
-            else type(array).__name__
-        )
+def _dtype_names(dtypes: frozenset[numpy.dtype]) -> str:
+    names = [dtype.name for dtype in sorted(dtypes, key=lambda dtype: dtype.num)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _array(
+    name: str,
+    array: Any,
+    dtypes: frozenset[numpy.dtype],
+    shape: tuple[int | None, ...],
+    writeable: bool = False,
+) -> numpy.ndarray:
+    """``array`` itself, never a copy, checked to be a C-contiguous numpy array of one of
+    ``dtypes`` whose shape matches ``shape`` (None: any size), writeable if asked. Called per
+    batch, so the checks are plain comparisons."""
+    if not isinstance(array, numpy.ndarray):
         raise TypeError(
-            f"{name} must be a 1-D numpy {numpy.dtype(dtype).name} array to fill "
-            f"in place, got {found}"
+            f"{name} must be a numpy array of {_dtype_names(dtypes)}, got {type(array).__name__}"
         )
-    if not (array.flags.c_contiguous and array.flags.writeable):
-        raise ValueError(f"{name} must be contiguous and writeable")
-    if size is not None and len(array) != size:
-        raise ValueError(f"{name} has {len(array)} entries, expected {size}")
+    if array.dtype not in dtypes:
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {array.dtype}")
+    found = array.shape
+    fits = len(found) == len(shape)
+    for axis, size in enumerate(shape):  # a loop: a generator costs a microsecond more
+        if fits and size is not None and size != found[axis]:
+            fits = False
+    if not fits:
+        sizes = ["any" if size is None else str(size) for size in shape]
+        wanted = f"({', '.join(sizes)}{',' if len(sizes) == 1 else ''})"
+        raise ValueError(f"{name} must have shape {wanted}, got {found}")
+    flags = array.flags
+    if not flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous, got strides {array.strides}")
+    if writeable and not flags.writeable:
+        raise ValueError(f"{name} must be writeable, got a read-only array")
     return array
 
 
@@ -172,9 +219,13 @@ def build_blending_indices(
         raise ValueError(f"num_datasets must be in 1..{MAX_DATASETS}, got {num_datasets}")
     if not numpy.all(numpy.isfinite(weights)) or (weights < 0).any():
         raise ValueError(f"weights must be finite and >= 0, got {weights.tolist()}")
+    if int(size) != size or size < 0:
+        raise ValueError(f"size must be an integer >= 0, got {size!r}")
     size = int(size)
-    dataset_index = _output("dataset_index", dataset_index, numpy.int16)
-    dataset_sample_index = _output("dataset_sample_index", dataset_sample_index, numpy.int64)
+    dataset_index = _array("dataset_index", dataset_index, INT16, (None,), True)
+    dataset_sample_index = _array(
+        "dataset_sample_index", dataset_sample_index, INT64, (None,), True
+    )
     if len(dataset_index) < size or len(dataset_sample_index) < size:
         raise ValueError(
             f"the output arrays hold {len(dataset_index)} and "
@@ -205,14 +256,30 @@ def build_exhaustive_blending_indices(
         )
     if (sizes <= 0).any():
         raise ValueError(f"sizes must all be positive, got {sizes.tolist()}")
-    total = int(sizes.sum())
-    dataset_index = _output("dataset_index", dataset_index, numpy.int16)
-    dataset_sample_index = _output("dataset_sample_index", dataset_sample_index, numpy.int64)
+    total = sum(sizes.tolist())  # Python integers: a sum past int64 is not wrapped
+    dataset_index = _array("dataset_index", dataset_index, INT16, (None,), True)
+    dataset_sample_index = _array(
+        "dataset_sample_index", dataset_sample_index, INT64, (None,), True
+    )
     if len(dataset_index) < total or len(dataset_sample_index) < total:
         raise ValueError(f"the output arrays must hold sum(sizes) = {total} entries")
     implementation().build_exhaustive_blending_indices(
         sizes, dataset_index[:total], dataset_sample_index[:total]
     )
+
+
+def fill_document_causal_mask(
+    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int = 1
+) -> None:
+    """Fill ``out`` (bool ``[L, L]``, True = masked) with the causal attention mask of a window
+    of L tokens that packs several documents: row r attends to columns ``segment_start[r]`` to
+    r, ``segment_start`` (int64 ``[L]``) being where the document holding token r begins (see
+    :func:`megaindex.sample.segment_starts`). ``threads`` splits the rows of long windows."""
+    segment_start = _array("segment_start", segment_start, INT64, (None,))
+    length = len(segment_start)
+    out = _array("out", out, BOOL, (length, length), writeable=True)
+    threads = _positive("threads", threads)
+    implementation().fill_document_causal_mask(segment_start, out, threads)
 
 
 def gather_windows(
@@ -226,28 +293,66 @@ def gather_windows(
     extra: int,
     out: numpy.ndarray,
 ) -> numpy.ndarray:
-    """TEMPORARY: per-sample loop until the batch kernel lands."""
-    written = numpy.empty(len(samples), dtype=numpy.int64)
-    for row, idx in enumerate(samples.tolist()):
-        sample = int(shuffle_index[idx])
-        (begin, begin_offset), (end, end_offset) = sample_index[sample : sample + 2].tolist()
-        written[row] = implementation().gather_sample(
-            tokens,
-            pointers,
-            lengths,
-            document_index,
-            begin,
-            begin_offset,
-            end,
-            end_offset,
-            extra,
-            out[row],
-        )
-    return written
+    """Write the tokens of GPTDataset samples ``samples`` into the rows of ``out``, widened to
+    int64, and return how many each row got (int64 ``[B]``); later positions of a row are left
+    as they are, for the caller to pad.
+
+    Row b holds sample ``s = shuffle_index[samples[b]]``: with ``(begin, begin_offset) =
+    sample_index[s]`` and ``(end, end_offset) = sample_index[s + 1]``, the documents
+    ``document_index[begin..end]`` back to back, the first from ``begin_offset``, the last up
+    to ``end_offset + extra`` (exclusive), those between whole.
+
+    ``tokens`` is the whole ``.bin`` as one 1-D array (uint8, int8, int16, uint16, int32 or
+    int64; read-only views of a memory map are fine), ``pointers`` (int64) and ``lengths``
+    (int32) the byte offset and token count of each sequence, ``document_index`` (int32),
+    ``sample_index`` (int32 or int64, ``[N + 1, 2]``) and ``shuffle_index`` (uint32 or int64,
+    ``[N]``) GPTDataset's tables, ``samples`` (int64 ``[B]``) dataset indices, ``extra`` 0 or
+    1 (``add_extra_token_to_sequence``) and ``out`` a writeable int64 ``[B, W]`` array. No
+    array is copied. A value of the tables that points outside what it refers to, or a sample
+    longer than W, is an IndexError naming the sample, the document and the value."""
+    arguments = (
+        tokens,
+        pointers,
+        lengths,
+        document_index,
+        sample_index,
+        shuffle_index,
+        samples,
+        extra,
+        out,
+    )
+    kernel = implementation()
+    if backend() == "cpp":
+        # called per sample and per batch: the extension checks every array itself, so the
+        # checks here only run to name what it refused
+        try:
+            return kernel.gather_windows(*arguments)
+        except (TypeError, ValueError):
+            _check_windows_arguments(*arguments)
+            raise
+    _check_windows_arguments(*arguments)
+    return kernel.gather_windows(*arguments)
 
 
-def fill_document_causal_mask(
-    segment_start: numpy.ndarray, out: numpy.ndarray, threads: int = 1
+def _check_windows_arguments(
+    tokens: Any,
+    pointers: Any,
+    lengths: Any,
+    document_index: Any,
+    sample_index: Any,
+    shuffle_index: Any,
+    samples: Any,
+    extra: Any,
+    out: Any,
 ) -> None:
-    """TEMPORARY until the checked helper lands."""
-    implementation().fill_document_causal_mask(segment_start, out, threads)
+    """Raise the error that names what is wrong with gather_windows' arguments, if anything."""
+    _array("tokens", tokens, TOKEN_DTYPES, (None,))
+    _array("pointers", pointers, INT64, (None,))
+    _array("lengths", lengths, INT32, (len(pointers),))
+    _array("document_index", document_index, INT32, (None,))
+    _array("sample_index", sample_index, SAMPLE_INDEX_DTYPES, (None, 2))
+    _array("shuffle_index", shuffle_index, SHUFFLE_INDEX_DTYPES, (None,))
+    _array("samples", samples, INT64, (None,))
+    _array("out", out, INT64, (len(samples), None), writeable=True)
+    if extra not in (0, 1) or isinstance(extra, float):
+        raise ValueError(f"extra must be 0 or 1, got {extra!r}")
