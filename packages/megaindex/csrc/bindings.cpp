@@ -8,9 +8,13 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/vector.h>
+
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "blending.hpp"
 #include "gather.hpp"
@@ -30,8 +34,6 @@ using Output = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // arrays of a dtype checked at run time, read only
 using AnyVector = nb::ndarray<nb::ro, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using AnyPairs = nb::ndarray<nb::ro, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
-template <typename T>
-using NewArray = nb::ndarray<nb::numpy, T, nb::ndim<1>>;
 
 std::string size_text(size_t value) { return std::to_string(value); }
 
@@ -212,55 +214,92 @@ void fill_document_causal_mask(Input<int64_t> segment_start,
                                        out.data(), threads);
 }
 
-NewArray<int64_t> gather_windows(AnyVector tokens, Input<int64_t> pointers,
-                                 Input<int32_t> lengths, Input<int32_t> document_index,
-                                 AnyPairs sample_index, AnyVector shuffle_index,
-                                 Input<int64_t> samples, int64_t extra,
-                                 nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> out) {
-  if (pointers.shape(0) != lengths.shape(0)) {
-    throw nb::value_error(("pointers and lengths must hold one entry per sequence, got " +
-                           size_text(pointers.shape(0)) + " and " + size_text(lengths.shape(0)))
-                              .c_str());
+using Rows = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// GPTDataset's windows of one corpus and one split's tables, bound once: the dtypes are
+// dispatched and the sizes checked when it is made, so a batch costs one call with two
+// arguments. It keeps the arrays it reads (and so their owners) alive.
+class WindowGatherer {
+ public:
+  WindowGatherer(AnyVector tokens, Input<int64_t> pointers, Input<int32_t> lengths,
+                 Input<int32_t> document_index, AnyPairs sample_index, AnyVector shuffle_index,
+                 int64_t extra)
+      : tokens_(tokens),
+        pointers_(pointers),
+        lengths_(lengths),
+        document_index_(document_index),
+        sample_index_(sample_index),
+        shuffle_index_(shuffle_index),
+        extra_(extra) {
+    if (pointers.shape(0) != lengths.shape(0)) {
+      throw nb::value_error(("pointers and lengths must hold one entry per sequence, got " +
+                             size_text(pointers.shape(0)) + " and " +
+                             size_text(lengths.shape(0)))
+                                .c_str());
+    }
+    if (extra != 0 && extra != 1) {
+      throw nb::value_error(("extra must be 0 or 1, got " + std::to_string(extra)).c_str());
+    }
+    with_dtype<uint8_t, int8_t, int16_t, uint16_t, int32_t, int64_t>(
+        "tokens", "uint8, int8, int16, uint16, int32 or int64", tokens, [&](auto token) {
+          using Token = typename decltype(token)::type;
+          with_dtype<int32_t, int64_t>(
+              "sample_index", "int32 or int64", sample_index, [&](auto position) {
+                using Position = typename decltype(position)::type;
+                with_dtype<uint32_t, int64_t>(
+                    "shuffle_index", "uint32 or int64", shuffle_index, [&](auto order) {
+                      using Order = typename decltype(order)::type;
+                      this->template bind<Token, Position, Order>();
+                    });
+              });
+        });
   }
-  if (out.shape(0) != samples.shape(0)) {
-    throw nb::value_error(("out must have a row per sample (" + size_text(samples.shape(0)) +
-                           "), got " + size_text(out.shape(0)))
-                              .c_str());
+
+  // Fills row b of `out` with sample samples[b]'s tokens; returns how many each row got.
+  std::vector<int64_t> gather(const std::vector<int64_t>& samples, Rows out) const {
+    if (out.shape(0) != samples.size()) {
+      throw nb::value_error(("out must have a row per sample (" + size_text(samples.size()) +
+                             "), got " + size_text(out.shape(0)))
+                                .c_str());
+    }
+    std::vector<int64_t> written(samples.size());
+    nb::gil_scoped_release release;
+    gather_(samples.data(), static_cast<int64_t>(samples.size()), out.data(),
+            static_cast<int64_t>(out.shape(1)), written.data());
+    return written;
   }
-  if (extra != 0 && extra != 1) {
-    throw nb::value_error(("extra must be 0 or 1, got " + std::to_string(extra)).c_str());
+
+ private:
+  template <typename Token, typename Position, typename Order>
+  void bind() {
+    const megaindex::WindowTables<Token, Position, Order> tables{
+        static_cast<const Token*>(tokens_.data()),
+        static_cast<int64_t>(tokens_.shape(0)),
+        pointers_.data(),
+        lengths_.data(),
+        static_cast<int64_t>(lengths_.shape(0)),
+        document_index_.data(),
+        static_cast<int64_t>(document_index_.shape(0)),
+        static_cast<const Position*>(sample_index_.data()),
+        static_cast<int64_t>(sample_index_.shape(0)),
+        static_cast<const Order*>(shuffle_index_.data()),
+        static_cast<int64_t>(shuffle_index_.shape(0))};
+    const int64_t extra = extra_;
+    gather_ = [tables, extra](const int64_t* samples, int64_t rows, int64_t* out, int64_t width,
+                              int64_t* written) {
+      megaindex::gather_windows(tables, samples, rows, extra, out, width, written);
+    };
   }
-  const int64_t rows = static_cast<int64_t>(samples.shape(0));
-  std::unique_ptr<int64_t[]> written(new int64_t[rows > 0 ? rows : 1]);
-  with_dtype<uint8_t, int8_t, int16_t, uint16_t, int32_t, int64_t>(
-      "tokens", "uint8, int8, int16, uint16, int32 or int64", tokens, [&](auto token) {
-        using Token = typename decltype(token)::type;
-        with_dtype<int32_t, int64_t>(
-            "sample_index", "int32 or int64", sample_index, [&](auto position) {
-              using Position = typename decltype(position)::type;
-              with_dtype<uint32_t, int64_t>(
-                  "shuffle_index", "uint32 or int64", shuffle_index, [&](auto order) {
-                    using Order = typename decltype(order)::type;
-                    const megaindex::WindowTables<Token, Position, Order> tables{
-                        static_cast<const Token*>(tokens.data()),
-                        static_cast<int64_t>(tokens.shape(0)),
-                        pointers.data(),
-                        lengths.data(),
-                        static_cast<int64_t>(lengths.shape(0)),
-                        document_index.data(),
-                        static_cast<int64_t>(document_index.shape(0)),
-                        static_cast<const Position*>(sample_index.data()),
-                        static_cast<int64_t>(sample_index.shape(0)),
-                        static_cast<const Order*>(shuffle_index.data()),
-                        static_cast<int64_t>(shuffle_index.shape(0))};
-                    nb::gil_scoped_release release;
-                    megaindex::gather_windows(tables, samples.data(), rows, extra, out.data(),
-                                              static_cast<int64_t>(out.shape(1)), written.get());
-                  });
-            });
-      });
-  return owned<NewArray<int64_t>>(std::move(written), {static_cast<size_t>(rows)});
-}
+
+  AnyVector tokens_;
+  Input<int64_t> pointers_;
+  Input<int32_t> lengths_;
+  Input<int32_t> document_index_;
+  AnyPairs sample_index_;
+  AnyVector shuffle_index_;
+  int64_t extra_;
+  std::function<void(const int64_t*, int64_t, int64_t*, int64_t, int64_t*)> gather_;
+};
 
 }  // namespace
 
@@ -294,8 +333,14 @@ NB_MODULE(_ext, m) {
         "See megaindex.helpers.build_exhaustive_blending_indices.");
   m.def("fill_document_causal_mask", &fill_document_causal_mask, "segment_start"_a.noconvert(),
         "out"_a.noconvert(), "threads"_a, "See megaindex.helpers.fill_document_causal_mask.");
-  m.def("gather_windows", &gather_windows, "tokens"_a.noconvert(), "pointers"_a.noconvert(),
-        "lengths"_a.noconvert(), "document_index"_a.noconvert(), "sample_index"_a.noconvert(),
-        "shuffle_index"_a.noconvert(), "samples"_a.noconvert(), "extra"_a, "out"_a.noconvert(),
-        "Tokens written per row; see megaindex.helpers.gather_windows.");
+  nb::class_<WindowGatherer>(m, "WindowGatherer",
+                             "GPT windows of one corpus and one split's tables; see "
+                             "megaindex.helpers.WindowGatherer.")
+      .def(nb::init<AnyVector, Input<int64_t>, Input<int32_t>, Input<int32_t>, AnyPairs,
+                    AnyVector, int64_t>(),
+           "tokens"_a.noconvert(), "pointers"_a.noconvert(), "lengths"_a.noconvert(),
+           "document_index"_a.noconvert(), "sample_index"_a.noconvert(),
+           "shuffle_index"_a.noconvert(), "extra"_a)
+      .def("gather", &WindowGatherer::gather, "samples"_a, "out"_a.noconvert(),
+           "Tokens written per row.");
 }

@@ -21,6 +21,13 @@ def test_an_output_of_another_dtype_is_refused_not_filled_in_a_copy():
     assert dataset_index.tolist() == [0, 0, 0, 0]
 
 
+def gather_windows(*arguments):
+    """The extension's WindowGatherer, made and called once with gather_windows' arguments
+    (the tables, then the batch: samples and out)."""
+    *tables, samples, extra, out = arguments
+    return ext.WindowGatherer(*tables, extra).gather(samples, out)
+
+
 def gather_arguments() -> list:
     """Valid arguments of gather_windows: documents of 4 and 6 uint16 tokens, two samples."""
     return [
@@ -30,7 +37,7 @@ def gather_arguments() -> list:
         numpy.array([1, 0], numpy.int32),  # document_index
         numpy.array([[0, 0], [0, 2], [1, 1]], numpy.int32),  # sample_index
         numpy.array([1, 0], numpy.uint32),  # shuffle_index
-        numpy.array([0, 1], numpy.int64),  # samples
+        [0, 1],  # samples: a list, as each batch gives them
         1,  # extra
         numpy.zeros((2, 10), numpy.int64),  # out
     ]
@@ -87,7 +94,7 @@ def other_dtype(array: numpy.ndarray) -> numpy.ndarray:
 @pytest.mark.parametrize("name", BINDINGS)
 def test_no_array_argument_is_converted(name):
     make, outputs = BINDINGS[name]
-    function = getattr(ext, name)
+    function = gather_windows if name == "gather_windows" else getattr(ext, name)
     function(*make())  # as given, accepted
     for position, argument in enumerate(make()):
         if not isinstance(argument, numpy.ndarray):
@@ -168,19 +175,19 @@ def test_gather_windows_shapes_are_checked():
     arguments = gather_arguments()
     arguments[8] = numpy.zeros((3, 10), numpy.int64)
     with pytest.raises(ValueError, match=r"out must have a row per sample \(2\), got 3"):
-        ext.gather_windows(*arguments)
+        gather_windows(*arguments)
     arguments = gather_arguments()
     arguments[2] = numpy.array([4, 6, 1], numpy.int32)
     with pytest.raises(ValueError, match="pointers and lengths .* got 2 and 3"):
-        ext.gather_windows(*arguments)
+        gather_windows(*arguments)
     arguments = gather_arguments()
     arguments[7] = 2
     with pytest.raises(ValueError, match="extra must be 0 or 1, got 2"):
-        ext.gather_windows(*arguments)
+        gather_windows(*arguments)
     arguments = gather_arguments()
     arguments[4] = numpy.zeros((3, 3), numpy.int32)
     with pytest.raises(TypeError):  # two columns, or it is not a sample index
-        ext.gather_windows(*arguments)
+        gather_windows(*arguments)
     for position, name, found in [
         (0, "tokens", "float32"),
         (4, "sample_index", "uint32"),
@@ -189,7 +196,7 @@ def test_gather_windows_shapes_are_checked():
         arguments = gather_arguments()
         arguments[position] = arguments[position].astype(found)
         with pytest.raises(TypeError, match=f"{name} must be .*, got {found}"):
-            ext.gather_windows(*arguments)
+            gather_windows(*arguments)
 
 
 def test_gather_windows_accepts_every_table_dtype():
@@ -208,9 +215,8 @@ def test_gather_windows_accepts_every_table_dtype():
                 arguments[4] = arguments[4].astype(positions)
                 arguments[5] = arguments[5].astype(order)
                 arguments[8][:] = -1
-                written = ext.gather_windows(*arguments)
-                assert written.dtype == numpy.int64
-                assert written.tolist() == [6, 3]
+                written = gather_windows(*arguments)
+                assert written == [6, 3]
                 numpy.testing.assert_array_equal(arguments[8], expected)
 
 
@@ -231,12 +237,26 @@ def test_the_typed_stub_ships_and_matches_the_module():
     stub = importlib.resources.files("megaindex").joinpath("_ext.pyi").read_text()
     stubbed: dict[str, list[list[str]]] = {}
     for node in ast.parse(stub).body:
-        if isinstance(node, ast.FunctionDef):
-            stubbed.setdefault(node.name, []).append([a.arg for a in node.args.args])
+        methods = [(node.name, node)] if isinstance(node, ast.FunctionDef) else []
+        if isinstance(node, ast.ClassDef):
+            methods = [
+                (f"{node.name}.{item.name}", item)
+                for item in node.body
+                if isinstance(item, ast.FunctionDef)
+            ]
+        for name, function in methods:
+            stubbed.setdefault(name, []).append([a.arg for a in function.args.args])
+    functions = {}
+    for name, value in vars(ext).items():
+        if isinstance(value, type):
+            functions.update(
+                (f"{name}.{method}", getattr(value, method)) for method in ("__init__", "gather")
+            )
+        elif not name.startswith("_") and callable(value):
+            functions[name] = value
     built = {
         name: [signature_parameters(overload[0]) for overload in function.__nb_signature__]
-        for name, function in vars(ext).items()
-        if not name.startswith("_") and callable(function)
+        for name, function in functions.items()
     }
     assert set(built) == {
         "build_blending_indices",
@@ -244,7 +264,8 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "build_sample_index_int32",
         "build_sample_index_int64",
         "fill_document_causal_mask",
-        "gather_windows",
+        "WindowGatherer.__init__",
+        "WindowGatherer.gather",
         "legacy_shuffle",
         "sample_count",
     }

@@ -125,78 +125,89 @@ def fill_document_causal_mask(
     numpy.logical_or(rows[None, :] < segment_start[:, None], rows[None, :] > rows[:, None], out=out)
 
 
-def gather_windows(
-    tokens: numpy.ndarray,
-    pointers: numpy.ndarray,
-    lengths: numpy.ndarray,
-    document_index: numpy.ndarray,
-    sample_index: numpy.ndarray,
-    shuffle_index: numpy.ndarray,
-    samples: numpy.ndarray,
-    extra: int,
-    out: numpy.ndarray,
-) -> numpy.ndarray:
-    """The tokens of each sample of ``samples`` into its row of ``out``, one document at a time,
-    with the checks and messages of the C++ kernel (csrc/gather.hpp) in the same order."""
-    written = numpy.zeros(len(samples), dtype=numpy.int64)
-    itemsize = tokens.itemsize
-    width = out.shape[1]
-    for row, sample in enumerate(samples.tolist()):
-        if not 0 <= sample < len(shuffle_index):
-            raise IndexError(
-                f"sample {sample}: outside shuffle_index's {len(shuffle_index)} entries"
-            )
-        shuffled = int(shuffle_index[sample])
-        if not 0 <= shuffled < len(sample_index) - 1:
-            raise IndexError(
-                f"sample {sample}: shuffle_index[{sample}] = {shuffled} needs rows outside "
-                f"sample_index's {len(sample_index)}"
-            )
-        (begin, begin_offset), (end, end_offset) = sample_index[shuffled : shuffled + 2].tolist()
-        if begin < 0 or end < begin or end >= len(document_index):
-            raise IndexError(
-                f"sample {sample}: spans document_index[{begin}..{end}], outside its "
-                f"{len(document_index)} entries"
-            )
-        count = 0
-        for position in range(begin, end + 1):
-            document = int(document_index[position])
-            if not 0 <= document < len(lengths):
+class WindowGatherer:
+    """The windows of one corpus and one split's tables, one document at a time, with the checks
+    and messages of the C++ kernel (csrc/gather.hpp) in the same order."""
+
+    def __init__(
+        self,
+        tokens: numpy.ndarray,
+        pointers: numpy.ndarray,
+        lengths: numpy.ndarray,
+        document_index: numpy.ndarray,
+        sample_index: numpy.ndarray,
+        shuffle_index: numpy.ndarray,
+        extra: int,
+    ) -> None:
+        self.tables = (tokens, pointers, lengths, document_index, sample_index, shuffle_index)
+        self.extra = extra
+
+    def gather(self, samples: list[int], out: numpy.ndarray) -> list[int]:
+        """The tokens of each sample of ``samples`` into its row of ``out``; the counts."""
+        tokens, pointers, lengths, document_index, sample_index, shuffle_index = self.tables
+        extra = self.extra
+        written = [0] * len(samples)
+        itemsize = tokens.itemsize
+        width = out.shape[1]
+        for row, sample in enumerate(samples):
+            if not 0 <= sample < len(shuffle_index):
                 raise IndexError(
-                    f"sample {sample}: document {document} at document_index[{position}] is not "
-                    f"one of the {len(lengths)} sequences"
+                    f"sample {sample}: outside shuffle_index's {len(shuffle_index)} entries"
                 )
-            size = int(lengths[document])
-            pointer = int(pointers[document])
-            if pointer < 0 or pointer % itemsize:
+            shuffled = int(shuffle_index[sample])
+            if not 0 <= shuffled < len(sample_index) - 1:
                 raise IndexError(
-                    f"sample {sample}: document {document} starts at byte {pointer}, not a token "
-                    "boundary of the .bin"
+                    f"sample {sample}: shuffle_index[{sample}] = {shuffled} needs rows outside "
+                    f"sample_index's {len(sample_index)}"
                 )
-            base = pointer // itemsize
-            if base > len(tokens):
+            (begin, begin_offset), (end, end_offset) = sample_index[
+                shuffled : shuffled + 2
+            ].tolist()
+            if begin < 0 or end < begin or end >= len(document_index):
                 raise IndexError(
-                    f"sample {sample}: document {document} starts at byte {pointer}, past the end "
-                    f"of the .bin ({len(tokens) * itemsize} bytes)"
+                    f"sample {sample}: spans document_index[{begin}..{end}], outside its "
+                    f"{len(document_index)} entries"
                 )
-            first = begin_offset if position == begin else 0
-            last = end_offset + extra if position == end else size
-            if first < 0 or last < first or last > size:
-                raise IndexError(
-                    f"sample {sample}: tokens [{first}, {last}) are outside document {document}, "
-                    f"which has {size}"
-                )
-            if last > len(tokens) - base:
-                raise IndexError(
-                    f"sample {sample}: document {document} needs tokens up to {last} from token "
-                    f"{base}, past the end of the .bin ({len(tokens)} tokens)"
-                )
-            span = last - first
-            if span > width - count:
-                raise IndexError(
-                    f"sample {sample}: needs room for more than the {width} tokens of a row of out"
-                )
-            out[row, count : count + span] = tokens[base + first : base + last]
-            count += span
-        written[row] = count
-    return written
+            count = 0
+            for position in range(begin, end + 1):
+                document = int(document_index[position])
+                if not 0 <= document < len(lengths):
+                    raise IndexError(
+                        f"sample {sample}: document {document} at document_index[{position}] "
+                        f"is not one of the {len(lengths)} sequences"
+                    )
+                size = int(lengths[document])
+                pointer = int(pointers[document])
+                if pointer < 0 or pointer % itemsize:
+                    raise IndexError(
+                        f"sample {sample}: document {document} starts at byte {pointer}, not a "
+                        "token boundary of the .bin"
+                    )
+                base = pointer // itemsize
+                if base > len(tokens):
+                    raise IndexError(
+                        f"sample {sample}: document {document} starts at byte {pointer}, past "
+                        f"the end of the .bin ({len(tokens) * itemsize} bytes)"
+                    )
+                first = begin_offset if position == begin else 0
+                last = end_offset + extra if position == end else size
+                if first < 0 or last < first or last > size:
+                    raise IndexError(
+                        f"sample {sample}: tokens [{first}, {last}) are outside document "
+                        f"{document}, which has {size}"
+                    )
+                if last > len(tokens) - base:
+                    raise IndexError(
+                        f"sample {sample}: document {document} needs tokens up to {last} from "
+                        f"token {base}, past the end of the .bin ({len(tokens)} tokens)"
+                    )
+                span = last - first
+                if span > width - count:
+                    raise IndexError(
+                        f"sample {sample}: needs room for more than the {width} tokens of a row "
+                        "of out"
+                    )
+                out[row, count : count + span] = tokens[base + first : base + last]
+                count += span
+            written[row] = count
+        return written

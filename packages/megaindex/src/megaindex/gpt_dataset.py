@@ -15,6 +15,7 @@ fetches announced samples of a corpus in object storage ahead of their use
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -196,7 +197,7 @@ class GPTDataset(MegatronDataset):
         """Fill the rows of ``out`` with the windows of ``indices`` (None: sample 0's, as
         megatron-core's padding sample), shaped by the subclass if it shapes them. Returns
         whether a row may hold the pad id."""
-        samples = [0 if idx is None else idx for idx in indices]
+        samples = [0 if idx is None else operator.index(idx) for idx in indices]
         may_hold_pad = self.windows.fill(samples, out)
         if self.shapes_samples:
             for row, idx in enumerate(samples):

@@ -282,6 +282,75 @@ def fill_document_causal_mask(
     implementation().fill_document_causal_mask(segment_start, out, threads)
 
 
+class WindowGatherer:
+    """GPTDataset's windows of one corpus and one split's tables: ``gather(samples, out)``
+    writes the tokens of dataset samples ``samples`` into the rows of ``out``, widened to
+    int64, and returns how many each row got; later positions of a row are left as they are,
+    for the caller to pad.
+
+    Row b holds sample ``s = shuffle_index[samples[b]]``: with ``(begin, begin_offset) =
+    sample_index[s]`` and ``(end, end_offset) = sample_index[s + 1]``, the documents
+    ``document_index[begin..end]`` back to back, the first from ``begin_offset``, the last up
+    to ``end_offset + extra`` (exclusive), those between whole.
+
+    ``tokens`` is the whole ``.bin`` as one 1-D array (uint8, int8, int16, uint16, int32 or
+    int64; read-only views of a memory map are fine), ``pointers`` (int64) and ``lengths``
+    (int32) the byte offset and token count of each sequence, ``document_index`` (int32),
+    ``sample_index`` (int32 or int64, ``[N + 1, 2]``) and ``shuffle_index`` (uint32 or int64,
+    ``[N]``) GPTDataset's tables, ``extra`` 0 or 1 (``add_extra_token_to_sequence``); each
+    batch gives ``samples`` (a list of dataset indices) and ``out``, a writeable int64
+    ``[len(samples), W]`` array. No array is copied: they are checked once, here, and kept. A
+    value of the tables that points outside what it refers to, or a sample longer than W, is
+    an IndexError naming the sample, the document and the value.
+    """
+
+    def __init__(
+        self,
+        tokens: numpy.ndarray,
+        pointers: numpy.ndarray,
+        lengths: numpy.ndarray,
+        document_index: numpy.ndarray,
+        sample_index: numpy.ndarray,
+        shuffle_index: numpy.ndarray,
+        extra: int,
+    ) -> None:
+        _array("tokens", tokens, TOKEN_DTYPES, (None,))
+        _array("pointers", pointers, INT64, (None,))
+        _array("lengths", lengths, INT32, (len(pointers),))
+        _array("document_index", document_index, INT32, (None,))
+        _array("sample_index", sample_index, SAMPLE_INDEX_DTYPES, (None, 2))
+        _array("shuffle_index", shuffle_index, SHUFFLE_INDEX_DTYPES, (None,))
+        if extra not in (0, 1) or isinstance(extra, float):
+            raise ValueError(f"extra must be 0 or 1, got {extra!r}")
+        self._kernel = implementation().WindowGatherer(
+            tokens, pointers, lengths, document_index, sample_index, shuffle_index, int(extra)
+        )
+        # per batch, the extension checks its arguments itself (the checks here then name what
+        # it refused); the numpy fallback is checked first
+        self._checks_itself = backend() == "cpp"
+
+    def gather(self, samples: list[int], out: numpy.ndarray) -> list[int]:
+        """Fill the rows of ``out`` with the windows of ``samples``; the tokens each got."""
+        if self._checks_itself:
+            try:
+                return self._kernel.gather(samples, out)
+            except (TypeError, ValueError):
+                _check_batch(samples, out)
+                raise
+        _check_batch(samples, out)
+        return self._kernel.gather(samples, out)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a WindowGatherer holds native state: make one in each process")
+
+
+def _check_batch(samples: Any, out: Any) -> None:
+    """Raise the error that names what is wrong with a batch's arguments, if anything."""
+    if not isinstance(samples, list) or any(type(sample) is not int for sample in samples):
+        raise TypeError(f"samples must be a list of ints, got {samples!r}")
+    _array("out", out, INT64, (len(samples), None), writeable=True)
+
+
 def gather_windows(
     tokens: numpy.ndarray,
     pointers: numpy.ndarray,
@@ -293,66 +362,10 @@ def gather_windows(
     extra: int,
     out: numpy.ndarray,
 ) -> numpy.ndarray:
-    """Write the tokens of GPTDataset samples ``samples`` into the rows of ``out``, widened to
-    int64, and return how many each row got (int64 ``[B]``); later positions of a row are left
-    as they are, for the caller to pad.
-
-    Row b holds sample ``s = shuffle_index[samples[b]]``: with ``(begin, begin_offset) =
-    sample_index[s]`` and ``(end, end_offset) = sample_index[s + 1]``, the documents
-    ``document_index[begin..end]`` back to back, the first from ``begin_offset``, the last up
-    to ``end_offset + extra`` (exclusive), those between whole.
-
-    ``tokens`` is the whole ``.bin`` as one 1-D array (uint8, int8, int16, uint16, int32 or
-    int64; read-only views of a memory map are fine), ``pointers`` (int64) and ``lengths``
-    (int32) the byte offset and token count of each sequence, ``document_index`` (int32),
-    ``sample_index`` (int32 or int64, ``[N + 1, 2]``) and ``shuffle_index`` (uint32 or int64,
-    ``[N]``) GPTDataset's tables, ``samples`` (int64 ``[B]``) dataset indices, ``extra`` 0 or
-    1 (``add_extra_token_to_sequence``) and ``out`` a writeable int64 ``[B, W]`` array. No
-    array is copied. A value of the tables that points outside what it refers to, or a sample
-    longer than W, is an IndexError naming the sample, the document and the value."""
-    arguments = (
-        tokens,
-        pointers,
-        lengths,
-        document_index,
-        sample_index,
-        shuffle_index,
-        samples,
-        extra,
-        out,
+    """One batch of :class:`WindowGatherer`'s windows, ``samples`` an int64 array: the tokens
+    each row got, as an int64 array."""
+    samples = _array("samples", samples, INT64, (None,))
+    gatherer = WindowGatherer(
+        tokens, pointers, lengths, document_index, sample_index, shuffle_index, extra
     )
-    kernel = implementation()
-    if backend() == "cpp":
-        # called per sample and per batch: the extension checks every array itself, so the
-        # checks here only run to name what it refused
-        try:
-            return kernel.gather_windows(*arguments)
-        except (TypeError, ValueError):
-            _check_windows_arguments(*arguments)
-            raise
-    _check_windows_arguments(*arguments)
-    return kernel.gather_windows(*arguments)
-
-
-def _check_windows_arguments(
-    tokens: Any,
-    pointers: Any,
-    lengths: Any,
-    document_index: Any,
-    sample_index: Any,
-    shuffle_index: Any,
-    samples: Any,
-    extra: Any,
-    out: Any,
-) -> None:
-    """Raise the error that names what is wrong with gather_windows' arguments, if anything."""
-    _array("tokens", tokens, TOKEN_DTYPES, (None,))
-    _array("pointers", pointers, INT64, (None,))
-    _array("lengths", lengths, INT32, (len(pointers),))
-    _array("document_index", document_index, INT32, (None,))
-    _array("sample_index", sample_index, SAMPLE_INDEX_DTYPES, (None, 2))
-    _array("shuffle_index", shuffle_index, SHUFFLE_INDEX_DTYPES, (None,))
-    _array("samples", samples, INT64, (None,))
-    _array("out", out, INT64, (len(samples), None), writeable=True)
-    if extra not in (0, 1) or isinstance(extra, float):
-        raise ValueError(f"extra must be 0 or 1, got {extra!r}")
+    return numpy.array(gatherer.gather(samples.tolist(), out), dtype=numpy.int64)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy
 
 from megafmt.protocols import MappedTokenSource, Read, SpanSource, TokenSource
-from megaindex.helpers import gather_windows
+from megaindex.helpers import WindowGatherer
 from megaindex.tables import CachedTables
 
 Spans = tuple[list[int], list[int], list[int | None]]
@@ -105,28 +105,36 @@ class MappedWindowReader(WindowReader):
     def __init__(self, fallback: WindowReader) -> None:
         super().__init__(fallback.source, fallback.tables, fallback.extra, fallback.pad)
         self.fallback = fallback
+        self._gatherer: WindowGatherer | None = None
+        self._tokens: numpy.ndarray | None = None
 
     def fill(self, indices: Sequence[int], out: numpy.ndarray) -> bool:
         tokens = self.source.tokens_view
         if tokens is None:
             return self.fallback.fill(indices, out)
-        written = gather_windows(
-            tokens,
-            self.source.sequence_pointers,
-            self.source.sequence_lengths,
-            self.tables["document_index"],
-            self.tables["sample_index"],
-            self.tables["shuffle_index"],
-            numpy.asarray(indices, dtype=numpy.int64),
-            self.extra,
-            out,
-        )
+        gatherer = self._gatherer
+        if gatherer is None or tokens is not self._tokens:  # first use, or a reopened reader
+            gatherer = self._gatherer = WindowGatherer(
+                tokens,
+                self.source.sequence_pointers,
+                self.source.sequence_lengths,
+                self.tables["document_index"],
+                self.tables["sample_index"],
+                self.tables["shuffle_index"],
+                self.extra,
+            )
+            self._tokens = tokens
         padded = False
-        for row, count in enumerate(written.tolist()):
-            if count < out.shape[1]:
+        width = out.shape[1]
+        for row, count in enumerate(gatherer.gather(indices, out)):
+            if count < width:
                 out[row, count:] = self.pad
                 padded = True
         return padded or can_hold(tokens.dtype, self.pad)
+
+    def __getstate__(self) -> dict:
+        # the gatherer is native state of this process: a worker makes its own
+        return {**self.__dict__, "_gatherer": None, "_tokens": None}
 
 
 class QueriedWindowReader(WindowReader):
