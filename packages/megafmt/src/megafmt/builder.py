@@ -208,7 +208,8 @@ class IndexedDatasetBuilder:
 
     def end_document(self) -> None:
         """Close the current document (after its sequences were added with ``add_item``)."""
-        self._check_open()
+        if self._done:  # not _check_open(): a call costs as much as the rest
+            self._refuse_finished()
         self._document_indices.append(len(self._lengths))
 
     def add_index(self, path_prefix: str) -> None:

@@ -96,6 +96,16 @@ class TokenEncoder:
         """``value`` (an array, a sequence, a torch tensor, a scalar) as a buffer holding its
         tokens in ``dtype``, and how many tokens that is."""
         kind = type(value)
+        if kind is not numpy.ndarray and kind is not list:
+            exports = self._exporters.get(kind)
+            if exports is None:
+                exports = self._exporters[kind] = isinstance(value, _ArrayExporter)
+            if exports:
+                try:
+                    value = value.__array__()
+                    kind = type(value)
+                except (TypeError, ValueError, RuntimeError):
+                    pass  # a tensor numpy cannot take as it is: the general path copies it
         if kind is numpy.ndarray:
             casting = self._castings.get(value.dtype)
             if casting is not None and value.ndim == 1:
@@ -104,26 +114,13 @@ class TokenEncoder:
                     return tokens, len(tokens)
                 except ValueError:
                     pass  # a value would change: the general path names it
-        elif kind is list:
-            if self._struct_code is not None:
-                count = len(value)
-                pack = self._packers.get(count) or self._packer(count)
-                try:
-                    return pack(*value), count
-                except (struct.error, TypeError):
-                    pass  # not a Python int in range: the general path accepts it or names it
-        else:
-            exports = self._exporters.get(kind)
-            if exports is None:
-                exports = self._exporters[kind] = isinstance(value, _ArrayExporter)
-            if exports:
-                try:
-                    array = value.__array__()
-                except (TypeError, ValueError, RuntimeError):
-                    pass  # a tensor numpy cannot take as it is: the general path copies it
-                else:
-                    if type(array) is numpy.ndarray:
-                        return self.encode(array)
+        elif kind is list and self._struct_code is not None:
+            count = len(value)
+            pack = self._packers.get(count) or self._packer(count)
+            try:
+                return pack(*value), count
+            except (struct.error, TypeError):
+                pass  # not a Python int in range: the general path accepts it or names it
         tokens = as_token_array(value, self.dtype)
         return tokens, tokens.size
 
