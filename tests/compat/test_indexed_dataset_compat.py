@@ -234,3 +234,59 @@ def test_arrays_outlive_the_dataset_where_megatron_crashes(tmp_path):
     # megatron-core 0.16.1 unmaps the .idx when the dataset is collected, under the live array
     theirs = subprocess.run([sys.executable, "-c", script, "megatron", prefix], capture_output=True)
     assert theirs.returncode == -signal.SIGSEGV
+
+
+# each form a user hands a builder, made from a list of ints and the corpus dtype
+INPUT_FORMS = {
+    "dtype-array": lambda values, dtype: numpy.array(values, dtype=dtype),
+    "int64-array": lambda values, dtype: numpy.array(values, dtype=numpy.int64),
+    "list": lambda values, dtype: list(values),
+    "torch-int64": lambda values, dtype: torch.tensor(values, dtype=torch.int64),
+}
+
+
+@pytest.mark.parametrize("method", ["add_document", "add_item"])
+@pytest.mark.parametrize("form", INPUT_FORMS)
+@pytest.mark.parametrize("dtype", [numpy.uint16, numpy.int32], ids=["uint16", "int32"])
+def test_every_input_form_writes_megatron_bytes(tmp_path, dtype, form, method):
+    """The same token ids in each form give megatron-core's bytes. Its add_document takes every
+    form; its add_item only torch tensors, so it gets the ids as one there."""
+    info = numpy.iinfo(dtype)
+    documents = [[info.min, 1, info.max], [7], []]
+    documents += [[t for s in sequences for t in s] for sequences in random_documents(1, count=50)]
+    make = INPUT_FORMS[form]
+    for module, name in ((megatron, "megatron"), (megafmt, "ours")):
+        builder = module.IndexedDatasetBuilder(str(tmp_path / f"{name}.bin"), dtype=dtype)
+        for values in documents:
+            if method == "add_document":
+                builder.add_document(make(values, dtype), [len(values)])
+            else:
+                if module is megatron:
+                    builder.add_item(torch.tensor(values, dtype=torch.int64))
+                else:
+                    builder.add_item(make(values, dtype))
+                builder.end_document()
+        builder.finalize(str(tmp_path / f"{name}.idx"))
+    assert file_bytes(str(tmp_path / "ours")) == file_bytes(str(tmp_path / "megatron"))
+
+
+@pytest.mark.parametrize(
+    "dtype,bad", [(numpy.uint16, 65536), (numpy.uint16, -1), (numpy.int32, 2**31)]
+)
+def test_torch_tensors_past_the_dtype_are_refused_naming_the_value(tmp_path, dtype, bad):
+    builder = megafmt.IndexedDatasetBuilder(str(tmp_path / "c.bin"), dtype=dtype)
+    with pytest.raises(megafmt.TokenValueError, match=rf"sequence 0: value {bad} at position 1 "):
+        builder.add_document(torch.tensor([3, bad]), [2])
+    builder.abort()
+
+
+def test_tensors_numpy_cannot_take_as_they_are_are_copied_to_the_host(tmp_path):
+    """A tensor that requires grad (megatron-core refuses it) is written as its values."""
+    values = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    ours = megafmt.IndexedDatasetBuilder(str(tmp_path / "ours.bin"), dtype=numpy.uint16)
+    theirs = megatron.IndexedDatasetBuilder(str(tmp_path / "megatron.bin"), dtype=numpy.uint16)
+    ours.add_document(values, [3])
+    theirs.add_document(values.detach(), [3])
+    ours.finalize(str(tmp_path / "ours.idx"))
+    theirs.finalize(str(tmp_path / "megatron.idx"))
+    assert file_bytes(str(tmp_path / "ours")) == file_bytes(str(tmp_path / "megatron"))

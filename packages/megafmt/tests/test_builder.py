@@ -13,6 +13,7 @@ from megafmt import (
     IndexedDataset,
     IndexedDatasetBuilder,
     TokenValueError,
+    conversion,
     get_bin_path,
     get_idx_path,
 )
@@ -88,7 +89,11 @@ def test_non_contiguous_and_multi_dimensional_items_are_flattened(tmp_path):
         (numpy.uint8, numpy.array([1, 256], dtype=numpy.uint16), "value 256 at position 1"),
         (numpy.int32, [1.5], r"value 1.5 at position 0 is not an integer"),
         (numpy.int32, [float("nan")], r"value nan at position 0 is not an integer"),
-        (numpy.int32, ["a"], "expected numbers for int32"),
+        (numpy.int32, ["a"], r"value 'a' at position 0 is not a number"),
+        (numpy.uint16, ["12", "70000"], r"value 70000 at position 1 does not fit uint16"),
+        (numpy.int32, ["7", "1.5"], r"value '1.5' at position 1 is not a number"),
+        (numpy.int32, [1 + 1j], "expected numbers for int32, got complex128"),
+        (numpy.int32, numpy.array([1, True], dtype=object), "value True at position 1 is not a"),
         (numpy.int64, [2**70], r"value 1180591620717411303424 at position 0 does not fit int64"),
         (numpy.int32, [1, None], r"value None at position 1 is not a number"),
     ],
@@ -248,6 +253,8 @@ def test_add_index_refuses_mismatched_inputs(make_corpus, tmp_path):
         (numpy.array([1, 2, 3], dtype=numpy.int32), (3,)),
         (numpy.array([1, 2, 3], dtype=numpy.int32), numpy.array([3])),
         (numpy.array([[1, 2, 3]], dtype=numpy.int32), [3]),
+        (numpy.array([1, 0, 2, 0, 3], dtype=numpy.int32)[::2], [3]),
+        (numpy.array([[1, 9], [2, 9], [3, 9]], dtype=numpy.int32)[:, 0], [3]),
     ],
 )
 def test_every_input_form_writes_the_same_document(tmp_path, tokens, lengths):
@@ -267,3 +274,138 @@ def test_the_fast_path_still_checks_lengths(tmp_path, lengths):
     with pytest.raises(TokenValueError):
         builder.add_document(numpy.array([1, 2, 3], dtype=numpy.int32), lengths)
     builder.abort()
+
+
+class HostTensor:
+    """Stands in for a torch CPU tensor: it hands numpy its values only through ``__array__``."""
+
+    def __init__(self, values):
+        self._values = numpy.array(values, dtype=numpy.int64)
+
+    def __array__(self, dtype=None, copy=None):
+        return self._values
+
+
+class DeviceTensor:
+    """Stands in for a torch tensor numpy cannot take (on a GPU, or requiring grad), which
+    ``detach().cpu()`` brings to host memory."""
+
+    def __init__(self, values):
+        self._host = HostTensor(values)
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("Can't call numpy() on Tensor that requires grad")
+
+    def detach(self):
+        return self
+
+    def cpu(self):
+        return self._host
+
+
+# each form a user hands the builder, made from a list of ints and the corpus dtype
+FORMS = {
+    "dtype-array": lambda values, dtype: numpy.array(values, dtype=dtype),
+    "int64-array": lambda values, dtype: numpy.array(values, dtype=numpy.int64),
+    "list": lambda values, dtype: list(values),
+    "tensor": lambda values, dtype: HostTensor(values),
+    "device-tensor": lambda values, dtype: DeviceTensor(values),
+}
+BOUNDS = {numpy.uint16: (0, 65535), numpy.int32: (-(2**31), 2**31 - 1)}
+
+
+@pytest.fixture(params=[False, True], ids=["same-value-cast", "range-check-then-cast"])
+def numpy_without_same_value(request, monkeypatch):
+    """Both ways of casting exactly: NumPy 2.4's ``same_value`` casting where this numpy has it,
+    and the range check older numpy needs."""
+    if request.param:
+        monkeypatch.setattr(conversion, "SAME_VALUE_CASTING", False)
+    elif not conversion.SAME_VALUE_CASTING:
+        pytest.skip("this numpy has no same_value casting")
+
+
+@pytest.mark.parametrize("method", ["add_document", "add_item"])
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", BOUNDS, ids=lambda dtype: dtype.__name__)
+def test_every_form_takes_the_whole_range_of_the_dtype(
+    tmp_path, dtype, form, method, numpy_without_same_value
+):
+    low, high = BOUNDS[dtype]
+    documents = [[low, 1, high], [7], [], list(range(300))]
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=dtype)
+    for values in documents:
+        if method == "add_document":
+            builder.add_document(FORMS[form](values, dtype), [len(values)])
+        else:
+            builder.add_item(FORMS[form](values, dtype))
+            builder.end_document()
+    builder.finalize(get_idx_path(prefix))
+    data, _ = read_bytes(prefix)
+    assert data == b"".join(numpy.array(values, dtype=dtype).tobytes() for values in documents)
+    dataset = IndexedDataset(prefix)
+    assert dataset.sequence_lengths.tolist() == [3, 1, 0, 300]
+    assert dataset.document_indices.tolist() == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("method", ["add_document", "add_item"])
+@pytest.mark.parametrize("form", [form for form in FORMS if form != "dtype-array"])
+@pytest.mark.parametrize(
+    "dtype,bad",
+    [
+        (numpy.uint16, 65536),
+        (numpy.uint16, -1),
+        (numpy.int32, 2**31),
+        (numpy.int32, -(2**31) - 1),
+    ],
+    ids=["uint16-above", "uint16-below", "int32-above", "int32-below"],
+)
+def test_every_form_refuses_a_value_past_the_dtype_naming_it(
+    tmp_path, dtype, bad, form, method, numpy_without_same_value
+):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"), dtype=dtype)
+    builder.add_document(numpy.array([5], dtype=dtype), [1])
+    with pytest.raises(TokenValueError) as caught:
+        if method == "add_document":
+            builder.add_document(FORMS[form]([1, 2, bad, 3], dtype), [4])
+        else:
+            builder.add_item(FORMS[form]([1, 2, bad, 3], dtype))
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'c.bin'}, sequence 1: value {bad} at position 2 ")
+    assert f"does not fit {numpy.dtype(dtype).name}" in message
+    builder.finalize(str(tmp_path / "c.idx"))  # the refused document left no trace
+    assert IndexedDataset(str(tmp_path / "c")).sequence_lengths.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    "make", [lambda values: numpy.array(values, dtype=numpy.float64), list], ids=["array", "list"]
+)
+def test_whole_floats_are_taken_and_fractions_refused(tmp_path, make, numpy_without_same_value):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"), dtype=numpy.uint16)
+    builder.add_item(make([1, 2, 3.0]))
+    with pytest.raises(TokenValueError, match=r"sequence 1: value 1.5 at position 2 is not an int"):
+        builder.add_item(make([1, 2, 1.5]))
+    builder.end_document()
+    builder.finalize(str(tmp_path / "c.idx"))
+    assert IndexedDataset(str(tmp_path / "c"))[0].tolist() == [1, 2, 3]
+
+
+def test_digit_strings_are_token_ids_for_integer_dtypes(tmp_path):
+    builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"), dtype=numpy.uint16)
+    builder.add_document(["12", "65535", "0"], [3])
+    builder.add_document(numpy.array(["7", 8, 2], dtype=object), [3])
+    builder.finalize(str(tmp_path / "c.idx"))
+    dataset = IndexedDataset(str(tmp_path / "c"))
+    assert [dataset[0].tolist(), dataset[1].tolist()] == [[12, 65535, 0], [7, 8, 2]]
+
+
+def test_lists_of_many_distinct_lengths_are_packed_right(tmp_path, monkeypatch):
+    monkeypatch.setattr(conversion, "MAX_PACKERS", 3)  # the packer cache starts over often
+    documents = [list(range(length)) for length in (5, 1, 5, 2, 3, 4, 1, 6)]
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.int32)
+    for values in documents:
+        builder.add_document(values, [len(values)])
+    builder.finalize(get_idx_path(prefix))
+    dataset = IndexedDataset(prefix)
+    assert [dataset[i].tolist() for i in range(len(documents))] == documents

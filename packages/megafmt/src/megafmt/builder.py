@@ -6,7 +6,9 @@ Names and arguments follow megatron-core's builder. What differs is deliberate:
   both into place, the ``.idx`` last. An interrupted build leaves only ``*.partial`` files,
   never a ``.bin``/``.idx`` pair that looks complete.
 * Items may be numpy arrays, Python sequences or torch tensors (torch is not imported).
-  A value that does not fit the dtype is an error, never a silent wrap-around.
+  A value that does not fit the dtype is an error, never a silent wrap-around; what numpy
+  converts exactly (whole floats, digit strings) is taken. Each form has its own fast path
+  (:mod:`megafmt.conversion`), so a call costs less than megatron-core's whatever it is given.
 * Lengths and document boundaries live in compact arrays and the index is written with a
   handful of vectorised writes, so building is bounded by the disk, not by Python.
 """
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy
 
 from megafmt.atomic import partial_path, remove_quietly
-from megafmt.conversion import as_bounded_ints, as_token_array
+from megafmt.conversion import TokenEncoder, as_bounded_ints, as_token_array
 from megafmt.dtypes import DType
 from megafmt.errors import FormatError, MissingFileError, TokenValueError
 from megafmt.format import get_bin_path, get_idx_path
@@ -76,29 +79,42 @@ class IndexedDatasetBuilder:
         self._document_indices = array("q", [0])
         self._modes: array | None = array("b") if multimodal else None
         self._done = False
-        # add_document skips its checks for an array of this dtype holding one sequence; None
-        # turns that path off (multimodal builders, and once the builder is finished)
-        self._fast_dtype: numpy.dtype | None = None if multimodal else self._dtype
+        # token ids of any form as a buffer of the dtype; once the builder is finished, a
+        # function that refuses them
+        self._encode: Callable[[Any], tuple[Any, int]] = TokenEncoder(self._dtype).encode
+        # add_document writes an array of this dtype as it is, without a call; None turns that
+        # path off once the builder is finished
+        self._fast_dtype: numpy.dtype | None = self._dtype
 
     def _located(self, error: TokenValueError) -> TokenValueError:
         return TokenValueError(f"{self.bin_path}, sequence {len(self._lengths)}: {error}")
 
     def _check_open(self) -> None:
         if self._done:
-            raise ValueError(f"{self.bin_path}: the builder was already finalized or aborted")
+            self._refuse_finished()
+
+    def _refuse_finished(self, value: Any = None) -> tuple[Any, int]:
+        """What ``_encode`` becomes once the builder is finalized or aborted."""
+        raise ValueError(f"{self.bin_path}: the builder was already finalized or aborted")
+
+    def _finish(self) -> None:
+        """Refuse every later call; the caller closes the files."""
+        self._done = True
+        self._fast_dtype = None
+        self._encode = self._refuse_finished
 
     def add_item(self, tensor: Any, mode: int = 0) -> None:
         """Append one sequence (any array-like of token ids) to the current document."""
-        self._check_open()
         try:
-            tokens = as_token_array(tensor, self._dtype)
-            as_bounded_ints([tokens.size], "sequence lengths", 0, INT32_MAX)
+            tokens, count = self._encode(tensor)
+            if count > INT32_MAX:
+                raise TokenValueError(f"{count} tokens, but a sequence holds at most {INT32_MAX}")
             if self._modes is not None:
                 as_bounded_ints([mode], "modes", -128, 127)
         except TokenValueError as error:
             raise self._located(error) from None
         self.data_file.write(tokens)
-        self._lengths.append(tokens.size)
+        self._lengths.append(count)
         if self._modes is not None:
             self._modes.append(mode)
 
@@ -108,44 +124,52 @@ class IndexedDatasetBuilder:
         ``lengths`` gives the size of each sequence and must add up to the tokens given.
         ``modes`` (multimodal only) defaults to 0 for every sequence.
         """
-        if (  # the common case, kept cheap: one sequence, already an array of the corpus dtype
-            type(tensor) is numpy.ndarray
-            and tensor.dtype is self._fast_dtype
-            and type(lengths) is list
+        if type(tensor) is numpy.ndarray and tensor.dtype is self._fast_dtype:
+            tokens, count = tensor, tensor.size  # written as it is, without a call
+        else:
+            try:
+                tokens, count = self._encode(tensor)
+            except TokenValueError as error:
+                raise self._located(error) from None
+        if (  # the common case, kept cheap: one sequence, not multimodal
+            type(lengths) is list
             and len(lengths) == 1
             and type(lengths[0]) is int
-            and lengths[0] == tensor.size <= INT32_MAX
-            and tensor.ndim == 1
-            and tensor.flags.c_contiguous
+            and lengths[0] == count <= INT32_MAX
+            and self._modes is None
         ):
-            self.data_file.write(tensor)
-            self._lengths.append(lengths[0])
-            self._document_indices.append(len(self._lengths))
-            return
-        self._check_open()
+            counts = None
+        else:
+            counts, mode_values = self._layout(lengths, modes, count)
         try:
-            tokens = as_token_array(tensor, self._dtype)
+            self.data_file.write(tokens)
+        except ValueError:  # a strided array of the dtype: numpy lends only contiguous memory
+            self.data_file.write(numpy.ascontiguousarray(tokens))
+        if counts is None:
+            self._lengths.append(count)
+        else:
+            self._lengths.extend(counts)
+            if self._modes is not None:
+                self._modes.extend(mode_values)
+        self._document_indices.append(len(self._lengths))
+
+    def _layout(self, lengths: Any, modes: Any, count: int) -> tuple[list[int], list[int]]:
+        """The checked sequence lengths and modes of a document of ``count`` tokens."""
+        try:
             counts = as_bounded_ints(lengths, "sequence lengths", 0, INT32_MAX)
             total = sum(counts)
-            if total != tokens.size:
+            if total != count:
                 raise TokenValueError(
-                    f"the lengths add up to {total} tokens, but the document has {tokens.size}"
+                    f"the lengths add up to {total} tokens, but the document has {count}"
                 )
-            if self._modes is not None:
-                mode_values = (
-                    [0] * len(counts)
-                    if modes is None
-                    else as_bounded_ints(modes, "modes", -128, 127)
-                )
-                if len(mode_values) != len(counts):
-                    raise TokenValueError(f"{len(mode_values)} modes for {len(counts)} sequences")
+            if self._modes is None or modes is None:
+                return counts, [0] * len(counts)
+            mode_values = as_bounded_ints(modes, "modes", -128, 127)
+            if len(mode_values) != len(counts):
+                raise TokenValueError(f"{len(mode_values)} modes for {len(counts)} sequences")
+            return counts, mode_values
         except TokenValueError as error:
             raise self._located(error) from None
-        self.data_file.write(tokens)
-        self._lengths.extend(counts)
-        self._document_indices.append(len(self._lengths))
-        if self._modes is not None:
-            self._modes.extend(mode_values)
 
     def add_documents(
         self, tokens: Any, sequence_lengths: Any, sequences_per_document: Any
@@ -184,7 +208,8 @@ class IndexedDatasetBuilder:
 
     def end_document(self) -> None:
         """Close the current document (after its sequences were added with ``add_item``)."""
-        self._check_open()
+        if self._done:  # not _check_open(): a call costs as much as the rest
+            self._refuse_finished()
         self._document_indices.append(len(self._lengths))
 
     def add_index(self, path_prefix: str) -> None:
@@ -231,8 +256,7 @@ class IndexedDatasetBuilder:
     def finalize(self, idx_path: str) -> None:
         """Write the index to ``idx_path`` and move both files into place, the ``.idx`` last."""
         self._check_open()
-        self._done = True
-        self._fast_dtype = None
+        self._finish()
         self.data_file.close()
         partial_idx = partial_path(idx_path)
         try:
@@ -255,7 +279,6 @@ class IndexedDatasetBuilder:
     def abort(self) -> None:
         """Stop building and delete what was written; nothing appears at ``bin_path``."""
         if not self._done:
-            self._done = True
-            self._fast_dtype = None
+            self._finish()
             self.data_file.close()
             remove_quietly(self._partial_bin)
