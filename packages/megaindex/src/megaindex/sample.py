@@ -60,6 +60,9 @@ class SampleMaker:
             self.eod_mask_loss,
             self.create_attention_mask,
         )
+        self._needs_starts = self.reset_position_ids or (
+            self.reset_attention_mask and self.create_attention_mask
+        )
         self._causal_mask: torch.Tensor | None = None
         self._position_tensor: torch.Tensor | None = None
         self._positions = numpy.arange(self.sequence_length)
@@ -91,8 +94,9 @@ class SampleMaker:
             labels[:-1] = text[1:length]
             labels[-1] = self.pad
         loss_mask = torch.ones(length, dtype=torch.float32)
-        texts = text[None, :]
-        starts = self._mask_loss_and_segments(tokens[None], loss_mask.numpy()[None])
+        starts = None
+        if self.eod_mask_loss or self._needs_starts:
+            starts = self._mask_loss_and_segments(tokens[None], loss_mask.numpy()[None])
         sample: dict[str, Any] = {
             "tokens": torch.from_numpy(tokens),
             "labels": torch.from_numpy(labels),
@@ -109,7 +113,8 @@ class SampleMaker:
             if self.reset_position_ids
             else self.positions
         )
-        self._clear_pads(texts, tokens[None], labels[None], loss_mask.numpy()[None], may_hold_pad)
+        if self._holds_pads(text, may_hold_pad):
+            self._clear_pads(tokens[None], labels[None], loss_mask.numpy()[None])
         if padding_sample:
             loss_mask.zero_()
         return sample
@@ -151,7 +156,8 @@ class SampleMaker:
             )
         sample["loss_mask"] = loss_mask
         sample["position_ids"] = position_ids
-        self._clear_pads(texts, tokens_np, labels_np, loss_np, may_hold_pad)
+        if self._holds_pads(texts, may_hold_pad):
+            self._clear_pads(tokens_np, labels_np, loss_np)
         if any(padding):
             loss_np[numpy.asarray(padding, dtype=bool)] = 0.0
         return sample
@@ -163,9 +169,7 @@ class SampleMaker:
         position ids or the attention mask reset at documents (else None)."""
         if self.eod_mask_loss:
             loss[tokens == self.eod] = 0.0
-        if self.reset_position_ids or (self.reset_attention_mask and self.create_attention_mask):
-            return segment_starts(tokens, self.eod)
-        return None
+        return segment_starts(tokens, self.eod) if self._needs_starts else None
 
     def _document_masks(self, starts: numpy.ndarray) -> numpy.ndarray:
         """``[B, 1, S, S]`` bool: causal attention within each document of each row."""
@@ -176,20 +180,17 @@ class SampleMaker:
             fill_document_causal_mask(starts[row], mask[row, 0], threads)
         return mask
 
+    def _holds_pads(self, texts: numpy.ndarray, may_hold_pad: bool) -> bool:
+        """Whether pads must be cleared: without the extra token the last label always is one;
+        otherwise a window holds none unless it was padded (or the pad id is a real token)."""
+        return not self.extra or (may_hold_pad and bool((texts == self.pad).any()))
+
     def _clear_pads(
-        self,
-        texts: numpy.ndarray,
-        tokens: numpy.ndarray,
-        labels: numpy.ndarray,
-        loss: numpy.ndarray,
-        may_hold_pad: bool,
+        self, tokens: numpy.ndarray, labels: numpy.ndarray, loss: numpy.ndarray
     ) -> None:
         """No loss where the label is the pad id, and 0 in tokens and labels instead of it (an
-        id the embedding takes). A window holds none unless it was padded (or the pad id is a
-        real token); without the extra token the last label always is one. Both masks are
-        found before either array changes: tokens and labels may share memory."""
-        if self.extra and not (may_hold_pad and (texts == self.pad).any()):
-            return
+        id the embedding takes). Both masks are found before either array changes: tokens and
+        labels may share memory."""
         label_is_pad = labels == self.pad
         token_is_pad = tokens == self.pad
         loss[label_is_pad] = 0.0
