@@ -269,6 +269,13 @@ class WindowGatherer {
     return written;
   }
 
+  // One sample's window into `row` (`width` entries); the count written. No GIL needed.
+  int64_t gather_one(int64_t sample, int64_t* row, int64_t width) const {
+    int64_t written = 0;
+    gather_(&sample, 1, row, width, &written);
+    return written;
+  }
+
  private:
   template <typename Token, typename Position, typename Order>
   void bind() {
@@ -299,6 +306,69 @@ class WindowGatherer {
   AnyVector shuffle_index_;
   int64_t extra_;
   std::function<void(const int64_t*, int64_t, int64_t*, int64_t, int64_t*)> gather_;
+};
+
+// A blend's windows: each of its samples is a sample of one part (dataset_index) at a position
+// (dataset_sample_index), gathered by that part's WindowGatherer, the whole batch in one call.
+// It keeps the parts and the tables it reads alive.
+class BlendGatherer {
+ public:
+  BlendGatherer(nb::list parts, Input<int16_t> dataset_index, Input<int64_t> dataset_sample_index)
+      : parts_object_(nb::steal(PySequence_Tuple(parts.ptr()))),
+        dataset_index_(dataset_index),
+        dataset_sample_index_(dataset_sample_index) {
+    if (dataset_index.shape(0) != dataset_sample_index.shape(0)) {
+      throw nb::value_error(("dataset_index and dataset_sample_index must have one entry per "
+                             "sample, got " +
+                             size_text(dataset_index.shape(0)) + " and " +
+                             size_text(dataset_sample_index.shape(0)))
+                                .c_str());
+    }
+    for (nb::handle part : parts_object_) {
+      parts_.push_back(nb::cast<const WindowGatherer*>(part));
+    }
+  }
+
+  // Fills row b of `out` with blend sample indices[b]'s window; returns how many each row got.
+  std::vector<int64_t> gather(const std::vector<int64_t>& indices, Rows out) const {
+    if (out.shape(0) != indices.size()) {
+      throw nb::value_error(("out must have a row per sample (" + size_text(indices.size()) +
+                             "), got " + size_text(out.shape(0)))
+                                .c_str());
+    }
+    const int64_t size = static_cast<int64_t>(dataset_index_.shape(0));
+    const int64_t width = static_cast<int64_t>(out.shape(1));
+    const int64_t parts = static_cast<int64_t>(parts_.size());
+    std::vector<int64_t> written(indices.size());
+    nb::gil_scoped_release release;
+    for (size_t row = 0; row < indices.size(); ++row) {
+      const int64_t index = indices[row];
+      if (index < 0 || index >= size) {
+        throw std::out_of_range("blend sample " + std::to_string(index) + ": outside its " +
+                                std::to_string(size) + " samples");
+      }
+      const int64_t part = dataset_index_.data()[index];
+      if (part < 0 || part >= parts) {
+        throw std::out_of_range("blend sample " + std::to_string(index) +
+                                ": dataset_index holds " + std::to_string(part) +
+                                ", not one of the " + std::to_string(parts) + " datasets");
+      }
+      try {
+        written[row] = parts_[part]->gather_one(dataset_sample_index_.data()[index],
+                                                out.data() + row * width, width);
+      } catch (const std::out_of_range& error) {
+        throw std::out_of_range("blend sample " + std::to_string(index) + " (dataset " +
+                                std::to_string(part) + "): " + error.what());
+      }
+    }
+    return written;
+  }
+
+ private:
+  nb::object parts_object_;  // a tuple: the parts stay as they were given
+  std::vector<const WindowGatherer*> parts_;
+  Input<int16_t> dataset_index_;
+  Input<int64_t> dataset_sample_index_;
 };
 
 }  // namespace
@@ -342,5 +412,12 @@ NB_MODULE(_ext, m) {
            "document_index"_a.noconvert(), "sample_index"_a.noconvert(),
            "shuffle_index"_a.noconvert(), "extra"_a)
       .def("gather", &WindowGatherer::gather, "samples"_a, "out"_a.noconvert(),
+           "Tokens written per row.");
+  nb::class_<BlendGatherer>(m, "BlendGatherer",
+                            "A blend's windows through its parts' WindowGatherers; see "
+                            "megaindex.helpers.BlendGatherer.")
+      .def(nb::init<nb::list, Input<int16_t>, Input<int64_t>>(), "parts"_a,
+           "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert())
+      .def("gather", &BlendGatherer::gather, "indices"_a, "out"_a.noconvert(),
            "Tokens written per row.");
 }

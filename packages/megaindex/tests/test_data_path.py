@@ -74,9 +74,12 @@ def test_every_dataset_declares_every_capability(make_config, corpus, tmp_path):
     assert isinstance(gpt.windows, MappedWindowReader)
 
 
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "file-reader"])
 @pytest.mark.parametrize("flags", FLAGS, ids=["plain", "resets", "no-mask-no-extra"])
-def test_a_blend_collates_its_batch_in_one_pass(make_config, corpus, tmp_path, flags):
-    blend = blend_of_three(make_config, corpus, tmp_path, **flags)
+def test_a_blend_collates_its_batch_in_one_pass(make_config, corpus, tmp_path, flags, mapped):
+    blend = blend_of_three(make_config, corpus, tmp_path, mmap_bin_files=mapped, **flags)
+    # mapped parts: the whole batch in one native call; else each part reads its rows
+    assert (blend._blend_gatherer() is not None) == mapped
     ids = blend.dataset_index.tolist()
     indices = [ids.index(2), 5, 17, ids.index(1), len(blend) - 1, 3]  # rows of every part
     batch = blend.__getitems__(PlannedBatch(indices, upcoming=[7, 8]))

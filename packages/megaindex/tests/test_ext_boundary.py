@@ -264,6 +264,8 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "build_sample_index_int32",
         "build_sample_index_int64",
         "fill_document_causal_mask",
+        "BlendGatherer.__init__",
+        "BlendGatherer.gather",
         "WindowGatherer.__init__",
         "WindowGatherer.gather",
         "legacy_shuffle",

@@ -368,3 +368,50 @@ def test_document_mask_arguments_are_refused_by_the_helper(
 ):
     with pytest.raises(error, match=message):
         helpers.fill_document_causal_mask(segment_start, out, threads)
+
+
+def window_gatherer(arguments: dict) -> helpers.WindowGatherer:
+    tables = {k: v for k, v in arguments.items() if k not in ("samples", "out")}
+    return helpers.WindowGatherer(**tables)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_blend_gathers_each_row_through_its_part(backend, use_backend):
+    use_backend(backend)
+    # part 0 is the hand-worked corpus; part 1 the same tables over other token values
+    first, second = corpus(), corpus()
+    second["tokens"] = second["tokens"] + 100
+    parts = [window_gatherer(first), window_gatherer(second)]
+    dataset_index = numpy.array([1, 0, 0, 1], numpy.int16)
+    dataset_sample_index = numpy.array([2, 0, 1, 0], numpy.int64)
+    blend = helpers.BlendGatherer(parts, dataset_index, dataset_sample_index)
+    out = numpy.full((3, 7), -1, numpy.int64)
+    assert blend.gather([3, 1, 0], out) == [5, 5, 5]
+    # blend 3 is part 1's sample 0, blend 1 part 0's sample 0, blend 0 part 1's sample 2
+    assert out.tolist() == [
+        [112, 113, 120, 121, 122, -1, -1],
+        [12, 13, 20, 21, 22, -1, -1],
+        [124, 125, 110, 111, 112, -1, -1],
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_blend_gatherer_names_the_blend_sample_at_fault(backend, use_backend):
+    use_backend(backend)
+    parts = [window_gatherer(corpus())]
+    index, samples = numpy.array([0, 1], numpy.int16), numpy.array([0, 7], numpy.int64)
+    blend = helpers.BlendGatherer(parts, index, samples)
+    out = numpy.zeros((1, 7), numpy.int64)
+    with pytest.raises(IndexError, match="^blend sample 5: outside its 2 samples$"):
+        blend.gather([5], out)
+    with pytest.raises(IndexError, match="^blend sample 1: dataset_index holds 1, not one of"):
+        blend.gather([1], out)
+    index[1] = 0
+    with pytest.raises(
+        IndexError, match=r"^blend sample 1 \(dataset 0\): sample 7: outside shuffle_index's 3"
+    ):
+        blend.gather([1], out)
+    with pytest.raises(TypeError, match="parts must be WindowGatherers"):
+        helpers.BlendGatherer([object()], index, samples)
+    with pytest.raises(ValueError, match=r"out must have shape \(2, any\)"):
+        blend.gather([0, 1], out)

@@ -211,3 +211,37 @@ class WindowGatherer:
                 count += span
             written[row] = count
         return written
+
+
+class BlendGatherer:
+    """A blend's windows through its parts' gatherers, with the C++ kernel's messages."""
+
+    def __init__(
+        self,
+        parts: list[WindowGatherer],
+        dataset_index: numpy.ndarray,
+        dataset_sample_index: numpy.ndarray,
+    ) -> None:
+        self.parts = tuple(parts)
+        self.dataset_index = dataset_index
+        self.dataset_sample_index = dataset_sample_index
+
+    def gather(self, indices: list[int], out: numpy.ndarray) -> list[int]:
+        written = []
+        for row, index in enumerate(indices):
+            if not 0 <= index < len(self.dataset_index):
+                raise IndexError(
+                    f"blend sample {index}: outside its {len(self.dataset_index)} samples"
+                )
+            part = int(self.dataset_index[index])
+            if not 0 <= part < len(self.parts):
+                raise IndexError(
+                    f"blend sample {index}: dataset_index holds {part}, not one of the "
+                    f"{len(self.parts)} datasets"
+                )
+            sample = int(self.dataset_sample_index[index])
+            try:
+                written += self.parts[part].gather([sample], out[row : row + 1])
+            except IndexError as error:
+                raise IndexError(f"blend sample {index} (dataset {part}): {error}") from None
+        return written

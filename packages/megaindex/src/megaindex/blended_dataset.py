@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import (
     MAX_DATASETS,
+    BlendGatherer,
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
 from megaindex.megatron_dataset import MegatronDataset, describe, one_sample_at_a_time
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
+from megaindex.windows import MappedWindowReader, can_hold, pad_rows
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +156,13 @@ class BlendedDataset(torch.utils.data.Dataset):
             isinstance(dataset, PlannedPrefetch) and dataset.prefetches for dataset in datasets
         )
         self._windowed = all(_shares_windows(dataset, datasets[0]) for dataset in datasets)
+        # every part gathers from a mapped .bin: the whole batch in one native call
+        self._mapped = self._windowed and all(
+            isinstance(dataset.windows, MappedWindowReader) and not dataset.shapes_samples
+            for dataset in datasets
+        )
+        self._gatherer: BlendGatherer | None = None
+        self._parts_hold_pad = True
 
     @property
     def index_split(self) -> Split:
@@ -195,19 +205,45 @@ class BlendedDataset(torch.utils.data.Dataset):
             self.prefetch([*indices, *upcoming])
         if not self._windowed:
             return [self[idx] for idx in indices]
-        positions = numpy.asarray(indices, dtype=numpy.int64)
+        positions = [operator.index(idx) for idx in indices]
         ids = self.tables["dataset_index"][positions]
-        samples = self.tables["dataset_sample_index"][positions]
         first: GPTDataset = self.datasets[0]
         texts = numpy.empty((len(indices), first._window), dtype=numpy.int64)
-        may_hold_pad = False
-        for dataset_id in numpy.unique(ids).tolist():
-            rows = numpy.flatnonzero(ids == dataset_id)
-            part = numpy.empty((len(rows), first._window), dtype=numpy.int64)
-            may_hold_pad |= self.datasets[dataset_id]._read_windows(samples[rows].tolist(), part)
-            texts[rows] = part
+        gatherer = self._blend_gatherer()
+        if gatherer is not None:
+            padded = pad_rows(gatherer.gather(positions, texts), texts, first._pad_token_id)
+            may_hold_pad = padded or self._parts_hold_pad
+        else:  # some part reads spans, or shapes its samples: each reads its own rows
+            may_hold_pad = False
+            samples = self.tables["dataset_sample_index"][positions]
+            for dataset_id in numpy.unique(ids).tolist():
+                rows = numpy.flatnonzero(ids == dataset_id)
+                part = numpy.empty((len(rows), first._window), dtype=numpy.int64)
+                dataset = self.datasets[dataset_id]
+                may_hold_pad |= dataset._read_windows(samples[rows].tolist(), part)
+                texts[rows] = part
         batch = first._make_sample.batch(texts, [False] * len(indices), may_hold_pad)
         return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch})
+
+    def _blend_gatherer(self) -> BlendGatherer | None:
+        """The native gatherer over every part's (made on first use); None unless every part
+        gathers from a mapped ``.bin``."""
+        if self._gatherer is None and self._mapped:
+            parts = [dataset.windows.gatherer() for dataset in self.datasets]
+            if any(part is None for part in parts):
+                return None
+            self._gatherer = BlendGatherer(
+                parts, self.tables["dataset_index"], self.tables["dataset_sample_index"]
+            )
+            pad = self.datasets[0]._pad_token_id
+            self._parts_hold_pad = any(
+                can_hold(dataset.dataset.tokens_view.dtype, pad) for dataset in self.datasets
+            )
+        return self._gatherer
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the gatherer is native state of this process: a worker makes its own
+        return {**self.__dict__, "_gatherer": None}
 
     @property
     def prefetches(self) -> bool:

@@ -344,6 +344,44 @@ class WindowGatherer:
         raise TypeError("a WindowGatherer holds native state: make one in each process")
 
 
+class BlendGatherer:
+    """A blend's windows: ``gather(indices, out)`` writes blend sample ``indices[b]`` (sample
+    ``dataset_sample_index[i]`` of part ``dataset_index[i]``, read by that part's
+    :class:`WindowGatherer`) into row b of ``out`` and returns how many tokens each row got;
+    the whole batch in one call, whatever parts its rows come from. ``dataset_index`` (int16)
+    and ``dataset_sample_index`` (int64) are BlendedDataset's tables, checked once, here. An
+    index outside the tables, or a part's error, is an IndexError naming the blend sample."""
+
+    def __init__(
+        self,
+        parts: list[WindowGatherer],
+        dataset_index: numpy.ndarray,
+        dataset_sample_index: numpy.ndarray,
+    ) -> None:
+        if not all(isinstance(part, WindowGatherer) for part in parts):
+            raise TypeError(f"parts must be WindowGatherers, got {parts!r}")
+        _array("dataset_index", dataset_index, INT16, (None,))
+        _array("dataset_sample_index", dataset_sample_index, INT64, (len(dataset_index),))
+        self._kernel = implementation().BlendGatherer(
+            [part._kernel for part in parts], dataset_index, dataset_sample_index
+        )
+        self._checks_itself = backend() == "cpp"
+
+    def gather(self, indices: list[int], out: numpy.ndarray) -> list[int]:
+        """Fill the rows of ``out`` with the windows of ``indices``; the tokens each got."""
+        if self._checks_itself:
+            try:
+                return self._kernel.gather(indices, out)
+            except (TypeError, ValueError):
+                _check_batch(indices, out)
+                raise
+        _check_batch(indices, out)
+        return self._kernel.gather(indices, out)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a BlendGatherer holds native state: make one in each process")
+
+
 def _check_batch(samples: Any, out: Any) -> None:
     """Raise the error that names what is wrong with a batch's arguments, if anything."""
     if not isinstance(samples, list) or any(type(sample) is not int for sample in samples):

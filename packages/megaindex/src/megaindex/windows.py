@@ -39,6 +39,17 @@ def can_hold(dtype: numpy.dtype, value: int) -> bool:
     return limits.min <= value <= limits.max
 
 
+def pad_rows(written: list[int], out: numpy.ndarray, pad: int) -> bool:
+    """Pad each row of ``out`` after the ``written[row]`` tokens it got; whether any was."""
+    padded = False
+    width = out.shape[1]
+    for row, count in enumerate(written):
+        if count < width:
+            out[row, count:] = pad
+            padded = True
+    return padded
+
+
 class WindowReader:
     """Fills rows with sample windows, reading tokens one document at a time (``get``)."""
 
@@ -108,13 +119,14 @@ class MappedWindowReader(WindowReader):
         self._gatherer: WindowGatherer | None = None
         self._tokens: numpy.ndarray | None = None
 
-    def fill(self, indices: Sequence[int], out: numpy.ndarray) -> bool:
+    def gatherer(self) -> WindowGatherer | None:
+        """The native gatherer of the mapped ``.bin`` and the tables (made on first use, and
+        again for a reopened reader); None while the source has no mapping."""
         tokens = self.source.tokens_view
         if tokens is None:
-            return self.fallback.fill(indices, out)
-        gatherer = self._gatherer
-        if gatherer is None or tokens is not self._tokens:  # first use, or a reopened reader
-            gatherer = self._gatherer = WindowGatherer(
+            return None
+        if self._gatherer is None or tokens is not self._tokens:
+            self._gatherer = WindowGatherer(
                 tokens,
                 self.source.sequence_pointers,
                 self.source.sequence_lengths,
@@ -124,13 +136,14 @@ class MappedWindowReader(WindowReader):
                 self.extra,
             )
             self._tokens = tokens
-        padded = False
-        width = out.shape[1]
-        for row, count in enumerate(gatherer.gather(indices, out)):
-            if count < width:
-                out[row, count:] = self.pad
-                padded = True
-        return padded or can_hold(tokens.dtype, self.pad)
+        return self._gatherer
+
+    def fill(self, indices: Sequence[int], out: numpy.ndarray) -> bool:
+        gatherer = self.gatherer()
+        if gatherer is None:
+            return self.fallback.fill(indices, out)
+        padded = pad_rows(gatherer.gather(indices, out), out, self.pad)
+        return padded or can_hold(self._tokens.dtype, self.pad)
 
     def __getstate__(self) -> dict:
         # the gatherer is native state of this process: a worker makes its own
