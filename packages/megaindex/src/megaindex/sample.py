@@ -9,7 +9,7 @@ S x S float mask; here each document's extent is computed once for the whole bat
 
 A lone sample is made around its window: tokens and labels are views of it (overlapping by
 all but one position, as megatron-core's are). A batch keeps tokens, labels, position ids and
-loss mask in one buffer, so a DataLoader worker hands it over as one block of shared memory.
+loss mask in one allocation.
 Tensors that do not depend on the data are built once and shared, as megatron-core shares its
 cached ones: without resets a sample's ``position_ids`` is one cached tensor; without
 ``reset_attention_mask`` its ``attention_mask`` is one cached tensor, and a batch's is that
@@ -64,6 +64,7 @@ class SampleMaker:
             self.reset_attention_mask and self.create_attention_mask
         )
         self._causal_mask: torch.Tensor | None = None
+        self._expanded_masks: dict[int, torch.Tensor] = {}
         self._position_tensor: torch.Tensor | None = None
         self._positions = numpy.arange(self.sequence_length)
 
@@ -119,6 +120,14 @@ class SampleMaker:
             loss_mask.zero_()
         return sample
 
+    def _batch_causal_mask(self, rows: int) -> torch.Tensor:
+        """The causal mask expanded over ``rows`` samples (a view: stride 0 over the batch)."""
+        mask = self._expanded_masks.get(rows)
+        if mask is None:
+            length = self.sequence_length
+            mask = self._expanded_masks[rows] = self.causal_mask.expand(rows, 1, length, length)
+        return mask
+
     @property
     def positions(self) -> torch.Tensor:
         """``[S]`` int64 position ids without resets; built once."""
@@ -130,15 +139,15 @@ class SampleMaker:
         self, texts: numpy.ndarray, padding: list[bool], may_hold_pad: bool = True
     ) -> dict[str, Any]:
         """The collated samples of the rows of ``texts`` (int64, ``[B, S (+1)]``): tokens,
-        labels and position ids (int64) then the loss mask (float32) in one buffer."""
+        labels and position ids (int64) then the loss mask (float32), one allocation. (Each
+        tensor is made from its numpy view: torch's own view operations cost microseconds.)"""
         rows, length = len(texts), self.sequence_length
         size = rows * length
-        buffer = torch.empty(size * 28, dtype=torch.uint8)
-        block = buffer[: size * 24].view(torch.int64)
-        tokens, labels, position_ids = block.view(3, rows, length).unbind(0)
-        loss_mask = buffer[size * 24 :].view(torch.float32).view(rows, length)
-        tokens_np, labels_np, positions_np = block.numpy().reshape(3, rows, length)
-        loss_np = loss_mask.numpy()
+        buffer = numpy.empty(size * 28, dtype=numpy.uint8)
+        tokens_np, labels_np, positions_np = (
+            buffer[: size * 24].view(numpy.int64).reshape(3, rows, length)
+        )
+        loss_np = buffer[size * 24 :].view(numpy.float32).reshape(rows, length)
         loss_np.fill(1.0)
         tokens_np[:] = texts[:, :length]
         labels_np[:, : length - 1] = texts[:, 1:length]
@@ -147,15 +156,18 @@ class SampleMaker:
         positions_np[:] = self._positions
         if self.reset_position_ids:
             positions_np -= starts
-        sample: dict[str, Any] = {"tokens": tokens, "labels": labels}
+        sample: dict[str, Any] = {
+            "tokens": torch.from_numpy(tokens_np),
+            "labels": torch.from_numpy(labels_np),
+        }
         if self.create_attention_mask:
             sample["attention_mask"] = (
                 torch.from_numpy(self._document_masks(starts))
                 if self.reset_attention_mask
-                else self.causal_mask.expand(rows, 1, length, length)
+                else self._batch_causal_mask(rows)
             )
-        sample["loss_mask"] = loss_mask
-        sample["position_ids"] = position_ids
+        sample["loss_mask"] = torch.from_numpy(loss_np)
+        sample["position_ids"] = torch.from_numpy(positions_np)
         if self._holds_pads(texts, may_hold_pad):
             self._clear_pads(tokens_np, labels_np, loss_np)
         if any(padding):
