@@ -325,7 +325,12 @@ class BlendGatherer {
                                 .c_str());
     }
     for (nb::handle part : parts_object_) {
-      parts_.push_back(nb::cast<const WindowGatherer*>(part));
+      if (!nb::isinstance<WindowGatherer>(part)) {  // None included: no null part
+        throw nb::type_error(("parts must be WindowGatherers, got " +
+                              std::string(nb::str(nb::type_name(part.type())).c_str()))
+                                 .c_str());
+      }
+      parts_.push_back(&nb::cast<const WindowGatherer&>(part));
     }
   }
 

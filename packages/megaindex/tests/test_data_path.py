@@ -205,3 +205,22 @@ def test_a_dataset_travels_to_workers_as_its_files(make_config):
     assert_batches_equal(
         copy.__getitems__([1, 2, 3]).collated, train.__getitems__([1, 2, 3]).collated
     )
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "file-reader"])
+def test_padding_and_negative_indices_in_batches(make_config, corpus, tmp_path, mapped):
+    blend = blend_of_three(make_config, corpus, tmp_path, mmap_bin_files=mapped)
+    gpt = blend.datasets[0]
+    for dataset in (blend, gpt):
+        batch = dataset.__getitems__([3, None, -1]).collated
+        # None: sample 0's tokens with no loss; -1: the last sample, as numpy counts
+        expected = default_collate([dataset[3], dataset[0], dataset[len(dataset) - 1]])
+        expected["loss_mask"][1] = 0.0
+        assert_batches_equal(batch, expected)
+        assert_batches_equal(
+            default_collate([dataset[None]]),
+            default_collate([dataset[0]])
+            | {"loss_mask": torch.zeros_like(dataset[0]["loss_mask"])[None]},
+        )
+        with pytest.raises(IndexError, match=f"sample -{len(dataset) + 1} out of range"):
+            dataset[-len(dataset) - 1]

@@ -272,3 +272,15 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "sample_count",
     }
     assert stubbed == built
+
+
+def test_a_blend_gatherer_refuses_what_is_not_a_window_gatherer():
+    *tables, _samples, extra, _out = gather_arguments()
+    part = ext.WindowGatherer(*tables, extra)
+    index, samples = numpy.zeros(2, numpy.int16), numpy.zeros(2, numpy.int64)
+    for wrong in (None, object(), "part"):
+        with pytest.raises(TypeError):
+            ext.BlendGatherer([part, wrong], index, samples)
+    blend = ext.BlendGatherer([part], index, samples)
+    out = numpy.zeros((1, 10), numpy.int64)
+    assert blend.gather([1], out) == [6]  # sample 0 of the part: document 1 from 2, then 0

@@ -32,6 +32,22 @@ def test_rerun_iterator_replays_a_step_of_any_length_from_its_first_micro_batch(
     assert [next(iterator) for _ in range(201)] == list(range(100, 301))
 
 
+def test_rerun_iterator_keeps_nothing_when_not_saving_and_checkpoints_a_replay():
+    quiet = RerunDataIterator(range(100), saving=False)
+    assert [next(quiet) for _ in range(50)] == list(range(50))
+    assert quiet.state_dict()["saved_microbatches"] == []  # a run without reruns holds nothing
+    iterator = RerunDataIterator(range(10))
+    assert [next(iterator) for _ in range(4)] == [0, 1, 2, 3]
+    iterator.rewind()
+    assert next(iterator) == 0
+    # Megatron-LM's keys: the step's items, and a replay standing after the first
+    state = iterator.state_dict()
+    assert state == {"saved_microbatches": [0, 1, 2, 3], "replaying": True, "replay_pos": 1}
+    restored = RerunDataIterator(range(4, 10))  # the source continues after what was read
+    restored.load_state_dict(state)
+    assert [next(restored) for _ in range(5)] == [1, 2, 3, 4, 5]
+
+
 class Numbers:
     """Sample i is the number i."""
 

@@ -24,8 +24,8 @@ implements all five; megatron-core's, or a user's, may implement only the first)
     storage) fetches announced reads ahead, concurrently.
 
 Datasets, the mid-level and blended datasets a loader reads (megaindex's ``GPTDataset``,
-``MockGPTDataset`` and ``BlendedDataset`` implement all of them; a blend by delegating to its
-parts):
+``MockGPTDataset`` and ``BlendedDataset`` implement the first two and declare their split; a
+blend by delegating to its parts):
 
 ``BatchAssembly``
     ``__getitems__(indices)`` (what torch's DataLoader calls for a batch) returns a
@@ -160,6 +160,14 @@ class PlannedBatch(list):
         self.upcoming = list(upcoming)
 
 
+def announced(indices: Sequence[Any]) -> list[Any]:
+    """The indices of a batch and, when it is a :class:`PlannedBatch`, those its worker reads
+    next: what a dataset that prefetches fetches before reading the batch."""
+    if isinstance(indices, PlannedBatch):
+        return [*indices, *indices.upcoming]
+    return list(indices)
+
+
 @runtime_checkable
 class BatchAssembly(Protocol):
     """A dataset that assembles a whole batch in one call."""
@@ -231,5 +239,6 @@ __all__ = [
     "SplitMember",
     "StoredTokenSource",
     "TokenSource",
+    "announced",
     "split_name",
 ]

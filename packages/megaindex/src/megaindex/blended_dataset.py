@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 import numpy
 import torch
 
-from megafmt.protocols import CollatedBatch, PlannedBatch, PlannedPrefetch
+from megafmt.protocols import CollatedBatch, PlannedPrefetch, announced
 from megaindex.cache import CacheEntry, TableSpec
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.errors import ConfigError, IndexBuildError
@@ -35,7 +34,12 @@ from megaindex.helpers import (
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
-from megaindex.megatron_dataset import MegatronDataset, describe, one_sample_at_a_time
+from megaindex.megatron_dataset import (
+    MegatronDataset,
+    describe,
+    one_sample_at_a_time,
+    resolve_indices,
+)
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
 from megaindex.windows import MappedWindowReader, can_hold, pad_rows
@@ -189,26 +193,28 @@ class BlendedDataset(torch.utils.data.Dataset):
             return self.recipe.length()
         return self.tables["dataset_index"].shape[0]
 
-    def __getitem__(self, idx: int) -> dict[str, Any]:
-        dataset_id = self.tables["dataset_index"][idx]
-        return {
-            "dataset_id": dataset_id,
-            **self.datasets[dataset_id][self.tables["dataset_sample_index"][idx]],
-        }
+    def __getitem__(self, idx: int | None) -> dict[str, Any]:
+        """The sample at ``idx``, with its ``dataset_id``; None gives a padding sample (sample
+        0's, with no loss), as a GPT dataset's is."""
+        (position,), (padding,) = resolve_indices([idx], self.__len__)
+        dataset_id = self.tables["dataset_index"][position]
+        sample = self.datasets[dataset_id][self.tables["dataset_sample_index"][position]]
+        if padding:
+            sample["loss_mask"] = torch.zeros_like(sample["loss_mask"])
+        return {"dataset_id": dataset_id, **sample}
 
-    def __getitems__(self, indices: Sequence[int]) -> CollatedBatch | list[dict[str, Any]]:
+    def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch | list[dict[str, Any]]:
         """The samples at ``indices``: each part reads its rows of the batch, and the batch is
         collated in one pass when the parts are GPT datasets of one configuration (else the
         samples come one by one)."""
         if self._prefetches:
-            upcoming = indices.upcoming if isinstance(indices, PlannedBatch) else []
-            self.prefetch([*indices, *upcoming])
+            self.prefetch(announced(indices))
         if not self._windowed:
             return [self[idx] for idx in indices]
-        positions = [operator.index(idx) for idx in indices]
+        positions, padding = resolve_indices(indices, self.__len__)
         ids = self.tables["dataset_index"][positions]
         first: GPTDataset = self.datasets[0]
-        texts = numpy.empty((len(indices), first._window), dtype=numpy.int64)
+        texts = numpy.empty((len(positions), first._window), dtype=numpy.int64)
         gatherer = self._blend_gatherer()
         if gatherer is not None:
             padded = pad_rows(gatherer.gather(positions, texts), texts, first._pad_token_id)
@@ -222,7 +228,7 @@ class BlendedDataset(torch.utils.data.Dataset):
                 dataset = self.datasets[dataset_id]
                 may_hold_pad |= dataset._read_windows(samples[rows].tolist(), part)
                 texts[rows] = part
-        batch = first._make_sample.batch(texts, [False] * len(indices), may_hold_pad)
+        batch = first._make_sample.batch(texts, padding, may_hold_pad)
         return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch})
 
     def _blend_gatherer(self) -> BlendGatherer | None:

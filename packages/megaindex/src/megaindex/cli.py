@@ -21,6 +21,7 @@ from megaindex.budget import get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
+from megaindex.gpt_dataset import GPTDataset
 from megaindex.mock import MockGPTDataset
 from megaindex.plugins import DATASETS
 from megaindex.tokenizer import IdentifiedTokenizer
@@ -186,6 +187,8 @@ class DatasetProvider:
 def _report_built(split: Split, dataset: Any, indent: str = "") -> str:
     if isinstance(dataset, list):  # multiple validation sets
         return "\n".join(_report_built(split, d, indent) for d in dataset)
+    if not isinstance(dataset, (GPTDataset, BlendedDataset)):  # a third party's class
+        return f"{indent}{split.name:<5} {len(dataset):>12,} samples  {type(dataset).__name__}"
     source = dataset.index_source
     key = source.cache_entry.base if source.cache_entry else "(not cached)"
     what = f"blend of {len(dataset.datasets)}  " if isinstance(dataset, BlendedDataset) else ""

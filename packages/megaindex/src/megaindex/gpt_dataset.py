@@ -15,7 +15,6 @@ fetches announced samples of a corpus in object storage ahead of their use
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -25,16 +24,16 @@ import numpy
 from megafmt import IndexedDataset
 from megafmt.protocols import (
     CollatedBatch,
-    PlannedBatch,
     PrefetchingSource,
     StoredTokenSource,
     TokenSource,
+    announced,
 )
 from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
-from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time
+from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.sample import SampleMaker
 from megaindex.tables import CachedTables, TableSource
 from megaindex.utils import Split
@@ -177,27 +176,25 @@ class GPTDataset(MegatronDataset):
 
     def __getitem__(self, idx: int | None) -> dict[str, Any]:
         """The sample at ``idx``; None gives a padding sample whose loss mask is all zero."""
+        samples, padding = resolve_indices([idx], self.__len__)
         text = numpy.empty((1, self._window), dtype=numpy.int64)
-        may_hold_pad = self._read_windows([idx], text)
-        return self._make_sample(text[0], idx is None, may_hold_pad)
+        may_hold_pad = self._read_windows(samples, text)
+        return self._make_sample(text[0], padding[0], may_hold_pad)
 
     def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch:
         """The samples at ``indices`` (the DataLoader calls this for a batch): equal to
         ``[self[i] for i in indices]`` for any collate function, and in ``.collated`` already
         collated, as torch's default collation would, built in one pass."""
         if self._prefetches:  # the batch, and the one this worker reads next
-            upcoming = indices.upcoming if isinstance(indices, PlannedBatch) else []
-            self.prefetch([*indices, *upcoming])
-        texts = numpy.empty((len(indices), self._window), numpy.int64)
-        may_hold_pad = self._read_windows(indices, texts)
-        padding = [idx is None for idx in indices]
+            self.prefetch(announced(indices))
+        samples, padding = resolve_indices(indices, self.__len__)
+        texts = numpy.empty((len(samples), self._window), numpy.int64)
+        may_hold_pad = self._read_windows(samples, texts)
         return CollatedBatch(self._make_sample.batch(texts, padding, may_hold_pad))
 
-    def _read_windows(self, indices: Sequence[int | None], out: numpy.ndarray) -> bool:
-        """Fill the rows of ``out`` with the windows of ``indices`` (None: sample 0's, as
-        megatron-core's padding sample), shaped by the subclass if it shapes them. Returns
-        whether a row may hold the pad id."""
-        samples = [0 if idx is None else operator.index(idx) for idx in indices]
+    def _read_windows(self, samples: list[int], out: numpy.ndarray) -> bool:
+        """Fill the rows of ``out`` with the windows of ``samples``, shaped by the subclass if
+        it shapes them. Returns whether a row may hold the pad id."""
         may_hold_pad = self.windows.fill(samples, out)
         if self.shapes_samples:
             for row, idx in enumerate(samples):

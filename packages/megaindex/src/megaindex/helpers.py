@@ -13,9 +13,9 @@ Errors follow one convention, the same on both backends:
   from the C++ and the numpy backend.
 
 The builders convert inputs of another integer dtype when their values fit (they are built
-once). ``gather_windows`` and ``fill_document_causal_mask`` run per batch on large tables and
-take every array as it is, never copying it: an array of another dtype is refused, not
-converted. Outputs are always filled in place and must be exactly what is asked for.
+once). ``WindowGatherer``, ``BlendGatherer`` and ``fill_document_causal_mask`` run per batch on
+large tables and take every array as it is, never copying it: an array of another dtype is
+refused, not converted. Outputs are always filled in place and must be exactly what is asked for.
 """
 
 from __future__ import annotations
@@ -387,23 +387,3 @@ def _check_batch(samples: Any, out: Any) -> None:
     if not isinstance(samples, list) or any(type(sample) is not int for sample in samples):
         raise TypeError(f"samples must be a list of ints, got {samples!r}")
     _array("out", out, INT64, (len(samples), None), writeable=True)
-
-
-def gather_windows(
-    tokens: numpy.ndarray,
-    pointers: numpy.ndarray,
-    lengths: numpy.ndarray,
-    document_index: numpy.ndarray,
-    sample_index: numpy.ndarray,
-    shuffle_index: numpy.ndarray,
-    samples: numpy.ndarray,
-    extra: int,
-    out: numpy.ndarray,
-) -> numpy.ndarray:
-    """One batch of :class:`WindowGatherer`'s windows, ``samples`` an int64 array: the tokens
-    each row got, as an int64 array."""
-    samples = _array("samples", samples, INT64, (None,))
-    gatherer = WindowGatherer(
-        tokens, pointers, lengths, document_index, sample_index, shuffle_index, extra
-    )
-    return numpy.array(gatherer.gather(samples.tolist(), out), dtype=numpy.int64)

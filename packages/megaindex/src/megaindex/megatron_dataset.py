@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import operator
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy
@@ -43,6 +44,28 @@ def _special_tokens(tokenizer: Any) -> list[int]:
             with contextlib.suppress(AttributeError, NotImplementedError):
                 tokens.append(getattr(tokenizer, name))
     return tokens
+
+
+def resolve_indices(
+    indices: Sequence[int | None], length: Callable[[], int]
+) -> tuple[list[int], list[bool]]:
+    """``indices`` as sample numbers, and which are padding: None is a padding sample (sample
+    0's tokens with no loss, megatron-core's ``idx=None``), a negative index counts from the
+    end as numpy's would (``length`` is asked only then)."""
+    samples, padding = [], []
+    for idx in indices:
+        if idx is None:
+            samples.append(0)
+            padding.append(True)
+            continue
+        number = operator.index(idx)
+        if number < 0:
+            number += length()
+            if number < 0:
+                raise IndexError(f"sample {idx} out of range for {length()} samples")
+        samples.append(number)
+        padding.append(False)
+    return samples, padding
 
 
 def one_sample_at_a_time(cls: type) -> None:

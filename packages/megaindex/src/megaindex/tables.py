@@ -133,10 +133,6 @@ class CachedTables:
             tables = self._tables = self._cache.load(None, check=False)
         return tables[name]
 
-    def ordered(self) -> tuple[numpy.ndarray, ...]:
-        """Every table, in the recipe's order."""
-        return tuple(self[name] for name in self.recipe.names)
-
     def __getstate__(self) -> dict[str, Any]:
         # cached tables travel to DataLoader workers as their files, mapped there on first use
         # (checked here already); tables built in memory travel as they are

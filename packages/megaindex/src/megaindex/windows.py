@@ -9,7 +9,7 @@ How the tokens are read depends on what the dataset's token source can do (the P
 :mod:`megafmt.protocols`), decided once when the dataset is made:
 
 * a :class:`~megafmt.protocols.MappedTokenSource` whose ``.bin`` is mapped (megafmt's default
-  reader): every window of a batch in one C++ call (:func:`megaindex.helpers.gather_windows`);
+  reader): every window of a batch in one C++ call (:class:`megaindex.helpers.WindowGatherer`);
 * a :class:`~megafmt.protocols.SpanSource`: one ``read_spans`` call per sample;
 * any :class:`~megafmt.protocols.TokenSource` (megatron-core's ``get``): one call per document;
 * a subclass written against megatron-core that overrides
@@ -85,8 +85,7 @@ class WindowReader:
         """Fill row ``i`` of ``out`` (int64, ``[len(indices), window]``) with sample
         ``indices[i]``'s window, padded. Returns whether a row may hold the pad id (False: no
         row was padded and the corpus's tokens cannot take that value)."""
-        for row, idx in enumerate(indices):
-            out[row, self._read(idx, out[row]) :] = self.pad
+        pad_rows([self._read(idx, out[row]) for row, idx in enumerate(indices)], out, self.pad)
         return True
 
     def _read(self, idx: int, out: numpy.ndarray) -> int:
@@ -161,6 +160,7 @@ class QueriedWindowReader(WindowReader):
         self.query = query
 
     def fill(self, indices: Sequence[int], out: numpy.ndarray) -> bool:
+        self.tables["shuffle_index"]  # deferred tables are mapped before the override reads them
         for row, idx in enumerate(indices):
             out[row] = self.query(idx)[0]
         return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -27,34 +26,57 @@ def cyclic_iter(iterable: Iterable[Any]) -> Iterator[Any]:
 
 
 class RerunDataIterator:
-    """An iterator that remembers the items read since the last ``advance()`` so a step can be
-    replayed.
+    """An iterator that remembers the items of a step so the step can be replayed.
 
-    ``rewind()`` makes the next ``next()`` calls return those items again, from the first, in
-    order, before reading new ones; ``advance()`` forgets them (the step succeeded). Megatron-LM
-    uses this to re-run a step for determinism checks. Every item of a step is kept, however
-    many micro-batches it reads.
+    ``rewind()`` makes the next ``next()`` calls return the items read since the last
+    ``advance()`` again, from the first, in order, before reading new ones; ``advance()``
+    forgets them (the step succeeded). Every item of a step is kept, however many
+    micro-batches it reads. Megatron-LM uses this to re-run a step for determinism checks, and
+    keeps items only while its rerun state machine is on: ``saving=False`` (or setting
+    ``saving`` later) keeps none, so a run that never calls ``advance()`` does not hold every
+    batch. ``state_dict()``/``load_state_dict()`` carry what Megatron-LM checkpoints.
     """
 
-    def __init__(self, iterable: Iterable[Any]) -> None:
+    def __init__(self, iterable: Iterable[Any], saving: bool = True) -> None:
         self.iterable = iterable
+        self.saving = saving
         self._source = iter(iterable)
         self._saved: list[Any] = []
-        self._replay: deque[Any] = deque()
+        self._replay_position: int | None = None  # where a replay stands in _saved
 
     def __iter__(self) -> RerunDataIterator:
         return self
 
     def __next__(self) -> Any:
-        item = self._replay.popleft() if self._replay else next(self._source)
-        self._saved.append(item)
+        position = self._replay_position
+        if position is not None and position < len(self._saved):
+            self._replay_position = position + 1
+            return self._saved[position]
+        item = next(self._source)
+        if self.saving:
+            self._saved.append(item)
+            if position is not None:
+                self._replay_position = position + 1
         return item
 
     def rewind(self) -> None:
         """Replay the items read since the last ``advance()``, from the first."""
-        self._replay = deque([*self._saved, *self._replay])
-        self._saved.clear()
+        self._replay_position = 0
 
     def advance(self) -> None:
         """Forget the remembered items."""
-        self._saved.clear()
+        self._saved = []
+        self._replay_position = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The remembered items and where a replay stands (Megatron-LM's keys)."""
+        return {
+            "saved_microbatches": self._saved,
+            "replaying": self._replay_position is not None,
+            "replay_pos": self._replay_position or 0,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``'s result."""
+        self._saved = list(state["saved_microbatches"])
+        self._replay_position = int(state["replay_pos"]) if state["replaying"] else None

@@ -26,9 +26,9 @@ from megaload.errors import ResumeError
 from megaload.planned import PlannedBatchSampler
 from megaload.shared_batches import Collate, SlotReader, available
 
-#: 2: the sampler's own resume fields moved under ``sampler_state``
 logger = logging.getLogger(__name__)
 
+#: 2: the sampler's own resume fields moved under ``sampler_state`` (1 is still read)
 STATE_VERSION = 2
 
 

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy
 
@@ -38,6 +38,14 @@ from megafmt.retry import RetryPolicy
 
 #: spans that start at or before a read's first byte, looked at for one that holds the read
 SPAN_CANDIDATES = 8
+
+
+@runtime_checkable
+class IdxCacheSetting(Protocol):
+    """megatron-core's ``ObjectStorageConfig`` (or ``S3Config``), as far as this reader reads
+    it: where the local copy of the ``.idx`` goes."""
+
+    path_to_idx_cache: str
 
 
 class Request(Future):
@@ -82,8 +90,8 @@ class FsspecBinReader:
                 f"threads >= 1 and random_read_bytes >= 1; got {chunk_bytes}, {cache_bytes}, "
                 f"{readahead}, {threads}, {random_read_bytes}"
             )
-        if idx_cache_dir is None and object_storage_config is not None:
-            idx_cache_dir = getattr(object_storage_config, "path_to_idx_cache", None)
+        if idx_cache_dir is None and isinstance(object_storage_config, IdxCacheSetting):
+            idx_cache_dir = object_storage_config.path_to_idx_cache
         self.path = path
         self.chunk_bytes = chunk_bytes
         self.cache_bytes = cache_bytes
