@@ -211,3 +211,37 @@ def test_blended_cache_is_shared_both_ways(corpora, tmp_path, first):
         if a is not None:
             theirs, ours = (a, b) if first == "megatron" else (b, a)
             assert_same_dataset(theirs, ours)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(
+    "flags",
+    [{}, {"reset_position_ids": True, "reset_attention_mask": True, "eod_mask_loss": True}],
+    ids=["plain", "resets"],
+)
+def test_blend_batches_through_the_loader_equal_megatrons(corpora, tmp_path, workers, flags):
+    """megaload over megaindex's blend (each batch gathered in one native call and collated in
+    one pass) against Megatron-LM's loader (torch's DataLoader, default collation) over
+    megatron-core's blend, batch for batch."""
+    from torch.utils.data import DataLoader
+
+    from megaload import DataLoaderConfig, MegatronPretrainingSampler, build_pretraining_data_loader
+
+    blend = (corpora[:3], [0.5, 0.3, 0.2])
+    theirs, ours = build_both(str(tmp_path), [240, 0, 0], blend=blend, split="1,0,0", **flags)
+    theirs, ours = theirs[0], ours[0]
+    assert ours._blend_gatherer() is not None  # the one-call path is the one compared
+    reference = DataLoader(
+        theirs, batch_sampler=MegatronPretrainingSampler(len(theirs), 0, 4, 0, 1), num_workers=0
+    )
+    config = DataLoaderConfig(micro_batch_size=4, num_workers=workers, pin_memory=False)
+    batches = 0
+    for expected, batch in zip(
+        reference, build_pretraining_data_loader(ours, 0, config), strict=True
+    ):
+        assert list(batch) == list(expected)
+        for key, value in expected.items():
+            assert batch[key].dtype == value.dtype, key
+            assert torch.equal(batch[key], value), key
+        batches += 1
+    assert batches == 60
