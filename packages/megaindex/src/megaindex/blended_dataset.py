@@ -176,12 +176,12 @@ class BlendedDataset(torch.utils.data.Dataset):
     @property
     def dataset_index(self) -> numpy.ndarray | None:
         """Which dataset each sample comes from (None while deferred and unused)."""
-        return self.tables["dataset_index"] if not self.tables.deferred else None
+        return self.tables.get("dataset_index")
 
     @property
     def dataset_sample_index(self) -> numpy.ndarray | None:
         """Which sample of its dataset each sample is."""
-        return self.tables["dataset_sample_index"] if not self.tables.deferred else None
+        return self.tables.get("dataset_sample_index")
 
     @property
     def index_source(self) -> TableSource:

@@ -141,17 +141,17 @@ class GPTDataset(MegatronDataset):
     @property
     def document_index(self) -> numpy.ndarray | None:
         """The shuffled document ids of every epoch (None while deferred and unused)."""
-        return self.tables["document_index"] if not self.tables.deferred else None
+        return self.tables.get("document_index")
 
     @property
     def sample_index(self) -> numpy.ndarray | None:
         """Where each sample starts: (position in document_index, token offset)."""
-        return self.tables["sample_index"] if not self.tables.deferred else None
+        return self.tables.get("sample_index")
 
     @property
     def shuffle_index(self) -> numpy.ndarray | None:
         """The order samples are served in."""
-        return self.tables["shuffle_index"] if not self.tables.deferred else None
+        return self.tables.get("shuffle_index")
 
     @property
     def index_source(self) -> TableSource:

@@ -282,7 +282,34 @@ def fill_document_causal_mask(
     implementation().fill_document_causal_mask(segment_start, out, threads)
 
 
-class WindowGatherer:
+class _BatchKernel:
+    """What WindowGatherer and BlendGatherer share: a native kernel bound once, called per
+    batch. The extension checks a batch's arguments itself (the checks here then only name what
+    it refused); the numpy fallback is checked first."""
+
+    _kernel: Any
+    _checks_itself: bool
+
+    def _bind(self, kernel: Any) -> None:
+        self._kernel = kernel
+        self._checks_itself = backend() == "cpp"
+
+    def gather(self, samples: list[int], out: numpy.ndarray) -> list[int]:
+        """Fill the rows of ``out`` with the windows of ``samples``; the tokens each got."""
+        if self._checks_itself:
+            try:
+                return self._kernel.gather(samples, out)
+            except (TypeError, ValueError):
+                _check_batch(samples, out)
+                raise
+        _check_batch(samples, out)
+        return self._kernel.gather(samples, out)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"a {type(self).__name__} holds native state: make one in each process")
+
+
+class WindowGatherer(_BatchKernel):
     """GPTDataset's windows of one corpus and one split's tables: ``gather(samples, out)``
     writes the tokens of dataset samples ``samples`` into the rows of ``out``, widened to
     int64, and returns how many each row got; later positions of a row are left as they are,
@@ -322,29 +349,14 @@ class WindowGatherer:
         _array("shuffle_index", shuffle_index, SHUFFLE_INDEX_DTYPES, (None,))
         if extra not in (0, 1) or isinstance(extra, float):
             raise ValueError(f"extra must be 0 or 1, got {extra!r}")
-        self._kernel = implementation().WindowGatherer(
-            tokens, pointers, lengths, document_index, sample_index, shuffle_index, int(extra)
+        self._bind(
+            implementation().WindowGatherer(
+                tokens, pointers, lengths, document_index, sample_index, shuffle_index, int(extra)
+            )
         )
-        # per batch, the extension checks its arguments itself (the checks here then name what
-        # it refused); the numpy fallback is checked first
-        self._checks_itself = backend() == "cpp"
-
-    def gather(self, samples: list[int], out: numpy.ndarray) -> list[int]:
-        """Fill the rows of ``out`` with the windows of ``samples``; the tokens each got."""
-        if self._checks_itself:
-            try:
-                return self._kernel.gather(samples, out)
-            except (TypeError, ValueError):
-                _check_batch(samples, out)
-                raise
-        _check_batch(samples, out)
-        return self._kernel.gather(samples, out)
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a WindowGatherer holds native state: make one in each process")
 
 
-class BlendGatherer:
+class BlendGatherer(_BatchKernel):
     """A blend's windows: ``gather(indices, out)`` writes blend sample ``indices[b]`` (sample
     ``dataset_sample_index[i]`` of part ``dataset_index[i]``, read by that part's
     :class:`WindowGatherer`) into row b of ``out`` and returns how many tokens each row got;
@@ -362,24 +374,11 @@ class BlendGatherer:
             raise TypeError(f"parts must be WindowGatherers, got {parts!r}")
         _array("dataset_index", dataset_index, INT16, (None,))
         _array("dataset_sample_index", dataset_sample_index, INT64, (len(dataset_index),))
-        self._kernel = implementation().BlendGatherer(
-            [part._kernel for part in parts], dataset_index, dataset_sample_index
+        self._bind(
+            implementation().BlendGatherer(
+                [part._kernel for part in parts], dataset_index, dataset_sample_index
+            )
         )
-        self._checks_itself = backend() == "cpp"
-
-    def gather(self, indices: list[int], out: numpy.ndarray) -> list[int]:
-        """Fill the rows of ``out`` with the windows of ``indices``; the tokens each got."""
-        if self._checks_itself:
-            try:
-                return self._kernel.gather(indices, out)
-            except (TypeError, ValueError):
-                _check_batch(indices, out)
-                raise
-        _check_batch(indices, out)
-        return self._kernel.gather(indices, out)
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a BlendGatherer holds native state: make one in each process")
 
 
 def _check_batch(samples: Any, out: Any) -> None:

@@ -127,6 +127,11 @@ class CachedTables:
         """Whether the tables are deferred and not used yet (megatron-core's lazy mode)."""
         return self._tables is None and self.source.kind == "deferred"
 
+    def get(self, name: str) -> numpy.ndarray | None:
+        """Table ``name``, or None while the tables are deferred and unused (megatron-core's
+        attributes are None until a sample is read)."""
+        return None if self.deferred else self[name]
+
     def __getitem__(self, name: str) -> numpy.ndarray:
         tables = self._tables
         if tables is None:  # deferred, or unpickled: map the cached files now
