@@ -15,6 +15,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset as MegatronGPTDataset
 from megatron.core.datasets.gpt_dataset import GPTDatasetConfig as MegatronConfig
 from megatron.core.datasets.gpt_dataset import MockGPTDataset as MegatronMockGPTDataset
 from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+from torch.utils.data import default_collate
 
 import megaindex
 from megafmt.testing import VOCAB, write_corpus
@@ -68,6 +69,9 @@ def assert_same_tables(theirs, ours):
 
 
 def assert_same_samples(theirs, ours, indices):
+    """Sample by sample, and as one batch: ours assembled by ``__getitems__`` against torch's
+    default collation of megatron-core's samples."""
+    expected = []
     for idx in indices:
         reference, mine = theirs[idx], ours[idx]
         assert list(mine) == list(reference)
@@ -75,6 +79,12 @@ def assert_same_samples(theirs, ours, indices):
             assert mine[key].dtype == value.dtype, key
             assert mine[key].shape == value.shape, key
             assert torch.equal(mine[key], value), (idx, key)
+        # megatron-core hands out its cached tensors: keep a copy of this sample's values
+        expected.append({key: value.clone() for key, value in reference.items()})
+    batch = ours.__getitems__(indices).collated
+    for key, value in default_collate(expected).items():
+        assert batch[key].dtype == value.dtype, key
+        assert torch.equal(batch[key], value), key
 
 
 CONFIGS = [
@@ -99,7 +109,9 @@ def test_tables_and_samples_equal(corpus, tmp_path, sizes, fields):
             continue
         assert_same_tables(reference, mine)
         n = len(reference)
-        assert_same_samples(reference, mine, [*range(min(n, 40)), *range(max(n - 5, 40), n), None])
+        # a padding sample (None), and indices that count from the end as numpy's do
+        indices = [*range(min(n, 40)), *range(max(n - 5, 40), n), None, -1, -n]
+        assert_same_samples(reference, mine, indices)
 
 
 def test_configs_cover_both_final_epoch_treatments(corpus, tmp_path):
