@@ -35,3 +35,13 @@ def test_the_installed_package_is_marked_typed(name):
     package = Path(importlib.import_module(name).__file__).parent
     assert not package.is_relative_to(ROOT / "packages")  # the wheel's copy, not the sources
     assert (package / "py.typed").is_file()
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_building_a_package_writes_nothing_into_its_source_folder(name):
+    # scikit-build-core builds in a temporary folder unless the project names one; the
+    # checkout's own builds keep theirs under build/ (tools/venvs.py sets SKBUILD_BUILD_DIR)
+    import tomllib
+
+    project = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())
+    assert "build-dir" not in project.get("tool", {}).get("scikit-build", {})

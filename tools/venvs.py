@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -33,9 +34,16 @@ SOURCE_PARTS = ("pyproject.toml", "CMakeLists.txt", "README.md", "src", "csrc")
 SHARED_BUILD_INPUTS = (ROOT / "VERSION", ROOT / "tools" / "build")
 
 
+#: where scikit-build-core keeps megaindex's CMake tree between builds of this checkout (an
+#: ignored folder at the root: a plain ``pip install ./packages/megaindex`` builds in a
+#: temporary folder and writes nothing into the source tree)
+BUILD_TREES = ROOT / "build" / "skbuild" / "{wheel_tag}"
+
+
 def run(*command: str | Path) -> None:
     print("+", " ".join(str(part) for part in command), flush=True)
-    subprocess.run([str(part) for part in command], check=True)
+    environment = {**os.environ, "SKBUILD_BUILD_DIR": str(BUILD_TREES)}
+    subprocess.run([str(part) for part in command], check=True, env=environment)
 
 
 def requirement_name(requirement: str) -> str:

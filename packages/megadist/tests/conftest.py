@@ -18,4 +18,5 @@ def megatron_dtypes() -> dict[str, torch.dtype]:
         "cu_seqlens": torch.int32,
         "cu_seqlens_padded": torch.int32,
         "max_seqlen": torch.int32,
+        "local_cp_size": torch.int32,
     }

@@ -10,7 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megadist import CP_PARTITIONERS, BatchError, SourceError, build_parallel_groups, get_batch
+from megadist import (
+    CP_PARTITIONERS,
+    BatchError,
+    SourceError,
+    TopologyError,
+    build_parallel_groups,
+    get_batch,
+)
 from megadist.spawn import run_distributed
 from megadist.topology import BatchTopology, PipelinePosition
 
@@ -238,7 +245,7 @@ class Untouchable:
 
 def test_a_middle_stage_without_packed_sequences_does_not_read_the_loader() -> None:
     topology = BatchTopology(micro_batch_size=2, seq_length=SEQ, pipeline=PipelinePosition.MIDDLE)
-    assert tuple(get_batch(Untouchable(), topology)) == (None,) * 8
+    assert tuple(get_batch(Untouchable(), topology)) == (None,) * 10
 
 
 def test_one_rank_without_groups_gets_the_batch_minus_extra_keys() -> None:
@@ -253,3 +260,54 @@ def test_one_rank_without_groups_gets_the_batch_minus_extra_keys() -> None:
 def test_the_source_needs_a_loader() -> None:
     with pytest.raises(BatchError, match="TP rank 0 .* needs a data iterator"):
         get_batch(None, BatchTopology(micro_batch_size=2, seq_length=SEQ))
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "vp_stage", "at_an_end"),
+    [
+        (PipelinePosition.FIRST, 0, True),
+        (PipelinePosition.FIRST, 1, False),
+        (PipelinePosition.FIRST, 2, False),
+        (PipelinePosition.LAST, 0, False),
+        (PipelinePosition.LAST, 2, True),
+        (PipelinePosition.MIDDLE, 0, False),
+        (PipelinePosition.SINGLE, 1, False),
+        (PipelinePosition.SINGLE, 2, True),
+    ],
+)
+def test_a_virtual_chunk_reads_data_only_at_an_end_of_the_model(
+    pipeline: PipelinePosition, vp_stage: int, at_an_end: bool
+) -> None:
+    # Megatron's is_first_or_last_pipeline_stage(vp_stage): the first chunk of the first rank,
+    # the last chunk of the last rank
+    topology = BatchTopology(
+        micro_batch_size=2, seq_length=SEQ, pipeline=pipeline, virtual_pipeline_size=3
+    )
+    assert topology.chunk_at_an_end(vp_stage) is at_an_end
+    full = loader_batch(0, 2, False, False)
+    batch = get_batch(iter([full]) if at_an_end else Untouchable(), topology, vp_stage=vp_stage)
+    present = {key for key, value in batch._asdict().items() if value is not None}
+    assert present == (set(topology.payload_keys) if at_an_end else set())
+
+
+def test_a_packed_inner_chunk_gets_only_the_boundaries_of_its_rank_s_batch() -> None:
+    topology = BatchTopology(
+        micro_batch_size=1,
+        seq_length=SEQ,
+        pipeline=PipelinePosition.FIRST,
+        packed_sequences=True,
+        virtual_pipeline_size=2,
+    )
+    full = loader_batch(0, 1, False, True)
+    batch = get_batch(iter([full]), topology, vp_stage=1)
+    present = {key for key, value in batch._asdict().items() if value is not None}
+    assert present == {"cu_seqlens", "cu_seqlens_padded", "max_seqlen"}
+    assert batch.cu_seqlens.tolist() == [UNPADDED]
+
+
+def test_a_virtual_pipeline_needs_the_chunk() -> None:
+    topology = BatchTopology(micro_batch_size=2, seq_length=SEQ, virtual_pipeline_size=2)
+    with pytest.raises(TopologyError, match="needs the asking chunk's vp_stage"):
+        get_batch(iter([]), topology)
+    with pytest.raises(TopologyError, match="vp_stage 2 is outside the 2 model chunks"):
+        get_batch(iter([]), topology, vp_stage=2)

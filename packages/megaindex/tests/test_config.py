@@ -107,3 +107,19 @@ def test_base_config_needs_no_tokenizer():
         random_seed=0, sequence_length=4, blend=(["a"], None), split="1"
     )
     assert config.split_matrix == [(0, 1.0), None, None]
+
+
+def test_split_equals_the_member_of_the_same_name_of_another_split_enum() -> None:
+    import enum
+
+    from megaindex import Split
+
+    class OtherSplit(enum.Enum):  # named differently: not Megatron's
+        train, valid, test = 0, 1, 2
+
+    MegatronSplit = enum.Enum("Split", {"train": 0, "valid": 1, "test": 2})
+    assert Split.valid == MegatronSplit.valid and MegatronSplit.valid == Split.valid
+    assert Split.valid in (MegatronSplit.valid, MegatronSplit.test)
+    assert Split.train not in (MegatronSplit.valid, MegatronSplit.test)
+    assert {MegatronSplit.test: "test"}[Split.test] == "test"
+    assert Split.valid != OtherSplit.valid and Split.valid != 1

@@ -16,8 +16,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from megadist.broadcast import Protocol, check_protocol, receive_payload, send_failure, send_payload
-from megadist.errors import BatchError
-from megadist.keys import Batch
+from megadist.errors import BatchError, TopologyError
+from megadist.keys import BOUNDARY_KEYS, Batch
 from megadist.partition import CP_PARTITIONERS, LOCAL_SPLITS
 from megadist.payload import fixed_shapes, prepare_source_batch
 from megadist.topology import BatchTopology
@@ -28,17 +28,29 @@ def get_batch(
     topology: BatchTopology,
     *,
     protocol: Protocol = "packed",
+    vp_stage: int | None = None,
 ) -> Batch:
     """This rank's share of the next micro-batch. Only the TP source rank touches
     ``data_iterator`` (the others may pass None); middle pipeline stages without packed
     sequences or MTP get all None without touching it, as in Megatron.
+
+    ``vp_stage`` is the model chunk asking, with a virtual pipeline: as at the seed commit, a
+    chunk that holds neither the model's first nor its last layers gets all None, or with
+    packed sequences only their boundaries (``cu_seqlens``, ``cu_seqlens_padded``,
+    ``max_seqlen``, unsplit); the others get what their rank's stage gets.
 
     When the source's loader is exhausted, every rank of the group raises ``StopIteration``
     (packed protocol); when its batch is malformed, the source raises ``BatchError`` and the
     others ``SourceError`` naming it.
     """
     check_protocol(protocol)
-    if not topology.reads_data:
+    if topology.virtual_pipeline_size is not None and vp_stage is None:
+        raise TopologyError(
+            f"the topology has a virtual pipeline of {topology.virtual_pipeline_size} chunks: "
+            f"get_batch needs the asking chunk's vp_stage"
+        )
+    at_an_end = topology.mtp_on_this_rank or topology.chunk_at_an_end(vp_stage)
+    if not topology.reads_data or not (at_an_end or topology.packed_sequences):
         return Batch.from_mapping({})
     split = None
     if topology.cp_size > 1:
@@ -63,6 +75,8 @@ def get_batch(
             send_payload(payload, topology, shapes, protocol)
     else:
         payload = receive_payload(topology, shapes, protocol)
+    if not at_an_end:
+        return Batch.from_mapping({key: payload.get(key) for key in (*BOUNDARY_KEYS, "max_seqlen")})
     if split is not None and not split_first:
         payload = split(payload, topology.cp_rank, topology.cp_size)
     return Batch.from_mapping(payload)

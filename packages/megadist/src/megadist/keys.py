@@ -7,20 +7,24 @@ order ``get_batch`` returns them in.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 
-#: what ``get_batch`` returns, in this order
+#: what ``get_batch`` returns, in this order: the seed commit's ``BATCH_KEYS`` (pretrain_gpt.py),
+#: alphabetical, so a caller unpacks ours as it unpacks Megatron-LM's list
 BATCH_KEYS: tuple[str, ...] = (
-    "tokens",
-    "labels",
-    "loss_mask",
     "attention_mask",
-    "position_ids",
     "cu_seqlens",
     "cu_seqlens_padded",
+    "hybrid_cp_group",
+    "labels",
+    "local_cp_size",
+    "loss_mask",
     "max_seqlen",
+    "position_ids",
+    "tokens",
 )
 
 #: describe the packing of a micro-batch rather than its tokens: never split across CP ranks
@@ -47,18 +51,22 @@ KEY_DTYPES: dict[str, torch.dtype] = {
 
 class Batch(NamedTuple):
     """One rank's share of a micro-batch, in ``BATCH_KEYS`` order; keys this rank does not
-    need are None. Unpacks positionally like the list Megatron's ``get_batch`` returns."""
+    need are None. Unpacks positionally like the list Megatron-LM's ``get_batch`` returns.
+    ``hybrid_cp_group`` (a process group) and ``local_cp_size`` come only with hybrid
+    context parallelism, and are None otherwise."""
 
-    tokens: torch.Tensor | None
-    labels: torch.Tensor | None
-    loss_mask: torch.Tensor | None
     attention_mask: torch.Tensor | None
-    position_ids: torch.Tensor | None
     cu_seqlens: torch.Tensor | None
     cu_seqlens_padded: torch.Tensor | None
+    hybrid_cp_group: Any
+    labels: torch.Tensor | None
+    local_cp_size: torch.Tensor | None
+    loss_mask: torch.Tensor | None
     max_seqlen: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    tokens: torch.Tensor | None
 
     @classmethod
-    def from_mapping(cls, batch: dict[str, torch.Tensor | None]) -> Batch:
+    def from_mapping(cls, batch: Mapping[str, Any]) -> Batch:
         """The ``BATCH_KEYS`` of ``batch``; missing keys are None, extra keys are dropped."""
         return cls(*(batch.get(key) for key in BATCH_KEYS))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -82,6 +83,9 @@ class BatchTopology:
     ``max_seqlen`` (SFT packing; micro batch size 1, as in Megatron). ``cp_partitioner`` names a
     ``megadist.cp_partitioners`` plugin; None takes ``thd`` for packed sequences, else
     ``zigzag``. ``device`` None takes the TP group's backend device.
+    ``virtual_pipeline_size`` is the number of model chunks per pipeline rank (Megatron's
+    virtual pipeline size); None without interleaving. With it, ``get_batch`` needs the
+    chunk's ``vp_stage``.
     """
 
     micro_batch_size: int
@@ -94,6 +98,7 @@ class BatchTopology:
     packed_sequences: bool = False
     cp_partitioner: str | None = None
     device: torch.device | None = None
+    virtual_pipeline_size: int | None = None
     tp_rank: int = field(init=False)
     tp_size: int = field(init=False)
     tp_src_rank: int = field(init=False)
@@ -118,6 +123,14 @@ class BatchTopology:
             object.__setattr__(self, name, value)
         self._check()
 
+    @classmethod
+    def from_megatron(cls, vp_stage: int | None = None, args: Any = None) -> BatchTopology:
+        """This rank's topology read from Megatron-LM's arguments (``args``, default its
+        ``get_args()``) and process groups: ``megadist.megatron.topology_from_megatron``."""
+        from megadist.megatron import topology_from_megatron
+
+        return topology_from_megatron(vp_stage, args)
+
     def _check(self) -> None:
         if self.micro_batch_size < 1 or self.seq_length < 1:
             raise TopologyError(
@@ -133,6 +146,11 @@ class BatchTopology:
             raise TopologyError(
                 "the TP group runs NCCL, which cannot broadcast CPU tensors; pass a CUDA device "
                 "or leave device=None"
+            )
+        if self.virtual_pipeline_size is not None and self.virtual_pipeline_size < 1:
+            raise TopologyError(
+                f"virtual_pipeline_size must be positive or None, found "
+                f"{self.virtual_pipeline_size}"
             )
         if self.cp_size > 1 and self.seq_length % (2 * self.cp_size):
             raise TopologyError(
@@ -162,6 +180,22 @@ class BatchTopology:
         if self.packed_sequences:
             needed.update(BOUNDARY_KEYS, ["max_seqlen"])
         return tuple(key for key in BATCH_KEYS if key in needed)
+
+    def chunk_at_an_end(self, vp_stage: int | None) -> bool:
+        """Whether model chunk ``vp_stage`` of this rank holds the first or the last layers of
+        the whole model: Megatron's ``is_first_or_last_pipeline_stage(vp_stage)``. ``vp_stage``
+        None asks about the rank (every chunk), as Megatron does without it."""
+        if vp_stage is None or self.virtual_pipeline_size is None:
+            return self.pipeline is not PipelinePosition.MIDDLE
+        if not 0 <= vp_stage < self.virtual_pipeline_size:
+            raise TopologyError(
+                f"vp_stage {vp_stage} is outside the {self.virtual_pipeline_size} model chunks "
+                f"of a rank"
+            )
+        first = vp_stage == 0 and self.pipeline in (PipelinePosition.SINGLE, PipelinePosition.FIRST)
+        last_chunk = vp_stage == self.virtual_pipeline_size - 1
+        last = last_chunk and self.pipeline in (PipelinePosition.SINGLE, PipelinePosition.LAST)
+        return first or last
 
     @property
     def partitioner_name(self) -> str:

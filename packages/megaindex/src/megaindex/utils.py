@@ -8,11 +8,24 @@ import numpy
 
 
 class Split(Enum):
-    """The three splits a dataset is carved into, in order."""
+    """The three splits a dataset is carved into, in order.
+
+    A member equals the member of the same name and value of any other enum called ``Split``
+    (megatron-core's ``megatron.core.datasets.utils.Split``), and hashes as it does, so code
+    that compares or looks up a dataset's split with Megatron's enum (``split ==
+    Split.valid``, ``split in (Split.valid, Split.test)``) finds ours.
+    """
 
     train = 0
     valid = 1
     test = 2
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Enum) and type(other).__name__ == "Split":
+            return (self.name, self.value) == (other.name, other.value)
+        return NotImplemented
+
+    __hash__ = Enum.__hash__
 
 
 def normalize(weights: list[float]) -> list[float]:

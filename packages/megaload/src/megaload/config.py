@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
@@ -85,12 +86,35 @@ class DataLoaderConfig:
                 self.global_batch_size, self.micro_batch_size, self.data_parallel_size
             )
 
+    @classmethod
+    def from_megatron_args(
+        cls,
+        args: Any = None,
+        *,
+        data_parallel_rank: int | None = None,
+        data_parallel_size: int | None = None,
+    ) -> DataLoaderConfig:
+        """The configuration Megatron-LM's ``build_pretraining_data_loader`` reads from its
+        arguments (``args``, default ``get_args()``) and data-parallel groups:
+        ``megaload.megatron.data_loader_config``."""
+        from megaload.megatron import data_loader_config
+
+        return data_loader_config(
+            args, data_parallel_rank=data_parallel_rank, data_parallel_size=data_parallel_size
+        )
+
     def for_split(self, split: str | None) -> DataLoaderConfig:
         """This configuration as a loader of ``split`` (``"train"``, ``"valid"``, ``"test"`` or
         None) applies it, by Megatron-LM's rules: validation and test batches hold
         ``eval_micro_batch_size`` samples, and with ``full_validation`` the validation split
         is read by the ``full_validation`` sampler, one sample per rank per batch. The training
-        step's ``global_batch_size`` does not describe those batches: it is None there."""
+        step's ``global_batch_size`` does not describe those batches: it is None there. A split
+        of another name is refused: guessing would read it with the wrong sampler."""
+        if split not in (None, "train", "valid", "test"):
+            raise SamplerError(
+                f"the dataset declares split {split!r}; megaload knows 'train', 'valid' and "
+                f"'test' (Megatron's Split names) and would not guess which loader it needs"
+            )
         if split not in ("valid", "test"):
             return self
         if self.full_validation and split == "valid":

@@ -1,0 +1,118 @@
+"""Megatron-LM's ``get_batch``, signature for signature: the one-line switch of pretrain_gpt.py.
+
+In Megatron-LM's ``pretrain_gpt.py`` (the seed commit, e03878b5f), ``get_batch(data_iterator,
+vp_stage=None)`` reads its arguments (``get_args()``) and process groups (``mpu``) and returns
+ten values in the order of its ``BATCH_KEYS``. ``megadist.megatron.get_batch`` takes the same
+arguments, reads the same state and returns the same list, so
+
+    from megadist.megatron import get_batch
+
+in place of its definition switches a training script to megadist's broadcast and splits.
+``topology_from_megatron`` is the :class:`~megadist.topology.BatchTopology` it builds (also
+``BatchTopology.from_megatron``).
+
+What is read: ``micro_batch_size``, ``seq_length``, ``create_attention_mask_in_dataloader``,
+``sft`` (packed sequences), ``mtp_num_layers`` and ``hybrid_context_parallel`` from the
+arguments; the tensor- and context-parallel groups, the pipeline rank and size and the virtual
+pipeline size from ``megatron.core.parallel_state``. Megatron must be importable (this module
+imports nothing of it until called); hybrid context parallelism is refused until megadist
+implements it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from megadist.errors import TopologyError
+from megadist.get_batch import get_batch as _get_batch
+from megadist.topology import BatchTopology, PipelinePosition
+
+
+def _megatron_args(args: Any | None) -> Any:
+    if args is not None:
+        return args
+    try:
+        from megatron.training import get_args
+    except ImportError as error:
+        raise TopologyError(
+            "megadist.megatron reads Megatron-LM's arguments (megatron.training.get_args), and "
+            f"megatron.training cannot be imported here ({error}); pass args= explicitly"
+        ) from error
+    return get_args()
+
+
+def _parallel_state() -> Any:
+    try:
+        from megatron.core import parallel_state
+    except ImportError as error:
+        raise TopologyError(
+            "megadist.megatron reads Megatron's process groups (megatron.core.parallel_state), "
+            f"which cannot be imported here ({error})"
+        ) from error
+    if not parallel_state.model_parallel_is_initialized():
+        raise TopologyError(
+            "Megatron's model-parallel groups are not initialised: call "
+            "megatron.core.parallel_state.initialize_model_parallel first (Megatron-LM's "
+            "initialize_megatron does)"
+        )
+    return parallel_state
+
+
+def _mtp_on_this_rank(args: Any, vp_stage: int | None) -> bool:
+    """Megatron's ``mtp_on_this_rank`` for the model chunk, as pretrain_gpt.py asks it."""
+    if not getattr(args, "mtp_num_layers", None):
+        return False
+    from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    config = core_transformer_config_from_args(args)
+    return bool(
+        mtp_on_this_rank(
+            layout=config.pipeline_model_parallel_layout,
+            mtp_num_layers=config.mtp_num_layers,
+            ignore_virtual=False,
+            vp_stage=vp_stage,
+        )
+    )
+
+
+def topology_from_megatron(vp_stage: int | None = None, args: Any | None = None) -> BatchTopology:
+    """This rank's :class:`BatchTopology`, read from Megatron's arguments (``args``, default
+    ``get_args()``) and its initialised ``parallel_state``, for model chunk ``vp_stage``."""
+    args = _megatron_args(args)
+    if getattr(args, "hybrid_context_parallel", False):
+        raise TopologyError(
+            "--hybrid-context-parallel is not supported by megadist yet; run Megatron-LM's own "
+            "get_batch for hybrid context parallelism"
+        )
+    mpu = _parallel_state()
+    pipeline = PipelinePosition.of(
+        mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
+    )
+    return BatchTopology(
+        micro_batch_size=args.micro_batch_size,
+        seq_length=args.seq_length,
+        tp_group=mpu.get_tensor_model_parallel_group(),
+        cp_group=mpu.get_context_parallel_group(),
+        pipeline=pipeline,
+        mtp_on_this_rank=_mtp_on_this_rank(args, vp_stage),
+        attention_mask=bool(getattr(args, "create_attention_mask_in_dataloader", False)),
+        packed_sequences=bool(getattr(args, "sft", False)),
+        # without a chunk, Megatron asks about the rank's stage, whatever the virtual pipeline
+        virtual_pipeline_size=(
+            None if vp_stage is None else mpu.get_virtual_pipeline_model_parallel_world_size()
+        ),
+    )
+
+
+def get_batch(
+    data_iterator: Iterator[Mapping[str, Any]] | None,
+    vp_stage: int | None = None,
+    *,
+    args: Any | None = None,
+) -> list[Any]:
+    """Megatron-LM's ``pretrain_gpt.get_batch``: this rank's share of the next micro-batch as
+    the list of its ten ``BATCH_KEYS``, alphabetical (keys this rank does not hold are None)."""
+    topology = topology_from_megatron(vp_stage, args)
+    return list(_get_batch(data_iterator, topology, vp_stage=vp_stage))
