@@ -207,14 +207,26 @@ class SeedProcess:
         self.close()
 
 
-def _prepare_worker() -> None:
+def enter_seed_environment(
+    paths: Sequence[str | os.PathLike] = (), root: Path | None = None
+) -> None:
+    """Make this process import the seed commit's ``megatron`` (from ``root``, default the
+    extracted source) with the environment fixes of ../shared/reference/README.md; ``paths``
+    follow it on ``sys.path``. For processes of their own (a worker, a spawned gloo rank) that
+    have not imported megatron-core."""
+    root = Path(root or source_root())
+    _prepare_worker([str(root), *(str(Path(p).resolve()) for p in paths)])
+
+
+def _prepare_worker(paths: list[str]) -> None:
     """The environment fixes of ../shared/reference/README.md, then the seed source first."""
     import types
     import typing
 
     import torch  # noqa: F401  (imported before the stub, as megatron.core does first)
 
-    paths = os.environ["SEEDREF_PATHS"].split(os.pathsep)
+    if "megatron" in sys.modules:
+        raise SeedReferenceMissing("megatron is already imported here: the seed cannot be entered")
     sys.path[:0] = paths
     stub = types.ModuleType("megatron.core.transformer.moe.ops.paged_stash")
 
@@ -248,7 +260,7 @@ def _serve() -> None:
     warnings.simplefilter("ignore")
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # the seed code's prints must not corrupt the answer pipe
-    _prepare_worker()
+    _prepare_worker(os.environ["SEEDREF_PATHS"].split(os.pathsep))
     while True:
         try:
             target, args, kwargs = pickle.loads(_read_frame(requests))

@@ -1,0 +1,169 @@
+"""The migration, end to end: tools/megatron_switch.py applied to the seed commit's own
+pretrain_gpt.py, training.py and data_samplers.py, and the switched training data path run on
+gloo ranks beside the unswitched one, batch for batch.
+
+Each rank runs Megatron-LM's own code from the archive (testing/seedref.py): its argument
+parser and validation, ``parallel_state.initialize_model_parallel``, pretrain_gpt's dataset
+provider, training.py's ``build_train_valid_test_data_iterators`` and pretrain_gpt's
+``get_batch``, for a few iterations of the training, validation and test iterators. Switched,
+those are megaindex's datasets, megaload's loader and megadist's get_batch.
+
+Stubs, only for what needs CUDA or files the archive leaves out:
+
+- ``torch.cuda.current_device()`` returns ``"cpu"`` and ``Tensor.cuda()`` returns the tensor:
+  get_batch and get_batch_on_this_tp_rank place tensors there;
+- ``torch.tensor(..., device="cuda")`` makes a CPU tensor: training.py's do-train/valid/test
+  flags;
+- ``torch.cuda.get_device_properties`` reports compute capability 10: argument validation asks
+  the GPU's architecture under tensor or context parallelism;
+- modules ``gpt_builders`` and ``model_provider`` (pretrain_gpt.py imports them; they are not
+  in the archive, and only the model uses them) are empty stand-ins.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+from seedref import enter_seed_environment, source_root
+
+from megadist.spawn import run_distributed
+
+pytestmark = [pytest.mark.compat, pytest.mark.distributed]
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+from megatron_switch import apply  # noqa: E402  (tools/ is put on the path first)
+
+STEPS = 3
+
+
+def cuda_stubs() -> None:
+    import torch
+
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.get_device_properties = lambda device: types.SimpleNamespace(major=10)
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    make_tensor = torch.tensor
+
+    def tensor(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return make_tensor(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+    torch.tensor = tensor
+    for name in ("gpt_builders", "model_provider"):
+        stand_in = types.ModuleType(name)
+        stand_in.gpt_builder = stand_in.model_provider = None
+        sys.modules[name] = stand_in
+
+
+def rank_pipeline(root: str, argv: list[str], steps: int) -> dict[str, Any]:
+    """One gloo rank of a Megatron-LM run from ``root``: the first ``steps`` values of
+    get_batch on each of its train, valid and test iterators, as numpy."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    enter_seed_environment(root=Path(root))
+    cuda_stubs()
+    import torch
+    import torch.distributed as dist
+
+    # Megatron-LM reads its place in the world from the launcher's environment
+    rank, world = str(dist.get_rank()), str(dist.get_world_size())
+    os.environ.update({"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world})
+    sys.argv = ["pretrain_gpt.py", *argv]
+    from megatron.core import parallel_state
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args()
+    args.iteration = args.consumed_train_samples = args.consumed_valid_samples = 0
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+    )
+    import pretrain_gpt
+    from megatron.training import training
+
+    provider = pretrain_gpt.train_valid_test_datasets_provider
+    provider.is_distributed = True
+    iterators = training.build_train_valid_test_data_iterators(provider)
+    taken = {}
+    for name, iterator in zip(("train", "valid", "test"), iterators, strict=True):
+        taken[name] = [
+            [
+                v.numpy() if isinstance(v, torch.Tensor) else v
+                for v in pretrain_gpt.get_batch(iterator)
+            ]
+            for _ in range(steps)
+        ]
+    return {"rank": dist.get_rank(), "batches": taken}
+
+
+@pytest.fixture(scope="module")
+def checkouts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The seed source as it is, and a copy switched by tools/megatron_switch.py."""
+    switched = tmp_path_factory.mktemp("checkout") / "megatron-lm"
+    shutil.copytree(source_root(), switched)
+    diffs = apply(switched)
+    assert len(diffs) == 3
+    assert apply(switched) == []  # a second run finds nothing left to switch
+    return {"seed": source_root(), "switched": switched}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from megafmt.testing import write_corpus
+
+    return write_corpus(str(tmp_path_factory.mktemp("corpus") / "web"), 400, vocab=999, eod=999)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--tensor-model-parallel-size", "2"],  # TP2 x DP2
+        ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2"],
+    ],
+    ids=["tp2-dp2", "tp2-cp2"],
+)
+def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
+    checkouts: dict[str, Path], corpus: str, tmp_path: Path, layout: list[str]
+) -> None:
+    results = {}
+    for name, root in checkouts.items():
+        argv = [
+            *layout,
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "16",
+            "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
+            "--num-attention-heads", "2", "--lr", "1e-4",
+            "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
+            "--data-path", corpus, "--split", "90,8,2",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+            "--data-cache-path", str(tmp_path / f"cache-{name}"), "--num-workers", "0",
+        ]  # fmt: skip
+        results[name] = run_distributed(
+            rank_pipeline, 4, str(root), argv, STEPS, timeout=600, group_timeout=300
+        )
+    for seed_rank, switched_rank in zip(results["seed"], results["switched"], strict=True):
+        for split in ("train", "valid", "test"):
+            for step, (theirs, ours) in enumerate(
+                zip(seed_rank["batches"][split], switched_rank["batches"][split], strict=True)
+            ):
+                where = f"rank {seed_rank['rank']}, {split} step {step}"
+                assert len(theirs) == len(ours) == 10, where
+                for index, (a, b) in enumerate(zip(theirs, ours, strict=True)):
+                    assert (a is None) == (b is None), (where, index)
+                    if a is not None:
+                        numpy.testing.assert_array_equal(a, b, err_msg=f"{where}, value {index}")
+    # the two runs wrote the same cache: the same names, byte for byte
+    seed_cache, our_cache = tmp_path / "cache-seed", tmp_path / "cache-switched"
+    seed_files = sorted(p.relative_to(seed_cache) for p in seed_cache.rglob("*.npy"))
+    our_files = sorted(p.relative_to(our_cache) for p in our_cache.rglob("*.npy"))
+    assert seed_files and seed_files == our_files
+    for name in seed_files:
+        assert (seed_cache / name).read_bytes() == (our_cache / name).read_bytes(), name
