@@ -7,7 +7,12 @@ import pytest
 from megafmt import IndexedDataset
 from megafmt.cli.main import main
 from megafmt.testing import write_corpus
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, get_train_valid_test_num_samples
+from megaindex import (
+    BlendedMegatronDatasetBuilder,
+    GPTDataset,
+    StepBatchSizeSchedule,
+    get_train_valid_test_num_samples,
+)
 
 
 def dataset_args(corpus, cache):
@@ -241,3 +246,28 @@ def test_dataset_classes_are_plugins_by_name(corpus, tmp_path, capsys, make_conf
     assert "unknown megaindex dataset 'gtp'" in capsys.readouterr().err
     with pytest.raises(PluginError, match="did you mean 'gpt'"):
         BlendedMegatronDatasetBuilder("gtp", [1, 0, 0], lambda: True, config)
+
+
+def test_build_takes_megatron_s_budget_flags(corpus, tmp_path, make_config, capsys):
+    cache = str(tmp_path / "cache")
+    flags = [
+        "--train-samples", "96", "--global-batch-size", "8", "--eval-interval", "4",
+        "--eval-iters", "1", "--start-eval-at-iter", "4",
+        "--step-batch-size-schedule", "0:4 256:8",  # tokens: 256 / seq 32 = 8 samples
+        "--phase-transition-iterations", "6", "--iteration", "7",
+    ]  # fmt: skip
+    assert main(["index", "build", *dataset_args(corpus, cache), *flags]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    schedule = StepBatchSizeSchedule.parse("0:4 256:8", seq_length=32)
+    expected = get_train_valid_test_num_samples(
+        8, train_samples=96, eval_interval=4, eval_iters=1, start_eval_at_iter=4,
+        step_batch_size_schedule=schedule, phase_transition_iterations=[6], iteration=7,
+    )  # fmt: skip
+    # 2 iterations of 4, then 11 of 8: 13 in all; points 0, 4, 8, 12 less the one before 4;
+    # the phase from iteration 6 (48 samples) to the end (96)
+    assert expected == (48, 3 * 8, 8)
+    assert lines[0].split()[0] == "train"
+    job = BlendedMegatronDatasetBuilder(
+        GPTDataset, list(expected), lambda: True, make_config(path_to_cache=cache, split="90,8,2")
+    ).build()
+    assert [d.index_source.kind for d in job] == ["cache"] * 3

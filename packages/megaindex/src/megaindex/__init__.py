@@ -9,7 +9,7 @@ from importlib.metadata import version
 from megaindex.backends import backend
 from megaindex.blend import get_blend_and_blend_per_split, get_blend_from_list
 from megaindex.blended_dataset import BlendedDataset
-from megaindex.budget import get_train_valid_test_num_samples
+from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.config import (
     BlendedMegatronDatasetConfig,
@@ -53,6 +53,7 @@ __all__ = [
     "MockGPTLowLevelDataset",
     "Split",
     "StaleCacheError",
+    "StepBatchSizeSchedule",
     "__version__",
     "backend",
     "build_blending_indices",

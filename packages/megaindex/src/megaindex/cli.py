@@ -17,7 +17,7 @@ import numpy
 
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
-from megaindex.budget import get_train_valid_test_num_samples
+from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
@@ -88,6 +88,21 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--eval-iters", type=int, default=0)
     budget.add_argument("--eval-global-batch-size", type=int)
     budget.add_argument("--full-validation", action="store_true")
+    budget.add_argument("--skip-train", action="store_true", help="evaluation only")
+    budget.add_argument("--start-eval-at-iter", type=int, help="no evaluation before it")
+    budget.add_argument(
+        "--step-batch-size-schedule",
+        metavar="SCHEDULE",
+        help="'THRESHOLD:BATCH ...', thresholds in tokens (as Megatron-LM reads them)",
+    )
+    budget.add_argument(
+        "--phase-transition-iterations",
+        type=int,
+        nargs="+",
+        metavar="ITER",
+        help="build the datasets of the phase --iteration is in",
+    )
+    budget.add_argument("--iteration", type=int, default=0, help="the iteration resumed at")
 
     tokenizer = parser.add_argument_group("tokenizer identity (it is part of the cache key)")
     choice = tokenizer.add_mutually_exclusive_group(required=True)
@@ -125,6 +140,15 @@ def _sizes(args: argparse.Namespace) -> list[int | None]:
             eval_iters=args.eval_iters,
             eval_global_batch_size=args.eval_global_batch_size,
             full_validation=args.full_validation,
+            skip_train=args.skip_train,
+            start_eval_at_iter=args.start_eval_at_iter,
+            step_batch_size_schedule=(
+                StepBatchSizeSchedule.parse(args.step_batch_size_schedule, args.seq_length)
+                if args.step_batch_size_schedule
+                else None
+            ),
+            phase_transition_iterations=args.phase_transition_iterations,
+            iteration=args.iteration,
         )
     )
 

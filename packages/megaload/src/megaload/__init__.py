@@ -2,10 +2,17 @@
 
 from importlib.metadata import version
 
-from megaload.accounting import consumed_after, num_micro_batches, samples_per_step
+from megaload.accounting import (
+    backfilled_consumed,
+    consumed_after,
+    consumed_in_phase,
+    num_micro_batches,
+    samples_per_step,
+)
 from megaload.batch_sampler import SAMPLERS, BatchSampler, SamplerFactory, build_batch_sampler
 from megaload.config import DataLoaderConfig
 from megaload.errors import (
+    BackfillError,
     MegaloadError,
     NoDataError,
     ResumeError,
@@ -30,6 +37,7 @@ __version__ = version("megaload")
 
 __all__ = [
     "SAMPLERS",
+    "BackfillError",
     "BatchSampler",
     "DataLoaderConfig",
     "MegaloadError",
@@ -45,11 +53,13 @@ __all__ = [
     "SamplerPluginError",
     "SimulationError",
     "__version__",
+    "backfilled_consumed",
     "build_batch_sampler",
     "build_pretraining_data_loader",
     "close_gpu_descriptors",
     "collate",
     "consumed_after",
+    "consumed_in_phase",
     "cyclic_iter",
     "num_micro_batches",
     "samples_per_step",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megaload.errors import SamplerError
+from megaload.errors import BackfillError, SamplerError
 
 
 def samples_per_step(micro_batch_size: int, data_parallel_size: int, num_micro_batches: int) -> int:
@@ -28,3 +28,54 @@ def consumed_after(iteration: int, global_batch_size: int) -> int:
     """Samples consumed after ``iteration`` steps of a constant global batch size (how
     Megatron-LM fills in consumed_train_samples for checkpoints that lack it)."""
     return iteration * global_batch_size
+
+
+def backfilled_consumed(
+    iteration: int,
+    consumed_train_samples: int,
+    consumed_valid_samples: int,
+    *,
+    global_batch_size: int,
+    train_samples: int | None = None,
+    eval_interval: int | None = None,
+    eval_iters: int = 0,
+    eval_global_batch_size: int | None = None,
+    start_eval_at_iter: int | None = None,
+) -> tuple[int, int]:
+    """The consumed train and valid samples to resume from, for a checkpoint of a run at
+    ``iteration`` whose counts may be missing (0), as Megatron-LM's training.py fills them in:
+    ``iteration x global_batch_size`` train samples, and the validation batches of every
+    evaluation point passed (from ``start_eval_at_iter`` on). Only an iteration-based run can
+    be filled in: with ``train_samples`` the batch size may have changed on the way, and a
+    missing train count is refused (:class:`BackfillError`)."""
+    train, valid = consumed_train_samples, consumed_valid_samples
+    if iteration > 0 and train == 0:
+        if train_samples is not None:
+            raise BackfillError(
+                f"the checkpoint at iteration {iteration} records no consumed_train_samples, and "
+                f"a sample-based run (train_samples {train_samples}) cannot infer them: only "
+                f"iteration-based training is filled in as iteration x global_batch_size"
+            )
+        train = consumed_after(iteration, global_batch_size)
+    if iteration > 0 and valid == 0 and train_samples is None:
+        if eval_iters and not eval_interval:
+            raise SamplerError("eval_iters needs eval_interval to count the evaluation points")
+        skipped = (start_eval_at_iter or 0) // eval_interval if eval_iters else 0
+        points = max(0, iteration // eval_interval - skipped) if eval_iters else 0
+        valid = points * eval_iters * (eval_global_batch_size or global_batch_size)
+    return train, valid
+
+
+def consumed_in_phase(
+    iteration: int,
+    global_batch_size: int,
+    consumed_train_samples: int,
+    phase_transition_iterations: list[int] | None = None,
+) -> int:
+    """Where the training loader of the current phase starts: the samples consumed since the
+    phase's first iteration (Megatron-LM restarts at each transition with the next phase's
+    dataset), or ``consumed_train_samples`` without phases."""
+    if not phase_transition_iterations:
+        return consumed_train_samples
+    start = max(t for t in (0, *phase_transition_iterations) if t <= iteration)
+    return (iteration - start) * global_batch_size

@@ -23,6 +23,11 @@ class ResumeError(SamplerError):
     layout the sampler's resume rules refuse."""
 
 
+class BackfillError(ResumeError, AssertionError):
+    """A checkpoint's missing consumed-sample counts cannot be inferred (a sample-based run);
+    an ``AssertionError`` too, as Megatron-LM asserts there."""
+
+
 class SamplerPluginError(MegaloadError, PluginError):
     """A ``megaload.samplers`` plugin built something that is not a batch sampler."""
 
