@@ -136,3 +136,22 @@ def test_usage_errors_exit_2(capsys, args):
     with pytest.raises(SystemExit) as caught:
         main(args)
     assert caught.value.code == 2
+
+
+def test_merge_takes_merge_datasets_flags(make_corpus, tmp_path, capsys):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name, documents in (("b", DOCUMENTS[2:]), ("a", DOCUMENTS[:2])):
+        prefix = make_corpus(documents, name=name)
+        for path in (get_bin_path(prefix), get_idx_path(prefix)):
+            shutil.move(path, parts)
+    whole = make_corpus(DOCUMENTS, name="whole")
+    out_prefix = str(tmp_path / "merged")
+    arguments = ["--input", str(parts), "--output-prefix", out_prefix, "--multimodal"]
+    status, _, err = mega(capsys, "merge", *arguments[:4])
+    assert status == 0, err
+    for suffix in (".bin", ".idx"):
+        with open(out_prefix + suffix, "rb") as a, open(whole + suffix, "rb") as b:
+            assert a.read() == b.read()
+    status, _, err = mega(capsys, "merge")
+    assert status == 1 and "needs an output and inputs" in err

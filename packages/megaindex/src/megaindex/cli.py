@@ -28,6 +28,36 @@ from megaindex.tokenizer import IdentifiedTokenizer
 from megaindex.utils import Split
 
 
+def data_path_arguments(group: Any) -> None:
+    """Megatron-LM's data-path flags: a blend, or one per split, inline or from a file."""
+    group.add_argument(
+        "--data-path",
+        nargs="+",
+        metavar="ITEM",
+        help="a prefix, weight/prefix pairs, or prefixes weighted by their sizes",
+    )
+    group.add_argument("--data-args-path", help="a file holding the --data-path items")
+    for split in ("train", "valid", "test"):
+        group.add_argument(
+            f"--{split}-data-path", nargs="+", metavar="ITEM", help=f"the {split} split's own blend"
+        )
+    group.add_argument(
+        "--per-split-data-args-path", help='a JSON file {"train": ..., "valid": ..., "test": ...}'
+    )
+
+
+def blends_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(blend, blend_per_split)`` of the data-path flags."""
+    return get_blend_and_blend_per_split(
+        args.data_path,
+        args.data_args_path,
+        args.train_data_path,
+        args.valid_data_path,
+        args.test_data_path,
+        args.per_split_data_args_path,
+    )
+
+
 def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data (Megatron-LM's flags)")
     data.add_argument(
@@ -37,20 +67,7 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         help="the dataset class, a megaindex.datasets plugin: "
         f"{', '.join(DATASETS.available())} (default: gpt)",
     )
-    data.add_argument(
-        "--data-path",
-        nargs="+",
-        metavar="ITEM",
-        help="a prefix, weight/prefix pairs, or prefixes weighted by their sizes",
-    )
-    data.add_argument("--data-args-path", help="a file holding the --data-path items")
-    for split in ("train", "valid", "test"):
-        data.add_argument(
-            f"--{split}-data-path", nargs="+", metavar="ITEM", help=f"the {split} split's own blend"
-        )
-    data.add_argument(
-        "--per-split-data-args-path", help='a JSON file {"train": ..., "valid": ..., "test": ...}'
-    )
+    data_path_arguments(data)
     data.add_argument(
         "--split",
         help="train,valid,test weights (default with a data path: "
@@ -163,14 +180,7 @@ def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer:
 
 def build_datasets(args: argparse.Namespace) -> list[Any]:
     """The datasets ``args`` describe, built (or loaded from the cache)."""
-    blend, blend_per_split = get_blend_and_blend_per_split(
-        args.data_path,
-        args.data_args_path,
-        args.train_data_path,
-        args.valid_data_path,
-        args.test_data_path,
-        args.per_split_data_args_path,
-    )
+    blend, blend_per_split = blends_of(args)
     cls = DATASETS.get(args.dataset)
     if blend is None and blend_per_split is None and not issubclass(cls, MockGPTDataset):
         raise ValueError(

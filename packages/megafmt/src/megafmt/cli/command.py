@@ -27,9 +27,12 @@ MULTIMODAL_CHOICES = {"auto": None, "yes": True, "no": False}
 
 
 def add_multimodal_argument(parser: argparse.ArgumentParser, help: str) -> None:
-    """``--multimodal {auto,no,yes}``, parsed to None, False or True."""
+    """``--multimodal [{auto,no,yes}]``, parsed to None, False or True; bare ``--multimodal``
+    is ``yes``, as Megatron-LM's tools take the flag."""
     parser.add_argument(
         "--multimodal",
+        nargs="?",
+        const="yes",
         choices=sorted(MULTIMODAL_CHOICES),
         default="auto",
         help=help,

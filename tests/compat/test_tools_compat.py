@@ -1,0 +1,67 @@
+"""Megatron-LM's tools/ at the seed commit against mega's commands that take their flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from seedref import SeedProcess
+
+from megafmt.cli.main import main
+from megafmt.testing import write_corpus
+
+pytestmark = pytest.mark.compat
+
+SEEDSIDE = Path(__file__).parent / "seedside"
+
+
+@pytest.fixture(scope="module")
+def seed():
+    with SeedProcess(paths=[SEEDSIDE]) as process:
+        yield process
+
+
+def test_mega_sequences_writes_build_sequences_per_dataset_s_json(seed, tmp_path: Path) -> None:
+    prefixes = [
+        write_corpus(str(tmp_path / name), documents, seed=index)
+        for index, (name, documents) in enumerate((("web", 40), ("code", 7), ("books", 1)))
+    ]
+    per_split = tmp_path / "per_split.json"
+    per_split.write_text(
+        json.dumps({"train": ["0.7", prefixes[0], "0.3", prefixes[1]], "valid": [prefixes[2]],
+                    "test": [prefixes[1]]})
+    )  # fmt: skip
+    forms = [
+        {"data_path": ["0.5", prefixes[0], "0.5", prefixes[2]]},
+        {"train_data_path": [prefixes[1], prefixes[0]], "valid_data_path": [prefixes[2]],
+         "test_data_path": [prefixes[0]]},
+        {"per_split_data_args_path": str(per_split)},
+    ]  # fmt: skip
+    for number, form in enumerate(forms):
+        arguments = {
+            "data_path": None, "train_data_path": None, "valid_data_path": None,
+            "test_data_path": None, "data_args_path": None, "per_split_data_args_path": None,
+            **form,
+        }  # fmt: skip
+        reference = seed.call("seed_tools:sequences_per_dataset", arguments)
+        output = tmp_path / f"sequences-{number}.json"
+        flags = [f"--{key.replace('_', '-')}" for key in form]
+        command = ["sequences", "--per-dataset-sequences-path", str(output)]
+        for flag, value in zip(flags, form.values(), strict=True):
+            command += [flag, *(value if isinstance(value, list) else [value])]
+        assert main(command) == 0
+        # the tool json.dumps its dict: the same text, key order included
+        assert output.read_text() == json.dumps(reference), form
+
+
+def test_mega_merge_with_merge_datasets_flags_writes_the_tool_s_bytes(seed, tmp_path: Path) -> None:
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for index, documents in enumerate((30, 1, 12)):
+        write_corpus(str(parts / f"part-{index:02d}"), documents, seed=index, longest=90)
+    theirs, ours = str(tmp_path / "theirs"), str(tmp_path / "ours")
+    seed.call("seed_tools:merge_datasets", str(parts), theirs)
+    assert main(["merge", "--input", str(parts), "--output-prefix", ours]) == 0
+    for suffix in (".bin", ".idx"):
+        assert Path(ours + suffix).read_bytes() == Path(theirs + suffix).read_bytes(), suffix
