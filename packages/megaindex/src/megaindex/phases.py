@@ -1,0 +1,91 @@
+"""A mid-training schedule: the blend changes at set iterations (the seed commit's
+``--phase-transition-iterations``, one launch per phase with its own ``--data-path``).
+
+``PhaseSchedule`` holds the phases; ``build_phase_datasets`` builds every phase's datasets
+before the run starts, each sized as Megatron-LM sizes the phase's launch (its training split
+holds the phase's samples, ``get_train_valid_test_num_samples`` with the transitions), so the
+caches are those the restart-based run builds and a transition never waits for an index build.
+megaload's ``PhasedDataLoader`` then reads them in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from megaindex.blend import Blend
+from megaindex.budget import samples_in_phase
+from megaindex.builder import BlendedMegatronDatasetBuilder
+from megaindex.config import BlendedMegatronDatasetConfig
+from megaindex.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase: its first iteration and its data (a blend, or one per split)."""
+
+    start_iteration: int
+    blend: Blend | None = None
+    blend_per_split: list[Blend | None] | None = None
+
+
+@dataclass(frozen=True)
+class PhaseSchedule:
+    """Phases in order, the first at iteration 0; the last ends at ``train_samples``."""
+
+    phases: tuple[Phase, ...]
+
+    def __post_init__(self) -> None:
+        starts = self.starts
+        if not starts or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+            raise ConfigError(
+                f"phases start at iteration 0 and at increasing iterations after it, found {starts}"
+            )
+
+    @property
+    def starts(self) -> list[int]:
+        return [phase.start_iteration for phase in self.phases]
+
+    @property
+    def transitions(self) -> list[int]:
+        """Megatron-LM's ``--phase-transition-iterations``: every start but the first."""
+        return self.starts[1:]
+
+    def phase_at(self, iteration: int) -> int:
+        """The index of the phase ``iteration`` is in."""
+        return max(index for index, start in enumerate(self.starts) if start <= iteration)
+
+    def train_samples(self, global_batch_size: int, train_samples: int) -> list[int]:
+        """Each phase's training samples, as the phase's own launch asks for them."""
+        return [
+            samples_in_phase(global_batch_size, train_samples, self.transitions, start)
+            for start in self.starts
+        ]
+
+
+def build_phase_datasets(
+    cls: Any,
+    schedule: PhaseSchedule,
+    config: BlendedMegatronDatasetConfig,
+    global_batch_size: int,
+    train_samples: int,
+    eval_sizes: Sequence[int | None],
+    is_built_on_rank: Callable[[], bool] = lambda: True,
+) -> list[list[Any]]:
+    """``[train, valid, test]`` of every phase, built (or found in the cache) now: phase
+    ``p``'s config is ``config`` with its blend, its sizes the phase's training samples and
+    ``eval_sizes`` (the valid and test counts, the same for every phase's launch)."""
+    counts = schedule.train_samples(global_batch_size, train_samples)
+    built = []
+    for phase, count in zip(schedule.phases, counts, strict=True):
+        phase_config = dataclasses.replace(
+            config, blend=phase.blend, blend_per_split=phase.blend_per_split
+        )
+        sizes = [count, *eval_sizes]
+        built.append(
+            BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, phase_config).build()
+        )
+    return built

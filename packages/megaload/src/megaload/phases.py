@@ -1,0 +1,134 @@
+"""Mid-training phases in one process: the training loader moves to the next phase's dataset
+at the transition iteration, where Megatron-LM (the seed commit's
+``--phase-transition-iterations``) saves a checkpoint, exits, and is restarted by a launcher
+with the next blend.
+
+Each phase is a dataset built for that phase's samples (megaindex's
+``get_train_valid_test_num_samples`` with the transitions and the phase's first iteration),
+read from its own first sample: phase ``p`` covers iterations ``[T_p, T_{p+1})``, each
+iteration ``global_batch_size / (micro_batch_size x data_parallel_size)`` micro-batches on
+every rank. So the batches equal the restart-based run's, batch for batch, and the run needs
+no restart. Every phase's loader is made when this one is (the datasets are built before the
+run starts), so a transition never waits for an index build.
+
+``state_dict`` records the phase and that phase's loader state; ``load_state_dict`` resumes in
+the right phase at the right sample, or a run restarted at iteration ``I`` starts there with
+``consumed_samples = I x global_batch_size``, as Megatron-LM counts them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from megaload.accounting import consumed_in_phase, num_micro_batches
+from megaload.config import DataLoaderConfig
+from megaload.errors import ResumeError, SamplerError
+from megaload.loader import MegatronDataLoader
+
+#: the version of ``PhasedDataLoader.state_dict``
+PHASED_STATE_VERSION = 1
+
+
+class PhasedDataLoader:
+    """Training batches across phases: ``phases`` are ``(first iteration, dataset)`` pairs,
+    the first at iteration 0; ``consumed_samples`` counts all phases' training samples (all
+    ranks together), as Megatron-LM's ``consumed_train_samples`` does."""
+
+    def __init__(
+        self,
+        phases: Sequence[tuple[int, Any]],
+        consumed_samples: int,
+        config: DataLoaderConfig,
+    ) -> None:
+        starts = [start for start, _ in phases]
+        if not phases or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+            raise SamplerError(
+                f"phases start at iteration 0 and at increasing iterations after it, found {starts}"
+            )
+        if config.global_batch_size is None:
+            raise SamplerError("phases need global_batch_size: it turns iterations into samples")
+        self.config = config
+        self.starts = starts
+        self.micro_batches_per_iteration = num_micro_batches(
+            config.global_batch_size, config.micro_batch_size, config.data_parallel_size
+        )
+        iteration, leftover = divmod(consumed_samples, config.global_batch_size)
+        if leftover:
+            raise ResumeError(
+                f"consumed_samples {consumed_samples} is not a whole number of global batches "
+                f"of {config.global_batch_size}: phases change at iteration boundaries"
+            )
+        self.phase = self._phase_at(iteration)
+        self.loaders = [
+            MegatronDataLoader(dataset, self._start_in(index, iteration), config)
+            for index, (_, dataset) in enumerate(phases)
+        ]
+        #: micro-batches this rank has read of the current phase
+        self.taken_in_phase = (iteration - starts[self.phase]) * self.micro_batches_per_iteration
+
+    def _phase_at(self, iteration: int) -> int:
+        return max(index for index, start in enumerate(self.starts) if start <= iteration)
+
+    def _start_in(self, phase: int, iteration: int) -> int:
+        """Where phase ``phase``'s loader starts for a run at ``iteration``."""
+        if phase != self._phase_at(iteration):
+            return 0
+        return consumed_in_phase(
+            iteration, self.config.global_batch_size, iteration * self.config.global_batch_size,
+            self.starts[1:],
+        )  # fmt: skip
+
+    def _phase_micro_batches(self, phase: int) -> int | None:
+        """Micro-batches phase ``phase`` gives each rank (None: the last, unbounded)."""
+        if phase + 1 == len(self.starts):
+            return None
+        return (self.starts[phase + 1] - self.starts[phase]) * self.micro_batches_per_iteration
+
+    @property
+    def consumed_samples(self) -> int:
+        """Training samples consumed across phases, all ranks together."""
+        loader = self.loaders[self.phase]
+        return self.starts[self.phase] * self.config.global_batch_size + loader.consumed_samples
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            loader = self.loaders[self.phase]
+            limit = self._phase_micro_batches(self.phase)
+            if limit is None or self.taken_in_phase < limit:
+                for batch in loader:
+                    self.taken_in_phase += 1
+                    yield batch
+                    if self.taken_in_phase == limit:
+                        break
+                else:
+                    return  # the last phase's data is used up
+            self.phase += 1
+            self.taken_in_phase = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The phase, where it stands, and its loader's state."""
+        return {
+            "version": PHASED_STATE_VERSION,
+            "phase_starts": list(self.starts),
+            "phase": self.phase,
+            "taken_in_phase": self.taken_in_phase,
+            "loader": self.loaders[self.phase].state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the same phase, its loader at the saved sample."""
+        if state.get("version") != PHASED_STATE_VERSION:
+            raise ResumeError(
+                f"phased loader state version {state.get('version')!r} is not "
+                f"{PHASED_STATE_VERSION}"
+            )
+        if list(state["phase_starts"]) != self.starts:
+            raise ResumeError(
+                f"the state was saved with phases starting at {state['phase_starts']}, this "
+                f"loader's start at {self.starts}"
+            )
+        self.phase = int(state["phase"])
+        self.taken_in_phase = int(state["taken_in_phase"])
+        self.loaders[self.phase].load_state_dict(state["loader"])
