@@ -10,6 +10,7 @@ seed allocates its receive buffers there), and TransformerEngine's
 
 from __future__ import annotations
 
+import itertools
 import types
 
 BATCH_KEYS = [
@@ -38,7 +39,7 @@ def te_thd_indices(cu_seqlens, total_tokens: int, world_size: int, rank: int):
     bounds = [int(b) for b in cu_seqlens.reshape(-1)]
     assert bounds[-1] == total_tokens, "this stand-in covers rows the sequences fill"
     kept = []
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         assert (end - start) % (2 * world_size) == 0
         chunk = (end - start) // (2 * world_size)
         for piece in (rank, 2 * world_size - 1 - rank):
@@ -50,10 +51,9 @@ def shares(
     rank: int, world: int, rendezvous: str, tp: int, cp: int, seq_length: int, batches: list
 ) -> list:
     """This rank's tensors for each batch (numpy, None for keys it has none of)."""
+    import megatron.core.utils as core_utils
     import torch
     import torch.distributed as dist
-
-    import megatron.core.utils as core_utils
 
     torch.cuda.current_device = lambda: "cpu"
     core_utils.tex = types.SimpleNamespace(thd_get_partitioned_indices=te_thd_indices)
