@@ -221,3 +221,29 @@ def test_random_messages_are_valid_lines():
 
     rng = random.Random(0)
     assert all(messages_problem(random_messages(rng)) is None for _ in range(200))
+
+
+def test_mega_dump_shows_prompt_and_loss_runs_decoded(tmp_path, tokenizer_dir, capsys):
+    path = str(tmp_path / "chat.jsonl")
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "why"},
+        {"role": "assistant", "content": "42"},
+    ]
+    path_text = json.dumps({"messages": messages}) + "\n"
+    (tmp_path / "chat.jsonl").write_text(path_text)
+    model = ["--tokenizer-model", str(tokenizer_dir)]
+    assert main(["dump", path, "--doc", "0", *model]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0].startswith("line 0 (line 1 of ") and "1 conversations" in shown[0]
+    assert shown[2].startswith("    prompt [    0,") and "<SPECIAL_11>Assistant\\n'" in shown[2]
+    assert shown[3].startswith("    loss   [") and shown[3].endswith("'42\\n'")
+    prefix = str(tmp_path / "out")
+    assert main(["preprocess", "--sft", "--input", path, "--output-prefix", prefix, *model]) == 0
+    capsys.readouterr()
+    assert main(["dump", prefix + "_messages_document", "--seq", "0", *model]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == shown[1:]
+    assert main(["dump", prefix + "_messages_document", "--doc", "0", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    tokens, targets = record["conversations"][0]["tokens"], record["conversations"][0]["targets"]
+    assert targets[-1] == tokens[-1] and targets[0] == IGNORE_INDEX

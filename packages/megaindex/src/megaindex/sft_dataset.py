@@ -19,6 +19,7 @@ collate.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,13 @@ import torch
 from megafmt.format import get_idx_path
 from megafmt.protocols import CollatedBatch, ConversationSource
 from megafmt.remote import file_size
-from megafmt.sft import JsonlLineIndex, TokenizedConversations, tokenize_line
+from megafmt.sft import (
+    JsonlLineIndex,
+    SFTTokenizer,
+    TokenizedConversations,
+    describe_tokens,
+    tokenize_line,
+)
 from megaindex.config import GPTDatasetConfig
 from megaindex.errors import ConfigError
 from megaindex.megatron_dataset import MegatronDataset, resolve_indices
@@ -127,6 +134,31 @@ class SFTDataset(MegatronDataset):
                 "conversations left out",
                 stacklevel=3,
             )
+
+    def describe(self, idx: int) -> list[str]:
+        """Sample ``idx`` for a person (``mega index explain``): the line it packs, its
+        segments (``cu_seqlens``) and, in each, the runs of prompt and loss tokens, decoded when
+        the tokenizer is megafmt's SFT tokenizer (else ids)."""
+        pack = self.pack(idx)
+        line = self.line_of(idx)
+        where = f"line {line} of {self.dataset_path}"
+        if isinstance(self.dataset, JsonlLineIndex):
+            where += f" (line {int(self.dataset.lines[line])} of the file)"
+        tokenizer = self.config.tokenizer
+        decode = tokenizer.detokenize if isinstance(tokenizer, SFTTokenizer) else None
+        bounds = pack.cu_seqlens
+        lengths = [end - start for start, end in itertools.pairwise(bounds)]
+        lines = [
+            f"sample {idx} packs {where}: cu_seqlens {bounds}, max_seqlen {max(lengths)}",
+            f"  {pack.cut_tokens} tokens cut, {pack.left_out} conversations left out; a "
+            "'loss' token is a label that takes loss (the token before it predicts it)",
+        ]
+        for number, (start, end) in enumerate(itertools.pairwise(bounds)):
+            lines.append(f"  segment {number} [{start}, {end}): {end - start} tokens")
+            lines += describe_tokens(
+                pack.tokens[start:end], pack.targets[start:end], decode, tokenizer.pad, first=start
+            )
+        return lines
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         return sample_of(self.pack(idx), self.config.tokenizer.pad)

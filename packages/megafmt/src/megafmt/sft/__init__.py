@@ -8,6 +8,7 @@ samples is megaindex's ``SFTDataset``.
 
 from megafmt.sft.lines import JsonlLineIndex
 from megafmt.sft.messages import line_problem, messages_problem, split_conversations
+from megafmt.sft.show import describe_tokens, loss_runs
 from megafmt.sft.tokenized import (
     TokenizedConversations,
     get_loss_mask_path,
@@ -29,8 +30,10 @@ __all__ = [
     "JsonlLineIndex",
     "SFTTokenizer",
     "TokenizedConversations",
+    "describe_tokens",
     "get_loss_mask_path",
     "line_problem",
+    "loss_runs",
     "messages_problem",
     "preprocess_sft",
     "split_conversations",

@@ -113,17 +113,17 @@ class TokenizedConversations:
             return numpy.asarray(self._mask[start : start + length])
         return numpy.frombuffer(read_range(self.mask_path, start, length), numpy.uint8)
 
+    def conversation(self, sequence: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+        """The ids and targets of conversation (sequence) ``sequence`` of the corpus."""
+        tokens = numpy.asarray(self.tokens[sequence], dtype=numpy.int64)
+        start = int(self.tokens.sequence_pointers[sequence]) // self.tokens.index.dtype_size
+        mask = self._mask_of(start, len(tokens))
+        return tokens, numpy.where(mask != 0, tokens, IGNORE_INDEX)
+
     def tokenized_conversations(
         self, idx: int, tokenizer: Any = None
     ) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
         """The ids and targets of line ``idx``'s conversations (``tokenizer`` is not needed:
         the corpus holds them)."""
         first, last = (int(i) for i in self.tokens.document_indices[idx : idx + 2])
-        itemsize = self.tokens.index.dtype_size
-        pieces = []
-        for sequence in range(first, last):
-            tokens = numpy.asarray(self.tokens[sequence], dtype=numpy.int64)
-            start = int(self.tokens.sequence_pointers[sequence]) // itemsize
-            mask = self._mask_of(start, len(tokens))
-            pieces.append((tokens, numpy.where(mask != 0, tokens, IGNORE_INDEX)))
-        return pieces
+        return [self.conversation(sequence) for sequence in range(first, last)]
