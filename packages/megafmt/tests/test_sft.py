@@ -247,3 +247,30 @@ def test_mega_dump_shows_prompt_and_loss_runs_decoded(tmp_path, tokenizer_dir, c
     record = json.loads(capsys.readouterr().out)
     tokens, targets = record["conversations"][0]["tokens"], record["conversations"][0]["targets"]
     assert targets[-1] == tokens[-1] and targets[0] == IGNORE_INDEX
+
+
+def test_a_parallel_scan_over_byte_ranges_equals_one_pass(tmp_path):
+    from megafmt.sft.scan import cut_points, scan
+
+    path = tmp_path / "many.jsonl"
+    records = [json.dumps(GOOD) if i % 7 else "" for i in range(300)]
+    records[150] = "{broken"
+    records[250] = '{"messages": []}'
+    write_lines(path, records)
+    size = path.stat().st_size
+    points = cut_points(str(path), size, range_bytes=500)
+    assert len(points) > 10 and points[-1] == size
+    data = path.read_bytes()
+    assert all(data[p - 1 : p] == b"\n" for p in points[1:-1])  # every cut at a line start
+    one, bad_one, shown_one = scan(str(path), size, True, workers=1, range_bytes=1 << 30)
+    many, bad_many, shown_many = scan(str(path), size, True, workers=2, range_bytes=500)
+    assert (
+        (bad_one, shown_one)
+        == (bad_many, shown_many)
+        == (2, [[151, shown_one[0][1]], [251, shown_one[1][1]]])
+    )
+    for key in one:
+        numpy.testing.assert_array_equal(one[key], many[key])
+    assert len(one["lines"]) == 300 - 43 - 2 and one["lines"][0] == 2
+    with pytest.raises(BadInputError, match=r"many\.jsonl, line 151 \(byte \d+\): not JSON"):
+        scan(str(path), size, False, workers=2, range_bytes=500)

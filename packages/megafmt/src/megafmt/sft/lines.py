@@ -22,27 +22,22 @@ import io
 import json
 import os
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
-import fsspec
 import numpy
 
 from megafmt.atomic import atomic_write
 from megafmt.fingerprint import file_version
 from megafmt.preprocess import BadInputError
-from megafmt.progress import Progress
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir, read_range
-from megafmt.sft.messages import Message, line_problem
+from megafmt.sft.messages import Message
+from megafmt.sft.scan import scan
 from megafmt.sft.tokenizer import tokenize_line
 
 #: bumped when the cached index's layout changes
 INDEX_FORMAT = 1
 SUFFIX = ".sftlines.npz"
-#: bad lines named in reports and kept in the index (all are counted)
-SHOWN_BAD_LINES = 5
-BLOCK_BYTES = 8 << 20
 
 
 def _version(path: str) -> dict[str, Any]:
@@ -64,53 +59,12 @@ def index_path(path: str) -> str:
     return os.path.join(default_cache_dir(), "sft-lines", name + SUFFIX)
 
 
-def _lines(path: str) -> Iterator[tuple[int, int, bytes]]:
-    """Every line of ``path``: its start offset, its number (from 1) and its bytes without the
-    line end."""
-    offset = number = 0
-    carry = b""
-    with fsspec.open(path, "rb") as stream:
-        while block := stream.read(BLOCK_BYTES):
-            pieces = (carry + block).split(b"\n")
-            carry = pieces.pop()
-            for piece in pieces:
-                number += 1
-                yield offset, number, piece
-                offset += len(piece) + 1
-    if carry:
-        yield offset, number + 1, carry
-
-
-def _scan(path: str, skip_bad_lines: bool) -> tuple[dict[str, numpy.ndarray], dict[str, Any]]:
+def _scan(
+    path: str, skip_bad_lines: bool, workers: int | None
+) -> tuple[dict[str, numpy.ndarray], dict[str, Any]]:
     """Check every line of ``path``; the good lines' ranges and what was seen."""
     version = _version(path)
-    starts, ends, numbers, bad = [], [], [], []
-    bad_count = 0
-    with Progress(f"indexing {path}", total=version["size"], unit="B") as progress:
-        for start, number, raw in _lines(path):
-            progress.update(len(raw) + 1)
-            content = raw.rstrip(b"\r")
-            if not content.strip():
-                continue
-            problem = line_problem(content)
-            if problem is None:
-                starts.append(start)
-                ends.append(start + len(content))
-                numbers.append(number)
-                continue
-            if not skip_bad_lines:
-                raise BadInputError(
-                    f"{path}, line {number} (byte {start}): {problem}; pass skip_bad_lines "
-                    "(--skip-bad-lines) to count and skip such lines"
-                )
-            bad_count += 1
-            if len(bad) < SHOWN_BAD_LINES:
-                bad.append([number, problem])
-    arrays = {
-        "starts": numpy.asarray(starts, dtype=numpy.int64),
-        "ends": numpy.asarray(ends, dtype=numpy.int64),
-        "lines": numpy.asarray(numbers, dtype=numpy.int64),
-    }
+    arrays, bad_count, bad = scan(path, version["size"], skip_bad_lines, workers)
     meta = {"format": INDEX_FORMAT, "path": path, "version": version}
     meta.update(bad_lines=bad_count, shown_bad_lines=bad)
     return arrays, meta
@@ -140,16 +94,17 @@ def _store(cache: str, arrays: dict[str, numpy.ndarray], meta: dict[str, Any]) -
 
 class JsonlLineIndex:
     """The good lines of an SFT jsonl (local path or fsspec URL): ``len``, their numbers in the
-    file, and each line's ``messages`` read on demand. Pickles as its path and offsets."""
+    file, and each line's ``messages`` read on demand. Pickles as its path and offsets.
+    ``workers`` processes check a file that is not yet indexed (default: one per core)."""
 
-    def __init__(self, path: str, skip_bad_lines: bool = False) -> None:
+    def __init__(self, path: str, skip_bad_lines: bool = False, workers: int | None = None) -> None:
         self._fd: int | None = None
         self._pid = -1
         self.path = path
         self.index_path = index_path(path)
         found = _load(self.index_path, path)
         if found is None:
-            found = _scan(path, skip_bad_lines)
+            found = _scan(path, skip_bad_lines, workers)
             _store(self.index_path, *found)
         arrays, meta = found
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
