@@ -241,28 +241,3 @@ def test_dataset_classes_are_plugins_by_name(corpus, tmp_path, capsys, make_conf
     assert "unknown megaindex dataset 'gtp'" in capsys.readouterr().err
     with pytest.raises(PluginError, match="did you mean 'gpt'"):
         BlendedMegatronDatasetBuilder("gtp", [1, 0, 0], lambda: True, config)
-
-
-def test_explain_shows_an_sft_pack_with_its_segments_and_loss_decoded(tmp_path, capsys):
-    pytest.importorskip("tokenizers")
-    from megafmt.sft.testing import write_sft_jsonl, write_sft_tokenizer
-
-    tokenizer = str(write_sft_tokenizer(tmp_path / "tokenizer"))
-    path = str(tmp_path / "chat.jsonl")
-    write_sft_jsonl(path, 12, seed=1, conversations=3)
-    args = ["--dataset", "sft", "--data-path", path, "--seq-length", "64", "--split", "100,0,0"]
-    args += ["--sft-tokenizer", tokenizer, "--samples", "20", "--context-parallel-size", "2"]
-    assert main(["index", "explain", *args, "--sample", "13"]) == 0
-    shown = capsys.readouterr().out.splitlines()
-    assert (
-        shown[0].startswith("train sample 13 packs line 1 of ")
-        and "(line 2 of the file)" in shown[0]
-    )
-    bounds = json.loads(shown[0].split("cu_seqlens ")[1].split(", max_seqlen")[0])
-    assert bounds[0] == 0 and bounds[-1] == 64 and all(b % 4 == 0 for b in bounds)
-    segments = [line for line in shown if line.startswith("  segment ")]
-    assert len(segments) == len(bounds) - 1
-    assert segments[0].startswith(f"  segment 0 [0, {bounds[1]}): {bounds[1]} tokens")
-    runs = [line.split()[0] for line in shown if line.startswith("    ")]
-    assert runs[0] == "prompt" and "loss" in runs
-    assert any("'<SPECIAL_10>System\\n" in line for line in shown)  # decoded
