@@ -46,10 +46,6 @@ def test_sft_batches_through_loader_workers_equal_the_samples(tmp_path):
         blend=([path], None),
         split="100,0,0",
         tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
     )
     train, _, _ = BlendedMegatronDatasetBuilder(
         "sft", [8, None, None], lambda: True, config

@@ -53,10 +53,6 @@ def ours_samples(path, tokenizer, settings, count, skip_bad_lines=False):
         blend=([path], None),
         split=settings["split"],
         tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
         context_parallel_size=settings["context_parallel_size"],
         skip_bad_lines=skip_bad_lines,
     )

@@ -49,10 +49,6 @@ def sft_batches(tmp_path: Path) -> list[dict]:
         blend=([path], None),
         split="100,0,0",
         tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
         context_parallel_size=CP,
     )
     train, _, _ = BlendedMegatronDatasetBuilder("sft", [STEPS, 1, 1], lambda: True, config).build()

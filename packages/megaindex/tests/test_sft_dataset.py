@@ -100,10 +100,6 @@ def dataset(tmp_path):
         blend=([path], None),
         split="100,0,0",
         tokenizer=IdsTokenizer(),
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
     )
     train, _, _ = BlendedMegatronDatasetBuilder(
         "sft", [7, None, None], lambda: True, config
@@ -145,18 +141,6 @@ def test_the_dataset_pickles_for_loader_workers(dataset):
 
 
 def test_attention_masks_and_resets_are_refused(dataset):
+    dataset.config.create_attention_mask = True
     with pytest.raises(ConfigError, match="create_attention_mask must be off"):
-        SFTDataset(
-            dataset.dataset,
-            None,
-            dataset.indices,
-            3,
-            dataset.index_split,
-            SFTDatasetConfig(**{**vars_of(dataset.config), "create_attention_mask": True}),
-        )
-
-
-def vars_of(config):
-    from dataclasses import fields
-
-    return {f.name: getattr(config, f.name) for f in fields(config) if f.init}
+        dataset[0]

@@ -42,14 +42,17 @@ from megaindex.config import GPTDatasetConfig
 from megaindex.errors import ConfigError
 from megaindex.megatron_dataset import MegatronDataset, resolve_indices
 from megaindex.sft_pack import IGNORE_INDEX, Pack, pack_conversations
-from megaindex.utils import Split
 
 
 @dataclass
 class SFTDatasetConfig(GPTDatasetConfig):
     """``GPTDatasetConfig`` (what Megatron-LM builds its SFT dataset with) plus the jsonl
-    reader's choice for bad lines."""
+    reader's choice for bad lines; what SFT packing requires is the default."""
 
+    reset_position_ids: bool | None = False
+    reset_attention_mask: bool | None = False
+    eod_mask_loss: bool | None = False
+    create_attention_mask: bool = False
     skip_bad_lines: bool = False
     """count, skip and report jsonl lines that are not valid examples instead of failing at the
     first (named by file and line either way)"""
@@ -61,26 +64,11 @@ class SFTDataset(MegatronDataset):
 
     reads_indexed_corpora = False  # a jsonl path, or a pre-tokenized prefix
 
-    def __init__(
-        self,
-        dataset: Any,
-        dataset_path: str | None,
-        indices: numpy.ndarray,
-        num_samples: int | None,
-        index_split: Split,
-        config: GPTDatasetConfig,
-    ) -> None:
-        super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
-        if config.reset_position_ids or config.reset_attention_mask or config.create_attention_mask:
-            raise ConfigError(
-                "SFTDataset packs conversations with cu_seqlens: reset_position_ids, "
-                "reset_attention_mask and create_attention_mask must be off (found "
-                f"{config.reset_position_ids}, {config.reset_attention_mask}, "
-                f"{config.create_attention_mask})"
-            )
-        self.cut_conversations = 0
-        self.left_out_conversations = 0
-        self._next_report = 1
+    cut_conversations = 0
+    """samples whose pack was cut at the sequence length (in this process)"""
+    left_out_conversations = 0
+    """conversations left out after a cut (in this process)"""
+    _next_report = 1
 
     @staticmethod
     def numel_low_level_dataset(low_level_dataset: Any) -> int:
@@ -111,6 +99,14 @@ class SFTDataset(MegatronDataset):
 
     def pack(self, idx: int) -> Pack:
         """Sample ``idx``'s pack (``sequence_length + 1`` tokens) before the shift."""
+        config = self.config
+        if config.reset_position_ids or config.reset_attention_mask or config.create_attention_mask:
+            raise ConfigError(
+                "SFTDataset packs conversations with cu_seqlens: reset_position_ids, "
+                "reset_attention_mask and create_attention_mask must be off (found "
+                f"{config.reset_position_ids}, {config.reset_attention_mask}, "
+                f"{config.create_attention_mask})"
+            )
         pack = pack_conversations(
             self.conversations(idx),
             self.config.sequence_length,
