@@ -28,9 +28,8 @@ from typing import Any
 import numpy
 import torch
 
-from megafmt.format import get_idx_path
+from megafmt import IndexedDataset
 from megafmt.protocols import CollatedBatch, ConversationSource
-from megafmt.remote import file_size
 from megafmt.sft import (
     JsonlLineIndex,
     SFTTokenizer,
@@ -78,7 +77,7 @@ class SFTDataset(MegatronDataset):
     def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> Any:
         """The pre-tokenized corpus at ``dataset_path`` when its ``.idx`` exists, else the jsonl
         at ``dataset_path`` (local or any fsspec URL) through its cached line index."""
-        if file_size(get_idx_path(dataset_path)) is not None:
+        if IndexedDataset.exists(dataset_path):
             return TokenizedConversations(dataset_path)
         skip = isinstance(config, SFTDatasetConfig) and config.skip_bad_lines
         return JsonlLineIndex(dataset_path, skip_bad_lines=skip)
