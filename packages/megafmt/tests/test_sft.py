@@ -274,3 +274,23 @@ def test_a_parallel_scan_over_byte_ranges_equals_one_pass(tmp_path):
     assert len(one["lines"]) == 300 - 43 - 2 and one["lines"][0] == 2
     with pytest.raises(BadInputError, match=r"many\.jsonl, line 151 \(byte \d+\): not JSON"):
         scan(str(path), size, False, workers=2, range_bytes=500)
+
+
+def test_an_index_checked_on_read_finds_the_same_lines_and_checks_each_read(tmp_path):
+    lines = [json.dumps(GOOD), "", "\r", json.dumps(GOOD) + "\r", "{broken", json.dumps(GOOD)]
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines))  # no newline after the last line
+    fast = JsonlLineIndex(str(path), check="on_read")
+    assert not fast.checked and fast.lines.tolist() == [1, 4, 5, 6]
+    assert fast[1] == GOOD["messages"] and fast[3] == GOOD["messages"]
+    with pytest.raises(BadInputError, match=r"a\.jsonl, line 5 \(byte \d+\): not JSON"):
+        fast[2]
+    with pytest.raises(ValueError, match="skip_bad_lines needs check='all'"):
+        JsonlLineIndex(str(path), skip_bad_lines=True, check="on_read")
+    with pytest.warns(UserWarning, match="skipped 1 bad lines"):
+        full = JsonlLineIndex(str(path), skip_bad_lines=True)  # the cached index is checked now
+    assert full.checked and full.lines.tolist() == [1, 4, 6]
+    with pytest.raises(BadInputError, match="line 5"):  # the checked index knows it is bad
+        JsonlLineIndex(str(path), check="on_read")
+    numpy.testing.assert_array_equal(fast.starts[[0, 1, 3]], full.starts)
+    numpy.testing.assert_array_equal(fast.ends[[0, 1, 3]], full.ends)

@@ -56,6 +56,10 @@ class SFTDatasetConfig(GPTDatasetConfig):
     """count, skip and report jsonl lines that are not valid examples instead of failing at the
     first (named by file and line either way)"""
 
+    check_lines: str = "all"
+    """when the jsonl's lines are checked: ``"all"`` while it is first indexed, or
+    ``"on_read"``: indexed from its line ends alone, each line checked when a sample reads it"""
+
 
 class SFTDataset(MegatronDataset):
     """Packed SFT samples over the lines ``indices`` of an SFT jsonl (or its pre-tokenized
@@ -79,8 +83,9 @@ class SFTDataset(MegatronDataset):
         at ``dataset_path`` (local or any fsspec URL) through its cached line index."""
         if IndexedDataset.exists(dataset_path):
             return TokenizedConversations(dataset_path)
-        skip = isinstance(config, SFTDatasetConfig) and config.skip_bad_lines
-        return JsonlLineIndex(dataset_path, skip_bad_lines=skip)
+        if isinstance(config, SFTDatasetConfig):
+            return JsonlLineIndex(dataset_path, config.skip_bad_lines, check=config.check_lines)
+        return JsonlLineIndex(dataset_path)
 
     def __len__(self) -> int:
         return self.num_samples

@@ -12,7 +12,8 @@ beside the file as ``<file>.sftlines.npz``, or under ``default_cache_dir()/sft-l
 file is a URL (any fsspec URL) or its folder is not writable. A changed file is indexed again.
 Blank lines are skipped (the ``datasets`` JSON reader skips them too); any other line that is
 not a valid example is an error naming file and line, or, with ``skip_bad_lines``, counted,
-skipped and reported.
+skipped and reported. ``check="on_read"`` trades the first pass's checks for speed: the index
+is built from line ends alone and a bad line is an error when a sample reads it.
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ from megafmt.fingerprint import file_version
 from megafmt.preprocess import BadInputError
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir, read_range
-from megafmt.sft.messages import Message
-from megafmt.sft.scan import scan
+from megafmt.sft.messages import Message, parse_line
+from megafmt.sft.scan import line_ranges, scan
 from megafmt.sft.tokenizer import tokenize_line
 
 #: bumped when the cached index's layout changes
 INDEX_FORMAT = 1
+#: when lines are checked: all of them while indexing, or each when it is read
+CHECKS = ("all", "on_read")
 SUFFIX = ".sftlines.npz"
 
 
@@ -60,12 +63,15 @@ def index_path(path: str) -> str:
 
 
 def _scan(
-    path: str, skip_bad_lines: bool, workers: int | None
+    path: str, skip_bad_lines: bool, workers: int | None, check: str
 ) -> tuple[dict[str, numpy.ndarray], dict[str, Any]]:
-    """Check every line of ``path``; the good lines' ranges and what was seen."""
+    """Index ``path``: every line checked (``check="all"``), or only its line ends found."""
     version = _version(path)
-    arrays, bad_count, bad = scan(path, version["size"], skip_bad_lines, workers)
-    meta = {"format": INDEX_FORMAT, "path": path, "version": version}
+    if check == "all":
+        arrays, bad_count, bad = scan(path, version["size"], skip_bad_lines, workers)
+    else:
+        arrays, bad_count, bad = line_ranges(path, version["size"]), 0, []
+    meta = {"format": INDEX_FORMAT, "path": path, "version": version, "checked": check == "all"}
     meta.update(bad_lines=bad_count, shown_bad_lines=bad)
     return arrays, meta
 
@@ -95,19 +101,36 @@ def _store(cache: str, arrays: dict[str, numpy.ndarray], meta: dict[str, Any]) -
 class JsonlLineIndex:
     """The good lines of an SFT jsonl (local path or fsspec URL): ``len``, their numbers in the
     file, and each line's ``messages`` read on demand. Pickles as its path and offsets.
-    ``workers`` processes check a file that is not yet indexed (default: one per core)."""
+    ``workers`` processes check a file that is not yet indexed (default: one per core).
+    ``check="on_read"`` indexes a new file from its line ends alone (seconds for GBs) and
+    checks each line when it is read instead; an index built with every line checked serves
+    both."""
 
-    def __init__(self, path: str, skip_bad_lines: bool = False, workers: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        skip_bad_lines: bool = False,
+        workers: int | None = None,
+        check: str = "all",
+    ) -> None:
         self._fd: int | None = None
         self._pid = -1
+        if check not in CHECKS:
+            raise ValueError(f"check must be one of {CHECKS}, found {check!r}")
+        if skip_bad_lines and check != "all":
+            raise ValueError(
+                "skip_bad_lines needs check='all': skipping decides which lines exist, so every "
+                "line is checked before the first is read"
+            )
         self.path = path
         self.index_path = index_path(path)
         found = _load(self.index_path, path)
-        if found is None:
-            found = _scan(path, skip_bad_lines, workers)
+        if found is None or (check == "all" and not found[1].get("checked", True)):
+            found = _scan(path, skip_bad_lines, workers, check)
             _store(self.index_path, *found)
         arrays, meta = found
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
+        self.checked: bool = meta.get("checked", True)
         self.bad_lines: int = meta["bad_lines"]
         self.shown_bad_lines: list[tuple[int, str]] = [tuple(b) for b in meta["shown_bad_lines"]]
         if self.bad_lines:
@@ -139,8 +162,18 @@ class JsonlLineIndex:
         return os.pread(self._fd, end - start, start)
 
     def __getitem__(self, idx: int) -> list[Message]:
-        """The ``messages`` of good line ``idx``, as Megatron-LM's low-level SFT dataset gives."""
-        return json.loads(self.raw(idx))["messages"]
+        """The ``messages`` of good line ``idx``, as Megatron-LM's low-level SFT dataset gives
+        (checked now when the index was built with ``check="on_read"``)."""
+        raw = self.raw(idx)
+        if self.checked:
+            return json.loads(raw)["messages"]
+        messages, problem = parse_line(raw)
+        if problem is not None:
+            raise BadInputError(
+                f"{self.path}, line {int(self.lines[idx])} (byte {int(self.starts[idx])}): "
+                f"{problem}"
+            )
+        return messages
 
     def tokenized_conversations(
         self, idx: int, tokenizer: Any

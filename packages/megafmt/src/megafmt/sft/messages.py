@@ -21,19 +21,26 @@ ANSWERED_ROLES = frozenset({"user", "tool"})
 Message = dict[str, Any]
 
 
-def line_problem(raw: bytes) -> str | None:
-    """Why the jsonl line ``raw`` cannot be an SFT example, or None when it can."""
+def parse_line(raw: bytes) -> tuple[list[Message] | None, str | None]:
+    """The ``messages`` of the jsonl line ``raw`` and None, or None and why the line cannot be
+    an SFT example."""
     try:
         record = json.loads(raw)
     except UnicodeDecodeError as error:
-        return f"invalid UTF-8 at byte {error.start}"
+        return None, f"invalid UTF-8 at byte {error.start}"
     except ValueError as error:
-        return f"not JSON ({error})"
+        return None, f"not JSON ({error})"
     if not isinstance(record, dict):
-        return f"expected a JSON object, found {type(record).__name__}"
+        return None, f"expected a JSON object, found {type(record).__name__}"
     if "messages" not in record:
-        return "no 'messages' key"
-    return messages_problem(record["messages"])
+        return None, "no 'messages' key"
+    problem = messages_problem(record["messages"])
+    return (None, problem) if problem else (record["messages"], None)
+
+
+def line_problem(raw: bytes) -> str | None:
+    """Why the jsonl line ``raw`` cannot be an SFT example, or None when it can."""
+    return parse_line(raw)[1]
 
 
 def messages_problem(messages: Any) -> str | None:
