@@ -121,9 +121,8 @@ def test_samples_shift_the_pack_and_wrap_over_the_lines(dataset):
 
 
 def test_a_cut_sample_warns_with_counts(dataset):
-    with pytest.warns(
-        UserWarning, match=r"sample 1 \(line 1 of .*chat\.jsonl\) is longer .* 3 tokens cut"
-    ):
+    where = r"sample 1 \(line 1 of .*chat\.jsonl \(line 2 of the file\)\)"
+    with pytest.warns(UserWarning, match=where + r" is longer .* 3 tokens cut"):
         sample = dataset[1]
     assert sample["cu_seqlens"].tolist() == [0, 8] and dataset.cut_conversations == 1
 

@@ -68,7 +68,7 @@ class SFTDataset(MegatronDataset):
     reads_indexed_corpora = False  # a jsonl path, or a pre-tokenized prefix
 
     cut_conversations = 0
-    """samples whose pack was cut at the sequence length (in this process)"""
+    """conversations cut short at the sequence length, one per cut sample (in this process)"""
     left_out_conversations = 0
     """conversations left out after a cut (in this process)"""
     _next_report = 1
@@ -93,6 +93,15 @@ class SFTDataset(MegatronDataset):
     def line_of(self, idx: int) -> int:
         """The low-level element (jsonl line among the good ones) sample ``idx`` packs."""
         return int(self.indices[idx % len(self.indices)])
+
+    def where(self, idx: int) -> str:
+        """Which line sample ``idx`` packs, for messages: its number among the good lines and,
+        for a jsonl, in the file."""
+        line = self.line_of(idx)
+        where = f"line {line} of {self.dataset_path}"
+        if isinstance(self.dataset, JsonlLineIndex):
+            where += f" (line {int(self.dataset.lines[line])} of the file)"
+        return where
 
     def conversations(self, idx: int) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
         """Ids and targets of each conversation sample ``idx`` packs, before packing."""
@@ -127,7 +136,7 @@ class SFTDataset(MegatronDataset):
         if self.cut_conversations >= self._next_report:  # 1, 10, 100, ... so logs stay short
             self._next_report *= 10
             warnings.warn(
-                f"SFT sample {idx} (line {self.line_of(idx)} of {self.dataset_path}) is longer "
+                f"SFT sample {idx} ({self.where(idx)}) is longer "
                 f"than sequence_length {self.config.sequence_length}: {pack.cut_tokens} tokens "
                 f"cut, {pack.left_out} later conversations left out; so far in this process "
                 f"{self.cut_conversations} samples cut, {self.left_out_conversations} "
@@ -140,16 +149,12 @@ class SFTDataset(MegatronDataset):
         segments (``cu_seqlens``) and, in each, the runs of prompt and loss tokens, decoded when
         the tokenizer is megafmt's SFT tokenizer (else ids)."""
         pack = self.pack(idx)
-        line = self.line_of(idx)
-        where = f"line {line} of {self.dataset_path}"
-        if isinstance(self.dataset, JsonlLineIndex):
-            where += f" (line {int(self.dataset.lines[line])} of the file)"
         tokenizer = self.config.tokenizer
         decode = tokenizer.detokenize if isinstance(tokenizer, SFTTokenizer) else None
         bounds = pack.cu_seqlens
         lengths = [end - start for start, end in itertools.pairwise(bounds)]
         lines = [
-            f"sample {idx} packs {where}: cu_seqlens {bounds}, max_seqlen {max(lengths)}",
+            f"sample {idx} packs {self.where(idx)}: cu_seqlens {bounds}, max_seqlen {max(lengths)}",
             f"  {pack.cut_tokens} tokens cut, {pack.left_out} conversations left out; a "
             "'loss' token is a label that takes loss (the token before it predicts it)",
         ]
