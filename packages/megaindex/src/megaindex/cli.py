@@ -188,10 +188,18 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         eod_mask_loss=False,
         add_extra_token_to_sequence=not args.no_extra_token,
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
-        context_parallel_size=args.context_parallel_size,
-        **({"create_attention_mask": False, "skip_bad_lines": args.skip_bad_lines} if sft else {}),
+        **(_sft_settings(args) if sft else {}),
     )
     return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
+
+
+def _sft_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--dataset sft`` adds to the configuration (the GPT datasets keep theirs as they
+    were: these fields are left at their defaults for them)."""
+    return {
+        "context_parallel_size": args.context_parallel_size,
+        "skip_bad_lines": args.skip_bad_lines,
+    }
 
 
 class DatasetProvider:
