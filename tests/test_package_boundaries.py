@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
-MEGAFMT_MODULES_FOR_SIBLINGS = {"megafmt", "megafmt.protocols", "megafmt.shared"}
+#: megafmt.sft: the SDK's supervised fine-tuning data (jsonl index, SFT tokenizer), public
+MEGAFMT_MODULES_FOR_SIBLINGS = {"megafmt", "megafmt.protocols", "megafmt.shared", "megafmt.sft"}
 FORBIDDEN = {"megaload": {"megaindex", "megadist"}, "megadist": {"megaindex", "megaload"}}
 
 

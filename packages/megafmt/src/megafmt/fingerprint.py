@@ -36,7 +36,7 @@ def _sampled_hash(path: str, what: str, blocks: int) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _version(path: str, what: str) -> tuple[int, str]:
+def file_version(path: str, what: str) -> tuple[int, str]:
     """The size of a file and a hash of its contents: for a URL the store's ETag (nothing is
     read), else hashed sample blocks."""
     return object_version(path) if is_url(path) else _sampled_hash(path, what, SAMPLED_BLOCKS)
@@ -44,8 +44,8 @@ def _version(path: str, what: str) -> tuple[int, str]:
 
 def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
     """Sizes and content hashes of both files of the corpus at ``path_prefix``."""
-    idx_bytes, idx_hash = _version(get_idx_path(path_prefix), "index file")
-    bin_bytes, bin_hash = _version(get_bin_path(path_prefix), "token file")
+    idx_bytes, idx_hash = file_version(get_idx_path(path_prefix), "index file")
+    bin_bytes, bin_hash = file_version(get_bin_path(path_prefix), "token file")
     return {
         "idx_bytes": idx_bytes,
         "idx_hash": idx_hash,

@@ -22,6 +22,9 @@ implements all five; megatron-core's, or a user's, may implement only the first)
 ``PrefetchingSource``
     ``prefetches`` and ``prefetch(reads)``: a source whose reads are slow to start (object
     storage) fetches announced reads ahead, concurrently.
+``ConversationSource``
+    ``tokenized_conversations(idx, tokenizer)``: an SFT line's conversations as ids and targets
+    (megafmt's jsonl line index and pre-tokenized SFT corpus).
 
 Datasets, the mid-level and blended datasets a loader reads (megaindex's ``GPTDataset``,
 ``MockGPTDataset`` and ``BlendedDataset`` implement the first two and declare their split; a
@@ -119,6 +122,22 @@ class PrefetchingSource(TokenSource, Protocol):
 
     def prefetch(self, reads: Iterable[Read]) -> None:
         """Start fetching the bytes of ``reads`` (each as ``get`` takes it), in order of use."""
+        ...
+
+
+@runtime_checkable
+class ConversationSource(Protocol):
+    """An SFT low-level dataset (one element per jsonl line) that gives a line's conversations
+    already tokenized: megafmt's jsonl line index (tokenizing on demand) and its pre-tokenized
+    corpus (reading them). A plain low-level dataset (Megatron's: ``messages`` per line) is
+    tokenized by the dataset instead."""
+
+    def __len__(self) -> int: ...
+
+    def tokenized_conversations(
+        self, idx: int, tokenizer: Any
+    ) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
+        """The ids and targets (prompt positions -100) of each conversation of line ``idx``."""
         ...
 
 
@@ -229,6 +248,7 @@ __all__ = [
     "BatchAssembly",
     "BlendSplitMember",
     "CollatedBatch",
+    "ConversationSource",
     "EpochAware",
     "MappedTokenSource",
     "PlannedBatch",

@@ -33,6 +33,7 @@ from megaindex.helpers import (
 )
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.mock import MockGPTDataset, MockGPTLowLevelDataset
+from megaindex.sft_dataset import SFTDataset, SFTDatasetConfig
 from megaindex.utils import Split
 
 __version__ = version("megaindex")
@@ -51,6 +52,8 @@ __all__ = [
     "MegatronDataset",
     "MockGPTDataset",
     "MockGPTLowLevelDataset",
+    "SFTDataset",
+    "SFTDatasetConfig",
     "Split",
     "StaleCacheError",
     "StepBatchSizeSchedule",

@@ -99,7 +99,8 @@ class BlendedMegatronDatasetBuilder:
 
     def build(self) -> list[Any]:
         """The dataset of each split (None for an empty split or a rank that builds none)."""
-        if not self.config.mock and distributed.builds_shared_files():
+        reads_corpora = getattr(self.cls, "reads_indexed_corpora", True)
+        if not self.config.mock and reads_corpora and distributed.builds_shared_files():
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
             check_tokenizers_agree(blends)

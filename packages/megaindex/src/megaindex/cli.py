@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy
 
+from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, SFTTokenizer
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
@@ -24,6 +25,7 @@ from megaindex.config import GPTDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.mock import MockGPTDataset
 from megaindex.plugins import DATASETS
+from megaindex.sft_dataset import SFTDataset, SFTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaindex.utils import Split
 
@@ -81,6 +83,10 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--mid-level-dataset-surplus", type=float, default=0.005)
     data.add_argument("--num-dataset-builder-threads", type=int, default=1)
     data.add_argument("--seq-length", type=int, required=True, help="tokens per sample")
+    data.add_argument("--context-parallel-size", type=int, default=1, help="SFT packs pad for it")
+    data.add_argument(
+        "--skip-bad-lines", action="store_true", help="SFT: count and skip bad jsonl lines"
+    )
     data.add_argument("--seed", type=int, default=1234, help="random seed (Megatron: 1234)")
     data.add_argument("--cache-dir", help="path_to_cache (default: <prefix>/cache/...)")
     data.add_argument(
@@ -134,6 +140,16 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the unique_identifiers of the job's tokenizer (with --eod and --vocab-size)",
     )
+    choice.add_argument(
+        "--sft-tokenizer",
+        metavar="DIR",
+        help="the SFT tokenizer folder (--dataset sft; Megatron's --tokenizer-model)",
+    )
+    tokenizer.add_argument(
+        "--sft-tokenizer-prompt-format",
+        default=DEFAULT_PROMPT_FORMAT,
+        choices=sorted(PROMPT_FORMATS),
+    )
     tokenizer.add_argument("--eod", type=int, help="end-of-document id")
     tokenizer.add_argument("--vocab-size", type=int, help="vocabulary size")
 
@@ -170,7 +186,9 @@ def _sizes(args: argparse.Namespace) -> list[int | None]:
     )
 
 
-def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer:
+def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer | SFTTokenizer:
+    if args.sft_tokenizer is not None:
+        return SFTTokenizer(args.sft_tokenizer, args.sft_tokenizer_prompt_format)
     if args.null_tokenizer is not None:
         return IdentifiedTokenizer.null(args.null_tokenizer)
     if args.eod is None:
@@ -186,7 +204,8 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         raise ValueError(
             "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
         )
-    config = GPTDatasetConfig(
+    sft = issubclass(cls, SFTDataset)
+    config = (SFTDatasetConfig if sft else GPTDatasetConfig)(
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=blend,
@@ -203,8 +222,18 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         eod_mask_loss=False,
         add_extra_token_to_sequence=not args.no_extra_token,
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
+        **(_sft_settings(args) if sft else {}),
     )
     return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
+
+
+def _sft_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--dataset sft`` adds to the configuration (the GPT datasets keep theirs as they
+    were: these fields are left at their defaults for them)."""
+    return {
+        "context_parallel_size": args.context_parallel_size,
+        "skip_bad_lines": args.skip_bad_lines,
+    }
 
 
 class DatasetProvider:
@@ -350,6 +379,9 @@ class IndexCommand:
                 f"{split.name} sample {args.sample} is sample {sample} of dataset {number} "
                 f"({dataset.dataset_path}) of the blend"
             )
+        if isinstance(dataset, SFTDataset):
+            print(f"{split.name} " + "\n".join(dataset.describe(sample)))
+            return 0
         row = int(dataset.shuffle_index[sample])
         (begin, begin_offset), (end, end_offset) = dataset.sample_index[row : row + 2].tolist()
         extra = int(dataset.config.add_extra_token_to_sequence)

@@ -84,6 +84,10 @@ def _samples_one_by_one(self: Any, indices: Sequence[Any]) -> list[Any]:
 class MegatronDataset(ABC, torch.utils.data.Dataset):
     """A mid-level dataset over a low-level one (``dataset``), restricted to ``indices``."""
 
+    #: whether its dataset paths are ``.bin``/``.idx`` prefixes, which the builder checks (and
+    #: whose tokenizer manifests it compares) before building anything
+    reads_indexed_corpora: bool = True
+
     def __init__(
         self,
         dataset: Any,

@@ -1,4 +1,10 @@
-"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence)."""
+"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence).
+
+For SFT data, a pre-tokenized corpus (``mega preprocess --sft``: a ``.lossmask`` beside the
+pair) or an SFT jsonl, a line's conversations (``--doc``) or one conversation (``--seq``, the
+pre-tokenized corpus only) are shown as runs of prompt and loss tokens, decoded with
+``--tokenizer-model`` (needed for a jsonl, which it tokenizes).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,16 @@ import argparse
 from megafmt.cli.command import print_json
 from megafmt.dataset import IndexedDataset
 from megafmt.index import has_sequence_modes
-from megafmt.remote import local_index_path
+from megafmt.remote import file_size, local_index_path
+from megafmt.sft import (
+    DEFAULT_PROMPT_FORMAT,
+    PROMPT_FORMATS,
+    JsonlLineIndex,
+    SFTTokenizer,
+    TokenizedConversations,
+    describe_tokens,
+    get_loss_mask_path,
+)
 
 
 def _position(value: int, count: int, what: str) -> int:
@@ -26,8 +41,18 @@ class DumpCommand:
         which.add_argument("--doc", type=int, help="document number (negative counts from the end)")
         which.add_argument("--seq", type=int, help="sequence number (negative counts from the end)")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        sft = parser.add_argument_group("SFT data (a pre-tokenized corpus or a jsonl)")
+        sft.add_argument("--tokenizer-model", help="the SFT tokenizer folder, to decode")
+        sft.add_argument(
+            "--sft-tokenizer-prompt-format",
+            default=DEFAULT_PROMPT_FORMAT,
+            choices=sorted(PROMPT_FORMATS),
+        )
 
     def run(self, args: argparse.Namespace) -> int:
+        is_jsonl = args.prefix.endswith((".jsonl", ".json"))
+        if is_jsonl or file_size(get_loss_mask_path(args.prefix)) is not None:
+            return _dump_sft(args, is_jsonl)
         dataset = IndexedDataset(
             args.prefix, multimodal=has_sequence_modes(local_index_path(args.prefix))
         )
@@ -51,3 +76,43 @@ class DumpCommand:
             for sequence in sequences:
                 print(" ".join(map(str, sequence.tolist())))
         return 0
+
+
+def _dump_sft(args: argparse.Namespace, is_jsonl: bool) -> int:
+    """A line's (or a conversation's) tokens as prompt and loss runs, decoded when it can."""
+    tokenizer = None
+    if args.tokenizer_model:
+        tokenizer = SFTTokenizer(args.tokenizer_model, args.sft_tokenizer_prompt_format)
+    if is_jsonl:
+        if tokenizer is None or args.doc is None:
+            raise ValueError("mega dump of an SFT jsonl needs --doc N and --tokenizer-model")
+        lines = JsonlLineIndex(args.prefix)
+        line = _position(args.doc, len(lines), "line")
+        where = f"line {line} (line {int(lines.lines[line])} of {args.prefix})"
+        conversations = lines.tokenized_conversations(line, tokenizer)
+    else:
+        stored = TokenizedConversations(args.prefix)
+        if args.doc is not None:
+            line = _position(args.doc, len(stored), "document")
+            where = f"document {line}"
+            conversations = stored.tokenized_conversations(line)
+        else:
+            sequence = _position(args.seq, len(stored.tokens), "sequence")
+            where = f"sequence {sequence}"
+            conversations = [stored.conversation(sequence)]
+    if args.json:
+        print_json(
+            {
+                "where": where,
+                "conversations": [
+                    {"tokens": t.tolist(), "targets": y.tolist()} for t, y in conversations
+                ],
+            }
+        )
+        return 0
+    decode = tokenizer.detokenize if tokenizer is not None else None
+    print(f"{where}: {len(conversations)} conversations")
+    for number, (tokens, targets) in enumerate(conversations):
+        print(f"  conversation {number}: {len(tokens)} tokens")
+        print("\n".join(describe_tokens(tokens, targets, decode)))
+    return 0

@@ -12,6 +12,7 @@ import argparse
 import os
 
 from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
 from megafmt.tokenizers import MEGATRON_ALIASES, TOKENIZERS, TokenizerOptions
 
 
@@ -65,6 +66,19 @@ class PreprocessCommand:
             metavar="KEY=VALUE",
             help="a setting for a third-party tokenizer plugin",
         )
+        sft = parser.add_argument_group("supervised fine-tuning")
+        sft.add_argument(
+            "--sft",
+            action="store_true",
+            help="tokenize an SFT jsonl ('messages' per line) with the SFT tokenizer at "
+            "--tokenizer-model into <prefix>_messages_document.bin/.idx/.lossmask",
+        )
+        sft.add_argument(
+            "--sft-tokenizer-prompt-format",
+            default=DEFAULT_PROMPT_FORMAT,
+            choices=sorted(PROMPT_FORMATS),
+            help="Megatron-LM's SFT prompt format",
+        )
         run = parser.add_argument_group("runtime")
         run.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
         run.add_argument("--partitions", type=int, default=1, help="Megatron's input partitions")
@@ -73,6 +87,17 @@ class PreprocessCommand:
         run.add_argument("--chunk-mb", type=float, default=1.0, help="input per worker call")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.sft:
+            if not args.tokenizer_model:
+                raise SystemExit("mega preprocess --sft needs --tokenizer-model (a folder)")
+            preprocess_sft(
+                args.input,
+                args.output_prefix,
+                args.tokenizer_model,
+                args.sft_tokenizer_prompt_format,
+                args.skip_bad_lines,
+            )
+            return 0
         options = TokenizerOptions(
             model=args.tokenizer_model,
             vocab_file=args.vocab_file,

@@ -28,8 +28,9 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _configured_eod(directory: str) -> tuple[str | None, list[str]]:
-    """The eos (else sep) token named by the config files in ``directory``, and those files."""
+def configured_tokens(directory: str) -> tuple[dict[str, str], list[str]]:
+    """The special tokens (``eos_token``, ``pad_token``, ...) the config files in ``directory``
+    name, the first file naming each winning as in transformers, and those files."""
     found: dict[str, str] = {}
     files = []
     for name in CONFIG_FILES:
@@ -42,10 +43,16 @@ def _configured_eod(directory: str) -> tuple[str | None, list[str]]:
                 config = json.load(stream)
         except (ValueError, UnicodeDecodeError) as error:
             raise FormatError(f"{path}: not valid JSON ({error})") from None
-        for key in ("eos_token", "sep_token"):
-            token = _token_text(config.get(key)) if isinstance(config, dict) else None
+        for key, value in config.items() if isinstance(config, dict) else ():
+            token = _token_text(value) if key.endswith("_token") else None
             if token is not None:
                 found.setdefault(key, token)
+    return found, files
+
+
+def _configured_eod(directory: str) -> tuple[str | None, list[str]]:
+    """The eos (else sep) token named by the config files in ``directory``, and those files."""
+    found, files = configured_tokens(directory)
     return found.get("eos_token", found.get("sep_token")), files
 
 

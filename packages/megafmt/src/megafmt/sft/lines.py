@@ -1,0 +1,186 @@
+"""A byte-offset index of an SFT jsonl's lines, built once and cached beside the file.
+
+Megatron-LM's SFT dataset loads the whole jsonl through the ``datasets`` library (an Arrow copy
+of every line, in memory and in a cache) before the first sample. Here the file is scanned once:
+every line is checked (:func:`~megafmt.sft.messages.line_problem`) and the byte range of each
+good one kept, so opening a multi-GB file later costs reading a few MB of offsets, and a sample
+reads its own line and nothing else.
+
+The index is an ``.npz`` (``starts``, ``ends``, 1-based ``lines`` numbers, and ``meta``: JSON
+with the file's size, content hash and modification time, and the bad lines seen). It lies
+beside the file as ``<file>.sftlines.npz``, or under ``default_cache_dir()/sft-lines`` when the
+file is a URL (any fsspec URL) or its folder is not writable. A changed file is indexed again.
+Blank lines are skipped (the ``datasets`` JSON reader skips them too); any other line that is
+not a valid example is an error naming file and line, or, with ``skip_bad_lines``, counted,
+skipped and reported. ``check="on_read"`` trades the first pass's checks for speed: the index
+is built from line ends alone and a bad line is an error when a sample reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import warnings
+from typing import Any
+
+import numpy
+
+from megafmt.atomic import atomic_write
+from megafmt.fingerprint import file_version
+from megafmt.preprocess import BadInputError
+from megafmt.readers import is_url
+from megafmt.remote import default_cache_dir, read_range
+from megafmt.sft.messages import Message, parse_line
+from megafmt.sft.scan import line_ranges, scan
+from megafmt.sft.tokenizer import tokenize_line
+
+#: bumped when the cached index's layout changes
+INDEX_FORMAT = 1
+#: when lines are checked: all of them while indexing, or each when it is read
+CHECKS = ("all", "on_read")
+SUFFIX = ".sftlines.npz"
+
+
+def _version(path: str) -> dict[str, Any]:
+    size, digest = file_version(path, "SFT jsonl")
+    version: dict[str, Any] = {"size": size, "hash": digest}
+    if not is_url(path):
+        version["mtime_ns"] = os.stat(path).st_mtime_ns
+    return version
+
+
+def index_path(path: str) -> str:
+    """Where the index of ``path`` is kept: beside a local file in a writable folder, else in
+    the cache folder under a name made from the path."""
+    if not is_url(path):
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.access(folder, os.W_OK):
+            return os.path.abspath(path) + SUFFIX
+    name = hashlib.md5(path.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return os.path.join(default_cache_dir(), "sft-lines", name + SUFFIX)
+
+
+def _scan(
+    path: str, skip_bad_lines: bool, workers: int | None, check: str
+) -> tuple[dict[str, numpy.ndarray], dict[str, Any]]:
+    """Index ``path``: every line checked (``check="all"``), or only its line ends found."""
+    version = _version(path)
+    if check == "all":
+        arrays, bad_count, bad = scan(path, version["size"], skip_bad_lines, workers)
+    else:
+        arrays, bad_count, bad = line_ranges(path, version["size"]), 0, []
+    meta = {"format": INDEX_FORMAT, "path": path, "version": version, "checked": check == "all"}
+    meta.update(bad_lines=bad_count, shown_bad_lines=bad)
+    return arrays, meta
+
+
+def _load(cache: str, path: str) -> tuple[dict[str, numpy.ndarray], dict[str, Any]] | None:
+    """The cached index of ``path`` when it is there and describes the file as it is now."""
+    try:
+        with numpy.load(cache) as stored:
+            arrays = {key: stored[key] for key in ("starts", "ends", "lines")}
+            meta = json.loads(stored["meta"].tobytes())
+    except (OSError, ValueError, KeyError):
+        return None
+    if meta.get("format") != INDEX_FORMAT or meta.get("version") != _version(path):
+        return None
+    return arrays, meta
+
+
+def _store(cache: str, arrays: dict[str, numpy.ndarray], meta: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    buffer = io.BytesIO()
+    encoded = numpy.frombuffer(json.dumps(meta).encode("utf-8"), dtype=numpy.uint8)
+    numpy.savez(buffer, meta=encoded, **arrays)
+    with atomic_write(cache) as stream:
+        stream.write(buffer.getvalue())
+
+
+class JsonlLineIndex:
+    """The good lines of an SFT jsonl (local path or fsspec URL): ``len``, their numbers in the
+    file, and each line's ``messages`` read on demand. Pickles as its path and offsets.
+    ``workers`` processes check a file that is not yet indexed (default: one per core).
+    ``check="on_read"`` indexes a new file from its line ends alone (seconds for GBs) and
+    checks each line when it is read instead; an index built with every line checked serves
+    both."""
+
+    def __init__(
+        self,
+        path: str,
+        skip_bad_lines: bool = False,
+        workers: int | None = None,
+        check: str = "all",
+    ) -> None:
+        self._fd: int | None = None
+        self._pid = -1
+        if check not in CHECKS:
+            raise ValueError(f"check must be one of {CHECKS}, found {check!r}")
+        if skip_bad_lines and check != "all":
+            raise ValueError(
+                "skip_bad_lines needs check='all': skipping decides which lines exist, so every "
+                "line is checked before the first is read"
+            )
+        self.path = path
+        self.index_path = index_path(path)
+        found = _load(self.index_path, path)
+        if found is None or (check == "all" and not found[1].get("checked", True)):
+            found = _scan(path, skip_bad_lines, workers, check)
+            _store(self.index_path, *found)
+        arrays, meta = found
+        self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
+        self.checked: bool = meta.get("checked", True)
+        self.bad_lines: int = meta["bad_lines"]
+        self.shown_bad_lines: list[tuple[int, str]] = [tuple(b) for b in meta["shown_bad_lines"]]
+        if self.bad_lines:
+            self._report_bad_lines(skip_bad_lines)
+
+    def _report_bad_lines(self, skip_bad_lines: bool) -> None:
+        number, problem = self.shown_bad_lines[0]
+        if not skip_bad_lines:
+            raise BadInputError(
+                f"{self.path}, line {number}: {problem} ({self.bad_lines} bad lines in all); "
+                "pass skip_bad_lines (--skip-bad-lines) to count and skip such lines"
+            )
+        shown = "; ".join(f"line {n}: {p}" for n, p in self.shown_bad_lines)
+        warnings.warn(f"{self.path}: skipped {self.bad_lines} bad lines ({shown})", stacklevel=3)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None, "_pid": -1}
+
+    def raw(self, idx: int) -> bytes:
+        """The bytes of good line ``idx`` (0-based among the good lines)."""
+        start, end = int(self.starts[idx]), int(self.ends[idx])
+        if is_url(self.path):
+            return read_range(self.path, start, end - start)
+        if self._pid != os.getpid():  # opened once per process (DataLoader workers fork)
+            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        return os.pread(self._fd, end - start, start)
+
+    def __getitem__(self, idx: int) -> list[Message]:
+        """The ``messages`` of good line ``idx``, as Megatron-LM's low-level SFT dataset gives
+        (checked now when the index was built with ``check="on_read"``)."""
+        raw = self.raw(idx)
+        if self.checked:
+            return json.loads(raw)["messages"]
+        messages, problem = parse_line(raw)
+        if problem is not None:
+            raise BadInputError(
+                f"{self.path}, line {int(self.lines[idx])} (byte {int(self.starts[idx])}): "
+                f"{problem}"
+            )
+        return messages
+
+    def tokenized_conversations(
+        self, idx: int, tokenizer: Any
+    ) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
+        """The ids and targets of line ``idx``'s conversations, tokenized by ``tokenizer``."""
+        return tokenize_line(self[idx], tokenizer)
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)

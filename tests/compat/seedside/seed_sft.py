@@ -1,0 +1,77 @@
+"""Runs inside the seed worker (testing/seedref.py): the seed commit's SFT tokenizer and dataset,
+built as pretrain_gpt.py builds them under ``--sft``, their samples returned as numpy arrays."""
+
+from __future__ import annotations
+
+
+class SeedSFTTokenizer:
+    """What Megatron's text-tokenizer wrapper gives the SFT dataset of its ``sft`` library."""
+
+    def __init__(self, path: str, prompt_format: str) -> None:
+        from megatron.core.tokenizers.text.libraries.sft_tokenizer import SFTTokenizer
+
+        self.library = SFTTokenizer(path, prompt_format)
+        self.path, self.prompt_format = path, prompt_format
+
+    def tokenize_conversation(self, conversation, return_target, add_generation_prompt):
+        return self.library.tokenize_conversation(
+            conversation, return_target, add_generation_prompt
+        )
+
+    @property
+    def eod(self) -> int:
+        return self.library.eod
+
+    @property
+    def pad(self) -> int:
+        return self.library.pad_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.library.vocab_size
+
+    @property
+    def unique_identifiers(self) -> dict:
+        return {"class": "SFTTokenizer", "path": self.path, "prompt_format": self.prompt_format}
+
+
+def tokenize(path: str, prompt_format: str, conversations: list) -> list:
+    """The seed tokenizer's ids and targets of each conversation, or the error it raised."""
+    tokenizer = SeedSFTTokenizer(path, prompt_format)
+    results = []
+    for conversation in conversations:
+        try:
+            tokens, target = tokenizer.tokenize_conversation(conversation, True, False)
+            results.append((tokens.tolist(), target.tolist()))
+        except (AssertionError, ValueError) as error:
+            results.append(type(error).__name__)
+    return results, tokenizer.eod, tokenizer.pad
+
+
+def samples(
+    jsonl: str, tokenizer_path: str, prompt_format: str, settings: dict, count: int
+) -> list:
+    """The seed's SFT train samples 0..count-1 (and ``len``), as pretrain_gpt.py builds them."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    from megatron.training.datasets.sft_dataset import SFTDataset
+
+    config = GPTDatasetConfig(
+        random_seed=settings["seed"],
+        sequence_length=settings["sequence_length"],
+        blend=([jsonl], None),
+        split=settings["split"],
+        tokenizer=SeedSFTTokenizer(tokenizer_path, prompt_format),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        context_parallel_size=settings["context_parallel_size"],
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        SFTDataset, settings["sizes"], lambda: True, config
+    ).build()
+    picked = [train[i] for i in range(count)]
+    return len(train), [{k: v.numpy() for k, v in sample.items()} for sample in picked]

@@ -1,0 +1,183 @@
+"""SFT against the seed commit's code: the SFT tokenizer's prompt formats and the SFTDataset's
+samples (as pretrain_gpt.py --sft builds them), sample by sample, from the jsonl and from its
+pre-tokenized form."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+from seedref import SeedProcess, SeedRaised
+
+from megafmt.sft import JsonlLineIndex, SFTTokenizer, split_conversations, write_tokenized
+from megafmt.sft.testing import random_messages, write_sft_jsonl, write_sft_tokenizer
+from megaindex import BlendedMegatronDatasetBuilder, SFTDataset, SFTDatasetConfig
+
+pytestmark = pytest.mark.compat
+
+SEEDSIDE = Path(__file__).parent / "seedside"
+FORMATS = ["nemotron-h-aligned", "nemotron-nano-v2", "identity", "default"]
+
+
+@pytest.fixture(scope="module")
+def seed():
+    with SeedProcess(paths=[SEEDSIDE]) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    return str(write_sft_tokenizer(tmp_path_factory.mktemp("sft-tokenizer")))
+
+
+@pytest.mark.parametrize("prompt_format", FORMATS)
+def test_tokenize_conversation_equals_the_seed_s(seed, tokenizer_dir, prompt_format):
+    rng = random.Random(len(prompt_format))
+    conversations = [c for _ in range(60) for c in split_conversations(random_messages(rng))]
+    theirs, eod, pad = seed.call("seed_sft:tokenize", tokenizer_dir, prompt_format, conversations)
+    ours = SFTTokenizer(tokenizer_dir, prompt_format)
+    assert (ours.eod, ours.pad) == (eod, pad)
+    for conversation, expected in zip(conversations, theirs, strict=True):
+        tokens, target = ours.tokenize_conversation(conversation, True, False)
+        assert (tokens.tolist(), target.tolist()) == expected, conversation
+
+
+def ours_samples(path, tokenizer, settings, count, skip_bad_lines=False):
+    config = SFTDatasetConfig(
+        random_seed=settings["seed"],
+        sequence_length=settings["sequence_length"],
+        blend=([path], None),
+        split=settings["split"],
+        tokenizer=tokenizer,
+        context_parallel_size=settings["context_parallel_size"],
+        skip_bad_lines=skip_bad_lines,
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        "sft", settings["sizes"], lambda: True, config
+    ).build()
+    assert isinstance(train, SFTDataset)
+    return train, [train[i] for i in range(count)]
+
+
+def assert_same_samples(ours, theirs):
+    for number, (mine, expected) in enumerate(zip(ours, theirs, strict=True)):
+        assert list(mine) == list(expected), number
+        for key, value in expected.items():
+            found = mine[key].numpy()
+            assert found.dtype == value.dtype, (number, key)
+            numpy.testing.assert_array_equal(found, value, err_msg=f"sample {number}, {key}")
+
+
+CASES = [
+    # (prompt format, sequence length, CP size, split, line count, conversations per line)
+    ("nemotron-h-aligned", 64, 1, "100,0,0", 30, 2),
+    ("nemotron-h-aligned", 37, 2, "70,20,10", 40, 3),
+    ("nemotron-nano-v2", 128, 1, "100,0,0", 25, 3),
+    ("nemotron-nano-v2", 48, 4, "90,10,0", 30, 1),
+    ("identity", 40, 1, "100,0,0", 20, 2),
+    ("default", 96, 2, "100,0,0", 20, 2),
+]
+
+
+@pytest.mark.parametrize(("prompt_format", "length", "cp", "split", "lines", "per_line"), CASES)
+def test_samples_equal_the_seed_s_from_jsonl_and_pre_tokenized(
+    seed, tokenizer_dir, tmp_path, prompt_format, length, cp, split, lines, per_line
+):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, lines, seed=length, conversations=per_line)
+    count = 2 * lines + 3  # past the end: indices wrap
+    settings = {
+        "seed": 1234,
+        "sequence_length": length,
+        "split": split,
+        "sizes": [count, 4, 4],
+        "context_parallel_size": cp,
+    }
+    seed_len, theirs = seed.call(
+        "seed_sft:samples", path, tokenizer_dir, prompt_format, settings, count
+    )
+    tokenizer = SFTTokenizer(tokenizer_dir, prompt_format)
+    dataset, ours = ours_samples(path, tokenizer, settings, count)
+    assert len(dataset) == seed_len == count
+    assert_same_samples(ours, theirs)
+    write_tokenized(JsonlLineIndex(path), tokenizer, str(tmp_path / "tok"))
+    _, stored = ours_samples(str(tmp_path / "tok"), tokenizer, settings, count)
+    assert_same_samples(stored, theirs)
+
+
+def test_samples_of_a_seed_random_sweep(seed, tokenizer_dir, tmp_path):
+    """Seeded random configurations: formats, lengths (tiny ones cut most packs), CP sizes."""
+    rng = random.Random(13)
+    for case in range(6):
+        prompt_format = rng.choice(FORMATS[:3])
+        path = str(tmp_path / f"sweep{case}.jsonl")
+        write_sft_jsonl(path, rng.randint(5, 25), seed=case, conversations=rng.randint(1, 4))
+        settings = {
+            "seed": rng.randint(0, 999),
+            "sequence_length": rng.choice([8, 16, 33, 80, 200]),
+            "split": rng.choice(["100,0,0", "80,20,0"]),
+            "sizes": [rng.randint(1, 40), 3, 3],
+            "context_parallel_size": rng.choice([1, 2, 4]),
+        }
+        settings["sequence_length"] += -settings["sequence_length"] % (
+            2 * settings["context_parallel_size"]
+        )
+        count = settings["sizes"][0]
+        _, theirs = seed.call(
+            "seed_sft:samples", path, tokenizer_dir, prompt_format, settings, count
+        )
+        _, ours = ours_samples(path, SFTTokenizer(tokenizer_dir, prompt_format), settings, count)
+        assert_same_samples(ours, theirs)
+
+
+def test_packing_keeps_conversations_whole_and_loss_on_answers(tokenizer_dir, tmp_path):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 30, seed=9, conversations=3)
+    tokenizer = SFTTokenizer(tokenizer_dir)
+    settings = {"seed": 1, "sequence_length": 512, "split": "100,0,0", "sizes": [30, None, None]}
+    dataset, samples = ours_samples(path, tokenizer, {**settings, "context_parallel_size": 1}, 30)
+    for idx, sample in enumerate(samples):
+        conversations = dataset.conversations(idx)
+        cu = sample["cu_seqlens"].tolist()
+        assert len(cu) == len(conversations) + 1 and cu[-1] == 512  # none split, none dropped
+        for (tokens, targets), start, _end in zip(conversations, cu, cu[1:], strict=False):
+            assert sample["tokens"][start : start + len(tokens)].tolist() == tokens.tolist()
+            assert sample["position_ids"][start : start + len(tokens)].tolist() == list(
+                range(len(tokens))
+            )
+            # the label of position p is the target of token p + 1: loss only on answer tokens
+            answer = (targets[1:] != -100) & (targets[1:] != tokenizer.pad)
+            assert (
+                sample["loss_mask"][start : start + len(tokens) - 1].bool().tolist()
+                == answer.tolist()
+            )
+        assert int(sample["max_seqlen"]) == max(b - a for a, b in itertools.pairwise(cu))
+
+
+def test_a_pack_longer_than_the_sequence_is_cut_with_a_counted_warning(tokenizer_dir, tmp_path):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 4, seed=2, conversations=4)
+    settings = {"seed": 1, "sequence_length": 16, "split": "100,0,0", "sizes": [4, None, None]}
+    dataset, _ = ours_samples(
+        path, SFTTokenizer(tokenizer_dir), {**settings, "context_parallel_size": 1}, 0
+    )
+    with pytest.warns(UserWarning, match=r"longer than sequence_length 16: \d+ tokens cut"):
+        sample = dataset[0]
+    assert dataset.cut_conversations == 1 and sample["cu_seqlens"].tolist()[-1] == 16
+    batch = dataset.__getitems__([0, 1, None]).collated
+    assert batch["cu_seqlens"].dtype == torch.int32 and batch["tokens"].shape == (3, 16)
+    assert batch["loss_mask"][2].sum() == 0  # a padding sample takes no loss
+
+
+def test_the_seed_refuses_what_megafmt_refuses(seed, tokenizer_dir):
+    empty_answer = [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]
+    theirs, _, _ = seed.call(
+        "seed_sft:tokenize", tokenizer_dir, "nemotron-h-aligned", [empty_answer]
+    )
+    assert theirs == ["ValueError"]
+    with pytest.raises(SeedRaised):
+        seed.call("seed_sft:tokenize", tokenizer_dir, "chatml", [])
