@@ -9,7 +9,7 @@ unchanged.
 from __future__ import annotations
 
 from megafmt.registry import Registry
-from megafmt.tokenizers.base import Tokenizer, TokenizerOptions
+from megafmt.tokenizers.base import TextTokenizer, Tokenizer, TokenizerOptions
 
 TOKENIZERS: Registry[type] = Registry(
     "megafmt.tokenizers",
@@ -43,6 +43,7 @@ def load_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> Tokenizer:
 __all__ = [
     "MEGATRON_ALIASES",
     "TOKENIZERS",
+    "TextTokenizer",
     "Tokenizer",
     "TokenizerOptions",
     "load_tokenizer",

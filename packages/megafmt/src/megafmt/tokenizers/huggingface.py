@@ -5,6 +5,11 @@ Ids equal Megatron's HuggingFaceTokenizer with its defaults (no special tokens a
 text). The end-of-document token is the ``eos_token`` of the tokenizer_config.json or
 special_tokens_map.json beside the tokenizer.json (the ``sep_token`` when there is no eos), as
 transformers reads it; GPT-2 files end documents with ``<|endoftext|>``.
+
+It is also a :class:`~megafmt.tokenizers.TextTokenizer` (what fill-in-the-middle and decoding
+ask): ids back to text as Megatron's HuggingFaceTokenizer gives them over transformers, whose
+special tokens are the ones the config files declare (named, plus ``extra_special_tokens`` or
+``additional_special_tokens``), not every added token of the tokenizer.json.
 """
 
 from __future__ import annotations
@@ -28,9 +33,26 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _configured_eod(directory: str) -> tuple[str | None, list[str]]:
-    """The eos (else sep) token named by the config files in ``directory``, and those files."""
-    found: dict[str, str] = {}
+#: the special tokens transformers names (its SPECIAL_TOKENS_ATTRIBUTES), eos first: the eod
+NAMED_SPECIAL_TOKENS = (
+    "eos_token",
+    "sep_token",
+    "bos_token",
+    "unk_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+#: the keys of the further special tokens (transformers 5 reads the older name as the newer)
+EXTRA_SPECIAL_TOKENS = ("extra_special_tokens", "additional_special_tokens")
+
+
+def _configured_tokens(directory: str) -> tuple[dict[str, str], list[str], list[str]]:
+    """The special tokens the config files in ``directory`` declare, as transformers reads
+    them (the first file naming one wins): the named ones by key, the further ones (the
+    first list found), and the files."""
+    named: dict[str, str] = {}
+    extra: list[str] | None = None
     files = []
     for name in CONFIG_FILES:
         path = os.path.join(directory, name)
@@ -42,21 +64,32 @@ def _configured_eod(directory: str) -> tuple[str | None, list[str]]:
                 config = json.load(stream)
         except (ValueError, UnicodeDecodeError) as error:
             raise FormatError(f"{path}: not valid JSON ({error})") from None
-        for key in ("eos_token", "sep_token"):
-            token = _token_text(config.get(key)) if isinstance(config, dict) else None
+        if not isinstance(config, dict):
+            continue
+        for key in NAMED_SPECIAL_TOKENS:
+            token = _token_text(config.get(key))
             if token is not None:
-                found.setdefault(key, token)
-    return found.get("eos_token", found.get("sep_token")), files
+                named.setdefault(key, token)
+        for key in EXTRA_SPECIAL_TOKENS:
+            if extra is None and isinstance(config.get(key), list):
+                extra = [t for t in map(_token_text, config[key]) if t is not None]
+    return named, extra or [], files
 
 
 class HuggingFaceTokenizer:
     name = "huggingface"
 
     def __init__(
-        self, tokenizer: Any, eod_token: str | None, files: list[str], special: bool = False
+        self,
+        tokenizer: Any,
+        eod_token: str | None,
+        files: list[str],
+        special: bool = False,
+        special_tokens: Sequence[str] = (),
     ) -> None:
         self._tokenizer = tokenizer
         self._special = special
+        self._special_tokens = frozenset(special_tokens)
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod = None
         if eod_token is not None:
@@ -90,8 +123,15 @@ class HuggingFaceTokenizer:
             tokenizer = tokenizers.Tokenizer.from_file(path)
         except Exception as error:  # the Rust side raises plain Exception
             raise FormatError(f"{path}: not a tokenizers tokenizer.json ({error})") from None
-        eod_token, configs = _configured_eod(os.path.dirname(os.path.abspath(path)))
-        return cls(tokenizer, eod_token, [path, *configs], options.include_special_tokens)
+        named, extra, configs = _configured_tokens(os.path.dirname(os.path.abspath(path)))
+        eod_token = named.get("eos_token", named.get("sep_token"))
+        return cls(
+            tokenizer,
+            eod_token,
+            [path, *configs],
+            options.include_special_tokens,
+            [*named.values(), *extra],
+        )
 
     @classmethod
     def _from_gpt2_files(cls, tokenizers: Any, options: TokenizerOptions) -> HuggingFaceTokenizer:
@@ -104,8 +144,31 @@ class HuggingFaceTokenizer:
         tokenizer = tokenizers.Tokenizer(model)
         tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = tokenizers.decoders.ByteLevel()
-        return cls(tokenizer, GPT2_EOD, [vocab, merges], options.include_special_tokens)
+        return cls(tokenizer, GPT2_EOD, [vocab, merges], options.include_special_tokens, [GPT2_EOD])
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encodings = self._encode(list(texts), add_special_tokens=self._special)
         return [encoding.ids for encoding in encodings]
+
+    # ---- Megatron's library tokenizer methods (megafmt.tokenizers.TextTokenizer) -------------
+
+    def tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
+        """The id of each token string (None for one not in the vocabulary)."""
+        return [self._tokenizer.token_to_id(token) for token in tokens]
+
+    def text_to_ids(self, text: str) -> list[int]:
+        """The ids of ``text``, special tokens added only if the options asked for them."""
+        return self._tokenizer.encode(text, add_special_tokens=self._special).ids
+
+    def ids_to_text(self, ids: Sequence[int], remove_special_tokens: bool = True) -> str:
+        """The text of ``ids`` as Megatron's HuggingFaceTokenizer gives it over transformers:
+        the tokens of the ids (unknown ids dropped; with ``remove_special_tokens`` the special
+        tokens the config files declare too) joined by the tokenizer's decoder."""
+        tokens = [self._tokenizer.id_to_token(int(i)) for i in ids]
+        kept = [
+            token
+            for token in tokens
+            if token is not None and not (remove_special_tokens and token in self._special_tokens)
+        ]
+        decoder = self._tokenizer.decoder
+        return " ".join(kept) if decoder is None else decoder.decode(kept)
