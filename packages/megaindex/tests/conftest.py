@@ -5,7 +5,7 @@ import os
 import pytest
 
 from megafmt.testing import VOCAB, write_corpus
-from megaindex import GPTDatasetConfig
+from megaindex import GPTDatasetConfig, backends
 from megaindex.tokenizer import IdentifiedTokenizer
 
 
@@ -41,3 +41,15 @@ def make_config(corpus, tokenizer, tmp_path):
         return GPTDatasetConfig(**fields)
 
     return make
+
+
+@pytest.fixture
+def use_backend(monkeypatch):
+    """``use_backend(name)`` makes the helpers run on that backend for the rest of the test."""
+
+    def use(name: str) -> None:
+        monkeypatch.setenv("MEGAINDEX_BACKEND", name)
+        backends.implementation.cache_clear()
+
+    yield use
+    backends.implementation.cache_clear()

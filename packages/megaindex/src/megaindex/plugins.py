@@ -1,9 +1,11 @@
 """The ``megaindex.datasets`` plugins: mid-level dataset classes by name.
 
-Shipped: ``gpt`` (:class:`~megaindex.gpt_dataset.GPTDataset`) and ``mock``
-(:class:`~megaindex.mock.MockGPTDataset`). A third party adds a class (a ``MegatronDataset``
-with megatron-core's two static methods) by declaring an entry point in that group; the builder
-takes the name in place of the class and ``mega index build --dataset NAME`` builds it.
+Shipped: ``gpt`` (:class:`~megaindex.gpt_dataset.GPTDataset`), ``mock``
+(:class:`~megaindex.mock.MockGPTDataset`) and ``fim``
+(:class:`~megaindex.fim_dataset.GPTFIMDataset`). A third party adds a class (a
+``MegatronDataset`` with megatron-core's two static methods) by declaring an entry point in that
+group; the builder takes the name in place of the class and ``mega index build --dataset NAME``
+builds it.
 """
 
 from __future__ import annotations
