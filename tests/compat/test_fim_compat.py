@@ -13,66 +13,44 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
+from fimtesting import (
+    EOD,
+    FILE_SEP,
+    FIM_EXTRA_TOKENS,
+    SENTINELS,
+    code_text,
+    write_code_corpus,
+    write_tokenizer,
+)
 from seedref import SeedProcess
 
 import megaindex
-from megafmt.builder import IndexedDatasetBuilder
-from megafmt.format import get_bin_path, get_idx_path
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
 from megaindex.tokenizer import IdentifiedTokenizer
 
 pytestmark = pytest.mark.compat
 
 SEEDSIDE = Path(__file__).parent / "seedside"
-EOD = "<|endoftext|>"
-SENTINELS = ["<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>"]
-FILE_SEP = "<file_sep>"
-WORDS = ["def", "return", "class", "import", "self", "x", "y", "foo", "(", ")", ":", "=", "+"]
-WORDS += ["é", "日本", "💡", "\n", "    ", "\t", "#"]
 NO_PREFIXES = ["def", "x", " ", "#", "import"]
 IDENTIFIERS = {"class": "test.fim.ByteLevelBPE", "vocab": 400}
 
 
-def code_text(rng: random.Random) -> str:
-    """A random file of code-like words (multi-byte characters included)."""
-    return "".join(rng.choice(WORDS) + rng.choice([" ", ""]) for _ in range(rng.randint(0, 40)))
-
-
 def document_text(rng: random.Random) -> str:
     """A document: files joined by the split token, now and then an EOD or a sentinel inside."""
-    files = [code_text(rng) for _ in range(rng.randint(1, 3))]
+    files = [code_text(rng, rng.randint(0, 40)) for _ in range(rng.randint(1, 3))]
     text = FILE_SEP.join(files)
     if rng.random() < 0.1:
-        text += rng.choice([EOD, EOD + EOD, *SENTINELS]) + code_text(rng)
+        text += rng.choice([EOD, EOD + EOD, *SENTINELS]) + code_text(rng, rng.randint(0, 40))
     return text
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    """A byte-level BPE with the FIM sentinels, whose config declares the end-of-text token
-    and the sentinels special (transformers removes those when decoding) but not the split
-    token."""
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=IDENTIFIERS["vocab"],
-        special_tokens=[EOD, *SENTINELS, FILE_SEP],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
     rng = random.Random(5)
-    tokenizer.train_from_iterator([code_text(rng) for _ in range(2000)], trainer)
-    directory = tmp_path_factory.mktemp("fim-tokenizer")
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOD,
-        "extra_special_tokens": SENTINELS,
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return str(directory)
+    texts = [code_text(rng, rng.randint(0, 40)) for _ in range(2000)]
+    return write_tokenizer(tmp_path_factory.mktemp("fim-tokenizer"), IDENTIFIERS["vocab"], texts)
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +65,8 @@ def corpus(tmp_path_factory, ours_tokenizer):
     sentinels or split tokens inside."""
     prefix = str(tmp_path_factory.mktemp("fim-corpus") / "code")
     rng = random.Random(11)
-    builder = IndexedDatasetBuilder(get_bin_path(prefix), dtype=numpy.uint16)
-    for _ in range(400):
-        text = "" if rng.random() < 0.05 else document_text(rng)
-        ids = [*ours_tokenizer.text.text_to_ids(text), ours_tokenizer.eod]
-        builder.add_document(numpy.array(ids, dtype=numpy.uint16), [len(ids)])
-    builder.finalize(get_idx_path(prefix))
+    texts = ["" if rng.random() < 0.05 else document_text(rng) for _ in range(400)]
+    write_code_corpus(prefix, ours_tokenizer.text, texts)
     return prefix
 
 
@@ -111,13 +85,7 @@ def random_case(rng: random.Random) -> tuple[list[int], dict]:
         "split": rng.choice(["100,0,0", "90,8,2"]),
         "fim_rate": rng.choice([0.0, 0.1, 0.5, 0.9, 1.0, rng.random()]),
         "fim_spm_rate": rng.choice([0.0, 0.5, 1.0, rng.random()]),
-        "fim_extra_tokens": {
-            "prefix": "<fim_prefix>",
-            "middle": "<fim_middle>",
-            "suffix": "<fim_suffix>",
-            "pad": "<fim_pad>",
-            "eod": EOD,
-        },
+        "fim_extra_tokens": FIM_EXTRA_TOKENS,
         "fim_split_sample": split_sample,
         "fim_fragment_rate": None
         if split_sample is None

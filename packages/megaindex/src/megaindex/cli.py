@@ -15,12 +15,15 @@ from typing import Any
 
 import numpy
 
+from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
+from megaindex.fim_cli import add_fim_arguments, fim_fields
+from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.mock import MockGPTDataset
 from megaindex.plugins import DATASETS
@@ -104,6 +107,11 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tokenizer.add_argument("--eod", type=int, help="end-of-document id")
     tokenizer.add_argument("--vocab-size", type=int, help="vocabulary size")
+    tokenizer.add_argument(
+        "--tokenizer-model",
+        help="a tokenizer.json (or its folder): FIM needs it, explain decodes with it",
+    )
+    add_fim_arguments(parser)
 
 
 def _sizes(args: argparse.Namespace) -> list[int | None]:
@@ -131,10 +139,18 @@ def _sizes(args: argparse.Namespace) -> list[int | None]:
 
 def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer:
     if args.null_tokenizer is not None:
-        return IdentifiedTokenizer.null(args.null_tokenizer)
-    if args.eod is None:
+        identity = IdentifiedTokenizer.null(args.null_tokenizer)
+    elif args.eod is None:
         raise ValueError("--tokenizer-identifiers needs --eod")
-    return IdentifiedTokenizer(args.eod, args.vocab_size, json.loads(args.tokenizer_identifiers))
+    else:
+        identity = IdentifiedTokenizer(
+            args.eod, args.vocab_size, json.loads(args.tokenizer_identifiers)
+        )
+    if args.tokenizer_model:
+        identity.text = load_text_tokenizer(
+            "huggingface", TokenizerOptions(model=args.tokenizer_model)
+        )
+    return identity
 
 
 def build_datasets(args: argparse.Namespace) -> list[Any]:
@@ -152,7 +168,9 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         raise ValueError(
             "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
         )
-    config = GPTDatasetConfig(
+    fim = issubclass(cls, GPTFIMDataset)
+    config = (GPTFIMDatasetConfig if fim else GPTDatasetConfig)(
+        **(fim_fields(args) if fim else {}),
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=blend,
@@ -329,8 +347,17 @@ class IndexCommand:
             last = length if count is None else first + count
             print(f"  document {document:>10}  tokens [{first}, {last}) of {length}")
         if args.tokens:
+            if isinstance(dataset, GPTFIMDataset):
+                print(
+                    "rearranged for fill-in-the-middle as a fresh dataset's first read (the FIM "
+                    "stream is stateful; --fim-sample-seeded gives each sample its own)"
+                )
             text, _ = dataset._query_document_sample_shuffle_indices(sample)
             print(" ".join(map(str, text.tolist())))
+            decoder = dataset.config.tokenizer
+            if isinstance(decoder, IdentifiedTokenizer) and decoder.text is not None:
+                print("decoded (special tokens as written):")
+                print(decoder.text.ids_to_text(text, remove_special_tokens=False))
         return 0
 
 

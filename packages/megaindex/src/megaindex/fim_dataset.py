@@ -111,10 +111,12 @@ def text_tokenizer(tokenizer: Any) -> TextTokenizer:
     library = getattr(tokenizer, "_tokenizer", None)
     if isinstance(library, TextTokenizer):
         return library
+    found = type(tokenizer).__name__
+    if isinstance(tokenizer, IdentifiedTokenizer):
+        found = "an IdentifiedTokenizer without text (pass text=, or --tokenizer-model to mega)"
     raise ConfigError(
         f"GPTFIMDataset needs a tokenizer with tokens_to_ids, text_to_ids and ids_to_text "
-        f"(megafmt.tokenizers.TextTokenizer, or a Megatron tokenizer wrapping one), got "
-        f"{type(tokenizer).__name__}"
+        f"(megafmt.tokenizers.TextTokenizer, or a Megatron tokenizer wrapping one), got {found}"
     )
 
 

@@ -1,4 +1,5 @@
-"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence)."""
+"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence);
+with ``--tokenizer-model`` also its text, special tokens (FIM sentinels, EOD) shown as written."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from megafmt.cli.command import print_json
 from megafmt.dataset import IndexedDataset
 from megafmt.index import has_sequence_modes
 from megafmt.remote import local_index_path
+from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 
 
 def _position(value: int, count: int, what: str) -> int:
@@ -26,6 +28,10 @@ class DumpCommand:
         which.add_argument("--doc", type=int, help="document number (negative counts from the end)")
         which.add_argument("--seq", type=int, help="sequence number (negative counts from the end)")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument(
+            "--tokenizer-model", help="decode with this tokenizer.json (or its folder) too"
+        )
+        parser.add_argument("--tokenizer-type", default="huggingface", help=argparse.SUPPRESS)
 
     def run(self, args: argparse.Namespace) -> int:
         dataset = IndexedDataset(
@@ -41,13 +47,23 @@ class DumpCommand:
         items = [dataset[i] for i in range(first, last)]
         sequences = [item[0] if dataset.multimodal else item for item in items]
         modes = [int(item[1]) for item in items] if dataset.multimodal else None
+        texts = None
+        if args.tokenizer_model:
+            text = load_text_tokenizer(
+                args.tokenizer_type, TokenizerOptions(model=args.tokenizer_model)
+            )
+            texts = [text.ids_to_text(s, remove_special_tokens=False) for s in sequences]
         if args.json:
             record = {"sequences": [s.tolist() for s in sequences]}
+            if texts is not None:
+                record["texts"] = texts
             record.update({"document": doc} if args.doc is not None else {"sequence": first})
             if modes is not None:
                 record["modes"] = modes
             print_json(record)
         else:
-            for sequence in sequences:
+            for number, sequence in enumerate(sequences):
                 print(" ".join(map(str, sequence.tolist())))
+                if texts is not None:
+                    print(texts[number])
         return 0

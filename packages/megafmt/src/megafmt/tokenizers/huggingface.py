@@ -19,6 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
+
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
 
@@ -90,6 +92,7 @@ class HuggingFaceTokenizer:
         self._tokenizer = tokenizer
         self._special = special
         self._special_tokens = frozenset(special_tokens)
+        self._tokens: _TokenTable | None = None  # built on the first ids_to_text
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod = None
         if eod_token is not None:
@@ -164,11 +167,31 @@ class HuggingFaceTokenizer:
         """The text of ``ids`` as Megatron's HuggingFaceTokenizer gives it over transformers:
         the tokens of the ids (unknown ids dropped; with ``remove_special_tokens`` the special
         tokens the config files declare too) joined by the tokenizer's decoder."""
-        tokens = [self._tokenizer.id_to_token(int(i)) for i in ids]
-        kept = [
-            token
-            for token in tokens
-            if token is not None and not (remove_special_tokens and token in self._special_tokens)
-        ]
+        if self._tokens is None:
+            self._tokens = _TokenTable(self._tokenizer, self._special_tokens)
+        kept = self._tokens.strings(ids, remove_special_tokens)
         decoder = self._tokenizer.decoder
         return " ".join(kept) if decoder is None else decoder.decode(kept)
+
+
+class _TokenTable:
+    """Every id's token string in one array, looked up for a whole sequence of ids at once (a
+    sample's thousands of ids cost one numpy gather, not one library call each)."""
+
+    def __init__(self, tokenizer: Any, special_tokens: frozenset[str]) -> None:
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        size = max(vocab.values(), default=-1) + 1
+        self.table = numpy.empty(size, dtype=object)
+        self.known = numpy.zeros(size, dtype=bool)
+        self.plain = numpy.zeros(size, dtype=bool)
+        for token, index in vocab.items():
+            self.table[index] = token
+            self.known[index] = True
+            self.plain[index] = token not in special_tokens
+
+    def strings(self, ids: Sequence[int], remove_special_tokens: bool) -> list[str]:
+        """The token strings of ``ids``, ids without one (or special, if asked) left out."""
+        ids = numpy.asarray(ids, dtype=numpy.int64)
+        ids = ids[(ids >= 0) & (ids < len(self.table))]
+        wanted = self.plain if remove_special_tokens else self.known
+        return self.table[ids[wanted[ids]]].tolist()
