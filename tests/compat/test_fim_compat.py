@@ -27,6 +27,7 @@ from seedref import SeedProcess
 import megaindex
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
 from megaindex.tokenizer import IdentifiedTokenizer
+from megaload import DataLoaderConfig, build_pretraining_data_loader
 
 pytestmark = pytest.mark.compat
 
@@ -240,3 +241,31 @@ def test_without_the_extra_token_the_seed_reads_one_token_more(
         mine = ours[0][idx]["tokens"]
         assert mine.shape == (16,)
         numpy.testing.assert_array_equal(mine.numpy(), reference["tokens"][:16])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_megaloads_batches_equal_megatron_lms_loader(
+    seed, corpus, tokenizer_dir, ours_tokenizer, tmp_path, workers
+):
+    """megaload's loader (batches assembled by __getitems__) against Megatron-LM's loader over
+    the seed commit's FIM dataset: with workers each holds its own copy of the stream, started
+    at the seed, on both sides, so the batches agree batch for batch."""
+    sizes, fields = random_case(random.Random(21))
+    fields.update(fim_rate=0.7, sequence_length=32)
+    sizes = [160, 0, 0]
+    fields["split"] = "100,0,0"
+    ours = build_ours(corpus, ours_tokenizer, sizes, fields, str(tmp_path / "ours"))[0]
+    theirs = seed.call(
+        "seed_fim:loader_batches",
+        corpus,
+        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
+        sizes,
+        {**fields, "path_to_cache": str(tmp_path / "seed")},
+        4,
+        workers,
+    )
+    config = DataLoaderConfig(micro_batch_size=4, num_workers=workers)
+    mine = list(build_pretraining_data_loader(ours, 0, config))
+    assert len(mine) == len(theirs) > 0
+    for number, (reference, batch) in enumerate(zip(theirs, mine, strict=True)):
+        assert_same(reference, batch, f"batch {number}")

@@ -72,3 +72,17 @@ def time_samples(prefix: str, tokenizer: tuple, size: int, fields: dict, count: 
     for idx in range(count):
         dataset[idx % len(dataset)]
     return (time.perf_counter() - start) / count
+
+
+def loader_batches(
+    prefix: str, tokenizer: tuple, sizes: list, fields: dict, micro_batch: int, workers: int
+) -> list:
+    """The train split's batches as Megatron-LM's loader gives them: torch's DataLoader over
+    the seed commit's MegatronPretrainingSampler (one data-parallel rank, from sample 0)."""
+    from megatron.training.datasets.data_samplers import MegatronPretrainingSampler
+    from torch.utils.data import DataLoader
+
+    dataset = build(prefix, tokenizer, sizes, fields)[0]
+    sampler = MegatronPretrainingSampler(len(dataset), 0, micro_batch, 0, 1)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=workers)
+    return [{key: value.numpy().copy() for key, value in batch.items()} for batch in loader]
