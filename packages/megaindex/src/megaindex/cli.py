@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy
 
-from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
+from megafmt.shared import TokenizerOptions, load_text_tokenizer
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import get_train_valid_test_num_samples

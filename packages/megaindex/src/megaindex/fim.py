@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy
 
-from megafmt.tokenizers import TextTokenizer
+from megafmt.protocols import TextTokenizer
 from megaindex.helpers import fim_assemble
 
 

@@ -26,8 +26,7 @@ from typing import Any, ClassVar
 
 import numpy
 
-from megafmt.protocols import TokenSource
-from megafmt.tokenizers import TextTokenizer
+from megafmt.protocols import TextTokenizer, TokenSource
 from megaindex.config import GPTDatasetConfig
 from megaindex.errors import ConfigError
 from megaindex.fim import FIMRates, FIMRearranger, FIMTokens
@@ -116,7 +115,7 @@ def text_tokenizer(tokenizer: Any) -> TextTokenizer:
         found = "an IdentifiedTokenizer without text (pass text=, or --tokenizer-model to mega)"
     raise ConfigError(
         f"GPTFIMDataset needs a tokenizer with tokens_to_ids, text_to_ids and ids_to_text "
-        f"(megafmt.tokenizers.TextTokenizer, or a Megatron tokenizer wrapping one), got {found}"
+        f"(megafmt.protocols.TextTokenizer, or a Megatron tokenizer wrapping one), got {found}"
     )
 
 

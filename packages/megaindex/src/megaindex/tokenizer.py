@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from megafmt.tokenizers import TextTokenizer
+from megafmt.protocols import TextTokenizer
 
 #: megatron-core's NullTokenizer, as its unique_identifiers name it
 MEGATRON_NULL_TOKENIZER = "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer"

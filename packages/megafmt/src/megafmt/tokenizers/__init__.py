@@ -9,8 +9,9 @@ unchanged.
 from __future__ import annotations
 
 from megafmt.errors import PluginError
+from megafmt.protocols import TextTokenizer
 from megafmt.registry import Registry
-from megafmt.tokenizers.base import TextTokenizer, Tokenizer, TokenizerOptions
+from megafmt.tokenizers.base import Tokenizer, TokenizerOptions
 
 TOKENIZERS: Registry[type] = Registry(
     "megafmt.tokenizers",
@@ -47,7 +48,7 @@ def load_text_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> TextT
     if not isinstance(tokenizer, TextTokenizer):
         raise PluginError(
             f"the {plugin_name(tokenizer_type)} tokenizer cannot turn ids into text (it is no "
-            "megafmt.tokenizers.TextTokenizer); use --tokenizer-type huggingface"
+            "megafmt.protocols.TextTokenizer); use --tokenizer-type huggingface"
         )
     return tokenizer
 

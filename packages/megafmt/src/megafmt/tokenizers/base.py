@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from megafmt.errors import MissingFileError, PluginError
 
@@ -57,26 +57,6 @@ class Tokenizer(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """The ids of each text, special tokens not added (Megatron's ``tokenize``)."""
-        ...
-
-
-@runtime_checkable
-class TextTokenizer(Protocol):
-    """A tokenizer that also maps between text and ids both ways, with the method names of
-    Megatron's library tokenizers (``config.tokenizer._tokenizer`` there): what fill-in-the-middle
-    (which cuts a sample's text at random characters and re-encodes the pieces) and decoding
-    for display ask of it."""
-
-    def tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
-        """The id of each token string (None for one not in the vocabulary)."""
-        ...
-
-    def text_to_ids(self, text: str) -> list[int]:
-        """The ids of ``text``."""
-        ...
-
-    def ids_to_text(self, ids: Sequence[int], remove_special_tokens: bool = True) -> str:
-        """The text of ``ids``, special tokens left out if asked."""
         ...
 
 

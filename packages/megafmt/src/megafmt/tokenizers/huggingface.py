@@ -6,7 +6,7 @@ text). The end-of-document token is the ``eos_token`` of the tokenizer_config.js
 special_tokens_map.json beside the tokenizer.json (the ``sep_token`` when there is no eos), as
 transformers reads it; GPT-2 files end documents with ``<|endoftext|>``.
 
-It is also a :class:`~megafmt.tokenizers.TextTokenizer` (what fill-in-the-middle and decoding
+It is also a :class:`~megafmt.protocols.TextTokenizer` (what fill-in-the-middle and decoding
 ask): ids back to text as Megatron's HuggingFaceTokenizer gives them over transformers, whose
 special tokens are the ones the config files declare (named, plus ``extra_special_tokens`` or
 ``additional_special_tokens``), not every added token of the tokenizer.json.
@@ -153,7 +153,7 @@ class HuggingFaceTokenizer:
         encodings = self._encode(list(texts), add_special_tokens=self._special)
         return [encoding.ids for encoding in encodings]
 
-    # ---- Megatron's library tokenizer methods (megafmt.tokenizers.TextTokenizer) -------------
+    # ---- Megatron's library tokenizer methods (megafmt.protocols.TextTokenizer) --------------
 
     def tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
         """The id of each token string (None for one not in the vocabulary)."""
