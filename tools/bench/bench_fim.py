@@ -97,6 +97,23 @@ def ours(
     return dataset
 
 
+def report(columns: dict[str, float], share: float) -> None:
+    """Each column in microseconds per sample, then the ratios."""
+    for name, seconds in columns.items():
+        print(f"  {name:<34} {seconds * 1e6:>10.1f} us/sample")
+    plain, fim, theirs, untouched = columns.values()
+    print(
+        f"  FIM / plain (ours): {fim / plain:.2f}x (bar: at most 2x); at fim_rate 0 (the "
+        f"walk without rearranging): {untouched / plain:.2f}x"
+    )
+    print(f"  seed / ours (FIM): {theirs / fim:.2f}x (>1: ours is faster)")
+    rest = fim * (1 - share)
+    print(
+        f"  tokenizer decode + encode: {share:.0%} of our FIM sample time; the rest, "
+        f"{rest * 1e6:.1f} us/sample, is {rest / plain:.2f}x a plain sample"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq-length", type=int, default=4096)
@@ -155,19 +172,14 @@ def main() -> None:
                 fields,
                 count,
             )
-        print(f"  {'plain GPTDataset (ours)':<34} {plain * 1e6:>10.1f} us/sample")
-        print(f"  {'GPTFIMDataset (ours)':<34} {fim * 1e6:>10.1f} us/sample")
-        print(f"  {'GPTFIMDataset (seed commit)':<34} {theirs * 1e6:>10.1f} us/sample")
-        print(f"  {'GPTFIMDataset, fim_rate 0 (ours)':<34} {untouched * 1e6:>10.1f} us/sample")
-        print(
-            f"  FIM / plain (ours): {fim / plain:.2f}x (bar: at most 2x); at fim_rate 0 (the "
-            f"walk without rearranging): {untouched / plain:.2f}x"
-        )
-        print(f"  seed / ours (FIM): {theirs / fim:.2f}x (>1: ours is faster)")
-        rest = fim * (1 - share)
-        print(
-            f"  tokenizer decode + encode: {share:.0%} of our FIM sample time; the rest, "
-            f"{rest * 1e6:.1f} us/sample, is {rest / plain:.2f}x a plain sample"
+        report(
+            {
+                "plain GPTDataset (ours)": plain,
+                "GPTFIMDataset (ours)": fim,
+                "GPTFIMDataset (seed commit)": theirs,
+                "GPTFIMDataset, fim_rate 0 (ours)": untouched,
+            },
+            share,
         )
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)

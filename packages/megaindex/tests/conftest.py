@@ -23,9 +23,10 @@ def tokenizer() -> IdentifiedTokenizer:
 
 @pytest.fixture
 def make_config(corpus, tokenizer, tmp_path):
-    """``make_config(**overrides)``: a GPTDatasetConfig over the corpus fixture."""
+    """``make_config(**overrides)``: a GPTDatasetConfig over the corpus fixture (or another
+    config class, ``config_class``, such as GPTFIMDatasetConfig)."""
 
-    def make(**overrides) -> GPTDatasetConfig:
+    def make(config_class: type = GPTDatasetConfig, **overrides) -> GPTDatasetConfig:
         fields = dict(
             random_seed=1234,
             sequence_length=32,
@@ -38,7 +39,7 @@ def make_config(corpus, tokenizer, tmp_path):
             eod_mask_loss=False,
         )
         fields.update(overrides)
-        return GPTDatasetConfig(**fields)
+        return config_class(**fields)
 
     return make
 

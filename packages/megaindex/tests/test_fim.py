@@ -81,25 +81,26 @@ def fim_corpus(tmp_path) -> str:
     return write_documents(str(tmp_path / "fim"), random_documents(0, 300, 50, sep=0.05))
 
 
-def fim_config(prefix: str, cache: str, **overrides) -> megaindex.GPTFIMDatasetConfig:
-    fields = dict(
-        random_seed=1234,
-        sequence_length=32,
-        blend=([prefix], None),
-        split="100,0,0",
-        tokenizer=char_tokenizer(),
-        path_to_cache=cache,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        fim_rate=0.5,
-        fim_spm_rate=0.5,
-        fim_extra_tokens=EXTRA_TOKENS,
-        fim_split_sample="<sep>",
-        fim_fragment_rate=0.5,
-    )
-    fields.update(overrides)
-    return megaindex.GPTFIMDatasetConfig(**fields)
+@pytest.fixture
+def fim_config(make_config):
+    """``fim_config(prefix, cache, **overrides)``: a GPTFIMDatasetConfig over the corpus at
+    ``prefix`` with the character tokenizer, every rate 0.5, split at ``<sep>``."""
+
+    def make(prefix: str, cache: str, **overrides) -> megaindex.GPTFIMDatasetConfig:
+        fields = dict(
+            blend=([prefix], None),
+            split="100,0,0",
+            tokenizer=char_tokenizer(),
+            path_to_cache=cache,
+            fim_rate=0.5,
+            fim_spm_rate=0.5,
+            fim_extra_tokens=EXTRA_TOKENS,
+            fim_split_sample="<sep>",
+            fim_fragment_rate=0.5,
+        )
+        return make_config(megaindex.GPTFIMDatasetConfig, **{**fields, **overrides})
+
+    return make
 
 
 def build(config, sizes=(500, 0, 0), cls=None):
@@ -155,7 +156,7 @@ def test_segments_and_fragments_by_hand():
     assert got.tolist() == [b, SEP, c, SEP, a, EOD, PREFIX, SUFFIX, MIDDLE]
 
 
-def test_observed_rates_match_the_configured_ones(tmp_path):
+def test_observed_rates_match_the_configured_ones(fim_config, tmp_path):
     """Samples of one piece each (no EOD, no split token in the data): a rearranged sample
     starts with the prefix sentinel (share: fim_rate); SPM puts the suffix sentinel right
     after it, as PSM does when the prefix is empty (probability q = 1 - (L / (L + 1))^2 for a
@@ -181,7 +182,9 @@ def test_observed_rates_match_the_configured_ones(tmp_path):
     )
 
 
-def test_fim_rate_zero_gives_gptdatasets_samples_and_its_own_cache(fim_corpus, tmp_path):
+def test_fim_rate_zero_gives_gptdatasets_samples_and_its_own_cache(
+    fim_config, fim_corpus, tmp_path
+):
     """Same tables; samples are GPTDataset's but for the EODs that end an empty segment (a
     window's first token, the second of two), dropped and made up for by FIM pads."""
     config = fim_config(fim_corpus, str(tmp_path / "cache"), fim_rate=0.0)
@@ -210,7 +213,7 @@ def test_fim_rate_zero_gives_gptdatasets_samples_and_its_own_cache(fim_corpus, t
 
 @pytest.mark.parametrize("split_sample", [None, "<sep>"])
 def test_cpp_and_numpy_layouts_give_the_same_samples(
-    fim_corpus, tmp_path, use_backend, split_sample
+    fim_config, fim_corpus, tmp_path, use_backend, split_sample
 ):
     rows = []
     for backend in ("cpp", "numpy"):
@@ -284,7 +287,7 @@ def test_fim_assemble_arguments_are_refused_naming_them():
         helpers.fim_assemble(sample, sample[:0].copy(), runs, sample, 0)
 
 
-def test_the_stream_is_stateful_as_megatron_lms(fim_corpus, tmp_path):
+def test_the_stream_is_stateful_as_megatron_lms(fim_config, fim_corpus, tmp_path):
     """One RandomState per dataset object: a sample depends on what was read before it; the
     same reads from a fresh (or copied) dataset give the same samples."""
     config = fim_config(fim_corpus, str(tmp_path / "cache"), fim_rate=1.0, fim_split_sample=None)
@@ -299,7 +302,7 @@ def test_the_stream_is_stateful_as_megatron_lms(fim_corpus, tmp_path):
     assert any(not torch.equal(reversed_reads[i], reads[n]) for n, i in enumerate(order[:3]))
 
 
-def test_sample_seeded_stream_does_not_depend_on_the_order(fim_corpus, tmp_path):
+def test_sample_seeded_stream_does_not_depend_on_the_order(fim_config, fim_corpus, tmp_path):
     config = fim_config(fim_corpus, str(tmp_path / "cache"), fim_rate=1.0, fim_sample_seeded=True)
     forward = build(config)[0]
     backward = build(config)[0]
@@ -309,7 +312,7 @@ def test_sample_seeded_stream_does_not_depend_on_the_order(fim_corpus, tmp_path)
     assert torch.equal(forward[4]["tokens"], ahead[4])  # and again: the same sample
 
 
-def test_a_batch_equals_its_samples_read_in_order(fim_corpus, tmp_path):
+def test_a_batch_equals_its_samples_read_in_order(fim_config, fim_corpus, tmp_path):
     """__getitems__ (the loader's fast path) shapes each row in order, padding included."""
     config = fim_config(fim_corpus, str(tmp_path / "cache"), fim_rate=0.9)
     indices = [4, 1, None, 4, -2, 30]
@@ -320,7 +323,7 @@ def test_a_batch_equals_its_samples_read_in_order(fim_corpus, tmp_path):
         assert torch.equal(batch[key], value), key
 
 
-def test_a_kept_last_partial_sample_is_padded_after_its_rearranged_tokens(tmp_path):
+def test_a_kept_last_partial_sample_is_padded_after_its_rearranged_tokens(fim_config, tmp_path):
     corpus = write_documents(str(tmp_path / "c"), random_documents(2, 40, 30))
     config = fim_config(
         corpus,
@@ -350,7 +353,7 @@ class MegatronStyleTokenizer:
         self.unique_identifiers = OrderedDict({"class": "test.Megatron"})
 
 
-def test_a_megatron_tokenizer_is_used_through_its_library(fim_corpus, tmp_path):
+def test_a_megatron_tokenizer_is_used_through_its_library(fim_config, fim_corpus, tmp_path):
     config = fim_config(fim_corpus, str(tmp_path / "m"), tokenizer=MegatronStyleTokenizer())
     ours = fim_config(fim_corpus, str(tmp_path / "o"))
     for idx in range(20):
@@ -367,12 +370,12 @@ def test_a_megatron_tokenizer_is_used_through_its_library(fim_corpus, tmp_path):
         ({"fim_extra_tokens": {**EXTRA_TOKENS, "pad": 4}}, "pad missing or not a string"),
     ],
 )
-def test_bad_configurations_are_refused(fim_corpus, tmp_path, overrides, message):
+def test_bad_configurations_are_refused(fim_config, fim_corpus, tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         fim_config(fim_corpus, str(tmp_path), **overrides)
 
 
-def test_tokens_not_in_the_vocabulary_are_refused(fim_corpus, tmp_path):
+def test_tokens_not_in_the_vocabulary_are_refused(fim_config, fim_corpus, tmp_path):
     config = fim_config(fim_corpus, str(tmp_path), fim_extra_tokens={**EXTRA_TOKENS, "middle": "?"})
     with pytest.raises(ConfigError, match="the FIM middle token '\\?' is not one token"):
         build(config)

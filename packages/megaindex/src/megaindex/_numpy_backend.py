@@ -125,13 +125,7 @@ def fill_document_causal_mask(
     numpy.logical_or(rows[None, :] < segment_start[:, None], rows[None, :] > rows[:, None], out=out)
 
 
-def fim_assemble(
-    sample: numpy.ndarray,
-    inserted: numpy.ndarray,
-    runs: numpy.ndarray,
-    out: numpy.ndarray,
-    pad: int,
-) -> int:
+def fim_assemble(sample, inserted, runs, out, pad) -> int:
     sources = (sample, inserted)
     for run, (source, start, stop) in enumerate(runs.tolist()):
         if source not in (0, 1) or start < 0 or stop < start or stop > len(sources[source]):

@@ -26,13 +26,12 @@ from typing import Any, ClassVar
 
 import numpy
 
-from megafmt.protocols import TextTokenizer, TokenSource
+from megafmt.protocols import TextTokenizer
 from megaindex.config import GPTDatasetConfig
 from megaindex.errors import ConfigError
 from megaindex.fim import FIMRates, FIMRearranger, FIMTokens
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.tokenizer import IdentifiedTokenizer
-from megaindex.utils import Split
 
 #: the keys of ``fim_extra_tokens``, in the order of Megatron-LM's ``--fim-*-token`` flags
 FIM_TOKEN_KEYS = ("prefix", "middle", "suffix", "pad", "eod")
@@ -128,11 +127,8 @@ def _token_id(tokenizer: TextTokenizer, token: str, what: str) -> int:
 
 def fim_tokens(tokenizer: TextTokenizer, config: GPTFIMDatasetConfig) -> FIMTokens:
     """The sentinel ids ``config`` names, looked up with ``tokenizer``."""
-    assert config.fim_extra_tokens is not None  # checked by the config
-    ids = {
-        key: _token_id(tokenizer, config.fim_extra_tokens[key], f"FIM {key}")
-        for key in FIM_TOKEN_KEYS
-    }
+    extra = config.fim_extra_tokens or {}  # holds every key: the config checked it
+    ids = {key: _token_id(tokenizer, extra[key], f"FIM {key}") for key in FIM_TOKEN_KEYS}
     split = config.fim_split_sample
     split_id = None if not split else _token_id(tokenizer, split, "fim_split_sample")
     return FIMTokens(**ids, split=split_id)
@@ -143,18 +139,16 @@ class GPTFIMDataset(GPTDataset):
 
     shapes_samples: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        indexed_dataset: TokenSource,
-        dataset_path: str | None,
-        indexed_indices: numpy.ndarray | None,
-        num_samples: int | None,
-        index_split: Split,
-        config: GPTFIMDatasetConfig,
-    ) -> None:
-        super().__init__(
-            indexed_dataset, dataset_path, indexed_indices, num_samples, index_split, config
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """GPTDataset's constructor (and megatron-core's): ``indexed_dataset, dataset_path,
+        indexed_indices, num_samples, index_split, config``, the config a
+        GPTFIMDatasetConfig."""
+        super().__init__(*args, **kwargs)
+        config = self.config
+        if not isinstance(config, GPTFIMDatasetConfig):
+            raise ConfigError(
+                f"GPTFIMDataset needs a GPTFIMDatasetConfig, got {type(config).__name__}"
+            )
         #: the FIM stream (Megatron-LM's attribute name): every sample served draws from it
         self.np_rng = numpy.random.RandomState(seed=config.random_seed)
         tokenizer = text_tokenizer(config.tokenizer)
