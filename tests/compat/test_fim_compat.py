@@ -269,3 +269,40 @@ def test_megaloads_batches_equal_megatron_lms_loader(
     assert len(mine) == len(theirs) > 0
     for number, (reference, batch) in enumerate(zip(theirs, mine, strict=True)):
         assert_same(reference, batch, f"batch {number}")
+
+
+class MegatronCoreTokenizer:
+    """A Megatron tokenizer as a job hands it over: megatron-core 0.16.1's HuggingFaceTokenizer
+    library in ``_tokenizer`` (what GPTFIMDataset uses), with the eod and identity."""
+
+    def __init__(self, directory: str, eod: int) -> None:
+        from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import (
+            HuggingFaceTokenizer,
+        )
+
+        self._tokenizer = HuggingFaceTokenizer(directory, include_special_tokens=False)
+        self.eod = eod
+        self.vocab_size = self._tokenizer.vocab_size
+        self.unique_identifiers = dict(IDENTIFIERS)
+
+
+@pytest.mark.parametrize("case", [3])
+def test_a_megatron_tokenizer_gives_the_seed_commits_samples(
+    seed, corpus, tokenizer_dir, ours_tokenizer, tmp_path, case
+):
+    """Drop-in: given a Megatron tokenizer object (not megafmt's), the same samples."""
+    rng = random.Random(case)
+    sizes, fields = random_case(rng)
+    megatron_tokenizer = MegatronCoreTokenizer(tokenizer_dir, ours_tokenizer.eod)
+    ours = build_ours(corpus, megatron_tokenizer, sizes, fields, str(tmp_path / "ours"))
+    reads = random_reads(rng, [0 if d is None else len(d) for d in ours])
+    theirs = seed.call(
+        "seed_fim:fim_samples",
+        corpus,
+        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
+        sizes,
+        {**fields, "path_to_cache": str(tmp_path / "seed")},
+        reads,
+    )
+    for number, (split, idx) in enumerate(reads):
+        assert_same(theirs["samples"][number], ours[split][idx], f"read {number} {fields}")
