@@ -106,7 +106,8 @@ class GPTDataset(MegatronDataset):
             type(self), GPTDataset
         ):
             # a subclass written against megatron-core shapes its samples there (as
-            # Megatron-LM's FIM dataset does): read every window through it
+            # Megatron-LM's FIM dataset does): read every window through it (ours, which
+            # shapes them in shape_sample, keeps that method for megatron-core's callers only)
             self.windows = QueriedWindowReader(
                 self._token_windows, self._query_document_sample_shuffle_indices
             )
