@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "blending.hpp"
+#include "fim.hpp"
 #include "gather.hpp"
 #include "masks.hpp"
 #include "sample_index.hpp"
@@ -214,6 +215,16 @@ void fill_document_causal_mask(Input<int64_t> segment_start,
                                        out.data(), threads);
 }
 
+int64_t fim_assemble(Input<int64_t> sample, Input<int64_t> inserted,
+                     nb::ndarray<const int64_t, nb::shape<-1, 3>, nb::c_contig, nb::device::cpu> runs,
+                     Output<int64_t> out, int64_t pad) {
+  nb::gil_scoped_release release;
+  return megaindex::fim_assemble(sample.data(), static_cast<int64_t>(sample.shape(0)),
+                                 inserted.data(), static_cast<int64_t>(inserted.shape(0)),
+                                 runs.data(), static_cast<int64_t>(runs.shape(0)), out.data(),
+                                 static_cast<int64_t>(out.shape(0)), pad);
+}
+
 using Rows = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 // GPTDataset's windows of one corpus and one split's tables, bound once: the dtypes are
@@ -408,6 +419,9 @@ NB_MODULE(_ext, m) {
         "See megaindex.helpers.build_exhaustive_blending_indices.");
   m.def("fill_document_causal_mask", &fill_document_causal_mask, "segment_start"_a.noconvert(),
         "out"_a.noconvert(), "threads"_a, "See megaindex.helpers.fill_document_causal_mask.");
+  m.def("fim_assemble", &fim_assemble, "sample"_a.noconvert(), "inserted"_a.noconvert(),
+        "runs"_a.noconvert(), "out"_a.noconvert(), "pad"_a,
+        "Lay out a rearranged FIM sample; see megaindex.helpers.fim_assemble.");
   nb::class_<WindowGatherer>(m, "WindowGatherer",
                              "GPT windows of one corpus and one split's tables; see "
                              "megaindex.helpers.WindowGatherer.")

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from megafmt.testing import VOCAB, write_corpus
-from megaindex import GPTDatasetConfig
+from megaindex import GPTDatasetConfig, backends
 from megaindex.tokenizer import IdentifiedTokenizer
 
 
@@ -23,9 +23,10 @@ def tokenizer() -> IdentifiedTokenizer:
 
 @pytest.fixture
 def make_config(corpus, tokenizer, tmp_path):
-    """``make_config(**overrides)``: a GPTDatasetConfig over the corpus fixture."""
+    """``make_config(**overrides)``: a GPTDatasetConfig over the corpus fixture (or another
+    config class, ``config_class``, such as GPTFIMDatasetConfig)."""
 
-    def make(**overrides) -> GPTDatasetConfig:
+    def make(config_class: type = GPTDatasetConfig, **overrides) -> GPTDatasetConfig:
         fields = dict(
             random_seed=1234,
             sequence_length=32,
@@ -38,6 +39,18 @@ def make_config(corpus, tokenizer, tmp_path):
             eod_mask_loss=False,
         )
         fields.update(overrides)
-        return GPTDatasetConfig(**fields)
+        return config_class(**fields)
 
     return make
+
+
+@pytest.fixture
+def use_backend(monkeypatch):
+    """``use_backend(name)`` makes the helpers run on that backend for the rest of the test."""
+
+    def use(name: str) -> None:
+        monkeypatch.setenv("MEGAINDEX_BACKEND", name)
+        backends.implementation.cache_clear()
+
+    yield use
+    backends.implementation.cache_clear()

@@ -79,6 +79,16 @@ BINDINGS = {
         (1,),
     ),
     "gather_windows": (gather_arguments, (8,)),
+    "fim_assemble": (
+        lambda: [
+            numpy.arange(4, dtype=numpy.int64),
+            numpy.array([7, 8], numpy.int64),
+            numpy.array([[0, 0, 2], [1, 0, 2]], numpy.int64),
+            numpy.zeros(5, numpy.int64),
+            -1,
+        ],
+        (3,),
+    ),
 }
 
 
@@ -264,6 +274,7 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "build_sample_index_int32",
         "build_sample_index_int64",
         "fill_document_causal_mask",
+        "fim_assemble",
         "BlendGatherer.__init__",
         "BlendGatherer.gather",
         "WindowGatherer.__init__",

@@ -8,22 +8,10 @@ from __future__ import annotations
 import numpy
 import pytest
 
-from megaindex import backends, build_sample_idx, helpers
+from megaindex import build_sample_idx, helpers
 from megaindex.sample import segment_starts
 
 BACKENDS = ("cpp", "numpy")
-
-
-@pytest.fixture
-def use_backend(monkeypatch):
-    """``use_backend(name)`` makes the helpers run on that backend for the rest of the test."""
-
-    def use(name: str) -> None:
-        monkeypatch.setenv("MEGAINDEX_BACKEND", name)
-        backends.implementation.cache_clear()
-
-    yield use
-    backends.implementation.cache_clear()
 
 
 def outcome(function, *arguments):

@@ -42,6 +42,13 @@ blend by delegating to its parts):
 ``SplitMember`` and ``BlendSplitMember``
     the split a dataset serves, under megatron-core's two names for it (``index_split`` on its
     mid-level datasets, ``split`` on its blends); :func:`split_name` reads either.
+
+Tokenizers:
+
+``TextTokenizer``
+    ``tokens_to_ids``, ``text_to_ids`` and ``ids_to_text``: ids to text and back, with the
+    method names of Megatron's library tokenizers (what fill-in-the-middle and decoding ask;
+    megafmt's huggingface tokenizer implements it).
 """
 
 from __future__ import annotations
@@ -244,6 +251,26 @@ def split_name(dataset: object) -> str | None:
     return split.name if isinstance(split, Enum) else split
 
 
+@runtime_checkable
+class TextTokenizer(Protocol):
+    """A tokenizer that also maps between text and ids both ways, with the method names of
+    Megatron's library tokenizers (``config.tokenizer._tokenizer`` there): what fill-in-the-middle
+    (which cuts a sample's text at random characters and re-encodes the pieces) and decoding
+    for display ask of it."""
+
+    def tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
+        """The id of each token string (None for one not in the vocabulary)."""
+        ...
+
+    def text_to_ids(self, text: str) -> list[int]:
+        """The ids of ``text``."""
+        ...
+
+    def ids_to_text(self, ids: Sequence[int], remove_special_tokens: bool = True) -> str:
+        """The text of ``ids``, special tokens left out if asked."""
+        ...
+
+
 __all__ = [
     "BatchAssembly",
     "BlendSplitMember",
@@ -258,6 +285,7 @@ __all__ = [
     "SpanSource",
     "SplitMember",
     "StoredTokenSource",
+    "TextTokenizer",
     "TokenSource",
     "announced",
     "split_name",

@@ -1,6 +1,6 @@
 """What megafmt lends the project's other packages (megaindex, megaload, megadist), apart from
 the format SDK: the plugin registry, progress reporting, atomic writes, read-only mappings,
-corpus fingerprints and URL helpers.
+corpus fingerprints, URL helpers, and tokenizers that decode (for their command lines).
 
 Not part of the SDK's API (``megafmt``'s ``__all__``): it changes with those packages, and a
 user who reads, writes or checks corpora needs none of it. The data path's Protocols, which
@@ -14,16 +14,19 @@ from megafmt.progress import Progress
 from megafmt.readers import is_url
 from megafmt.registry import Registry
 from megafmt.remote import default_cache_dir
+from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 
 __all__ = [
     "Progress",
     "Registry",
+    "TokenizerOptions",
     "atomic_write",
     "corpus_fingerprint",
     "corpus_stat",
     "default_cache_dir",
     "fingerprint_changes",
     "is_url",
+    "load_text_tokenizer",
     "map_file",
     "partial_path",
 ]

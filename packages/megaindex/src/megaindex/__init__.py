@@ -25,6 +25,7 @@ from megaindex.errors import (
     MegaindexError,
     StaleCacheError,
 )
+from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import (
     build_blending_indices,
@@ -47,6 +48,8 @@ __all__ = [
     "ConfigError",
     "GPTDataset",
     "GPTDatasetConfig",
+    "GPTFIMDataset",
+    "GPTFIMDatasetConfig",
     "IndexBuildError",
     "MegaindexError",
     "MegatronDataset",

@@ -125,6 +125,23 @@ def fill_document_causal_mask(
     numpy.logical_or(rows[None, :] < segment_start[:, None], rows[None, :] > rows[:, None], out=out)
 
 
+def fim_assemble(sample, inserted, runs, out, pad) -> int:
+    sources = (sample, inserted)
+    for run, (source, start, stop) in enumerate(runs.tolist()):
+        if source not in (0, 1) or start < 0 or stop < start or stop > len(sources[source]):
+            raise IndexError(
+                f"run {run} = ({source}, {start}, {stop}): expected source 0 (sample, "
+                f"{len(sample)} tokens) or 1 (inserted, {len(inserted)} tokens) and "
+                "0 <= start <= stop <= its size"
+            )
+    pieces = [sources[source][start:stop] for source, start, stop in runs.tolist()]
+    laid_out = numpy.concatenate(pieces) if pieces else sample[:0]
+    written = min(len(laid_out), len(out))
+    out[:written] = laid_out[:written]
+    out[written:] = pad
+    return len(laid_out)
+
+
 class WindowGatherer:
     """The windows of one corpus and one split's tables, one document at a time, with the checks
     and messages of the C++ kernel (csrc/gather.hpp) in the same order."""

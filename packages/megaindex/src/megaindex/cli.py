@@ -16,12 +16,15 @@ from typing import Any
 import numpy
 
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, SFTTokenizer
+from megafmt.shared import TokenizerOptions, load_text_tokenizer
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig
+from megaindex.fim_cli import add_fim_arguments, fim_fields
+from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.mock import MockGPTDataset
 from megaindex.plugins import DATASETS
@@ -152,6 +155,11 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     )
     tokenizer.add_argument("--eod", type=int, help="end-of-document id")
     tokenizer.add_argument("--vocab-size", type=int, help="vocabulary size")
+    tokenizer.add_argument(
+        "--tokenizer-model",
+        help="a tokenizer.json (or its folder): FIM needs it, explain decodes with it",
+    )
+    add_fim_arguments(parser)
 
 
 def _sizes(args: argparse.Namespace) -> list[int | None]:
@@ -190,10 +198,18 @@ def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer | SFTTokenizer:
     if args.sft_tokenizer is not None:
         return SFTTokenizer(args.sft_tokenizer, args.sft_tokenizer_prompt_format)
     if args.null_tokenizer is not None:
-        return IdentifiedTokenizer.null(args.null_tokenizer)
-    if args.eod is None:
+        identity = IdentifiedTokenizer.null(args.null_tokenizer)
+    elif args.eod is None:
         raise ValueError("--tokenizer-identifiers needs --eod")
-    return IdentifiedTokenizer(args.eod, args.vocab_size, json.loads(args.tokenizer_identifiers))
+    else:
+        identity = IdentifiedTokenizer(
+            args.eod, args.vocab_size, json.loads(args.tokenizer_identifiers)
+        )
+    if args.tokenizer_model:
+        identity.text = load_text_tokenizer(
+            "huggingface", TokenizerOptions(model=args.tokenizer_model)
+        )
+    return identity
 
 
 def build_datasets(args: argparse.Namespace) -> list[Any]:
@@ -205,7 +221,10 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
             "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
         )
     sft = issubclass(cls, SFTDataset)
-    config = (SFTDatasetConfig if sft else GPTDatasetConfig)(
+    fim = issubclass(cls, GPTFIMDataset)
+    config_class = SFTDatasetConfig if sft else GPTFIMDatasetConfig if fim else GPTDatasetConfig
+    config = config_class(
+        **(fim_fields(args) if fim else {}),
         random_seed=args.seed,
         sequence_length=args.seq_length,
         blend=blend,
@@ -395,8 +414,17 @@ class IndexCommand:
             last = length if count is None else first + count
             print(f"  document {document:>10}  tokens [{first}, {last}) of {length}")
         if args.tokens:
+            if isinstance(dataset, GPTFIMDataset):
+                print(
+                    "rearranged for fill-in-the-middle as a fresh dataset's first read (the FIM "
+                    "stream is stateful; --fim-sample-seeded gives each sample its own)"
+                )
             text, _ = dataset._query_document_sample_shuffle_indices(sample)
             print(" ".join(map(str, text.tolist())))
+            decoder = dataset.config.tokenizer
+            if isinstance(decoder, IdentifiedTokenizer) and decoder.text is not None:
+                print("decoded (special tokens as written):")
+                print(decoder.text.ids_to_text(text, remove_special_tokens=False))
         return 0
 
 

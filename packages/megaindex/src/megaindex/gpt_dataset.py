@@ -102,9 +102,12 @@ class GPTDataset(MegatronDataset):
             self._pad_token_id,
         )
         self.windows = self._token_windows
-        if "_query_document_sample_shuffle_indices" in _defined_below(type(self), GPTDataset):
+        if not self.shapes_samples and "_query_document_sample_shuffle_indices" in _defined_below(
+            type(self), GPTDataset
+        ):
             # a subclass written against megatron-core shapes its samples there (as
-            # Megatron-LM's FIM dataset does): read every window through it
+            # Megatron-LM's FIM dataset does): read every window through it (ours, which
+            # shapes them in shape_sample, keeps that method for megatron-core's callers only)
             self.windows = QueriedWindowReader(
                 self._token_windows, self._query_document_sample_shuffle_indices
             )

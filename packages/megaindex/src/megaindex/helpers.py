@@ -282,6 +282,27 @@ def fill_document_causal_mask(
     implementation().fill_document_causal_mask(segment_start, out, threads)
 
 
+def fim_assemble(
+    sample: numpy.ndarray,
+    inserted: numpy.ndarray,
+    runs: numpy.ndarray,
+    out: numpy.ndarray,
+    pad: int,
+) -> int:
+    """Lay out a fill-in-the-middle sample: the runs ``runs`` lists (int64 ``[K, 3]`` rows of
+    source, start, stop; source 0 is ``sample``, 1 is ``inserted``, both int64 ``[N]``) are
+    written one after another into ``out`` (int64 ``[W]``), cut at W tokens and filled up with
+    ``pad``. Returns how many tokens the runs hold before the cut. ``out`` must not overlap
+    ``sample`` or ``inserted``: the runs read them while it is written."""
+    sample = _array("sample", sample, INT64, (None,))
+    inserted = _array("inserted", inserted, INT64, (None,))
+    runs = _array("runs", runs, INT64, (None, 3))
+    out = _array("out", out, INT64, (None,), writeable=True)
+    if numpy.may_share_memory(out, sample) or numpy.may_share_memory(out, inserted):
+        raise ValueError("out must not overlap sample or inserted: copy the sample first")
+    return implementation().fim_assemble(sample, inserted, runs, out, int(pad))
+
+
 class _BatchKernel:
     """What WindowGatherer and BlendGatherer share: a native kernel bound once, called per
     batch. The extension checks a batch's arguments itself (the checks here then only name what

@@ -1,10 +1,11 @@
 """The ``megaindex.datasets`` plugins: mid-level dataset classes by name.
 
 Shipped: ``gpt`` (:class:`~megaindex.gpt_dataset.GPTDataset`), ``mock``
-(:class:`~megaindex.mock.MockGPTDataset`) and ``sft`` (:class:`~megaindex.sft_dataset.SFTDataset`).
-A third party adds a class (a ``MegatronDataset`` with megatron-core's two static methods) by
-declaring an entry point in that group; the builder
-takes the name in place of the class and ``mega index build --dataset NAME`` builds it.
+(:class:`~megaindex.mock.MockGPTDataset`), ``fim`` (:class:`~megaindex.fim_dataset.GPTFIMDataset`)
+and ``sft`` (:class:`~megaindex.sft_dataset.SFTDataset`). A third party adds a class (a
+``MegatronDataset`` with megatron-core's two static methods) by declaring an entry point in that
+group; the builder takes the name in place of the class and ``mega index build --dataset NAME``
+builds it.
 """
 
 from __future__ import annotations

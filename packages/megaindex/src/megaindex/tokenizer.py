@@ -1,7 +1,8 @@
 """A stand-in tokenizer for building datasets without loading a real tokenizer.
 
 A GPTDataset uses three things of its tokenizer: the end-of-document id, the vocabulary size
-(for the token dtype) and ``unique_identifiers``, which become part of the cache key. Building a
+(for the token dtype) and ``unique_identifiers``, which become part of the cache key. A FIM
+dataset also turns ids into text and back: ``text`` carries a tokenizer that can. Building a
 cache offline that a training job will hit needs exactly the identifiers the job's tokenizer
 reports; this class carries them without the tokenizer's files or libraries.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
+
+from megafmt.protocols import TextTokenizer
 
 #: megatron-core's NullTokenizer, as its unique_identifiers name it
 MEGATRON_NULL_TOKENIZER = "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer"
@@ -24,12 +27,16 @@ class IdentifiedTokenizer:
         vocab_size: int | None,
         unique_identifiers: dict[str, Any],
         pad: int | None = None,
+        text: TextTokenizer | None = None,
     ) -> None:
         self.eod = eod
         self.vocab_size = vocab_size
         self._identifiers = OrderedDict(unique_identifiers)
         if pad is not None:
             self.pad = pad
+        #: the tokenizer itself, where a dataset needs text (fill-in-the-middle) or a display
+        #: decodes ids; None when only the identity is known
+        self.text = text
 
     @property
     def unique_identifiers(self) -> OrderedDict:

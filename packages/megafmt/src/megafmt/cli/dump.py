@@ -1,9 +1,10 @@
-"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence).
+"""``mega dump PREFIX --doc N``: the token ids of one document (or ``--seq N``: one sequence);
+with ``--tokenizer-model`` also its text, special tokens (FIM sentinels, EOD) shown as written.
 
 For SFT data, a pre-tokenized corpus (``mega preprocess --sft``: a ``.lossmask`` beside the
 pair) or an SFT jsonl, a line's conversations (``--doc``) or one conversation (``--seq``, the
 pre-tokenized corpus only) are shown as runs of prompt and loss tokens, decoded with
-``--tokenizer-model`` (needed for a jsonl, which it tokenizes).
+``--tokenizer-model`` (the SFT tokenizer folder; needed for a jsonl, which it tokenizes).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from megafmt.sft import (
     describe_tokens,
     get_loss_mask_path,
 )
+from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 
 
 def _position(value: int, count: int, what: str) -> int:
@@ -41,8 +43,13 @@ class DumpCommand:
         which.add_argument("--doc", type=int, help="document number (negative counts from the end)")
         which.add_argument("--seq", type=int, help="sequence number (negative counts from the end)")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument(
+            "--tokenizer-model",
+            help="decode with this tokenizer.json (or its folder) too; for SFT data, the SFT "
+            "tokenizer folder",
+        )
+        parser.add_argument("--tokenizer-type", default="huggingface", help=argparse.SUPPRESS)
         sft = parser.add_argument_group("SFT data (a pre-tokenized corpus or a jsonl)")
-        sft.add_argument("--tokenizer-model", help="the SFT tokenizer folder, to decode")
         sft.add_argument(
             "--sft-tokenizer-prompt-format",
             default=DEFAULT_PROMPT_FORMAT,
@@ -66,15 +73,25 @@ class DumpCommand:
         items = [dataset[i] for i in range(first, last)]
         sequences = [item[0] if dataset.multimodal else item for item in items]
         modes = [int(item[1]) for item in items] if dataset.multimodal else None
+        texts = None
+        if args.tokenizer_model:
+            text = load_text_tokenizer(
+                args.tokenizer_type, TokenizerOptions(model=args.tokenizer_model)
+            )
+            texts = [text.ids_to_text(s, remove_special_tokens=False) for s in sequences]
         if args.json:
             record = {"sequences": [s.tolist() for s in sequences]}
+            if texts is not None:
+                record["texts"] = texts
             record.update({"document": doc} if args.doc is not None else {"sequence": first})
             if modes is not None:
                 record["modes"] = modes
             print_json(record)
         else:
-            for sequence in sequences:
+            for number, sequence in enumerate(sequences):
                 print(" ".join(map(str, sequence.tolist())))
+                if texts is not None:
+                    print(texts[number])
         return 0
 
 

@@ -119,7 +119,7 @@ class SFTTokenizer:
         self.prompt_format = prompt_format
         self.format = PROMPT_FORMATS[prompt_format]
         self._encoder = tokenizers.Tokenizer.from_file(path)
-        tokens, configs = configured_tokens(tokenizer_path)
+        tokens, _, configs = configured_tokens(tokenizer_path)
         self._chat = self._chat_template() if self.format.render is None else None
         self.vocab_size: int = self._encoder.get_vocab_size(with_added_tokens=True)
         self.eod = self._id_of(tokens.get("eos_token"), "eos_token", optional=True)

@@ -8,6 +8,8 @@ unchanged.
 
 from __future__ import annotations
 
+from megafmt.errors import PluginError
+from megafmt.protocols import TextTokenizer
 from megafmt.registry import Registry
 from megafmt.tokenizers.base import Tokenizer, TokenizerOptions
 
@@ -40,11 +42,24 @@ def load_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> Tokenizer:
     return TOKENIZERS.get(plugin_name(tokenizer_type)).from_options(options)
 
 
+def load_text_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> TextTokenizer:
+    """Build a tokenizer that also turns ids back into text (for decoding and FIM)."""
+    tokenizer = load_tokenizer(tokenizer_type, options)
+    if not isinstance(tokenizer, TextTokenizer):
+        raise PluginError(
+            f"the {plugin_name(tokenizer_type)} tokenizer cannot turn ids into text (it is no "
+            "megafmt.protocols.TextTokenizer); use --tokenizer-type huggingface"
+        )
+    return tokenizer
+
+
 __all__ = [
     "MEGATRON_ALIASES",
     "TOKENIZERS",
+    "TextTokenizer",
     "Tokenizer",
     "TokenizerOptions",
+    "load_text_tokenizer",
     "load_tokenizer",
     "plugin_name",
 ]

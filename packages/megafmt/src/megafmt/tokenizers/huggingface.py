@@ -5,6 +5,11 @@ Ids equal Megatron's HuggingFaceTokenizer with its defaults (no special tokens a
 text). The end-of-document token is the ``eos_token`` of the tokenizer_config.json or
 special_tokens_map.json beside the tokenizer.json (the ``sep_token`` when there is no eos), as
 transformers reads it; GPT-2 files end documents with ``<|endoftext|>``.
+
+It is also a :class:`~megafmt.protocols.TextTokenizer` (what fill-in-the-middle and decoding
+ask): ids back to text as Megatron's HuggingFaceTokenizer gives them over transformers, whose
+special tokens are the ones the config files declare (named, plus ``extra_special_tokens`` or
+``additional_special_tokens``), not every added token of the tokenizer.json.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Any
+
+import numpy
 
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
@@ -28,10 +35,26 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def configured_tokens(directory: str) -> tuple[dict[str, str], list[str]]:
-    """The special tokens (``eos_token``, ``pad_token``, ...) the config files in ``directory``
-    name, the first file naming each winning as in transformers, and those files."""
-    found: dict[str, str] = {}
+#: the special tokens transformers names (its SPECIAL_TOKENS_ATTRIBUTES), eos first: the eod
+NAMED_SPECIAL_TOKENS = (
+    "eos_token",
+    "sep_token",
+    "bos_token",
+    "unk_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+#: the keys of the further special tokens (transformers 5 reads the older name as the newer)
+EXTRA_SPECIAL_TOKENS = ("extra_special_tokens", "additional_special_tokens")
+
+
+def configured_tokens(directory: str) -> tuple[dict[str, str], list[str], list[str]]:
+    """The special tokens the config files in ``directory`` declare, as transformers reads
+    them (the first file naming one wins): the named ones by key, the further ones (the
+    first list found), and the files."""
+    named: dict[str, str] = {}
+    extra: list[str] | None = None
     files = []
     for name in CONFIG_FILES:
         path = os.path.join(directory, name)
@@ -43,27 +66,33 @@ def configured_tokens(directory: str) -> tuple[dict[str, str], list[str]]:
                 config = json.load(stream)
         except (ValueError, UnicodeDecodeError) as error:
             raise FormatError(f"{path}: not valid JSON ({error})") from None
-        for key, value in config.items() if isinstance(config, dict) else ():
-            token = _token_text(value) if key.endswith("_token") else None
+        if not isinstance(config, dict):
+            continue
+        for key in NAMED_SPECIAL_TOKENS:
+            token = _token_text(config.get(key))
             if token is not None:
-                found.setdefault(key, token)
-    return found, files
-
-
-def _configured_eod(directory: str) -> tuple[str | None, list[str]]:
-    """The eos (else sep) token named by the config files in ``directory``, and those files."""
-    found, files = configured_tokens(directory)
-    return found.get("eos_token", found.get("sep_token")), files
+                named.setdefault(key, token)
+        for key in EXTRA_SPECIAL_TOKENS:
+            if extra is None and isinstance(config.get(key), list):
+                extra = [t for t in map(_token_text, config[key]) if t is not None]
+    return named, extra or [], files
 
 
 class HuggingFaceTokenizer:
     name = "huggingface"
 
     def __init__(
-        self, tokenizer: Any, eod_token: str | None, files: list[str], special: bool = False
+        self,
+        tokenizer: Any,
+        eod_token: str | None,
+        files: list[str],
+        special: bool = False,
+        special_tokens: Sequence[str] = (),
     ) -> None:
         self._tokenizer = tokenizer
         self._special = special
+        self._special_tokens = frozenset(special_tokens)
+        self._tokens: _TokenTable | None = None  # built on the first ids_to_text
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod = None
         if eod_token is not None:
@@ -97,8 +126,15 @@ class HuggingFaceTokenizer:
             tokenizer = tokenizers.Tokenizer.from_file(path)
         except Exception as error:  # the Rust side raises plain Exception
             raise FormatError(f"{path}: not a tokenizers tokenizer.json ({error})") from None
-        eod_token, configs = _configured_eod(os.path.dirname(os.path.abspath(path)))
-        return cls(tokenizer, eod_token, [path, *configs], options.include_special_tokens)
+        named, extra, configs = configured_tokens(os.path.dirname(os.path.abspath(path)))
+        eod_token = named.get("eos_token", named.get("sep_token"))
+        return cls(
+            tokenizer,
+            eod_token,
+            [path, *configs],
+            options.include_special_tokens,
+            [*named.values(), *extra],
+        )
 
     @classmethod
     def _from_gpt2_files(cls, tokenizers: Any, options: TokenizerOptions) -> HuggingFaceTokenizer:
@@ -111,8 +147,51 @@ class HuggingFaceTokenizer:
         tokenizer = tokenizers.Tokenizer(model)
         tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = tokenizers.decoders.ByteLevel()
-        return cls(tokenizer, GPT2_EOD, [vocab, merges], options.include_special_tokens)
+        return cls(tokenizer, GPT2_EOD, [vocab, merges], options.include_special_tokens, [GPT2_EOD])
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encodings = self._encode(list(texts), add_special_tokens=self._special)
         return [encoding.ids for encoding in encodings]
+
+    # ---- Megatron's library tokenizer methods (megafmt.protocols.TextTokenizer) --------------
+
+    def tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
+        """The id of each token string (None for one not in the vocabulary)."""
+        return [self._tokenizer.token_to_id(token) for token in tokens]
+
+    def text_to_ids(self, text: str) -> list[int]:
+        """The ids of ``text``, special tokens added only if the options asked for them."""
+        return self._tokenizer.encode(text, add_special_tokens=self._special).ids
+
+    def ids_to_text(self, ids: Sequence[int], remove_special_tokens: bool = True) -> str:
+        """The text of ``ids`` as Megatron's HuggingFaceTokenizer gives it over transformers:
+        the tokens of the ids (unknown ids dropped; with ``remove_special_tokens`` the special
+        tokens the config files declare too) joined by the tokenizer's decoder."""
+        if self._tokens is None:
+            self._tokens = _TokenTable(self._tokenizer, self._special_tokens)
+        kept = self._tokens.strings(ids, remove_special_tokens)
+        decoder = self._tokenizer.decoder
+        return " ".join(kept) if decoder is None else decoder.decode(kept)
+
+
+class _TokenTable:
+    """Every id's token string in one array, looked up for a whole sequence of ids at once (a
+    sample's thousands of ids cost one numpy gather, not one library call each)."""
+
+    def __init__(self, tokenizer: Any, special_tokens: frozenset[str]) -> None:
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        size = max(vocab.values(), default=-1) + 1
+        self.table = numpy.empty(size, dtype=object)
+        self.known = numpy.zeros(size, dtype=bool)
+        self.plain = numpy.zeros(size, dtype=bool)
+        for token, index in vocab.items():
+            self.table[index] = token
+            self.known[index] = True
+            self.plain[index] = token not in special_tokens
+
+    def strings(self, ids: Sequence[int], remove_special_tokens: bool) -> list[str]:
+        """The token strings of ``ids``, ids without one (or special, if asked) left out."""
+        ids = numpy.asarray(ids, dtype=numpy.int64)
+        ids = ids[(ids >= 0) & (ids < len(self.table))]
+        wanted = self.plain if remove_special_tokens else self.known
+        return self.table[ids[wanted[ids]]].tolist()
