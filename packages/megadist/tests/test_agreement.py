@@ -124,16 +124,16 @@ def test_every_rank_raises_the_same_error_naming_the_field_and_the_ranks(
 
 
 def test_the_error_names_every_differing_setting_and_hides_what_follows_from_them() -> None:
-    rows = [[2, 0, 0, 0, 0, *range(len(FIELDS))] for _ in range(3)]
-    rows[2][5 + FIELDS.index("seq_length")] = 99
-    rows[2][5 + FIELDS.index("micro_batch_size")] = 7
-    rows[2][5 + FIELDS.index("packed buffer bytes")] = 12345
+    rows = [[2, *range(len(FIELDS))] for _ in range(3)]  # the wire version, then the fields
+    rows[2][1 + FIELDS.index("seq_length")] = 99
+    rows[2][1 + FIELDS.index("micro_batch_size")] = 7
+    rows[2][1 + FIELDS.index("packed buffer bytes")] = 12345
     assert disagreement(rows, [4, 5, 6], PROTOCOLS) == (
         "micro_batch_size: 3 on global ranks 4, 5; 7 on global rank 6; "
         "seq_length: 4 on global ranks 4, 5; 99 on global rank 6"
     )
-    rows[2][5 + FIELDS.index("seq_length")] = 4
-    rows[2][5 + FIELDS.index("micro_batch_size")] = 3
+    rows[2][1 + FIELDS.index("seq_length")] = 4
+    rows[2][1 + FIELDS.index("micro_batch_size")] = 3
     assert disagreement(rows, [4, 5, 6], PROTOCOLS) == (
         "packed buffer bytes: 11 on global ranks 4, 5; 12345 on global rank 6"
     )
@@ -141,12 +141,14 @@ def test_the_error_names_every_differing_setting_and_hides_what_follows_from_the
     assert disagreement(rows, [4, 5, 6], PROTOCOLS).startswith(
         "megadist wire version: 2 on global ranks 4, 5; 1 on global rank 6"
     )
-    assert len(rows[0]) == HEADER_SLOTS
+    # the source's status, two boundary counts and a message length, then the view and its
+    # negation: 256 bytes per rank
+    assert HEADER_SLOTS == 4 + 2 * (1 + len(FIELDS)) == 32
 
 
 def change_after_agreeing() -> list[str]:
-    """Two batches in agreement, then rank 1 alone switches its sequence length; the agreement
-    is cached per topology, so an equal topology built anew costs one small collective."""
+    """Two batches in agreement, then rank 1 alone switches its sequence length; the view is
+    cached per topology, so an equal topology built anew costs one small all-reduce."""
     layout = build_parallel_groups(tp=2, timeout=TIMEOUT)
     seen = []
     for step, seq in enumerate((SEQ, SEQ, 32 if dist.get_rank() else SEQ)):
@@ -164,10 +166,13 @@ def change_after_agreeing() -> list[str]:
 
 def test_a_rank_that_changes_its_layout_later_is_caught_on_that_batch() -> None:
     first = [
-        "step 0: tokens 16 ['all_gather', 'broadcast']",
-        "step 1: tokens 16 ['all_gather', 'broadcast']",
+        "step 0: tokens 16 ['all_reduce', 'broadcast']",
+        "step 1: tokens 16 ['all_reduce', 'broadcast']",
     ]
-    last = "step 2: seq_length: 16 on global rank 0; 32 on global rank 1 ['all_gather']"
+    # only a disagreement gathers every rank's view, to name who holds what
+    last = (
+        "step 2: seq_length: 16 on global rank 0; 32 on global rank 1 ['all_reduce', 'all_gather']"
+    )
     assert run_distributed(change_after_agreeing, 2) == [[*first, last], [*first, last]]
 
 

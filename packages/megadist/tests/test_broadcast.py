@@ -183,7 +183,7 @@ def test_a_malformed_source_batch_fails_on_every_rank(protocol: str) -> None:
     """The header every rank exchanges first carries the source's status, then its message
     comes: with either protocol, no rank waits for a batch that never comes."""
     source, receiver = run_distributed(send_bad_batches, 2, protocol)
-    calls = " (['all_gather', 'broadcast'])"
+    calls = " (['all_reduce', 'broadcast'])"
     assert source[0] == (
         "BatchError: 'tokens' has shape [2, 8]; the topology expects [2, 16] "
         "(micro_batch_size 2, seq_length 16)" + calls

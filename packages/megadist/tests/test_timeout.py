@@ -41,7 +41,7 @@ def wait_for_a_silent_source() -> tuple[str, float] | None:
 def test_a_stalled_source_ends_in_a_clear_error_within_the_group_timeout() -> None:
     _, (message, seconds) = run_distributed(wait_for_a_silent_source, 2)
     assert message.startswith(
-        "an all-gather in the TP group of global ranks [0, 1] failed on global rank 1, waiting "
+        "an all-reduce in the TP group of global ranks [0, 1] failed on global rank 1, waiting "
         "for global rank 0 (stalled past the group's timeout, or gone): "
     ), message
     assert TIMEOUT * 0.9 < seconds < TIMEOUT + 10

@@ -4,25 +4,26 @@ Receivers allocate their buffers from their own topology. If the ranks of a grou
 differently (another sequence length, a mask on one side only, another protocol or pipeline
 stage), a broadcast would hand the receiver garbage in its own shape, abort the process inside
 gloo ("Received data size doesn't match expected size") or wait forever. So before the data of
-a micro-batch moves, every rank of the group takes part in one all-gather of a fixed-size
-header (:data:`HEADER_SLOTS` int64, a few hundred bytes for the whole group):
+a micro-batch moves, every rank of the group takes part in one all-reduce (maximum) of a
+fixed-size header of :data:`HEADER_SLOTS` int64:
 
-====  ===========================================================================
-slot  meaning
-====  ===========================================================================
-0     :data:`WIRE_VERSION`, megadist's wire format
-1     the source's status: :data:`OK`, :data:`FAILED` or :data:`EXHAUSTED`
-2-3   the number of ``cu_seqlens`` and ``cu_seqlens_padded`` entries the source sends
-4     the byte length of the source's failure message (sent next, only on failure)
-5-    the rank's :class:`Description`, one slot per field of :data:`FIELDS`
-====  ===========================================================================
+=============  ====================================================================
+slots          meaning
+=============  ====================================================================
+0              the source's status: :data:`OK`, :data:`FAILED` or :data:`EXHAUSTED`
+1-2            the number of ``cu_seqlens`` and ``cu_seqlens_padded`` entries it sends
+3              the byte length of its failure message (sent next, only on failure)
+4 to 4+n-1     the rank's view: :data:`WIRE_VERSION`, then its :class:`Description`
+4+n to 4+2n-1  the same values negated
+=============  ====================================================================
 
-The exchange is the same collective, of the same size, on every rank whatever its settings, so
-it cannot itself be mismatched; a difference in any field raises :class:`AgreementError` on
-every rank with the same message, naming the fields and which global ranks hold which value.
-A rank's description is computed once per topology (the cheap part of each micro-batch is the
-one small collective and a comparison of integers). The header also carries the source's status,
-so a source whose loader is exhausted or whose batch is malformed stops its group at once.
+The other ranks put zeros in slots 0-3, so the maximum is the source's; the maximum of a value
+and of its negation are the largest and (negated) the smallest value any rank holds, equal
+where all ranks agree. The exchange is the same collective, of the same size, on every rank
+whatever its settings, so it cannot itself be mismatched. Only where the views differ does the
+group gather them all (a second, rare collective), so that every rank raises the same
+:class:`AgreementError` naming the fields and which global ranks hold which value. A rank's
+view is computed once per topology: what each micro-batch pays is one small all-reduce.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megadist.collectives import all_gather, broadcast, group_ranks
+from megadist.collectives import all_gather, all_reduce_max, broadcast, group_ranks
 from megadist.errors import AgreementError, SourceError
 from megadist.keys import BATCH_KEYS, BOUNDARY_KEYS
 from megadist.topology import BatchTopology, PipelinePosition
@@ -59,8 +60,9 @@ FIELDS: tuple[str, ...] = (
     "shapes and dtypes",
 )
 DERIVED = 3
-_PREAMBLE = 5
-HEADER_SLOTS = _PREAMBLE + len(FIELDS)
+_SOURCE_SLOTS = 4
+_VIEW = 1 + len(FIELDS)
+HEADER_SLOTS = _SOURCE_SLOTS + 2 * _VIEW
 _POSITIONS = tuple(PipelinePosition)
 _SPLITS = (None, "zigzag", "thd")
 
@@ -70,6 +72,13 @@ class Description:
     """What one rank sends or expects for a micro-batch, as the integers of :data:`FIELDS`."""
 
     values: tuple[int, ...]
+
+    @property
+    def view(self) -> list[int]:
+        """What a rank puts in the header after the source's slots: the wire version and the
+        values, then all of them negated."""
+        mine = [WIRE_VERSION, *self.values]
+        return mine + [-value for value in mine]
 
     @classmethod
     def of(
@@ -136,10 +145,11 @@ def _difference(field: str, column: list[int], ranks: list[int], protocols: Sequ
 
 
 def disagreement(rows: list[list[int]], ranks: list[int], protocols: Sequence[str]) -> str | None:
-    """What the gathered headers ``rows`` (one per rank of ``ranks``) disagree on, or None."""
+    """What the gathered views ``rows`` (wire version and description, one per rank of
+    ``ranks``) disagree on, or None."""
     if len({row[0] for row in rows}) > 1:
         return _difference("megadist wire version", [row[0] for row in rows], ranks, protocols)
-    columns = list(zip(*(row[_PREAMBLE:] for row in rows), strict=True))
+    columns = list(zip(*(row[1:] for row in rows), strict=True))
     differing = [i for i, column in enumerate(columns) if len(set(column)) > 1]
     chosen = [i for i in differing if i < len(FIELDS) - DERIVED] or differing
     if not chosen:
@@ -164,18 +174,21 @@ def agree(
     :class:`SourceError` with the message.
     """
     text = message.encode("utf-8")
-    header = [WIRE_VERSION, status, *counts, len(text), *description.values]
+    header = [status, *counts, len(text), *description.view]
     mine = torch.tensor(header, dtype=torch.int64, device=topology.device)
-    rows = all_gather(mine, topology.tp_group, "TP").tolist()
-    ranks = group_ranks(topology.tp_group)
-    difference = disagreement(rows, ranks, protocols)
-    if difference is not None:
+    all_reduce_max(mine, topology.tp_group, "TP")
+    reduced = mine.tolist()
+    largest, negated_smallest = reduced[_SOURCE_SLOTS:-_VIEW], reduced[-_VIEW:]
+    if any(a != -b for a, b in zip(largest, negated_smallest, strict=True)):
+        views = torch.tensor(header[_SOURCE_SLOTS:-_VIEW], device=topology.device)
+        rows = all_gather(views, topology.tp_group, "TP").tolist()
+        ranks = group_ranks(topology.tp_group)
         raise AgreementError(
             f"the TP group of global ranks {ranks} disagrees on what get_batch sends: "
-            f"{difference}. Every rank of a TP group must build its BatchTopology with the same "
-            f"settings and call with the same protocol"
+            f"{disagreement(rows, ranks, protocols)}. Every rank of a TP group must build its "
+            f"BatchTopology with the same settings and call with the same protocol"
         )
-    source_status, *source_counts, length = rows[0][1:_PREAMBLE]
+    source_status, *source_counts, length = reduced[:_SOURCE_SLOTS]
     if source_status != OK:
         buffer = torch.zeros(max(length, 1), dtype=torch.uint8, device=topology.device)
         if topology.is_source:

@@ -1,7 +1,7 @@
 """``broadcast_batch``: the TP source's micro-batch, copied to every rank of its TP group.
 
 Before any data moves, the ranks of the group agree on what is sent (``megadist.agreement``: one
-all-gather of a small fixed-size header carrying each rank's description of the micro-batch and
+all-reduce of a small fixed-size header carrying each rank's description of the micro-batch and
 the source's status), so ranks configured differently all raise the same ``AgreementError``
 instead of exchanging garbage, and a source whose loader is exhausted or whose batch is
 malformed stops the others at once. Then one of two wire protocols gives the same tensors:

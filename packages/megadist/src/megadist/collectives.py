@@ -1,7 +1,7 @@
 """The collectives megadist issues, and counting them.
 
-``broadcast`` and ``all_gather`` run torch's collectives on a group and turn their failures (a
-peer that never sends within the group's timeout, a peer that left) into a
+``broadcast``, ``all_reduce_max`` and ``all_gather`` run torch's collectives on a group and turn
+their failures (a peer that never sends within the group's timeout, a peer that left) into a
 :class:`~megadist.errors.CollectiveError` naming the group, its ranks, this rank and the rank
 waited for. ``counting_collectives`` is how tests and the benchmark check how many collectives
 a micro-batch costs.
@@ -24,6 +24,10 @@ def group_ranks(group: dist.ProcessGroup | None) -> list[int]:
     return dist.get_process_group_ranks(group or dist.group.WORLD)
 
 
+def _others(group: dist.ProcessGroup | None) -> list[int]:
+    return [rank for rank in group_ranks(group) if rank != dist.get_rank()]
+
+
 def _failed(
     what: str, waited: list[int], name: str, group: dist.ProcessGroup | None, error: Exception
 ) -> None:
@@ -42,27 +46,38 @@ def broadcast(tensor: torch.Tensor, src: int, group: dist.ProcessGroup | None, n
         _failed("a broadcast", [src], name, group, error)
 
 
+def all_reduce_max(tensor: torch.Tensor, group: dist.ProcessGroup | None, name: str) -> None:
+    """``tensor``, in place, as its elementwise maximum over every rank of ``group``."""
+    try:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    except RuntimeError as error:
+        _failed("an all-reduce", _others(group), name, group, error)
+
+
 def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None, name: str) -> torch.Tensor:
     """Every rank's ``tensor`` of ``group``, stacked in group order."""
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     try:
         dist.all_gather(gathered, tensor, group=group)
     except RuntimeError as error:
-        others = [rank for rank in group_ranks(group) if rank != dist.get_rank()]
-        _failed("an all-gather", others, name, group, error)
+        _failed("an all-gather", _others(group), name, group, error)
     return torch.stack(gathered)
 
 
 @contextmanager
 def counting_collectives() -> Iterator[list[tuple[str, int]]]:
-    """Within the block, every ``torch.distributed`` broadcast and all-gather of this process
-    appends (its name, the byte size of this rank's tensor) to the yielded list."""
+    """Within the block, every ``torch.distributed`` broadcast, all-reduce and all-gather of this
+    process appends (its name, the byte size of this rank's tensor) to the yielded list."""
     calls: list[tuple[str, int]] = []
-    originals = {"broadcast": dist.broadcast, "all_gather": dist.all_gather}
+    originals = {
+        "broadcast": dist.broadcast,
+        "all_reduce": dist.all_reduce,
+        "all_gather": dist.all_gather,
+    }
 
     def counting(name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            tensor = args[0] if name == "broadcast" else args[1]
+            tensor = args[1] if name == "all_gather" else args[0]
             calls.append((name, tensor.numel() * tensor.element_size()))
             return originals[name](*args, **kwargs)
 
