@@ -1,15 +1,17 @@
 """get_batch's collectives and their time on gloo: Megatron-LM's protocol (one broadcast per
-tensor, then the CP split on every rank) against megadist's packed protocol (one broadcast,
-the source splitting for its CP rank first), in one run.
+tensor, then the CP split on every rank) against megadist's packed protocol (the group's
+agreement exchange, then one broadcast, the source splitting for its CP rank first), in one run;
+and the agreement exchange alone, the price of ranks agreeing before they send.
 
     .venv/bin/python tools/bench/bench_megadist.py [--iterations 20] [--seq-length 8192]
 
 Micro-batch 4 x sequence 8192 by default, on ranks spawned on this machine. Megatron-LM's
 get_batch_on_this_tp_rank is not in the megatron-core wheel (it lives in megatron.training), so
-its side is megadist's ``per_tensor`` protocol, which issues the same broadcasts in the same
-order, followed by ``zigzag_split`` as get_batch_on_this_cp_rank does. The ranks receive the
-same tensors either way (the tests check it). Prints collectives and milliseconds per
-micro-batch (the slowest rank's mean over the best of 3 alternating rounds), and the ratio.
+its side is megadist's ``per_tensor`` wire protocol without the agreement, which issues the same
+broadcasts in the same order, followed by ``zigzag_split`` as get_batch_on_this_cp_rank does.
+The ranks receive the same tensors either way (the tests check it). Prints collectives and
+milliseconds per micro-batch (the slowest rank's mean over the best of 3 alternating rounds),
+the ratio, and the agreement's share of megadist's time.
 """
 
 from __future__ import annotations
@@ -21,15 +23,22 @@ import time
 
 import torch.distributed as dist
 
-from megadist import broadcast_batch, build_parallel_groups, get_batch, zigzag_split
-from megadist.collectives import counting_broadcasts
+from megadist import PROTOCOLS, build_parallel_groups, get_batch, zigzag_split
+from megadist.agreement import agree
+from megadist.broadcast import _receive_per_tensor, _send_per_tensor, describe
+from megadist.collectives import counting_collectives
+from megadist.payload import fixed_shapes, prepare_source_batch
 from megadist.spawn import run_distributed
 from megadist.synthetic import synthetic_batch
 
 
 def megatron_path(source, topology):
     """Megatron's order: broadcast every tensor of the full batch, then split on every rank."""
-    batch = broadcast_batch(next(source) if source else None, topology, protocol="per_tensor")
+    if source:
+        batch = prepare_source_batch(next(source), topology)
+        _send_per_tensor(batch, topology)
+    else:
+        batch = _receive_per_tensor(topology, fixed_shapes(topology))
     return zigzag_split(batch, topology.cp_rank, topology.cp_size)
 
 
@@ -37,7 +46,13 @@ def megadist_path(source, topology):
     return get_batch(source, topology, protocol="packed")
 
 
-PATHS = {"megatron": megatron_path, "megadist": megadist_path}
+def agreement_alone(source, topology):
+    """The exchange megadist's get_batch starts each micro-batch with, by itself."""
+    split = "zigzag" if topology.cp_size > 1 else None
+    return agree(topology, describe(topology, "packed", split, True), PROTOCOLS)
+
+
+PATHS = {"megatron": megatron_path, "megadist": megadist_path, "agreement": agreement_alone}
 ROUNDS = 3
 
 
@@ -54,9 +69,10 @@ def measure_on_rank(tp: int, cp: int, options: dict) -> dict:
     results = {}
     for name, path in PATHS.items():
         path(sources[name], topology)  # warm-up: allocator, gloo connections
-        with counting_broadcasts() as calls:
+        with counting_collectives() as calls:
             path(sources[name], topology)
-        results[name] = {"collectives": len(calls), "bytes": sum(calls), "seconds": float("inf")}
+        sent = sum(size for _, size in calls)
+        results[name] = {"collectives": len(calls), "bytes": sent, "seconds": float("inf")}
     for _ in range(ROUNDS):  # alternate the paths; keep each one's best round
         for name, path in PATHS.items():
             dist.barrier()
@@ -79,8 +95,10 @@ def report(title: str, tp: int, cp: int, options: dict) -> None:
         times[name] = slowest
         first = ranks[0][name]
         mib = first["bytes"] / 2**20
-        print(f"  {name:<10} {first['collectives']:>11} {mib:>9.1f} {slowest * 1e3:>15.2f}")
+        print(f"  {name:<10} {first['collectives']:>11} {mib:>9.1f} {slowest * 1e3:>15.3f}")
     print(f"  megadist is {times['megatron'] / times['megadist']:.2f}x Megatron's protocol")
+    share = times["agreement"] / times["megadist"]
+    print(f"  the agreement costs {times['agreement'] * 1e6:.0f} us, {share:.1%} of megadist's")
 
 
 def main() -> None:

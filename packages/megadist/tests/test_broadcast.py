@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from megadist import BatchError, BatchTopology, PipelinePosition, SourceError, broadcast_batch
-from megadist.collectives import counting_broadcasts
+from megadist.collectives import counting_collectives
 from megadist.spawn import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -91,7 +91,7 @@ def broadcast_every_case(cases: list[dict]) -> list[dict]:
         topology = topology_for(case)
         batch = full_batch(topology.micro_batch_size, case["mask"], case["packed"])
         source = batch if dist.get_rank() == 0 else None
-        with counting_broadcasts() as calls:
+        with counting_collectives() as calls:
             received = broadcast_batch(source, topology, protocol=case["protocol"])
         results.append({"batch": portable(received), "collectives": len(calls)})
     return results
@@ -140,23 +140,23 @@ def test_collective_counts_per_micro_batch(reports: list[list[dict]]) -> None:
         keys = expected_keys(case)
         tensors = len(keys - {"cu_seqlens", "cu_seqlens_padded"})
         boundaries = 2 * len(keys & {"cu_seqlens", "cu_seqlens_padded"})  # length, then values
-        if not keys:
-            expected = 0
-        elif case["protocol"] == "packed":  # the buffer, then the mask by itself
-            expected = 1 + ("attention_mask" in keys)
+        if not keys:  # the agreement that nothing moves
+            expected = 1
+        elif case["protocol"] == "packed":  # agreement, the buffer, then the mask by itself
+            expected = 2 + ("attention_mask" in keys)
         else:
-            expected = tensors + boundaries
+            expected = 1 + tensors + boundaries
         assert [r[index]["collectives"] for r in reports] == [expected, expected], case
 
 
-def test_a_single_stage_without_masks_sends_four_tensors_or_one_buffer() -> None:
+def test_a_single_stage_without_masks_sends_four_tensors_or_one_buffer_after_agreeing() -> None:
     case = {"position": "single", "mtp": False, "mask": False, "packed": False}
     reports = run_distributed(
         broadcast_every_case,
         2,
         [{**case, "protocol": "per_tensor"}, {**case, "protocol": "packed"}],
     )
-    assert [r["collectives"] for r in reports[1]] == [4, 1]
+    assert [r["collectives"] for r in reports[1]] == [5, 2]
 
 
 def send_bad_batches(protocol: str) -> list[str]:
@@ -166,9 +166,7 @@ def send_bad_batches(protocol: str) -> list[str]:
     bad["tokens"] = bad["tokens"][:, :8]
     seen = []
     for batch in (bad, None):
-        if protocol == "per_tensor" and dist.get_rank() == 1:
-            continue  # Megatron's protocol cannot tell the receivers; they would wait
-        with counting_broadcasts() as calls:
+        with counting_collectives() as calls:
             try:
                 broadcast_batch(
                     batch if dist.get_rank() == 0 else None, topology, protocol=protocol
@@ -176,32 +174,28 @@ def send_bad_batches(protocol: str) -> list[str]:
                 seen.append("no error")
             except (BatchError, SourceError) as error:
                 seen.append(f"{type(error).__name__}: {error}")
-        seen[-1] += f" ({len(calls)} collectives)"
+        seen[-1] += f" ({[name for name, _ in calls]})"
     return seen
 
 
-def test_a_malformed_source_batch_fails_on_every_rank_with_the_packed_protocol() -> None:
-    source, receiver = run_distributed(send_bad_batches, 2, "packed")
+@pytest.mark.parametrize("protocol", ["packed", "per_tensor"])
+def test_a_malformed_source_batch_fails_on_every_rank(protocol: str) -> None:
+    """The header every rank exchanges first carries the source's status, then its message
+    comes: with either protocol, no rank waits for a batch that never comes."""
+    source, receiver = run_distributed(send_bad_batches, 2, protocol)
+    calls = " (['all_reduce', 'broadcast'])"
     assert source[0] == (
         "BatchError: 'tokens' has shape [2, 8]; the topology expects [2, 16] "
-        "(micro_batch_size 2, seq_length 16) (1 collectives)"
+        "(micro_batch_size 2, seq_length 16)" + calls
     )
-    assert receiver[0].startswith("SourceError: TP source rank 0 could not send its batch: ")
-    assert receiver[0].endswith(
-        "'tokens' has shape [2, 8]; the topology expects [2, 16] "
-        "(micro_batch_size 2, seq_length 16) (1 collectives)"
+    assert receiver[0] == (
+        "SourceError: TP source rank 0 could not send its batch: BatchError: 'tokens' has "
+        "shape [2, 8]; the topology expects [2, 16] (micro_batch_size 2, seq_length 16)" + calls
     )
     assert source[1] == (
-        "BatchError: TP rank 0 is the source of its group and must pass a batch (1 collectives)"
+        "BatchError: TP rank 0 is the source of its group and must pass a batch" + calls
     )
     assert receiver[1].startswith("SourceError") and "must pass a batch" in receiver[1]
-
-
-def test_a_malformed_source_batch_fails_on_the_source_before_any_collective() -> None:
-    source, receiver = run_distributed(send_bad_batches, 2, "per_tensor")
-    assert source[0].startswith("BatchError: 'tokens' has shape [2, 8]")
-    assert source[0].endswith("(0 collectives)") and source[1].endswith("(0 collectives)")
-    assert receiver == []  # it took no part
 
 
 def test_keys_the_topology_does_not_carry_are_refused() -> None:

@@ -176,8 +176,9 @@ def stop_and_fail(protocol: str) -> list[str]:
     return seen
 
 
-def test_an_exhausted_or_failing_source_stops_every_rank_of_its_group() -> None:
-    assert run_distributed(stop_and_fail, 2, "packed") == [
+@pytest.mark.parametrize("protocol", ["packed", "per_tensor"])
+def test_an_exhausted_or_failing_source_stops_every_rank_of_its_group(protocol: str) -> None:
+    assert run_distributed(stop_and_fail, 2, protocol) == [
         ["batch", "StopIteration", "BatchError"],
         ["batch", "StopIteration", "SourceError"],
     ]

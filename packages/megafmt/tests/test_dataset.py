@@ -145,6 +145,24 @@ def test_pickled_dataset_reopens_its_files(make_corpus, mmap):
     assert [clone[i].tolist() for i in range(len(clone))] == SEQUENCES
 
 
+def test_a_relative_prefix_pickles_absolute_and_reopens_the_same_corpus(
+    make_corpus, tmp_path, monkeypatch
+):
+    # two folders holding a corpus of the same name: the clone is unpickled in the other one,
+    # as a spawn or forkserver worker started in another working directory would
+    for name, documents in (("a", DOCUMENTS), ("b", [[[99]]])):
+        (tmp_path / name).mkdir()
+        make_corpus(documents, name=f"{name}/corpus")
+    monkeypatch.chdir(tmp_path / "a")
+    dataset = IndexedDataset("corpus")
+    assert dataset.path_prefix == str(tmp_path / "a" / "corpus")
+    pickled = pickle.dumps(dataset)
+    monkeypatch.chdir(tmp_path / "b")
+    clone = pickle.loads(pickled)
+    assert clone.path_prefix == str(tmp_path / "a" / "corpus")
+    assert [clone[i].tolist() for i in range(len(clone))] == SEQUENCES
+
+
 def _sum_in_worker(dataset):
     return [int(dataset[i].sum()) for i in range(len(dataset))]
 

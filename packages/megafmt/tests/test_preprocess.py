@@ -117,6 +117,25 @@ def test_inputs_gzip_zstd_globs_and_directories(tmp_path):
         run(tmp_path, str(tmp_path / "missing.jsonl"), **NULL)
 
 
+def test_an_existing_file_named_like_a_glob_is_read_as_that_file(tmp_path):
+    # "data[1].jsonl" also reads as a pattern matching "data1.jsonl"
+    named = write_jsonl(tmp_path / "data[1].jsonl", [{"text": "7"}])
+    write_jsonl(tmp_path / "data1.jsonl", [{"text": "8"}])
+    assert documents(run(tmp_path, named, **NULL).outputs["text"]) == [[[7]]]
+    # a name that does not exist is a pattern
+    pattern = str(tmp_path / "data[1-9].jsonl")
+    assert documents(run(tmp_path, pattern, output="p", **NULL).outputs["text"]) == [[[8]]]
+
+
+def test_the_input_rule_is_in_the_cli_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["preprocess", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "A file or directory of exactly that name wins over reading the name as a glob" in (
+        help_text
+    )
+
+
 BAD_LINES = [
     '{"text": "1"}',
     "not json",

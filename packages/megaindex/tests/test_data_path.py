@@ -224,3 +224,31 @@ def test_padding_and_negative_indices_in_batches(make_config, corpus, tmp_path, 
         )
         with pytest.raises(IndexError, match=f"sample -{len(dataset) + 1} out of range"):
             dataset[-len(dataset) - 1]
+
+
+def test_relative_prefixes_and_caches_pickle_absolute(make_config, tmp_path, monkeypatch):
+    # the same relative names in two folders, different corpora: a copy unpickled in the other
+    # folder (a spawn or forkserver worker's working directory) reads its own corpus and tables
+    datasets = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        for part in ("one", "two"):
+            write_corpus(part, documents=80, seed=seed + 10 * (part == "two"))
+        config = make_config(
+            blend=(["one", "two"], [0.6, 0.4]), split="90,10,0", path_to_cache="cache"
+        )
+        datasets[name] = build(GPTDataset, config)[0]
+    indices = list(range(12))
+    first = datasets["a"]
+    assert isinstance(first, BlendedDataset)
+    expected = first.__getitems__(indices).collated
+    # built in "a", pickled and unpickled in "b"
+    pickled = [pickle.dumps(dataset) for dataset in (first, first.datasets[0])]
+    blend, part = (pickle.loads(data) for data in pickled)
+    assert_batches_equal(blend.__getitems__(indices).collated, expected)
+    assert part.dataset.path_prefix == str(tmp_path / "a" / "one")
+    assert torch.equal(part[0]["tokens"], first.datasets[0][0]["tokens"])
+    assert not torch.equal(
+        datasets["b"].__getitems__(indices).collated["tokens"], expected["tokens"]
+    )

@@ -217,8 +217,8 @@ def test_cyclic_with_sharding_refuses_another_data_parallel_size():
     )
     with pytest.raises(
         SamplerError,
-        match="cannot resume at data_parallel_size 4 a run saved "
-        "at 2: each rank shuffles its own bucket",
+        match="saved with data_parallel_size=2, this loader has data_parallel_size=4: pass "
+        "reshard=True",
     ):
         other.load_state_dict(saved)
     with pytest.raises(SamplerError, match="saved over 64 samples, this dataset holds 10"):

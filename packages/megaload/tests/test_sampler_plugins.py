@@ -121,8 +121,14 @@ def test_a_registered_sampler_builds_iterates_saves_and_resumes(registered, work
     again.load_state_dict(state)
     assert firsts(again) == [[8, 10], [12, 14]]
     wider = build_pretraining_data_loader(Rows(16), 0, replace(config, data_parallel_size=2))
-    with pytest.raises(ResumeError, match="every_other: data_parallel_size 1 was saved, 2 is"):
+    with pytest.raises(ResumeError, match="saved with data_parallel_size=1, this loader has da"):
         wider.load_state_dict(state)
+    # a re-shard asks the sampler, which does not implement Reshardable
+    with pytest.raises(ResumeError, match="'every_other' sampler cannot re-shard a run .* does "):
+        wider.load_state_dict(state, reshard=True)
+    # where the layout agrees, the sampler's own rules still decide
+    with pytest.raises(ResumeError, match="every_other: data_parallel_size 2 was saved, 1 is"):
+        again.load_state_dict({**state, "sampler_state": {"data_parallel_size": 2}})
 
 
 def test_a_plugin_that_builds_no_batch_sampler_is_named(registered):

@@ -8,10 +8,18 @@ group, pruned to what the rank's pipeline stage needs, and a context-parallel pa
 from importlib.metadata import version
 
 from megadist.broadcast import PROTOCOLS, broadcast_batch
-from megadist.errors import BatchError, MegadistError, PartitionError, SourceError, TopologyError
+from megadist.errors import (
+    AgreementError,
+    BatchError,
+    CollectiveError,
+    MegadistError,
+    PartitionError,
+    SourceError,
+    TopologyError,
+)
 from megadist.get_batch import get_batch
 from megadist.keys import BATCH_KEYS, METADATA_KEYS, Batch
-from megadist.layout import ParallelLayout, build_parallel_groups
+from megadist.layout import DEFAULT_TIMEOUT, ParallelLayout, build_parallel_groups
 from megadist.partition import (
     CP_PARTITIONERS,
     thd_partitioned_indices,
@@ -25,11 +33,14 @@ __version__ = version("megadist")
 __all__ = [
     "BATCH_KEYS",
     "CP_PARTITIONERS",
+    "DEFAULT_TIMEOUT",
     "METADATA_KEYS",
     "PROTOCOLS",
+    "AgreementError",
     "Batch",
     "BatchError",
     "BatchTopology",
+    "CollectiveError",
     "MegadistError",
     "ParallelLayout",
     "PartitionError",

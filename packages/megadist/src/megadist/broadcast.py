@@ -1,29 +1,34 @@
 """``broadcast_batch``: the TP source's micro-batch, copied to every rank of its TP group.
 
-Two wire protocols give the same tensors:
+Before any data moves, the ranks of the group agree on what is sent (``megadist.agreement``: one
+all-reduce of a small fixed-size header carrying each rank's description of the micro-batch and
+the source's status), so ranks configured differently all raise the same ``AgreementError``
+instead of exchanging garbage, and a source whose loader is exhausted or whose batch is
+malformed stops the others at once. Then one of two wire protocols gives the same tensors:
 
 - ``per_tensor``: Megatron's get_batch_on_this_tp_rank, one broadcast per tensor and two per
   packed-sequence boundary tensor (its length, then its values): 2 to 10 collectives.
-- ``packed``: the micro-batch's tensors in one flat byte buffer behind a small header, one
-  collective. Boundaries get their largest possible size (seq_length + 1 entries) so the
-  buffer size is known in advance. An attention mask ([mbs, 1, S, S], larger than everything
-  else together) follows in a second broadcast of its own, because copying it into the buffer
-  costs more than the broadcast it saves. The header also carries the source's status: when
-  the source's loader is exhausted or its batch is malformed, the other ranks raise too
-  instead of waiting for a broadcast that never comes.
+- ``packed``: the micro-batch's tensors in one flat byte buffer, one collective. Boundaries get
+  their largest possible size (seq_length + 1 entries) so the buffer size is known in advance
+  (and agreed on); their real lengths come with the header. An attention mask ([mbs, 1, S, S],
+  larger than everything else together) follows in a second broadcast of its own, because
+  copying it into the buffer costs more than the broadcast it saves.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 
-from megadist.errors import BatchError, SourceError
+from megadist import collectives
+from megadist.agreement import EXHAUSTED, FAILED, Description, agree, boundary_counts
+from megadist.errors import BatchError
 from megadist.keys import BATCH_KEYS, BOUNDARY_KEYS, KEY_DTYPES
 from megadist.payload import boundary_capacity, fixed_shapes, prepare_source_batch
 from megadist.topology import BatchTopology
@@ -31,16 +36,15 @@ from megadist.topology import BatchTopology
 Protocol = Literal["packed", "per_tensor"]
 PROTOCOLS: tuple[str, ...] = ("packed", "per_tensor")
 
-#: header status codes of the packed protocol
-OK, FAILED, EXHAUSTED = 0, 1, 2
-_HEADER = 4  # int64: status, number of cu_seqlens, number of cu_seqlens_padded, message bytes
 _ALIGN = 8
 #: sent after the packed buffer by themselves, without a copy (their size is O(S^2))
 _UNPACKED = ("attention_mask",)
+#: a source's payload: the keys its position needs, as tensors (None: an absent boundary)
+Payload = dict[str, torch.Tensor | None]
 
 
 def _broadcast(tensor: torch.Tensor, topology: BatchTopology) -> None:
-    dist.broadcast(tensor, src=topology.tp_src_rank, group=topology.tp_group)
+    collectives.broadcast(tensor, topology.tp_src_rank, topology.tp_group, "TP")
 
 
 def check_protocol(protocol: str) -> None:
@@ -70,8 +74,8 @@ class _Section:
 def _layout(
     topology: BatchTopology, shapes: dict[str, tuple[int, ...]]
 ) -> tuple[list[_Section], int]:
-    """The packed buffer's sections after the header, and its size in bytes."""
-    offset = _HEADER * 8
+    """The packed buffer's sections, and its size in bytes."""
+    offset = 0
     sections = []
     for key in topology.payload_keys:
         if key in _UNPACKED:
@@ -83,49 +87,46 @@ def _layout(
     return sections, offset
 
 
+@functools.lru_cache(maxsize=256)
+def describe(
+    topology: BatchTopology, protocol: str, split: str | None, transfers: bool
+) -> Description:
+    """What this rank sends or expects with ``topology`` and ``protocol``, the source having
+    applied the built-in CP ``split`` (None: none), the call moving data or not (``transfers``).
+    Computed once per distinct topology: a new but equal topology per call costs a lookup."""
+    shapes = fixed_shapes(topology, split)
+    _, size = _layout(topology, shapes)
+    sent = [(key, shapes.get(key), str(KEY_DTYPES[key])) for key in topology.payload_keys]
+    digest = hashlib.blake2b(repr(sent).encode(), digest_size=7).digest()
+    return Description.of(
+        topology, PROTOCOLS, protocol, split, transfers, size, int.from_bytes(digest, "little")
+    )
+
+
 def _send_packed(
     payload: Mapping[str, torch.Tensor | None],
     topology: BatchTopology,
     shapes: dict[str, tuple[int, ...]],
-    status: int = OK,
-    message: str = "",
 ) -> None:
     sections, size = _layout(topology, shapes)
     buffer = torch.empty(size, dtype=torch.uint8, device=topology.device)  # padding unread
-    header = buffer[: _HEADER * 8].view(torch.int64)
-    text = message.encode("utf-8")[: size - _HEADER * 8]
-    values = [status, 0, 0, len(text)]
-    if status == OK:
-        for section in sections:
-            tensor = payload[section.key]
-            if tensor is None:
-                continue
-            if section.key in BOUNDARY_KEYS:
-                values[1 + BOUNDARY_KEYS.index(section.key)] = tensor.numel()
+    for section in sections:
+        tensor = payload[section.key]
+        if tensor is not None:
             section.view(buffer, tuple(tensor.shape)).copy_(tensor)
-    else:
-        buffer[_HEADER * 8 : _HEADER * 8 + len(text)] = torch.tensor(list(text), dtype=torch.uint8)
-    header.copy_(torch.tensor(values, dtype=torch.int64))
     _broadcast(buffer, topology)
-    if status == OK:
-        for key in _UNPACKED:
-            if key in topology.payload_keys:
-                _broadcast(payload[key].contiguous(), topology)
+    for key in _UNPACKED:
+        if key in topology.payload_keys:
+            _broadcast(payload[key].contiguous(), topology)
 
 
 def _receive_packed(
-    topology: BatchTopology, shapes: dict[str, tuple[int, ...]]
-) -> dict[str, torch.Tensor | None]:
+    topology: BatchTopology, shapes: dict[str, tuple[int, ...]], counts: tuple[int, int]
+) -> Payload:
     sections, size = _layout(topology, shapes)
     buffer = torch.empty(size, dtype=torch.uint8, device=topology.device)
     _broadcast(buffer, topology)
-    status, *counts, length = buffer[: _HEADER * 8].view(torch.int64).tolist()
-    if status == EXHAUSTED:
-        raise StopIteration
-    if status != OK:
-        text = bytes(buffer[_HEADER * 8 : _HEADER * 8 + length].tolist()).decode("utf-8", "replace")
-        raise SourceError(f"TP source rank {topology.tp_src_rank} could not send its batch: {text}")
-    batch: dict[str, torch.Tensor | None] = dict.fromkeys(BATCH_KEYS)
+    batch: Payload = dict.fromkeys(BATCH_KEYS)
     for section in sections:
         if section.key in BOUNDARY_KEYS:
             count = counts[BOUNDARY_KEYS.index(section.key)]
@@ -168,42 +169,44 @@ def _receive_per_tensor(
     return batch
 
 
-def send_payload(
-    payload: Mapping[str, torch.Tensor | None],
+def share_batch(
+    prepare: Callable[[], Payload],
     topology: BatchTopology,
-    shapes: dict[str, tuple[int, ...]],
     protocol: Protocol,
-) -> None:
-    """Broadcast a prepared payload (``prepare_source_batch``, maybe split by a built-in
-    partitioner) whose fixed keys have ``shapes``. Source side; the ranks waiting in
-    ``receive_payload`` must pass the same ``shapes`` and ``protocol``."""
-    if protocol == "packed":
-        _send_packed(payload, topology, shapes)
-    else:
-        _send_per_tensor(payload, topology)
-
-
-def send_failure(
-    topology: BatchTopology,
-    shapes: dict[str, tuple[int, ...]],
-    protocol: Protocol,
-    error: BaseException,
-) -> None:
-    """Tell the waiting ranks that no batch comes: they raise ``StopIteration`` if ``error`` is
-    one, else ``SourceError`` with its message. Only the packed protocol can carry this; with
-    ``per_tensor`` the other ranks wait until the group's timeout, as in Megatron."""
-    if protocol == "packed":
+    *,
+    split: str | None = None,
+    transfers: bool = True,
+) -> Payload:
+    """The source's payload on every rank of its TP group: the source calls ``prepare`` (its
+    payload of ``topology.payload_keys``, CP-split by the built-in ``split`` when one is named,
+    so in the shapes ``fixed_shapes(topology, split)`` gives), the group agrees, then the source
+    sends and the others receive. ``transfers`` False: the call moves no data (a middle pipeline
+    stage), but the group still agrees that it does not. Nothing is exchanged in a TP group of
+    one."""
+    if topology.tp_size == 1:
+        return prepare() if transfers else {}
+    description = describe(topology, protocol, split, transfers)
+    shapes = fixed_shapes(topology, split)
+    if not topology.is_source:
+        counts = agree(topology, description, PROTOCOLS)
+        if not transfers:
+            return {}
+        if protocol == "packed":
+            return _receive_packed(topology, shapes, counts)
+        return _receive_per_tensor(topology, shapes)
+    try:
+        payload = prepare() if transfers else {}
+    except Exception as error:  # the waiting ranks must hear of it, whatever it is
         status = EXHAUSTED if isinstance(error, StopIteration) else FAILED
-        _send_packed({}, topology, shapes, status, f"{type(error).__name__}: {error}")
-
-
-def receive_payload(
-    topology: BatchTopology, shapes: dict[str, tuple[int, ...]], protocol: Protocol
-) -> dict[str, torch.Tensor | None]:
-    """The source's payload, on a rank other than the source."""
-    if protocol == "packed":
-        return _receive_packed(topology, shapes)
-    return _receive_per_tensor(topology, shapes)
+        message = f"{type(error).__name__}: {error}"
+        agree(topology, description, PROTOCOLS, status=status, message=message)
+        raise
+    agree(topology, description, PROTOCOLS, counts=boundary_counts(payload))
+    if transfers and protocol == "packed":
+        _send_packed(payload, topology, shapes)
+    elif transfers:
+        _send_per_tensor(payload, topology)
+    return payload
 
 
 def broadcast_batch(
@@ -216,21 +219,16 @@ def broadcast_batch(
     the other TP ranks pass None, and every rank gets the same dict of ``BATCH_KEYS``: the keys
     its pipeline position needs (``topology.payload_keys``) as tensors on the topology's device,
     the others None (the source's too, unlike Megatron, so a TP group agrees on what it holds).
+    Ranks whose topologies or protocols differ raise ``AgreementError``; when the source's
+    batch is malformed it raises ``BatchError`` and the others ``SourceError``.
     """
     check_protocol(protocol)
-    if not topology.payload_keys:
-        return dict.fromkeys(BATCH_KEYS)
-    shapes = fixed_shapes(topology)
-    if not topology.is_source:
-        return receive_payload(topology, shapes, protocol)
-    try:
-        payload = prepare_source_batch(_require(batch, topology), topology)
-    except Exception as error:  # the waiting ranks must hear of it, whatever it is
-        if topology.tp_size > 1:
-            send_failure(topology, shapes, protocol, error)
-        raise
-    if topology.tp_size > 1:
-        send_payload(payload, topology, shapes, protocol)
+    payload = share_batch(
+        lambda: prepare_source_batch(_require(batch, topology), topology),
+        topology,
+        protocol,
+        transfers=topology.reads_data,
+    )
     return complete(payload)
 
 

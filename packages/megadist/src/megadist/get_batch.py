@@ -1,7 +1,8 @@
 """``get_batch``: the whole path from the data loader to the tensors one rank trains on.
 
 TP rank 0 of each TP group takes the next micro-batch from its loader and moves it to the
-device; the group shares it with one broadcast (``broadcast_batch``), each rank keeps its
+device; the group agrees on what moves, then shares it in one broadcast (two with an attention
+mask; ``megadist.broadcast``), each rank keeps its
 context-parallel share, and the tensors come back in ``BATCH_KEYS`` order with the loader's
 extra keys (``dataset_id``) dropped: Megatron-LM's pretrain_gpt.get_batch.
 
@@ -15,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from megadist.broadcast import Protocol, check_protocol, receive_payload, send_failure, send_payload
+from megadist.broadcast import Protocol, check_protocol, share_batch
 from megadist.errors import BatchError, TopologyError
 from megadist.keys import BOUNDARY_KEYS, Batch
 from megadist.partition import CP_PARTITIONERS, LOCAL_SPLITS
-from megadist.payload import fixed_shapes, prepare_source_batch
+from megadist.payload import prepare_source_batch
 from megadist.topology import BatchTopology
 
 
@@ -39,8 +40,11 @@ def get_batch(
     packed sequences only their boundaries (``cu_seqlens``, ``cu_seqlens_padded``,
     ``max_seqlen``, unsplit); the others get what their rank's stage gets.
 
-    When the source's loader is exhausted, every rank of the group raises ``StopIteration``
-    (packed protocol); when its batch is malformed, the source raises ``BatchError`` and the
+    The ranks of a TP group first agree on what moves (``megadist.agreement``): ranks built
+    or called differently (sequence length, micro-batch size, attention mask, packed sequences,
+    protocol, pipeline stage, vp_stage) all raise ``AgreementError`` naming the fields and
+    ranks. When the source's loader is exhausted, every rank of the group raises
+    ``StopIteration``; when its batch is malformed, the source raises ``BatchError`` and the
     others ``SourceError`` naming it.
     """
     check_protocol(protocol)
@@ -50,31 +54,26 @@ def get_batch(
             f"get_batch needs the asking chunk's vp_stage"
         )
     at_an_end = topology.mtp_on_this_rank or topology.chunk_at_an_end(vp_stage)
-    if not topology.reads_data or not (at_an_end or topology.packed_sequences):
-        return Batch.from_mapping({})
+    transfers = topology.reads_data and (at_an_end or topology.packed_sequences)
     split = None
-    if topology.cp_size > 1:
+    if topology.cp_size > 1 and transfers:
         split = CP_PARTITIONERS.get(topology.partitioner_name)
     split_first = split is not None and split in LOCAL_SPLITS
-    shapes = fixed_shapes(topology, LOCAL_SPLITS[split] if split_first else None)
-    if topology.is_source:
-        try:
-            if data_iterator is None:
-                raise BatchError(
-                    f"TP rank 0 (global rank {topology.tp_src_rank}) reads the data and needs a "
-                    f"data iterator, not None"
-                )
-            payload = prepare_source_batch(next(data_iterator), topology)
-            if split_first:
-                payload = split(payload, topology.cp_rank, topology.cp_size)
-        except Exception as error:  # the waiting ranks must hear of it, whatever it is
-            if topology.tp_size > 1:
-                send_failure(topology, shapes, protocol, error)
-            raise
-        if topology.tp_size > 1:  # built-in splits give the announced shapes by construction
-            send_payload(payload, topology, shapes, protocol)
-    else:
-        payload = receive_payload(topology, shapes, protocol)
+
+    def prepare() -> dict:
+        if data_iterator is None:
+            raise BatchError(
+                f"TP rank 0 (global rank {topology.tp_src_rank}) reads the data and needs a "
+                f"data iterator, not None"
+            )
+        payload = prepare_source_batch(next(data_iterator), topology)
+        # built-in splits give the agreed shapes by construction
+        return split(payload, topology.cp_rank, topology.cp_size) if split_first else payload
+
+    local = LOCAL_SPLITS[split] if split_first else None
+    payload = share_batch(prepare, topology, protocol, split=local, transfers=transfers)
+    if not transfers:
+        return Batch.from_mapping({})
     if not at_an_end:
         return Batch.from_mapping({key: payload.get(key) for key in (*BOUNDARY_KEYS, "max_seqlen")})
     if split is not None and not split_first:

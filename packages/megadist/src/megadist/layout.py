@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -19,6 +20,9 @@ from megadist.topology import BatchTopology, PipelinePosition
 
 #: the layout's dimensions, innermost first
 DIMENSIONS = ("tp", "cp", "dp", "pp")
+#: how long a collective of a group waits for a peer: Megatron-LM's
+#: ``--distributed-timeout-minutes`` default (10 minutes at the seed commit)
+DEFAULT_TIMEOUT = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class ParallelLayout:
     sizes: dict[str, int]
     coordinates: dict[str, int]
     groups: dict[str, dist.ProcessGroup]
+    timeout: timedelta = DEFAULT_TIMEOUT
+    """how long each group's collectives wait for a peer before failing"""
 
     @property
     def pipeline_position(self) -> PipelinePosition:
@@ -66,12 +72,28 @@ def coordinates_of(rank: int, sizes: dict[str, int]) -> dict[str, int]:
     return coordinates
 
 
+def as_timeout(timeout: timedelta | float) -> timedelta:
+    """``timeout`` (a timedelta, or seconds) as a positive timedelta."""
+    value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    if value <= timedelta(0):
+        raise TopologyError(f"a group timeout must be positive, found {value}")
+    return value
+
+
 def build_parallel_groups(
-    tp: int = 1, cp: int = 1, pp: int = 1, dp: int | None = None
+    tp: int = 1,
+    cp: int = 1,
+    pp: int = 1,
+    dp: int | None = None,
+    *,
+    timeout: timedelta | float = DEFAULT_TIMEOUT,
 ) -> ParallelLayout:
     """Create every tensor-, context-, data- and pipeline-parallel group of the default world
     and return this rank's. Every rank must call it (``new_group`` is collective). ``dp`` None
-    takes what the world size leaves."""
+    takes what the world size leaves. Each group's collectives wait at most ``timeout`` (a
+    timedelta or seconds; Megatron's default, 10 minutes) for a peer: a stalled peer ends in a
+    ``CollectiveError`` naming the group and the ranks, not in torch's 30 minute wait."""
+    timeout = as_timeout(timeout)
     world = dist.get_world_size()
     if min(tp, cp, pp, 1 if dp is None else dp) < 1:
         raise TopologyError(
@@ -97,7 +119,7 @@ def build_parallel_groups(
                 rank_of({**dict(zip(others, fixed, strict=True)), name: index}, sizes)
                 for index in range(sizes[name])
             ]
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=timeout)
             if dist.get_rank() in ranks:
                 groups[name] = group
-    return ParallelLayout(sizes=sizes, coordinates=me, groups=groups)
+    return ParallelLayout(sizes=sizes, coordinates=me, groups=groups, timeout=timeout)

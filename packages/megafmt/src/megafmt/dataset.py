@@ -43,7 +43,9 @@ class IndexedDataset:
     ``.idx`` header, trusting the counts given.
 
     A dataset pickles as its arguments and reopens its files when unpickled, so each DataLoader
-    worker maps the files itself.
+    worker maps the files itself. A local ``path_prefix`` is made absolute when the dataset is
+    opened (``path_prefix`` reads it so), so an unpickled copy reads the same corpus whatever its
+    working directory.
     """
 
     def __init__(
@@ -71,7 +73,9 @@ class IndexedDataset:
         if object_storage_config is not None:
             options.setdefault("object_storage_config", object_storage_config)
         self._arguments = {
-            "path_prefix": path_prefix,
+            # absolute: a worker started by spawn or forkserver in another working directory
+            # reopens the same corpus
+            "path_prefix": path_prefix if is_url(path_prefix) else os.path.abspath(path_prefix),
             "multimodal": multimodal,
             "mmap": mmap,
             "fast_cache_load": fast_cache_load,

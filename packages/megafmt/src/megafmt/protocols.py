@@ -42,6 +42,10 @@ blend by delegating to its parts):
 ``SplitMember`` and ``BlendSplitMember``
     the split a dataset serves, under megatron-core's two names for it (``index_split`` on its
     mid-level datasets, ``split`` on its blends); :func:`split_name` reads either.
+``DescribedDataset``
+    ``unique_description_hash``: the digest of what defines the dataset's samples (its cache
+    description's md5, in megatron-core's and megaindex's datasets), which a loader records in
+    its resume state so that a state is never restored over other data.
 
 Tokenizers:
 
@@ -239,6 +243,14 @@ class BlendSplitMember(Protocol):
     split: Any
 
 
+@runtime_checkable
+class DescribedDataset(Protocol):
+    """A dataset that names its samples by a digest (megatron-core's datasets: the md5 of their
+    cache description); equal digests mean the same samples in the same order."""
+
+    unique_description_hash: str
+
+
 def split_name(dataset: object) -> str | None:
     """The name of the split ``dataset`` serves (``"train"``, ``"valid"``, ``"test"``), read
     from megatron-core's ``split`` (blends) or ``index_split``; None when it declares none."""
@@ -276,6 +288,7 @@ __all__ = [
     "BlendSplitMember",
     "CollatedBatch",
     "ConversationSource",
+    "DescribedDataset",
     "EpochAware",
     "MappedTokenSource",
     "PlannedBatch",

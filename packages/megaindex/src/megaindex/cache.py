@@ -68,7 +68,10 @@ class CacheEntry:
         split: str,
         tables: tuple[str, ...],
     ) -> CacheEntry:
-        return cls(directory, f"{description_hash}-{class_name}-{split}", tables)
+        """The entry of a dataset's tables in ``directory``, made absolute: a dataset pickled
+        into a worker in another working directory maps the same files."""
+        base = f"{description_hash}-{class_name}-{split}"
+        return cls(os.path.abspath(directory), base, tables)
 
     def path(self, affix: str) -> str:
         return os.path.join(self.directory, f"{self.base}-{affix}")

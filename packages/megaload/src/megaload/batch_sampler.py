@@ -7,7 +7,9 @@ run stands (samples consumed by all ranks together, as Megatron-LM counts them),
 loader's :class:`~megaload.config.DataLoaderConfig` as it applies to the dataset's split (its
 ``micro_batch_size`` is the split's). What it builds carries its own resume rules: the loader
 records ``resume_state()`` in its state dict and, given a saved state, asks ``check_resume`` of
-the sampler it would continue with.
+the sampler it would continue with. A sampler that can also continue a run saved at another
+micro-batch or data-parallel layout, exactly, implements :class:`Reshardable`; the loader asks
+it only when the user asks for a re-shard (``load_state_dict(state, reshard=True)``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ class BatchSampler(Protocol):
     def check_resume(self, saved: Mapping[str, Any]) -> None:
         """Raise :class:`~megaload.errors.ResumeError`, naming the field, if this sampler cannot
         continue exactly where one whose ``resume_state()`` was ``saved`` stopped."""
+        ...
+
+
+@runtime_checkable
+class Reshardable(Protocol):
+    """A batch sampler that continues, exactly, a run saved at another layout."""
+
+    def reshard(self, saved: Mapping[str, Any], consumed_samples: int) -> int:
+        """Where this sampler continues a run whose sampler's ``resume_state()`` was ``saved``
+        and which stopped at ``consumed_samples`` (the saved sampler's count): the count in this
+        sampler's layout from which every sample not yet read in the current epoch comes once
+        and none read comes again. Raise :class:`~megaload.errors.ResumeError`, naming the
+        field, where no such point exists."""
         ...
 
 

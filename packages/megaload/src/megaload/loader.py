@@ -4,8 +4,16 @@ The loader is a torch DataLoader over one of the batch samplers (built by name b
 ``megaload.samplers`` plugin, see ``megaload.batch_sampler``), wrapped so that it counts the
 samples it has handed out (globally, as Megatron-LM counts ``consumed_train_samples``) and
 exposes ``state_dict()``/``load_state_dict()`` (torchdata's StatefulDataLoader protocol).
-Loading a state continues on exactly the next sample, at another data-parallel size where the
-sampler's resume rules allow it (the sequential sampler's always do).
+Loading a state continues on exactly the next sample.
+
+The state records everything that defines the order of the samples: the sampler and its
+options, the layout (micro-batch and global batch size, data-parallel size and rank) and the
+dataset (its length and, for a dataset that declares one, its digest:
+``megafmt.protocols.DescribedDataset``). A state restored into a loader that differs in any of
+them is refused naming the field, unless the user asks for a re-shard
+(``load_state_dict(state, reshard=True)``), which lets only the layout change and only where the
+sampler continues exactly (:class:`~megaload.batch_sampler.Reshardable`): no sample of the
+epoch twice, none skipped.
 """
 
 from __future__ import annotations
@@ -19,8 +27,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from megafmt.protocols import PlannedPrefetch, split_name
-from megaload.batch_sampler import build_batch_sampler
+from megafmt.protocols import DescribedDataset, PlannedPrefetch, split_name
+from megaload.batch_sampler import Reshardable, build_batch_sampler
 from megaload.config import EXTERNAL, DataLoaderConfig
 from megaload.errors import ResumeError
 from megaload.planned import PlannedBatchSampler
@@ -28,8 +36,23 @@ from megaload.shared_batches import Collate, SlotReader, available
 
 logger = logging.getLogger(__name__)
 
-#: 2: the sampler's own resume fields moved under ``sampler_state`` (1 is still read)
-STATE_VERSION = 2
+#: 2: the sampler's own resume fields moved under ``sampler_state``; 3: the ``layout``,
+#: ``options`` and ``dataset_digest`` that define the order (1 and 2 are still read)
+STATE_VERSION = 3
+#: the configuration fields of the layout, which a re-shard may change
+LAYOUT_FIELDS = (
+    "micro_batch_size",
+    "global_batch_size",
+    "data_parallel_size",
+    "data_parallel_rank",
+)
+#: the sampler options that define the order, which no resume may change
+OPTION_FIELDS = ("data_sharding", "drop_last", "pad_last_batch", "balanced", "seed")
+
+
+def dataset_digest(dataset: Any) -> str | None:
+    """The digest a dataset declares for its samples, or None."""
+    return dataset.unique_description_hash if isinstance(dataset, DescribedDataset) else None
 
 
 def close_gpu_descriptors(worker_id: int) -> None:
@@ -106,59 +129,128 @@ class MegatronDataLoader:
                 slots.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: enough to continue on exactly the next sample, and what
-        its sampler needs a resume to agree with (``sampler_state``)."""
+        """Where the loader stands: enough to continue on exactly the next sample, everything
+        that defines the order, and what its sampler needs a resume to agree with
+        (``sampler_state``)."""
         return {
             "version": STATE_VERSION,
             "sampler": self.config.dataloader_type,
             "consumed_samples": self.consumed_samples,
             "total_samples": len(self.dataset),
+            "dataset_digest": dataset_digest(self.dataset),
+            "layout": self._fields(LAYOUT_FIELDS),
+            "options": self._fields(OPTION_FIELDS),
             "sampler_state": self.batch_sampler.resume_state(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (as ``state_dict()`` returned it, possibly in another process
-        and at another size where the sampler's resume rules allow)."""
+    def _fields(self, names: tuple[str, ...]) -> dict[str, Any]:
+        return {name: getattr(self.config, name) for name in names}
+
+    def load_state_dict(self, state: Mapping[str, Any], *, reshard: bool = False) -> None:
+        """Continue from ``state`` (as ``state_dict()`` returned it, possibly in another
+        process). A loader that differs from the saver in any recorded field is refused, naming
+        it; with ``reshard=True`` the layout (micro-batch, global batch and data-parallel size
+        and rank) may differ where the sampler continues exactly, from a point its ``reshard``
+        gives (in this layout's count, which ``state_dict()`` records from then on)."""
         if state.get("version") == 1:
-            state = self._upgraded(state)
+            state = self._upgraded_from_1(state)
+        if state.get("version") == 2:
+            state = self._upgraded_from_2(state)
         if state.get("version") != STATE_VERSION:
             raise ResumeError(
                 f"loader state version {state.get('version')!r} is not {STATE_VERSION}"
             )
+        self._check_same_data(state)
+        for field in OPTION_FIELDS:
+            self._check_field(state["options"], field, "the samples would come in another order")
+        consumed = int(state["consumed_samples"])
+        changed = [f for f in LAYOUT_FIELDS if state["layout"][f] != getattr(self.config, f)]
+        if changed and not reshard:
+            self._check_field(
+                state["layout"],
+                changed[0],
+                "pass reshard=True to continue the run at this layout where the sampler can "
+                "do so exactly",
+            )
+        if changed:
+            if not isinstance(self.batch_sampler, Reshardable):
+                raise ResumeError(
+                    f"the {self.config.dataloader_type!r} sampler cannot re-shard a run (it "
+                    f"does not implement megaload.batch_sampler.Reshardable); resume at the "
+                    f"saved layout {state['layout']}"
+                )
+            consumed = self.batch_sampler.reshard(state["sampler_state"], consumed)
+        else:
+            self.batch_sampler.check_resume(state["sampler_state"])
+        self.consumed_samples = consumed
+        self.loader = self._build(self.consumed_samples)
+
+    def _check_same_data(self, state: Mapping[str, Any]) -> None:
         if state["total_samples"] != len(self.dataset):
             raise ResumeError(
                 f"the state was saved over {state['total_samples']} samples, this dataset holds "
                 f"{len(self.dataset)}: it is not the same dataset"
+            )
+        saved, mine = state["dataset_digest"], dataset_digest(self.dataset)
+        if saved is not None and mine is not None and saved != mine:
+            raise ResumeError(
+                f"the state was saved over the dataset of digest {saved}, this dataset's is "
+                f"{mine} (unique_description_hash): it holds other samples or another order"
             )
         if state["sampler"] != self.config.dataloader_type:
             raise ResumeError(
                 f"the state was saved by the {state['sampler']!r} sampler, this loader uses "
                 f"{self.config.dataloader_type!r}"
             )
-        self.batch_sampler.check_resume(state["sampler_state"])
-        self.consumed_samples = int(state["consumed_samples"])
-        self.loader = self._build(self.consumed_samples)
 
-    def _upgraded(self, state: Mapping[str, Any]) -> dict[str, Any]:
+    def _check_field(self, saved: Mapping[str, Any], field: str, why: str) -> None:
+        mine = getattr(self.config, field)
+        if saved[field] != mine:
+            raise ResumeError(
+                f"the state was saved with {field}={saved[field]!r}, this loader has "
+                f"{field}={mine!r}: {why}"
+            )
+
+    def _upgraded_from_1(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """A version-1 state (no ``sampler_state``; the sampler's layout at the top level) as
         version 2: what it recorded is checked, what it did not record is taken as this
         sampler's, with a warning naming it."""
         mine = self.batch_sampler.resume_state()
         recorded = {field: state[field] for field in mine if field in state}
-        unknown = sorted(set(mine) - set(recorded))
-        if unknown:
-            logger.warning(
-                "the loader state (version 1) does not record %s; resuming as if they were "
-                "this loader's",
-                ", ".join(unknown),
-            )
+        self._warn_unrecorded(1, sorted(set(mine) - set(recorded)))
         return {
-            "version": STATE_VERSION,
+            "version": 2,
             "sampler": state.get("sampler"),
             "consumed_samples": state.get("consumed_samples"),
             "total_samples": state.get("total_samples"),
             "sampler_state": {**mine, **recorded},
         }
+
+    def _upgraded_from_2(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A version-2 state (no layout, options or digest) as version 3: the layout and
+        options its sampler state recorded are checked, the others are taken as this loader's,
+        with a warning naming them."""
+        recorded = state["sampler_state"]
+        layout, options = self._fields(LAYOUT_FIELDS), self._fields(OPTION_FIELDS)
+        unknown = sorted(f for f in (*layout, *options) if f not in recorded)
+        self._warn_unrecorded(2, [*unknown, "dataset_digest"])
+        return {
+            **state,
+            "version": 3,
+            "dataset_digest": None,
+            "layout": {f: recorded.get(f, v) for f, v in layout.items()},
+            "options": {f: recorded.get(f, v) for f, v in options.items()},
+        }
+
+    @staticmethod
+    def _warn_unrecorded(version: int, fields: list[str]) -> None:
+        if fields:
+            logger.warning(
+                "the loader state (version %d) does not record %s; resuming as if they were "
+                "this loader's",
+                version,
+                ", ".join(fields),
+            )
 
 
 def build_pretraining_data_loader(

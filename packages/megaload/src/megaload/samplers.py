@@ -74,13 +74,17 @@ def _check_consumed(consumed_samples: int, total_samples: int) -> None:
 
 class _ResumesAnywhere:
     """The resume rules of a sampler that reads the dataset in its own order: a run continues
-    at any micro-batch and data-parallel size, so there is nothing to agree on."""
+    at any micro-batch and data-parallel size, so there is nothing to agree on, and a re-shard
+    continues at the same count."""
 
     def resume_state(self) -> dict[str, Any]:
         return {}
 
     def check_resume(self, saved: Mapping[str, Any]) -> None:
         return None
+
+    def reshard(self, saved: Mapping[str, Any], consumed_samples: int) -> int:
+        return consumed_samples
 
 
 class MegatronPretrainingSampler(_ResumesAnywhere):
@@ -240,20 +244,7 @@ class MegatronPretrainingRandomSampler:
         ``balanced``), over epochs of the same length shuffled by permutations of the same size;
         with data sharding also at the same data-parallel size, as each rank shuffles its own
         bucket. Without sharding another size resumes where those agree."""
-        mine = self.resume_state()
-        missing = [field for field in mine if field not in saved]
-        if missing:
-            raise ResumeError(
-                f"the saved sampler state lacks {', '.join(missing)}: it was not saved by the "
-                "cyclic sampler"
-            )
-        for field in ("data_sharding", "seed", "balanced"):
-            if saved[field] != mine[field]:
-                raise ResumeError(
-                    f"the state was saved by the cyclic sampler with {field}={saved[field]!r}, "
-                    f"this one has {field}={mine[field]!r}: the samples would come in another "
-                    "order"
-                )
+        mine = self._check_order(saved)
         if self.data_sharding and saved["data_parallel_size"] != self.data_parallel_size:
             raise ResumeError(
                 f"the cyclic sampler with data sharding cannot resume at data_parallel_size "
@@ -270,6 +261,52 @@ class MegatronPretrainingRandomSampler:
                     f"its {field} was {saved[field]}, here it is {mine[field]}, so the epochs "
                     "would be cut or shuffled differently"
                 )
+
+    def _check_order(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """This sampler's ``resume_state()``, after refusing a ``saved`` one of another sampler
+        or another order (``data_sharding``, ``seed``, ``balanced``)."""
+        mine = self.resume_state()
+        missing = [field for field in mine if field not in saved]
+        if missing:
+            raise ResumeError(
+                f"the saved sampler state lacks {', '.join(missing)}: it was not saved by the "
+                "cyclic sampler"
+            )
+        for field in ("data_sharding", "seed", "balanced"):
+            if saved[field] != mine[field]:
+                raise ResumeError(
+                    f"the state was saved by the cyclic sampler with {field}={saved[field]!r}, "
+                    f"this one has {field}={mine[field]!r}: the samples would come in another "
+                    "order"
+                )
+        return mine
+
+    def reshard(self, saved: Mapping[str, Any], consumed_samples: int) -> int:
+        """Exact in two cases. Where the epochs hold the same samples in the same permutation
+        (no data sharding, equal ``epoch_samples`` and ``permutation_size``) and the run stopped
+        on a whole global batch of this layout: at the same count. At the end of an epoch,
+        whatever the layout: the next epoch starts whole, at its first sample in this layout's
+        count. Anywhere else the samples read so far in the epoch depend on the saved layout:
+        refused, naming where the run stopped."""
+        mine = self._check_order(saved)
+        epoch, done = divmod(consumed_samples, saved["epoch_samples"])
+        if done == 0:
+            return epoch * mine["epoch_samples"]
+        same_epochs = all(saved[f] == mine[f] for f in ("epoch_samples", "permutation_size"))
+        whole_batches = done % self.micro_batch_times_data_parallel_size == 0
+        if same_epochs and not self.data_sharding and whole_batches:
+            return consumed_samples
+        raise ResumeError(
+            f"the cyclic sampler cannot re-shard exactly a run that stopped {done} samples into "
+            f"epoch {epoch} at micro_batch_size {saved['micro_batch_size']} x "
+            f"data_parallel_size {saved['data_parallel_size']} (epoch_samples "
+            f"{saved['epoch_samples']}, permutation_size {saved['permutation_size']}, "
+            f"data_sharding {saved['data_sharding']}) into micro_batch_size "
+            f"{self.micro_batch_size} x data_parallel_size {self.data_parallel_size} (epoch_samples"
+            f" {mine['epoch_samples']}, permutation_size {mine['permutation_size']}): re-shard at "
+            f"the end of an epoch (consumed_samples {(epoch + 1) * saved['epoch_samples']}), or "
+            "between layouts whose unsharded epochs agree"
+        )
 
     def _permutation(self, size: int, epoch: int) -> list[int]:
         generator = torch.Generator()

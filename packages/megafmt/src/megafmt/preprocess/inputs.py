@@ -50,9 +50,12 @@ class Chunk:
 
 def expand_input(spec: str) -> list[InputFile]:
     """The files ``--input`` names, sorted; an error when it names none. One listing gives
-    names, kinds and sizes (one request for a remote folder, not one per file)."""
+    names, kinds and sizes (one request for a remote folder, not one per file).
+
+    A name that exists is read as what it is, a file or a folder, even when it also reads as a
+    glob pattern (``data[1].jsonl``); only a name that does not exist is expanded as one."""
     fs, path = fsspec.core.url_to_fs(spec)
-    if glob.has_magic(path):
+    if glob.has_magic(path) and not fs.exists(path):
         found = fs.glob(path, detail=True)
     elif fs.isdir(path):
         found = {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(INPUT_SUFFIXES)}
