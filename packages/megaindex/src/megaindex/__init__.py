@@ -23,6 +23,7 @@ from megaindex.errors import (
     ConfigError,
     IndexBuildError,
     MegaindexError,
+    SampleReadError,
     StaleCacheError,
 )
 from megaindex.gpt_dataset import GPTDataset
@@ -51,6 +52,7 @@ __all__ = [
     "MegatronDataset",
     "MockGPTDataset",
     "MockGPTLowLevelDataset",
+    "SampleReadError",
     "Split",
     "StaleCacheError",
     "__version__",
