@@ -7,8 +7,8 @@ user who reads, writes or checks corpora needs none of it. The data path's Proto
 third parties implement, are public, in :mod:`megafmt.protocols`.
 """
 
-from megafmt.atomic import atomic_write, partial_path
-from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
+from megafmt.fingerprint import checksum, corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.mapping import map_file
 from megafmt.progress import Progress
 from megafmt.readers import is_url
@@ -19,6 +19,7 @@ __all__ = [
     "Progress",
     "Registry",
     "atomic_write",
+    "checksum",
     "corpus_fingerprint",
     "corpus_stat",
     "default_cache_dir",
@@ -26,4 +27,5 @@ __all__ = [
     "is_url",
     "map_file",
     "partial_path",
+    "remove_stale_partials",
 ]
