@@ -1,6 +1,6 @@
 """What megafmt lends the project's other packages (megaindex, megaload, megadist), apart from
 the format SDK: the plugin registry, progress reporting, atomic writes, read-only mappings,
-corpus fingerprints and URL helpers.
+corpus fingerprints, checksums, URL helpers and argparse types for the ``mega`` commands.
 
 Not part of the SDK's API (``megafmt``'s ``__all__``): it changes with those packages, and a
 user who reads, writes or checks corpora needs none of it. The data path's Protocols, which
@@ -8,6 +8,7 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 """
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
+from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.fingerprint import checksum, corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.mapping import map_file
 from megafmt.progress import Progress
@@ -26,6 +27,8 @@ __all__ = [
     "fingerprint_changes",
     "is_url",
     "map_file",
+    "non_negative_int",
     "partial_path",
+    "positive_int",
     "remove_stale_partials",
 ]

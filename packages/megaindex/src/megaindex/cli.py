@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy
 
+from megafmt.shared import non_negative_int, positive_int
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import get_train_valid_test_num_samples
@@ -62,8 +63,8 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the validation blend's datasets apart",
     )
     data.add_argument("--mid-level-dataset-surplus", type=float, default=0.005)
-    data.add_argument("--num-dataset-builder-threads", type=int, default=1)
-    data.add_argument("--seq-length", type=int, required=True, help="tokens per sample")
+    data.add_argument("--num-dataset-builder-threads", type=positive_int, default=1)
+    data.add_argument("--seq-length", type=positive_int, required=True, help="tokens per sample")
     data.add_argument("--seed", type=int, default=1234, help="random seed (Megatron: 1234)")
     data.add_argument("--cache-dir", help="path_to_cache (default: <prefix>/cache/...)")
     data.add_argument(
@@ -81,12 +82,12 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TRAIN[,VALID[,TEST]]",
         help="samples per split; an empty count builds one epoch",
     )
-    budget.add_argument("--train-iters", type=int)
-    budget.add_argument("--train-samples", type=int)
-    budget.add_argument("--global-batch-size", type=int)
-    budget.add_argument("--eval-interval", type=int)
-    budget.add_argument("--eval-iters", type=int, default=0)
-    budget.add_argument("--eval-global-batch-size", type=int)
+    budget.add_argument("--train-iters", type=non_negative_int)
+    budget.add_argument("--train-samples", type=non_negative_int)
+    budget.add_argument("--global-batch-size", type=positive_int)
+    budget.add_argument("--eval-interval", type=positive_int)
+    budget.add_argument("--eval-iters", type=non_negative_int, default=0)
+    budget.add_argument("--eval-global-batch-size", type=positive_int)
     budget.add_argument("--full-validation", action="store_true")
 
     tokenizer = parser.add_argument_group("tokenizer identity (it is part of the cache key)")
@@ -103,7 +104,7 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         help="the unique_identifiers of the job's tokenizer (with --eod and --vocab-size)",
     )
     tokenizer.add_argument("--eod", type=int, help="end-of-document id")
-    tokenizer.add_argument("--vocab-size", type=int, help="vocabulary size")
+    tokenizer.add_argument("--vocab-size", type=positive_int, help="vocabulary size")
 
 
 def _sizes(args: argparse.Namespace) -> list[int | None]:

@@ -41,6 +41,7 @@ from megaindex.cache import (
     table_specs,
 )
 from megaindex.errors import ConfigError, StaleCacheError
+from megaindex.memory import check_fits, table_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,14 @@ class TableRecipe(Protocol):
     def settings(self) -> dict[str, Any] | None:
         """The settings the tables depend on that the cache key leaves out, recorded in the
         sidecar and compared at load; None: no sidecar (the shapes are checked instead)."""
+        ...
+
+    where: str
+    """The dataset the tables belong to, for errors."""
+
+    def sizing(self) -> str:
+        """The settings (with their values) that set the tables' sizes, for an error when they
+        do not fit in memory."""
         ...
 
 
@@ -151,7 +160,13 @@ class CachedTables:
         return state
 
     def _build(self) -> dict[str, numpy.ndarray]:
-        built = self.recipe.build()
+        recipe = self.recipe
+        try:
+            sizes, sizing = table_bytes(recipe.expected_specs()), recipe.sizing()
+        except ValueError:  # inputs the build refuses itself, with its own message
+            sizes, sizing = {}, ""
+        check_fits(recipe.where, sizes, sizing)
+        built = recipe.build()
         self.source.seconds.update(built.seconds)
         self._notes = built.notes
         return built.tables
