@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy
 import pytest
@@ -185,3 +186,35 @@ def test_pickled_dataset_skips_the_scan_only_for_the_same_files(make_corpus, mon
     os.utime(get_idx_path(prefix), ns=(1, 1))  # another file under the same name
     pickle.loads(pickle.dumps(dataset))
     assert len(calls) == 1
+
+
+def test_a_checked_corpus_is_remembered_until_its_index_changes(make_corpus, monkeypatch, tmp_path):
+    from megafmt import checked
+    from megafmt import dataset as dataset_module
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(checked, "SETTLED_SECONDS", 0.0)
+    prefix = make_corpus(DOCUMENTS)
+    IndexedDataset(prefix)  # checked, and remembered
+    calls = []
+    real = dataset_module.check_consistency
+    monkeypatch.setattr(dataset_module, "check_consistency", lambda *a: calls.append(a) or real(*a))
+    IndexedDataset(prefix)
+    assert calls == []  # a stat and a small read, no scan
+    time.sleep(0.05)  # a later tick of the file system's clock
+    patch(get_idx_path(prefix), LENGTHS + 4, struct.pack("<i", -7))  # written in place
+    with pytest.raises(FormatError, match=r"sequence_lengths\[1\]"):
+        IndexedDataset(prefix)
+    assert len(calls) == 1
+
+
+def test_a_corpus_changed_in_the_last_second_is_not_remembered(make_corpus, monkeypatch, tmp_path):
+    from megafmt import checked
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    prefix = make_corpus(DOCUMENTS)
+    IndexedDataset(prefix)
+    assert not (tmp_path / "cache" / "checked").exists()
+    monkeypatch.setattr(checked, "SETTLED_SECONDS", 0.0)
+    IndexedDataset(prefix)
+    assert len(list((tmp_path / "cache" / "checked").iterdir())) == 1

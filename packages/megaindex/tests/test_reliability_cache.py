@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 import numpy
 import pytest
@@ -31,6 +32,7 @@ def test_a_table_damaged_inside_its_valid_range_is_rebuilt(make_config):
     path = cache_base(config, train) + "-shuffle_index.npy"
     table = numpy.load(path)
     table[[3, 4]] = table[[4, 3]]  # same dtype, shape and values: only the order changed
+    time.sleep(0.05)  # a later tick of the file system's clock than the save
     numpy.save(path, table)
     with pytest.warns(UserWarning, match=r"shuffle_index.npy: checksum .* the table changed"):
         rebuilt = build(make_config())
@@ -54,11 +56,26 @@ def test_fast_cache_load_skips_the_table_checksum(make_config):
 
 
 def test_sidecar_records_a_checksum_of_every_table(make_config):
+    import zlib
+
     config = make_config()
     train = build(config)
     with open(cache_base(config, train) + "-megaindex.json") as stream:
         sidecar = json.load(stream)
     assert sorted(sidecar["checksums"]) == ["document_index", "sample_index", "shuffle_index"]
+    for name, value in sidecar["checksums"].items():  # the CRC-32 of the array's bytes
+        assert value == f"{zlib.crc32(numpy.ascontiguousarray(getattr(train, name))):08x}"
+    assert sorted(sidecar["table_files"]) == sorted(sidecar["checksums"])
+
+
+def test_a_copied_cache_is_checksummed_and_used(make_config, tmp_path):
+    import shutil
+
+    config = make_config()
+    build(config)
+    shutil.copytree(config.path_to_cache, tmp_path / "copy")  # other inodes: read and checked
+    copied = build(make_config(path_to_cache=str(tmp_path / "copy")))
+    assert copied.index_source.kind == "cache" and "checksums" in copied.index_source.seconds
 
 
 def test_a_corpus_rewritten_with_the_same_sizes_is_noticed(make_config, corpus):

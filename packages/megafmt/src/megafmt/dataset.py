@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy
 
+from megafmt.checked import corpus_identity, remember_checked, was_checked
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
@@ -99,11 +100,11 @@ class IndexedDataset:
         dtype_code: int | None,
         reader: str,
         reader_options: dict[str, Any],
-        checked: tuple[int, ...] | None = None,
+        checked: list[int] | None = None,
     ) -> None:
-        """Open the files; the consistency check is skipped only when ``checked`` (sent with a
-        pickled dataset) shows the same files were checked already, by the process that
-        pickled it (DataLoader workers do not scan the index again)."""
+        """Open the files. The consistency check is skipped only for files that passed it
+        already: those a pickled dataset's ``checked`` names (DataLoader workers do not scan
+        the index again), or those :mod:`megafmt.checked` remembers."""
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap
@@ -127,9 +128,10 @@ class IndexedDataset:
         self._lengths = self.index.sequence_lengths
         self._pointers = self.index.sequence_pointers
         self._modes = self.index.sequence_modes
-        self._checked = self._identity(bin_reader)
-        if self._checked != checked:
+        self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
+        if self._checked != checked and not was_checked(self.index.path, self._checked):
             check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
+            remember_checked(self.index.path, self._checked)
         self._attach(bin_reader)
 
     def _open_reader(self) -> BinReader:
@@ -201,12 +203,6 @@ class IndexedDataset:
         if isinstance(bin_reader, IndexCopyingBinReader):
             return bin_reader.local_idx_path
         return get_idx_path(self.path_prefix)
-
-    def _identity(self, bin_reader: BinReader) -> tuple[int, ...]:
-        """What identifies the files checked: the local ``.idx``'s size, change time and inode,
-        and the ``.bin``'s size."""
-        status = os.stat(self.index.path)
-        return (status.st_size, status.st_mtime_ns, status.st_ino, status.st_dev, bin_reader.nbytes)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self._arguments, "checked": self._checked}

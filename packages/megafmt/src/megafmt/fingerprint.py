@@ -84,6 +84,21 @@ def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
     }
 
 
+def file_identity(path: str) -> list[int]:
+    """Size, modification and change times (ns), inode and device of a local file. Equal
+    identities mean the same bytes: a write in place changes the change time, which no one can
+    set back, short of a write within the same tick of the file system's clock (a few
+    milliseconds) as the moment the identity was taken."""
+    status = os.stat(path)
+    return [
+        status.st_size,
+        status.st_mtime_ns,
+        status.st_ctime_ns,
+        status.st_ino,
+        status.st_dev,
+    ]
+
+
 def corpus_stat(path_prefix: str) -> dict[str, list[int]]:
     """Size, modification time (ns) and inode of both files: two ``stat`` calls. Equal stats
     mean unchanged files (short of someone resetting the time on purpose); unequal ones call

@@ -9,7 +9,13 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
 from megafmt.cli.command import non_negative_int, positive_int
-from megafmt.fingerprint import checksum, corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.fingerprint import (
+    checksum,
+    corpus_fingerprint,
+    corpus_stat,
+    file_identity,
+    fingerprint_changes,
+)
 from megafmt.mapping import map_file
 from megafmt.progress import Progress
 from megafmt.readers import is_url
@@ -24,6 +30,7 @@ __all__ = [
     "corpus_fingerprint",
     "corpus_stat",
     "default_cache_dir",
+    "file_identity",
     "fingerprint_changes",
     "is_url",
     "map_file",

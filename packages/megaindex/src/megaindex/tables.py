@@ -204,7 +204,7 @@ class CachedTables:
             raise DamagedCacheError(what)
         tables = cache.load(specs_from_sidecar(sidecar))
         start = time.perf_counter()
-        check_checksums(cache.entry, tables, sidecar.get("checksums", {}))
+        check_checksums(cache.entry, tables, sidecar)
         self.source.seconds["checksums"] = time.perf_counter() - start
         return tables
 
