@@ -19,43 +19,20 @@ from megaindex.tokenizer import IdentifiedTokenizer
 
 INDEX = ["--split", "99,1,0", "--null-tokenizer", "1000", "--global-batch-size", "4"]
 
+SIMULATE = [
+    "load",
+    "simulate",
+    "--data-path",
+    "c",
+    "--seq-length",
+    "8",
+    *INDEX,
+    "--train-iters",
+    "2",
+]
 CASES = [
-    (
-        [
-            "load",
-            "simulate",
-            "--data-path",
-            "c",
-            "--seq-length",
-            "8",
-            *INDEX,
-            "--train-iters",
-            "2",
-            "--micro-batch-size",
-            "2",
-            "--dp",
-            "0",
-        ],
-        "--dp",
-        "an integer >= 1, got 0",
-    ),
-    (
-        [
-            "load",
-            "simulate",
-            "--data-path",
-            "c",
-            "--seq-length",
-            "8",
-            *INDEX,
-            "--train-iters",
-            "2",
-            "--micro-batch-size",
-            "x",
-        ],
-        "--micro-batch-size",
-        "an integer, got 'x'",
-    ),
+    ([*SIMULATE, "--micro-batch-size", "2", "--dp", "0"], "--dp", "an integer >= 1, got 0"),
+    ([*SIMULATE, "--micro-batch-size", "x"], "--micro-batch-size", "an integer, got 'x'"),
     (["dist", "demo", "--tp", "0"], "--tp", "an integer >= 1, got 0"),
     (["dist", "demo", "--seq-length", "-3"], "--seq-length", "an integer >= 1, got -3"),
     (

@@ -54,7 +54,10 @@ def render(stats: CorpusStats, manifest: dict[str, Any] | None = None) -> str:
 
 
 class InfoCommand:
-    help = "show dtype, counts, total tokens and length percentiles of corpora"
+    help = (
+        "check corpora for consistency, then show dtype, counts, total tokens and length "
+        "percentiles"
+    )
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="corpus path prefix")
