@@ -5,7 +5,9 @@
 1. Index build: a synthetic corpus of ``--documents`` documents (the ``.idx`` written directly,
    the ``.bin`` sparse) and enough samples of 4096 tokens for 2 epochs. Each side builds its
    cache in a fresh process; the time of ``build()`` and the process's peak RSS are reported.
-2. Cache-hit start-up: a fresh process constructs the datasets again from the cache.
+2. Cache-hit start-up: a fresh process constructs the datasets again from the cache. What the
+   corpus's consistency check at open and the tables' checksums cost when they run in full
+   (files new to this machine or changed) is measured apart.
 3. ``__getitem__`` throughput at sequence length 4096 on a corpus of 20k documents of 50-950
    tokens, without reset flags, with them, and with them and an attention mask.
 
@@ -86,9 +88,23 @@ def child(side: str, prefix: str, cache: str, samples: int) -> None:
     train = datasets(side, prefix, cache, [samples, None, None])[0]
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    checks = {}
+    if side == "megaindex":  # what its reliability checks cost when they run in full
+        from megafmt.verification import check_consistency
+        from megaindex.cache import table_checksums
+
+        corpus = train.dataset
+        start = time.perf_counter()
+        check_consistency(corpus.index, corpus.bin_reader.path, corpus.bin_reader.nbytes)
+        checks["consistency_check"] = time.perf_counter() - start
+        tables = {t: getattr(train, t) for t in ("document_index", "sample_index", "shuffle_index")}
+        start = time.perf_counter()
+        table_checksums(tables)
+        checks["table_checksums"] = time.perf_counter() - start
     print(
         json.dumps(
             {
+                "checks": checks,
                 "seconds": seconds,
                 "peak_mib": peak / 1024,
                 "baseline_mib": baseline / 1024,
@@ -176,6 +192,20 @@ def bench_build(documents: int) -> None:
         False,
     )
     report("  cache-hit start-up", theirs_hit["seconds"], ours_hit["seconds"], "s", False)
+    print(
+        "  megaindex's checks when they run in full (new or changed files; skipped, after a "
+        "stat, for files that passed them before):",
+        flush=True,
+    )
+    for name, what in (
+        ("consistency_check", "the corpus's consistency check at open"),
+        ("table_checksums", "the tables' checksums at load"),
+    ):
+        cost = ours_hit["checks"][name]
+        print(
+            f"    {what}: {cost:.3f} s ({100 * cost / ours_built['seconds']:.1f}% of the build)",
+            flush=True,
+        )
     print(f"  tables identical: {tables_equal}", flush=True)
 
 

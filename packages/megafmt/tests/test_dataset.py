@@ -285,19 +285,21 @@ def test_bin_shorter_than_the_index_implies(make_corpus):
     os.truncate(get_bin_path(prefix), 40)
     with pytest.raises(
         FormatError,
-        match=r"corpus.bin: the .bin has 40 bytes, but .*corpus.idx "
-        r"implies 48 \(12 tokens of 4 bytes\)",
+        match=r"corpus.bin: expected 48 bytes \(12 tokens of 4 bytes, as .*corpus.idx "
+        r"implies\), found 40 \(the corpus fails its consistency check at open",
     ):
         IndexedDataset(prefix)
 
 
 @pytest.mark.parametrize("mmap", [True, False], ids=["mmap", "file"])
-def test_a_negative_pointer_is_refused_not_read_from_the_end(make_corpus, mmap):
+def test_a_negative_pointer_is_refused_at_open_not_read_from_the_end(make_corpus, mmap):
     prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 34 + 4 * 6 + 8, struct.pack("<q", -8))  # sequence 1 at -8
-    dataset = IndexedDataset(prefix, mmap=mmap)
-    with pytest.raises(FormatError, match=r"corpus.bin: invalid read of 1 items at byte offset -8"):
-        dataset.get(1, length=1)  # not token 11, two tokens before the end of the file
+    with pytest.raises(
+        FormatError,
+        match=r"corpus.idx: sequence_pointers\[1\] \(byte 66\): expected 12 .*, found -8",
+    ):
+        IndexedDataset(prefix, mmap=mmap)
 
 
 def test_last_document_index_must_be_the_sequence_count(make_corpus):
@@ -305,8 +307,8 @@ def test_last_document_index_must_be_the_sequence_count(make_corpus):
     patch(get_idx_path(prefix), 34 + 12 * 6 + 8 * 4, struct.pack("<q", 5))
     with pytest.raises(
         FormatError,
-        match=r"the last document index \(at byte 138\) is 5, expected "
-        "the sequence count 6",
+        match=r"corpus.idx: document_indices\[4\] \(byte 138\): the last entry must be the "
+        "sequence count 6, found 5",
     ):
         IndexedDataset(prefix)
 

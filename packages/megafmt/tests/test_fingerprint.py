@@ -23,19 +23,19 @@ def test_retokenizing_into_the_same_prefix_changes_it(make_corpus):
     ] == ["bin_hash"]
     make_corpus([[[i, i + 1, 7]] for i in range(5000)])  # longer sequences: same index size
     changes = fingerprint_changes(before, corpus_fingerprint(prefix))
-    assert [line.split(":")[0] for line in changes] == ["bin_bytes", "bin_hash", "idx_hash"]
+    assert [line.split(":")[0] for line in changes] == ["bin_bytes", "bin_hash", "idx_crc32"]
 
 
 def test_a_change_deep_inside_the_index_is_noticed(make_corpus):
     prefix = make_corpus([[[i]] for i in range(20000)])
     before = corpus_fingerprint(prefix)
     size = os.path.getsize(get_idx_path(prefix))
-    with open(get_idx_path(prefix), "r+b") as stream:  # the last block is always sampled
+    with open(get_idx_path(prefix), "r+b") as stream:  # every byte of the index counts
         stream.seek(size - 8)
         stream.write(struct.pack("<q", 19999))
     after = corpus_fingerprint(prefix)
     assert fingerprint_changes(before, after) == [
-        f"idx_hash: {before['idx_hash']!r} -> {after['idx_hash']!r}"
+        f"idx_crc32: {before['idx_crc32']!r} -> {after['idx_crc32']!r}"
     ]
 
 
@@ -49,3 +49,25 @@ def test_corpus_stat_changes_when_a_file_is_rewritten(make_corpus):
     make_corpus([[[1, 2]]])  # the same bytes, written anew
     after = corpus_stat(prefix)
     assert after["bin"][0] == before["bin"][0] and after != before
+
+
+def test_two_lengths_changed_with_the_same_sizes_are_noticed(make_corpus):
+    """Sampled blocks miss a change between them; the whole index is checksummed."""
+    prefix = make_corpus([[[i % 7] * (1 + i % 3)] for i in range(200_000)])
+    before = corpus_fingerprint(prefix)
+    with open(get_idx_path(prefix), "r+b") as stream:  # lengths 1 and 2 of sequences 100000-1
+        stream.seek(34 + 4 * 99_999)
+        stream.write(struct.pack("<ii", 2, 1))
+    changes = fingerprint_changes(before, corpus_fingerprint(prefix))
+    assert [line.split(":")[0] for line in changes] == ["idx_crc32"]
+
+
+def test_file_checksum_is_the_crc32_of_the_whole_file(tmp_path):
+    import zlib
+
+    from megafmt.fingerprint import READ_BYTES, file_checksum
+
+    path = tmp_path / "f"
+    data = os.urandom(READ_BYTES + 12345)
+    path.write_bytes(data)
+    assert file_checksum(str(path), "file") == (len(data), f"{zlib.crc32(data):08x}")

@@ -321,3 +321,20 @@ def test_split_sentences_without_nltk_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(PluginError, match="--split-sentences needs NLTK: pip install nltk"):
         run(tmp_path, source, split_sentences=True)
     assert not os.path.exists(tmp_path / "out")  # refused before anything was written
+
+
+def test_a_full_disk_names_the_files_being_written(tmp_path, monkeypatch):
+    import errno
+
+    from megafmt.builder import IndexedDatasetBuilder
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(IndexedDatasetBuilder, "add_documents", full)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a b"}])
+    with pytest.raises(
+        OSError, match=r"No space left on device \(writing .*out/c_text_document\.bin\)"
+    ):
+        run(tmp_path, source, workers=1)
+    assert not list((tmp_path / "out").glob("*.bin"))  # nothing half-written is left

@@ -276,3 +276,35 @@ def test_permanent_answers_fail_at_once_naming_the_url(status, code, expected, s
 )
 def test_an_http_answer_from_aiohttp_is_judged_by_its_status(status, failure):
     assert classify(aiohttp_answer(status)) is failure
+
+
+def test_an_answer_of_another_version_is_an_object_changed_error(sleeps):
+    from megafmt.errors import ObjectChangedError
+
+    error = client_error(412, "PreconditionFailed")
+    assert classify(error) is Failure.CHANGED
+    raised_at_once(error, sleeps, ObjectChangedError)
+    errors = pytest.importorskip("s3fs.errors")  # as s3fs hands it on
+    raised_at_once(errors.translate_boto_error(error), sleeps, ObjectChangedError)
+
+
+def test_no_attempt_starts_after_the_deadline(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(retry_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(
+        retry_module.time, "sleep", lambda pause: clock.__setitem__(0, clock[0] + pause)
+    )
+
+    def slow_timeout():
+        clock[0] += 4.0  # each attempt waits out a 4 s read timeout
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(ReadError) as raised:
+        RetryPolicy(retries=100, first_wait=0.5, deadline=10.0).call(URL, slow_timeout)
+    assert "(the deadline is 10 s)" in str(raised.value)
+    assert clock[0] <= 10.0 + 4.0  # the deadline plus one attempt
+
+
+def test_a_policy_with_a_deadline_of_zero_is_refused():
+    with pytest.raises(ValueError, match="deadline must be > 0 seconds or None, got 0"):
+        RetryPolicy(deadline=0)

@@ -14,6 +14,7 @@ from megadist.keys import BATCH_KEYS
 from megadist.layout import build_parallel_groups
 from megadist.spawn import run_distributed
 from megadist.synthetic import synthetic_batch, synthetic_batches
+from megafmt.shared import positive_int
 
 
 def _describe(key: str, value: torch.Tensor | None, show: int) -> str:
@@ -60,9 +61,9 @@ class DistCommand:
         commands = parser.add_subparsers(dest="dist_command", metavar="SUBCOMMAND", required=True)
         demo = commands.add_parser("demo", help="spawn gloo ranks and print what each holds")
         for name, default in (("tp", 2), ("cp", 1), ("pp", 1), ("dp", 1)):
-            demo.add_argument(f"--{name}", type=int, default=default, help=f"{name} size")
-        demo.add_argument("--micro-batch-size", type=int, default=2)
-        demo.add_argument("--seq-length", type=int, default=16)
+            demo.add_argument(f"--{name}", type=positive_int, default=default, help=f"{name} size")
+        demo.add_argument("--micro-batch-size", type=positive_int, default=2)
+        demo.add_argument("--seq-length", type=positive_int, default=16)
         demo.add_argument("--attention-mask", action="store_true", help="batches carry masks")
         demo.add_argument(
             "--packed",

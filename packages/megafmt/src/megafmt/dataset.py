@@ -10,11 +10,13 @@ the dataset is dropped.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy
 
+from megafmt.checked import corpus_identity, remember_checked, was_checked
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
@@ -24,12 +26,18 @@ from megafmt.readers import (
     DescriptorReporting,
     IndexCopyingBinReader,
     PrefetchingBinReader,
+    ShrinkDetecting,
     ViewableBinReader,
     default_reader_name,
     is_url,
     open_bin_reader,
 )
 from megafmt.readers.pool import POOL
+from megafmt.verification import check_consistency
+
+#: how often, at most, a read from a memory-mapped ``.bin`` first checks that the file did not
+#: shrink (one ``stat``, a few microseconds: checking before every ``get`` would double its cost)
+SIZE_CHECK_SECONDS = 0.01
 
 
 class IndexedDataset:
@@ -96,7 +104,11 @@ class IndexedDataset:
         dtype_code: int | None,
         reader: str,
         reader_options: dict[str, Any],
+        checked: list[int] | None = None,
     ) -> None:
+        """Open the files. The consistency check is skipped only for files that passed it
+        already: those a pickled dataset's ``checked`` names (DataLoader workers do not scan
+        the index again), or those :mod:`megafmt.checked` remembers."""
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap
@@ -108,13 +120,22 @@ class IndexedDataset:
         self.recently_read = False
         bin_reader = self._open_reader()
         counts = sequences_per_dataset if fast_cache_load else None
-        self.index = Index(self._local_idx_path(bin_reader), multimodal, counts, dtype_code)
+        self.index = Index(
+            self._local_idx_path(bin_reader),
+            multimodal,
+            counts,
+            dtype_code,
+            name=get_idx_path(path_prefix),
+        )
         self._dtype = self.index.dtype
         self._itemsize = self.index.dtype_size
         self._lengths = self.index.sequence_lengths
         self._pointers = self.index.sequence_pointers
         self._modes = self.index.sequence_modes
-        self._check_consistency(bin_reader)
+        self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
+        if self._checked != checked and not was_checked(self.index.path, self._checked):
+            check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
+            remember_checked(self.index.path, self._checked)
         self._attach(bin_reader)
 
     def _open_reader(self) -> BinReader:
@@ -122,10 +143,24 @@ class IndexedDataset:
             self.reader_name, get_bin_path(self.path_prefix), **self._reader_options
         )
 
+    def _reopen_reader(self) -> BinReader:
+        """The ``.bin`` reader again, after the pool released it: its size must still be the one
+        the index implies."""
+        reader = self._open_reader()
+        if reader.nbytes != self.index.bin_nbytes:
+            reader.close()
+            raise FormatError(
+                f"{reader.path}: reopened with {reader.nbytes} bytes, but {self.index.name} "
+                f"implies {self.index.bin_nbytes}: the .bin changed since the corpus was opened"
+            )
+        return self._attach(reader)
+
     def _attach(self, reader: BinReader) -> BinReader:
         """Use ``reader`` (and its whole-file view, if it has one); a reader that holds a file
         descriptor is registered in the pool that bounds how many stay open."""
         self._tokens = reader.view(self._dtype) if isinstance(reader, ViewableBinReader) else None
+        self._size_check = reader.check_size if isinstance(reader, ShrinkDetecting) else None
+        self._next_size_check = 0.0
         self._bin_reader = reader
         if not isinstance(reader, DescriptorReporting) or reader.holds_descriptor:
             POOL.opened(self)
@@ -135,7 +170,7 @@ class IndexedDataset:
     def bin_reader(self) -> BinReader:
         """The ``.bin`` reader, reopened if the process-wide pool released it."""
         reader = self._bin_reader
-        return reader if reader is not None else self._attach(self._open_reader())
+        return reader if reader is not None else self._reopen_reader()
 
     @property
     def tokens_view(self) -> numpy.ndarray | None:
@@ -144,8 +179,23 @@ class IndexedDataset:
         megaindex's samples do. Counts as a read for the pool of open readers."""
         self.recently_read = True
         if self._bin_reader is None:
-            self._attach(self._open_reader())
+            self._reopen_reader()
+        self._check_mapped_size()
         return self._tokens
+
+    def _check_mapped_size(self) -> None:
+        """Before reading from a mapped ``.bin``: whether it shrank since it was opened (a
+        :class:`~megafmt.errors.FormatError` instead of a SIGBUS), asked at most every
+        ``SIZE_CHECK_SECONDS``. A view handed out earlier and touched after the file shrank
+        still crashes: corpora must be replaced by renaming, never rewritten in place."""
+        now = time.monotonic()
+        if now >= self._next_size_check and self._size_check is not None:
+            self._next_size_check = now + SIZE_CHECK_SECONDS
+            try:
+                self._size_check()
+            except FormatError:
+                self._next_size_check = 0.0  # every later read asks again, and fails
+                raise
 
     def release_reader(self) -> None:
         """Drop the ``.bin`` reader (the pool calls this); the next read reopens it."""
@@ -158,37 +208,14 @@ class IndexedDataset:
             return bin_reader.local_idx_path
         return get_idx_path(self.path_prefix)
 
-    def _check_consistency(self, bin_reader: BinReader) -> None:
-        index = self.index
-        if index.document_count == 0:
-            raise FormatError(
-                f"{index.path}: document_indices is empty; expected at least the leading 0"
-            )
-        last = int(index.document_indices[-1])
-        if last != index.sequence_count:
-            raise FormatError(
-                f"{index.path}: the last document index (at byte "
-                f"{index.layout.modes_offset - 8}) is {last}, expected the sequence count "
-                f"{index.sequence_count}"
-            )
-        if index.sequence_count and int(index.sequence_pointers[0]) != 0:
-            raise FormatError(
-                f"{index.path}: sequence_pointers[0] (at byte {index.layout.pointers_offset}) "
-                f"is {int(index.sequence_pointers[0])}, expected 0"
-            )
-        if bin_reader.nbytes < index.bin_nbytes:
-            raise FormatError(
-                f"{bin_reader.path}: the .bin has {bin_reader.nbytes} bytes, but "
-                f"{index.path} implies {index.bin_nbytes} ({index.num_tokens} tokens of "
-                f"{index.dtype_size} bytes)"
-            )
-
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self._arguments)
+        return {**self._arguments, "checked": self._checked}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._arguments = dict(state)
-        self._open(**self._arguments)
+        state = dict(state)
+        checked = state.pop("checked", None)
+        self._arguments = state
+        self._open(**self._arguments, checked=checked)
 
     def __len__(self) -> int:
         return self.index.sequence_count
@@ -201,7 +228,7 @@ class IndexedDataset:
             position += count
         if not 0 <= position < count:
             raise IndexError(
-                f"sequence index {idx} out of range for {count} sequences in {self.index.path}"
+                f"sequence index {idx} out of range for {count} sequences in {self.index.name}"
             )
         return position
 
@@ -270,7 +297,7 @@ class IndexedDataset:
         if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(
                 f"tokens [{offset}, {offset + length}) are outside sequence {position} "
-                f"of {self.index.path}, which has {size} tokens"
+                f"of {self.index.name}, which has {size} tokens"
             )
         return int(self._pointers[position]) + offset * self._itemsize, length
 
@@ -281,6 +308,8 @@ class IndexedDataset:
         self.recently_read = True
         tokens = self._tokens
         if tokens is not None and start >= 0 and start % self._itemsize == 0:
+            if time.monotonic() >= self._next_size_check:
+                self._check_mapped_size()
             first = start // self._itemsize
             if first + length <= len(tokens):
                 return tokens[first : first + length]
@@ -304,7 +333,7 @@ class IndexedDataset:
             start, count = self._span(self._sequence(sequence), offset, length)
             if position + count > len(out):
                 raise ValueError(
-                    f"{self.index.path}: read_spans needs room for at least "
+                    f"{self.index.name}: read_spans needs room for at least "
                     f"{position + count} tokens (at sequence {sequence}), `out` holds {len(out)}"
                 )
             out[position : position + count] = self._read(start, count)

@@ -24,6 +24,11 @@ class ReadError(MegafmtError, OSError):
     """Reading a file failed, after the retries the reader allows."""
 
 
+class ObjectChangedError(ReadError):
+    """A remote object changed since the corpus was opened: its bytes would no longer match the
+    index read then (the message names the URL and both versions)."""
+
+
 class TokenValueError(MegafmtError, ValueError):
     """A value handed to the builder does not fit the corpus dtype."""
 

@@ -10,6 +10,7 @@ is.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -31,13 +32,20 @@ from megafmt.mapping import map_file
 
 
 def open_readonly(path: str, what: str) -> int:
-    """A read-only file descriptor for ``path``; a missing file is a :class:`MissingFileError`."""
+    """A read-only file descriptor for ``path``; a missing file, or a directory where the file
+    belongs, is a :class:`MissingFileError` naming ``path`` (POSIX opens a directory read-only
+    without complaint, and the first read then fails without naming it)."""
     try:
-        return os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         raise MissingFileError(f"{path}: {what} not found") from None
     except IsADirectoryError:
-        raise MissingFileError(f"{path}: expected a {what}, found a directory") from None
+        fd = None
+    if fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):
+        return fd
+    if fd is not None:
+        os.close(fd)
+    raise MissingFileError(f"{path}: found a directory where the {what} belongs")
 
 
 class Index:
@@ -55,27 +63,33 @@ class Index:
         multimodal: bool = False,
         sequences_per_dataset: tuple[int, int] | None = None,
         dtype_code: int | None = None,
+        *,
+        name: str | None = None,
     ) -> None:
         """Map ``path``.
 
         With ``sequences_per_dataset`` (sequence count, document count) and ``dtype_code``
         given, the header is not parsed and those values are used instead, as megatron-core's
-        fast cache load does; the file size is still checked against them.
+        fast cache load does; the file size is still checked against them. ``name`` is what
+        messages call the file (the URL of a remote ``.idx`` whose local copy is ``path``).
         """
         self.path = path
+        self.name = name or path
         fd = open_readonly(path, "index file")
         try:
             size = os.fstat(fd).st_size
             if sequences_per_dataset is not None:
                 if dtype_code is None:
-                    raise ValueError(f"{path}: sequences_per_dataset is given without dtype_code")
+                    raise ValueError(
+                        f"{self.name}: sequences_per_dataset is given without dtype_code"
+                    )
                 DType.dtype_from_code(dtype_code)
                 header = Header(dtype_code, *map(int, sequences_per_dataset))
                 counts_from = "sequences_per_dataset"
             else:
-                header = Header.unpack(os.pread(fd, HEADER_SIZE, 0), path)
+                header = Header.unpack(os.pread(fd, HEADER_SIZE, 0), self.name)
                 counts_from = "the header at offset 18"
-            self.layout = Layout.for_file(header, size, path, multimodal, counts_from)
+            self.layout = Layout.for_file(header, size, self.name, multimodal, counts_from)
             self._data = map_file(path, fd, size)
         finally:
             os.close(fd)

@@ -7,6 +7,18 @@ object or bucket, access denied, or a bug fail at once with the URL in the messa
 Credentials and endpoints come from where the storage library looks for them (for S3: the
 environment, ``~/.aws``, ``AWS_ENDPOINT_URL``); nothing is hard-coded.
 
+Bounded time (S3): every request has a connect and a read timeout of our own
+(``CONNECT_TIMEOUT``, ``READ_TIMEOUT``), botocore's and s3fs's own retries are off so that every
+attempt counts in the :class:`~megafmt.retry.RetryPolicy`, and the policy starts no attempt after
+its ``deadline``: an endpoint that accepts connections and never answers fails after at most
+``deadline + connect_timeout + read_timeout`` seconds. Options a user passes in
+``storage_options`` (``config_kwargs``) win over these defaults.
+
+Version-safe reads (S3): a reader binds its requests to the ETag seen when it opened the object
+(``If-Match``); an object replaced since fails with
+:class:`~megafmt.errors.ObjectChangedError` naming the URL and both ETags, instead of mixing
+the old index with new bytes. Other fsspec file systems are read without that check.
+
 The ``.idx`` of a remote corpus is copied once into a local folder (megatron-core's
 ``path_to_idx_cache``; by default ``$MEGA_CACHE_DIR`` or ``~/.cache/megafmt/idx``), atomically,
 with a note of the remote size and ETag beside it: a changed object is fetched again.
@@ -31,6 +43,11 @@ from megafmt.retry import RetryPolicy
 logger = logging.getLogger(__name__)
 #: the retries of a request made without a reader's own policy
 DEFAULT_POLICY = RetryPolicy()
+#: seconds to wait for a connection, and for each answer on it (S3)
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 10.0
+#: fsspec protocols served by s3fs, whose requests get the timeouts and version binding
+S3_PROTOCOLS = ("s3", "s3a")
 
 
 class ShortRead(MegafmtError, ConnectionError):
@@ -64,16 +81,41 @@ def read_range(path: str, start: int, size: int) -> bytes:
     return fetch_range(fs, inner, path, start, start + size)
 
 
-def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec file system of ``url`` and the path within it."""
-    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+def filesystem(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    read_timeout: float = READ_TIMEOUT,
+    if_match: str | None = None,
+) -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path within it. For S3, a client of its own
+    whose requests time out after ``connect_timeout`` and ``read_timeout`` seconds and are not
+    retried by botocore or s3fs (the caller's policy retries), and with ``if_match`` (an ETag)
+    whose reads fail with HTTP 412 once the object is another version."""
+    options = dict(storage_options or {})
+    if url.partition("://")[0] not in S3_PROTOCOLS:
+        return fsspec.core.url_to_fs(url, **options)
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", connect_timeout)
+    config.setdefault("read_timeout", read_timeout)
+    config.setdefault("retries", {"total_max_attempts": 1})
+    options["config_kwargs"] = config
+    if if_match is not None:
+        options["s3_additional_kwargs"] = {
+            **(options.get("s3_additional_kwargs") or {}),
+            "IfMatch": f'"{if_match}"',
+        }
+    fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
+    fs.retries = 1  # s3fs's own loop: one attempt, the policy retries
+    return fs, path
 
 
 def object_version(url: str, storage_options: dict[str, Any] | None = None) -> tuple[int, str]:
     """The size and ETag (or the store's closest equivalent) of the object at ``url``."""
     fs, path = filesystem(url, storage_options)
     info = DEFAULT_POLICY.call(url, fs.info, path)
-    return int(info["size"]), str(_etag(info))
+    return int(info["size"]), str(etag_of(info))
 
 
 def default_cache_dir() -> str:
@@ -82,7 +124,8 @@ def default_cache_dir() -> str:
     )
 
 
-def _etag(info: dict[str, Any]) -> str | None:
+def etag_of(info: dict[str, Any]) -> str | None:
+    """The ETag (or the store's closest equivalent) in an fsspec ``info`` answer, unquoted."""
     for key in ("ETag", "etag", "md5Hash", "content_md5", "mtime", "LastModified"):
         if info.get(key) is not None:
             return str(info[key]).strip('"')
@@ -95,12 +138,15 @@ def cached_index(
     storage_options: dict[str, Any] | None = None,
     policy: RetryPolicy = DEFAULT_POLICY,
     counter: list[int] | None = None,
+    timeouts: tuple[float, float] = (CONNECT_TIMEOUT, READ_TIMEOUT),
 ) -> str:
     """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
-    remote size or ETag changes."""
-    fs, path = filesystem(url, storage_options)
+    remote size or ETag changes; requests time out after ``timeouts`` (connect, read)."""
+    fs, path = filesystem(
+        url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1]
+    )
     info = policy.call(url, fs.info, path, counter=counter)
-    size, etag = int(info["size"]), _etag(info)
+    size, etag = int(info["size"]), etag_of(info)
     folder = cache_dir or default_cache_dir()
     os.makedirs(folder, exist_ok=True)
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
@@ -114,7 +160,10 @@ def cached_index(
         fresh = False
     if fresh:
         return local
-    data = policy.call(url, fs.cat_file, path, counter=counter)
+    bound, _ = filesystem(  # bound to the version just seen
+        url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1], if_match=etag
+    )
+    data = policy.call(url, bound.cat_file, path, counter=counter)
     if len(data) != size:
         raise ReadError(f"{url}: fetched {len(data)} bytes, but the object has {size}")
     with atomic_write(local) as stream:

@@ -11,6 +11,9 @@ never by the words of its message, so a bug (a ``TypeError`` whose message happe
   408 or 429, or one whose error code says throttling or a timeout (``SlowDown``,
   ``Throttling``, ``RequestTimeout`` ...).
 - Missing: ``FileNotFoundError``, HTTP 404, ``NoSuchKey``, ``NoSuchBucket``.
+- Changed: HTTP 412 (``PreconditionFailed``): a read bound to the version seen at open
+  (``If-Match``) found another version; raised at once as
+  :class:`~megafmt.errors.ObjectChangedError`.
 - Permanent, raised at once: any other answer of the storage (403 access denied, 400 ...),
   any other ``OSError``, and every other exception (``TypeError``, ``KeyError`` ...: a bug).
 
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from megafmt.errors import MissingFileError, ReadError
+from megafmt.errors import MissingFileError, ObjectChangedError, ReadError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,6 +46,7 @@ class Failure(enum.Enum):
     TRANSIENT = "transient"  # may succeed on another attempt
     MISSING = "missing"  # the file, object or bucket does not exist
     PERMANENT = "permanent"  # another attempt fails the same way (or it is a bug)
+    CHANGED = "changed"  # the object is not the version the read is bound to
 
 
 #: errno values of an OSError that may go away on another attempt (ETIMEDOUT, ECONNRESET and
@@ -89,6 +93,8 @@ TRANSIENT_CODES = frozenset(
         "ServiceUnavailable",
     }
 )
+#: error codes of an answer saying the object is not the version a read asked for (If-Match)
+CHANGED_CODES = frozenset({"PreconditionFailed", "412"})
 #: error codes of an answer saying the object or its bucket does not exist
 MISSING_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
 
@@ -170,6 +176,8 @@ def _classify_answer(status: int | None, code: str | None) -> Failure:
         return Failure.TRANSIENT
     if status == 404 or code in MISSING_CODES:
         return Failure.MISSING
+    if status == 412 or code in CHANGED_CODES:
+        return Failure.CHANGED
     return Failure.PERMANENT
 
 
@@ -187,17 +195,24 @@ def _code(response: dict[str, Any]) -> str | None:
 class RetryPolicy:
     """``retries`` more attempts after a transient failure. The wait before the k-th retry is
     drawn between half and all of ``first_wait * 2**(k-1)``, capped at ``max_wait`` (jittered,
-    so many readers that failed together do not retry together)."""
+    so many readers that failed together do not retry together). No attempt starts later than
+    ``deadline`` seconds after the first (None: no limit), so a call takes at most the deadline
+    plus one attempt, which the storage client's own timeouts bound."""
 
     retries: int = 6
     first_wait: float = 0.1
     max_wait: float = 10.0
+    deadline: float | None = 60.0
 
     def __post_init__(self) -> None:
         if self.retries < 0 or self.first_wait < 0 or self.max_wait < 0:
             raise ValueError(
                 f"RetryPolicy: retries, first_wait and max_wait must be >= 0, got "
                 f"{self.retries}, {self.first_wait} and {self.max_wait}"
+            )
+        if self.deadline is not None and not self.deadline > 0:
+            raise ValueError(
+                f"RetryPolicy: deadline must be > 0 seconds or None, got {self.deadline}"
             )
 
     def wait(self, retry: int) -> float:
@@ -209,8 +224,10 @@ class RetryPolicy:
     ) -> T:
         """``function(*args)``, retried on transient failures, each retry added to
         ``counter[0]``. ``what`` (the file or URL, and the range) names it in the error raised:
-        :class:`~megafmt.errors.MissingFileError` when it does not exist, else
+        :class:`~megafmt.errors.MissingFileError` when it does not exist,
+        :class:`~megafmt.errors.ObjectChangedError` when it is not the version asked for, else
         :class:`~megafmt.errors.ReadError`, the failure chained."""
+        started = time.monotonic()
         for attempt in range(1, self.retries + 2):
             try:
                 return function(*args)
@@ -218,6 +235,10 @@ class RetryPolicy:
                 failure = classify(error)
                 if failure is Failure.MISSING:
                     raise MissingFileError(f"{what}: not found ({error})") from error
+                if failure is Failure.CHANGED:
+                    raise ObjectChangedError(
+                        f"{what}: the object changed since it was opened ({error})"
+                    ) from error
                 if failure is Failure.PERMANENT:
                     raise ReadError(
                         f"{what}: {type(error).__name__}: {error} (not retried: not a "
@@ -227,9 +248,15 @@ class RetryPolicy:
                     raise ReadError(
                         f"{what}: gave up after {attempt} attempts: {type(error).__name__}: {error}"
                     ) from error
+                pause = self.wait(attempt)
+                elapsed = time.monotonic() - started
+                if self.deadline is not None and elapsed + pause > self.deadline:
+                    raise ReadError(
+                        f"{what}: gave up after {attempt} attempts in {elapsed:.1f} s (the "
+                        f"deadline is {self.deadline:g} s): {type(error).__name__}: {error}"
+                    ) from error
                 if counter is not None:
                     counter[0] += 1
-                pause = self.wait(attempt)
                 logger.warning(
                     "%s: %s: %s; retry %d of %d in %.2f s",
                     what,

@@ -1,14 +1,22 @@
 """What megafmt lends the project's other packages (megaindex, megaload, megadist), apart from
 the format SDK: the plugin registry, progress reporting, atomic writes, read-only mappings,
-corpus fingerprints, URL helpers, and tokenizers that decode (for their command lines).
+corpus fingerprints, checksums, URL helpers, tokenizers that decode and argparse types for the
+``mega`` commands.
 
 Not part of the SDK's API (``megafmt``'s ``__all__``): it changes with those packages, and a
 user who reads, writes or checks corpora needs none of it. The data path's Protocols, which
 third parties implement, are public, in :mod:`megafmt.protocols`.
 """
 
-from megafmt.atomic import atomic_write, partial_path
-from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
+from megafmt.cli.command import non_negative_int, positive_int
+from megafmt.fingerprint import (
+    checksum,
+    corpus_fingerprint,
+    corpus_stat,
+    file_identity,
+    fingerprint_changes,
+)
 from megafmt.mapping import map_file
 from megafmt.progress import Progress
 from megafmt.readers import is_url
@@ -21,12 +29,17 @@ __all__ = [
     "Registry",
     "TokenizerOptions",
     "atomic_write",
+    "checksum",
     "corpus_fingerprint",
     "corpus_stat",
     "default_cache_dir",
+    "file_identity",
     "fingerprint_changes",
     "is_url",
     "load_text_tokenizer",
     "map_file",
+    "non_negative_int",
     "partial_path",
+    "positive_int",
+    "remove_stale_partials",
 ]

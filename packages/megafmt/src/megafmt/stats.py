@@ -8,11 +8,15 @@ from typing import Any
 import numpy
 
 from megafmt.errors import MissingFileError
-from megafmt.format import get_bin_path
+from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.remote import file_size, local_index_path
+from megafmt.verification import check_consistency
 
 PERCENTILES = (50, 90, 99)
+CONSISTENCY_CHECKED = (
+    "passed: .bin size, pointers, lengths and document indices (the check at open)"
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class CorpusStats:
     multimodal: bool
     sequence_lengths: LengthSummary
     document_lengths: LengthSummary
+    consistency: str = CONSISTENCY_CHECKED
+    """What was checked before the figures were computed (a corpus that fails raises)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,8 +81,13 @@ def _existing_size(path: str) -> int:
 
 
 def corpus_stats(path_prefix: str) -> CorpusStats:
-    """Counts, sizes and length distributions of the corpus at ``path_prefix``."""
-    index = Index(local_index_path(path_prefix))
+    """Counts, sizes and length distributions of the corpus at ``path_prefix``, after the
+    consistency check every opened corpus gets (a corpus that fails it raises
+    :class:`~megafmt.errors.FormatError`: figures of a damaged corpus would mislead)."""
+    bin_path = get_bin_path(path_prefix)
+    index = Index(local_index_path(path_prefix), name=get_idx_path(path_prefix))
+    bin_bytes = _existing_size(bin_path)
+    check_consistency(index, bin_path, bin_bytes)
     lengths = index.sequence_lengths
     return CorpusStats(
         path_prefix=path_prefix,
@@ -86,7 +97,7 @@ def corpus_stats(path_prefix: str) -> CorpusStats:
         documents=max(index.document_count - 1, 0),
         tokens=int(lengths.sum(dtype=numpy.int64)),
         idx_bytes=index.nbytes,
-        bin_bytes=_existing_size(get_bin_path(path_prefix)),
+        bin_bytes=bin_bytes,
         multimodal=index.has_modes,
         sequence_lengths=LengthSummary.of(lengths),
         document_lengths=LengthSummary.of(document_lengths(lengths, index.document_indices)),

@@ -31,7 +31,7 @@ from megafmt.index import Index
 from megafmt.progress import Progress
 from megafmt.remote import file_size, local_index_path, read_range
 
-CHUNK = 1 << 22
+CHUNK = 1 << 16  # elements per step: the temporaries stay in the CPU's cache
 
 
 @dataclass(frozen=True)
@@ -92,21 +92,42 @@ def iter_violations(
         return
     try:
         # a remote corpus: its .idx is fetched (and cached); the .bin is checked by size only
-        index = Index(local_index_path(path_prefix), multimodal=bool(multimodal))
+        index = Index(local_index_path(path_prefix), multimodal=bool(multimodal), name=idx_path)
     except (FormatError, MissingFileError) as error:
         yield Violation("header", idx_path, str(error).removeprefix(f"{idx_path}: "))
         return
     yield from _modes_violations(idx_path, index.layout, multimodal)
-    yield from _document_violations(index)
     meter = (
         Progress(f"verify {path_prefix}", index.sequence_count, "sequences") if progress else None
     )
-    yield from _sequence_violations(index, meter)
+    yield from index_violations(index, bin_path, sizes[bin_path], meter)
     if meter is not None:
         meter.close("")
+
+
+def index_violations(
+    index: Index, bin_path: str, bin_size: int, meter: Progress | None = None
+) -> Iterator[Violation]:
+    """The violations of an open index's arrays and of the ``.bin`` size it implies: document
+    indices, lengths, pointers (exactly the prefix sums of the lengths, so monotone, aligned
+    and in range) and the size. Vectorised in chunks: a 20M-sequence index takes a fraction of
+    a second once its pages are in memory."""
+    yield from _document_violations(index)
+    yield from _sequence_violations(index, meter)
     yield from _bin_size_violations(
-        bin_path, sizes[bin_path], idx_path, index.num_tokens, index.dtype_size
+        bin_path, bin_size, index.name, index.num_tokens, index.dtype_size
     )
+
+
+def check_consistency(index: Index, bin_path: str, bin_size: int) -> None:
+    """Raise :class:`FormatError` naming the file, field and offset of the first violation of
+    :func:`index_violations`: the check every corpus gets when it is opened, so a damaged
+    index or a ``.bin`` of the wrong size never yields wrong tokens."""
+    for violation in index_violations(index, bin_path, bin_size):
+        raise FormatError(
+            f"{violation} (the corpus fails its consistency check at open; "
+            f"`mega verify` lists every violation)"
+        )
 
 
 def _size_violations(
@@ -167,38 +188,41 @@ def _document_violations(index: Index) -> Iterator[Violation]:
         return f"document_indices[{i}] (byte {base + 8 * i})"
 
     if len(documents) == 0:
-        yield Violation("documents", index.path, "document_indices is empty; expected at least 0")
+        yield Violation("documents", index.name, "document_indices is empty; expected at least 0")
         return
     if documents[0] != 0:
-        yield Violation("documents", index.path, f"{at(0)}: expected 0, found {documents[0]}")
+        yield Violation("documents", index.name, f"{at(0)}: expected 0, found {documents[0]}")
+    decreasing = False
     for start in range(0, len(documents), CHUNK):
         chunk = documents[start : start + CHUNK + 1]
-        steps = numpy.flatnonzero(chunk[1:] < chunk[:-1])
-        if len(steps):
-            i = start + int(steps[0]) + 1
+        if (chunk[1:] < chunk[:-1]).any():
+            decreasing = True
+            i = start + int(numpy.flatnonzero(chunk[1:] < chunk[:-1])[0]) + 1
             yield Violation(
                 "documents",
-                index.path,
+                index.name,
                 f"{at(i)}: document indices must not decrease, found {documents[i]} after "
                 f"{documents[i - 1]}",
             )
             break
-    for start in range(0, len(documents), CHUNK):
-        chunk = documents[start : start + CHUNK]
-        outside = numpy.flatnonzero((chunk < 0) | (chunk > index.sequence_count))
-        if len(outside):
-            i = start + int(outside[0])
-            yield Violation(
-                "documents",
-                index.path,
-                f"{at(i)}: expected a sequence index in 0..{index.sequence_count}, "
-                f"found {documents[i]}",
-            )
-            break
+    # entries that never decrease from 0 to the sequence count all lie between the two
+    if decreasing or documents[0] != 0 or documents[-1] != index.sequence_count:
+        for start in range(0, len(documents), CHUNK):
+            chunk = documents[start : start + CHUNK]
+            outside = numpy.flatnonzero((chunk < 0) | (chunk > index.sequence_count))
+            if len(outside):
+                i = start + int(outside[0])
+                yield Violation(
+                    "documents",
+                    index.name,
+                    f"{at(i)}: expected a sequence index in 0..{index.sequence_count}, "
+                    f"found {documents[i]}",
+                )
+                break
     if documents[-1] != index.sequence_count:
         yield Violation(
             "documents",
-            index.path,
+            index.name,
             f"{at(len(documents) - 1)}: the last entry must be the sequence count "
             f"{index.sequence_count}, found {documents[-1]}",
         )
@@ -209,33 +233,37 @@ def _sequence_violations(index: Index, meter: Progress | None) -> Iterator[Viola
     layout = index.layout
     negative_reported = False
     expected_pointer = 0  # byte offset where the next sequence must start
+    size_buffer = numpy.empty(CHUNK, dtype=numpy.int64)  # bytes of each sequence of a chunk
+    step_buffer = numpy.empty(CHUNK, dtype=numpy.int64)  # differences of successive pointers
     for start in range(0, index.sequence_count, CHUNK):
-        chunk = lengths[start : start + CHUNK].astype(numpy.int64)
-        negative = numpy.flatnonzero(chunk < 0)
-        if len(negative) and not negative_reported:
+        chunk = lengths[start : start + CHUNK]
+        if not negative_reported and chunk.min() < 0:
             negative_reported = True
-            i = start + int(negative[0])
+            i = start + int(numpy.flatnonzero(chunk < 0)[0])
             yield Violation(
                 "lengths",
-                index.path,
+                index.name,
                 f"sequence_lengths[{i}] (byte {layout.lengths_offset + 4 * i}): expected a "
                 f"length >= 0, found {lengths[i]}",
             )
-        expected = numpy.empty(len(chunk), dtype=numpy.int64)
-        expected[0] = expected_pointer
-        numpy.cumsum(chunk[:-1] * index.dtype_size, out=expected[1:])
-        expected[1:] += expected_pointer
-        wrong = numpy.flatnonzero(pointers[start : start + CHUNK] != expected)
-        if len(wrong):
-            i = start + int(wrong[0])
+        found = pointers[start : start + len(chunk)]
+        sizes = size_buffer[: len(chunk)]
+        numpy.multiply(chunk, index.dtype_size, dtype=numpy.int64, out=sizes)
+        steps = step_buffer[: len(chunk) - 1]
+        numpy.subtract(found[1:], found[:-1], out=steps)
+        if found[0] != expected_pointer or not numpy.array_equal(steps, sizes[:-1]):
+            expected = numpy.cumsum(sizes)
+            expected -= sizes
+            expected += expected_pointer
+            i = start + int(numpy.flatnonzero(found != expected)[0])
             yield Violation(
                 "pointers",
-                index.path,
+                index.name,
                 f"sequence_pointers[{i}] (byte {layout.pointers_offset + 8 * i}): expected "
                 f"{expected[i - start]} (the sum of the lengths before it times "
                 f"{index.dtype_size}), found {pointers[i]}",
             )
             return
-        expected_pointer = int(expected[-1]) + int(chunk[-1]) * index.dtype_size
+        expected_pointer = int(found[-1]) + int(sizes[-1])
         if meter is not None:
             meter.update(len(chunk))

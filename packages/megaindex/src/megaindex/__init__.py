@@ -23,6 +23,7 @@ from megaindex.errors import (
     ConfigError,
     IndexBuildError,
     MegaindexError,
+    SampleReadError,
     StaleCacheError,
 )
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
@@ -57,6 +58,7 @@ __all__ = [
     "MockGPTLowLevelDataset",
     "SFTDataset",
     "SFTDatasetConfig",
+    "SampleReadError",
     "Split",
     "StaleCacheError",
     "StepBatchSizeSchedule",

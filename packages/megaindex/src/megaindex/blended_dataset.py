@@ -60,6 +60,15 @@ class BlendTableRecipe:
     names = ("dataset_index", "dataset_sample_index")
     corpus = None
 
+    @property
+    def where(self) -> str:
+        return f"the blend of {len(self.datasets)} datasets ({self.split.name} split)"
+
+    def sizing(self) -> str:
+        if self.size is None:
+            return f"every sample of its datasets: {self.length()} samples"
+        return f"the blend's size: {self.size} samples"
+
     def length(self) -> int:
         """The number of samples: ``size``, or every sample of every part."""
         return self.size if self.size is not None else int(sum(self.weights))

@@ -12,9 +12,15 @@ names, so either implementation loads what the other built. What this module add
   finds the cache completed while it was building uses that one.
 * A damaged cache (truncated or unreadable ``.npy``, a table of the wrong dtype or shape, a
   description that does not match) is detected and rebuilt with a warning naming the file.
-* A sidecar ``<md5>-<Class>-<split>-megaindex.json`` records a fingerprint of the corpus and the
-  table shapes. megatron-core's key holds the corpus path but nothing of its contents; the
-  sidecar notices a corpus re-tokenized into the same path.
+* A sidecar ``<md5>-<Class>-<split>-megaindex.json`` records a fingerprint of the corpus, the
+  table shapes and a checksum of each table. megatron-core's key holds the corpus path but
+  nothing of its contents; the sidecar notices a corpus re-tokenized into the same path, and
+  the checksums a table damaged inside its valid range (checked at load, at the speed the
+  tables are read, for each table file that is not exactly the one saved: a write or a copy
+  gives it another identity; ``fast_cache_load`` and deferred mapping skip it, as they skip
+  every check).
+* Temporary files of builds that were killed (their process is gone) are removed by the next
+  build of the same entry.
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from megafmt.shared import atomic_write, map_file
+from megafmt.shared import (
+    atomic_write,
+    checksum,
+    file_identity,
+    map_file,
+    remove_stale_partials,
+)
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 
@@ -210,10 +222,15 @@ class IndexCache:
         directory = self.entry.directory
         try:
             os.makedirs(directory, exist_ok=True)
+            for path in (*self.entry.files(), self.entry.sidecar_path):
+                for leftover in remove_stale_partials(path):
+                    logger.info("removed %s, left by a build that was killed", leftover)
             for table in self.entry.tables:
                 with atomic_write(self.entry.table_path(table)) as stream:
                     numpy.save(stream, tables[table], allow_pickle=False)
-            if sidecar is not None:
+            if sidecar is not None:  # with the identity of each table file now in place
+                stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
+                sidecar = {**sidecar, "table_files": stats}
                 with atomic_write(self.entry.sidecar_path) as stream:
                     text = json.dumps({"format": SIDECAR_FORMAT, **sidecar}, indent=2)
                     stream.write(text.encode())
@@ -231,6 +248,33 @@ class IndexCache:
 def table_specs(tables: Mapping[str, numpy.ndarray]) -> dict[str, dict[str, Any]]:
     """The dtype and shape of each table, as recorded in the sidecar."""
     return {name: {"dtype": a.dtype.name, "shape": list(a.shape)} for name, a in tables.items()}
+
+
+def table_checksums(tables: Mapping[str, numpy.ndarray]) -> dict[str, str]:
+    """The CRC-32 of each table's bytes, as recorded in the sidecar."""
+    return {
+        name: f"{checksum(numpy.ascontiguousarray(table)):08x}" for name, table in tables.items()
+    }
+
+
+def check_checksums(
+    entry: CacheEntry, tables: Mapping[str, numpy.ndarray], sidecar: Mapping[str, Any]
+) -> None:
+    """Raise :class:`DamagedCacheError` naming the first table whose bytes no longer have the
+    checksum the sidecar recorded when it was saved. A table file that is exactly the one saved
+    (same inode, size, modification and change times: nothing wrote to it since) is not read."""
+    recorded, saved_files = sidecar.get("checksums", {}), sidecar.get("table_files", {})
+    changed = {
+        name: table
+        for name, table in tables.items()
+        if name in recorded and saved_files.get(name) != file_identity(entry.table_path(name))
+    }
+    for name, found in table_checksums(changed).items():
+        if found != recorded[name]:
+            raise DamagedCacheError(
+                f"{entry.table_path(name)}: checksum {found}, but {entry.sidecar_path} "
+                f"recorded {recorded[name]} when it was saved: the table changed since"
+            )
 
 
 def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:

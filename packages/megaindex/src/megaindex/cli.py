@@ -16,7 +16,12 @@ from typing import Any
 import numpy
 
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, SFTTokenizer
-from megafmt.shared import TokenizerOptions, load_text_tokenizer
+from megafmt.shared import (
+    TokenizerOptions,
+    load_text_tokenizer,
+    non_negative_int,
+    positive_int,
+)
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
@@ -84,9 +89,11 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the validation blend's datasets apart",
     )
     data.add_argument("--mid-level-dataset-surplus", type=float, default=0.005)
-    data.add_argument("--num-dataset-builder-threads", type=int, default=1)
-    data.add_argument("--seq-length", type=int, required=True, help="tokens per sample")
-    data.add_argument("--context-parallel-size", type=int, default=1, help="SFT packs pad for it")
+    data.add_argument("--num-dataset-builder-threads", type=positive_int, default=1)
+    data.add_argument("--seq-length", type=positive_int, required=True, help="tokens per sample")
+    data.add_argument(
+        "--context-parallel-size", type=positive_int, default=1, help="SFT packs pad for it"
+    )
     data.add_argument(
         "--skip-bad-lines", action="store_true", help="SFT: count and skip bad jsonl lines"
     )
@@ -107,12 +114,12 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TRAIN[,VALID[,TEST]]",
         help="samples per split; an empty count builds one epoch",
     )
-    budget.add_argument("--train-iters", type=int)
-    budget.add_argument("--train-samples", type=int)
-    budget.add_argument("--global-batch-size", type=int)
-    budget.add_argument("--eval-interval", type=int)
-    budget.add_argument("--eval-iters", type=int, default=0)
-    budget.add_argument("--eval-global-batch-size", type=int)
+    budget.add_argument("--train-iters", type=non_negative_int)
+    budget.add_argument("--train-samples", type=non_negative_int)
+    budget.add_argument("--global-batch-size", type=positive_int)
+    budget.add_argument("--eval-interval", type=positive_int)
+    budget.add_argument("--eval-iters", type=non_negative_int, default=0)
+    budget.add_argument("--eval-global-batch-size", type=positive_int)
     budget.add_argument("--full-validation", action="store_true")
     budget.add_argument("--skip-train", action="store_true", help="evaluation only")
     budget.add_argument("--start-eval-at-iter", type=int, help="no evaluation before it")
@@ -154,7 +161,7 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(PROMPT_FORMATS),
     )
     tokenizer.add_argument("--eod", type=int, help="end-of-document id")
-    tokenizer.add_argument("--vocab-size", type=int, help="vocabulary size")
+    tokenizer.add_argument("--vocab-size", type=positive_int, help="vocabulary size")
     tokenizer.add_argument(
         "--tokenizer-model",
         help="a tokenizer.json (or its folder): FIM needs it, explain decodes with it",

@@ -21,3 +21,8 @@ class CacheError(MegaindexError, OSError):
 
 class StaleCacheError(MegaindexError, RuntimeError):
     """A cached index was built from a corpus that has changed since."""
+
+
+class SampleReadError(MegaindexError, RuntimeError):
+    """Reading a sample's tokens failed: the message names the corpus, the sample and its
+    documents, and the error underneath (chained) what went wrong."""

@@ -32,6 +32,7 @@ from megafmt.protocols import (
 from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
+from megaindex.errors import SampleReadError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.sample import SampleMaker
@@ -198,12 +199,37 @@ class GPTDataset(MegatronDataset):
     def _read_windows(self, samples: list[int], out: numpy.ndarray) -> bool:
         """Fill the rows of ``out`` with the windows of ``samples``, shaped by the subclass if
         it shapes them. Returns whether a row may hold the pad id."""
-        may_hold_pad = self.windows.fill(samples, out)
+        try:
+            may_hold_pad = self.windows.fill(samples, out)
+        except (IndexError, ValueError, OSError) as error:
+            raise self._read_error(samples, error) from error
         if self.shapes_samples:
             for row, idx in enumerate(samples):
                 out[row] = self.shape_sample(idx, out[row])
             may_hold_pad = True
         return may_hold_pad
+
+    def _read_error(self, samples: list[int], error: Exception) -> SampleReadError:
+        """``error``, raised while reading ``samples``, as an error naming the corpus, the first
+        sample that fails on its own, and its documents."""
+        row = numpy.empty((1, self._window), numpy.int64)
+        failing, documents = (samples[0] if samples else None), "unknown"
+        for idx in samples:
+            try:
+                spans = str(self.windows.spans(idx)[0])
+            except (IndexError, ValueError):
+                failing, documents = idx, "unknown: its tables do not say"
+                break
+            try:
+                self.windows.fill([idx], row)
+            except (IndexError, ValueError, OSError):
+                failing, documents = idx, spans
+                break
+        corpus = _path_prefix(self.dataset) or self.dataset_path or type(self.dataset).__name__
+        return SampleReadError(
+            f"{corpus}: reading sample {failing} of the {self.index_split.name} split "
+            f"(documents {documents}) failed: {error}"
+        )
 
     def shape_sample(self, idx: int, text: numpy.ndarray) -> numpy.ndarray:
         """Sample ``idx``'s window (int64, padded) as the dataset serves it: the identity here.

@@ -267,6 +267,15 @@ class GPTTableRecipe:
             "shuffle_index": TableSpec((numpy.dtype(shuffle_index_dtype(count)).name,), (count,)),
         }
 
+    def sizing(self) -> str:
+        plan = self.plan
+        documents = len(self.source.sequence_lengths if self.indices is None else self.indices)
+        return (
+            f"num_samples {self.num_samples} of sequence_length {self.sequence_length} tokens "
+            f"over {plan.tokens_per_epoch} tokens per epoch: {plan.num_epochs} epochs of "
+            f"{documents} documents"
+        )
+
     def settings(self) -> dict[str, bool]:
         """What the tables depend on that megatron-core leaves out of the cache key."""
         return {

@@ -25,6 +25,7 @@ import numpy
 import torch
 
 from megaindex.helpers import fill_document_causal_mask
+from megaindex.memory import check_fits
 
 
 def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
@@ -63,10 +64,21 @@ class SampleMaker:
         self._needs_starts = self.reset_position_ids or (
             self.reset_attention_mask and self.create_attention_mask
         )
+        self._check_fits()
         self._causal_mask: torch.Tensor | None = None
         self._expanded_masks: dict[int, torch.Tensor] = {}
         self._position_tensor: torch.Tensor | None = None
         self._positions = numpy.arange(self.sequence_length)
+
+    def _check_fits(self) -> None:
+        """Refuse a sequence length whose samples cannot fit in memory, before allocating."""
+        length = self.sequence_length
+        parts = {"a sample's tokens, labels and positions": 40 * (length + 1)}
+        sizing = f"sequence_length {length}"
+        if self.create_attention_mask:
+            parts["its attention mask"] = length * length
+            sizing += " with create_attention_mask (length squared)"
+        check_fits("GPTDataset samples", parts, sizing)
 
     @property
     def causal_mask(self) -> torch.Tensor:

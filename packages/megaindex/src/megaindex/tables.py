@@ -7,12 +7,13 @@ same for both:
 * ``path_to_cache`` unset (and no default place): built in memory, with megatron-core's warning.
 * ``defer_npy_index_mmap``: nothing is read until a table is first used, then the cached files
   are mapped (megatron-core's lazy mode); the dataset's length comes from the recipe meanwhile.
-* ``fast_cache_load``: the cached files are mapped without any check (megatron-core trusts them
-  there too).
+* ``fast_cache_load``: the cached files are mapped without any check, the tables' checksums
+  included (megatron-core trusts them there too).
 * otherwise: the cache is loaded after its checks (the description, each table's dtype and
   shape, and where the recipe fingerprints its inputs, that they did not change since the
-  build), or built on global rank 0 and saved (see :func:`megaindex.cache.load_or_build`); a
-  damaged or stale cache is rebuilt with a warning, or refused with ``stale_cache="error"``.
+  build and that each table's bytes still have the checksum recorded when it was saved), or
+  built on global rank 0 and saved (see :func:`megaindex.cache.load_or_build`); a damaged or
+  stale cache is rebuilt with a warning, or refused with ``stale_cache="error"``.
 
 ``source`` says which of these happened, with timings, for ``mega index build`` and the logs.
 """
@@ -20,6 +21,7 @@ same for both:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,11 +34,14 @@ from megaindex.cache import (
     DamagedCacheError,
     IndexCache,
     TableSpec,
+    check_checksums,
     load_or_build,
     specs_from_sidecar,
+    table_checksums,
     table_specs,
 )
 from megaindex.errors import ConfigError, StaleCacheError
+from megaindex.memory import check_fits, table_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +86,14 @@ class TableRecipe(Protocol):
     def settings(self) -> dict[str, Any] | None:
         """The settings the tables depend on that the cache key leaves out, recorded in the
         sidecar and compared at load; None: no sidecar (the shapes are checked instead)."""
+        ...
+
+    where: str
+    """The dataset the tables belong to, for errors."""
+
+    def sizing(self) -> str:
+        """The settings (with their values) that set the tables' sizes, for an error when they
+        do not fit in memory."""
         ...
 
 
@@ -147,7 +160,13 @@ class CachedTables:
         return state
 
     def _build(self) -> dict[str, numpy.ndarray]:
-        built = self.recipe.build()
+        recipe = self.recipe
+        try:
+            sizes, sizing = table_bytes(recipe.expected_specs()), recipe.sizing()
+        except ValueError:  # inputs the build refuses itself, with its own message
+            sizes, sizing = {}, ""
+        check_fits(recipe.where, sizes, sizing)
+        built = recipe.build()
         self.source.seconds.update(built.seconds)
         self._notes = built.notes
         return built.tables
@@ -163,6 +182,7 @@ class CachedTables:
             "config": settings,
             **self._notes,
             "tables": table_specs(tables),
+            "checksums": table_checksums(tables),
         }
 
     def _load_checked(self) -> dict[str, numpy.ndarray]:
@@ -182,7 +202,11 @@ class CachedTables:
                     f"{what}. Delete the cache, or set stale_cache='rebuild' to rebuild it"
                 )
             raise DamagedCacheError(what)
-        return cache.load(specs_from_sidecar(sidecar))
+        tables = cache.load(specs_from_sidecar(sidecar))
+        start = time.perf_counter()
+        check_checksums(cache.entry, tables, sidecar)
+        self.source.seconds["checksums"] = time.perf_counter() - start
+        return tables
 
     def _changes(self, sidecar: Mapping[str, Any], settings: dict[str, Any]) -> list[str]:
         """How the corpus and settings differ from those the sidecar recorded (empty: not)."""

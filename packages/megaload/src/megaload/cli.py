@@ -13,7 +13,7 @@ import hashlib
 import time
 from typing import Any
 
-from megafmt.shared import Progress, Registry
+from megafmt.shared import Progress, Registry, non_negative_int, positive_int
 from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig
@@ -40,9 +40,9 @@ class LoadCommand:
             default="megaindex",
             help="the megaload.datasets plugin that builds the dataset (default: megaindex)",
         )
-        simulate.add_argument("--micro-batch-size", type=int, required=True)
-        simulate.add_argument("--dp", type=int, default=1, help="data-parallel size")
-        simulate.add_argument("--steps", type=int, default=10)
+        simulate.add_argument("--micro-batch-size", type=positive_int, required=True)
+        simulate.add_argument("--dp", type=positive_int, default=1, help="data-parallel size")
+        simulate.add_argument("--steps", type=non_negative_int, default=10)
         simulate.add_argument(
             "--dataloader-type",
             choices=SAMPLERS.available(),
@@ -50,7 +50,7 @@ class LoadCommand:
             help="a megaload.samplers plugin (mega load samplers lists them)",
         )
         simulate.add_argument("--no-data-sharding", action="store_true")
-        simulate.add_argument("--num-workers", type=int, default=0)
+        simulate.add_argument("--num-workers", type=non_negative_int, default=0)
         simulate.add_argument(
             "--resume-at", type=int, default=0, metavar="S", help="start at consumed sample S"
         )
@@ -69,7 +69,7 @@ class LoadCommand:
             PROVIDERS.get(name)().configure(simulate)
         # the dataset providers usually take --global-batch-size for the sample budget already
         with contextlib.suppress(argparse.ArgumentError):
-            simulate.add_argument("--global-batch-size", type=int)
+            simulate.add_argument("--global-batch-size", type=positive_int)
 
     def run(self, args: argparse.Namespace) -> int:
         if args.load_command == "samplers":

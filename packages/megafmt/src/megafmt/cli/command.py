@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 
@@ -42,6 +43,28 @@ def add_multimodal_argument(parser: argparse.ArgumentParser, help: str) -> None:
 def multimodal_choice(args: argparse.Namespace) -> bool | None:
     """The parsed value of ``--multimodal``."""
     return MULTIMODAL_CHOICES[args.multimodal]
+
+
+def bounded_int(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for integers of at least ``minimum``: a bad value is an error
+    naming the argument (argparse adds it), the value and what is allowed, before any work."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # what argparse names in its own messages
+    return parse
+
+
+#: argparse types for sizes and counts
+positive_int = bounded_int(1)
+non_negative_int = bounded_int(0)
 
 
 def print_json(value: Any) -> None:

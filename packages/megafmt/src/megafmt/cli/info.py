@@ -45,6 +45,7 @@ def render(stats: CorpusStats, manifest: dict[str, Any] | None = None) -> str:
             ("tokens", f"{stats.tokens:,}"),
             ("files", f".idx {stats.idx_bytes:,} bytes, .bin {stats.bin_bytes:,} bytes"),
             ("multimodal", "yes" if stats.multimodal else "no"),
+            ("consistency", stats.consistency),
             ("sequence length", _lengths(stats.sequence_lengths)),
             ("document length", _lengths(stats.document_lengths)),
             *_manifest_rows(manifest),
@@ -53,7 +54,10 @@ def render(stats: CorpusStats, manifest: dict[str, Any] | None = None) -> str:
 
 
 class InfoCommand:
-    help = "show dtype, counts, total tokens and length percentiles of corpora"
+    help = (
+        "check corpora for consistency, then show dtype, counts, total tokens and length "
+        "percentiles"
+    )
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="corpus path prefix")

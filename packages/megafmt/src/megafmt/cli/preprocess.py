@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from megafmt.cli.command import positive_int
 from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
 from megafmt.tokenizers import MEGATRON_ALIASES, TOKENIZERS, TokenizerOptions
@@ -52,7 +53,9 @@ class PreprocessCommand:
         tok.add_argument("--tokenizer-model", help="tokenizer.json (or its folder), .model, vocab")
         tok.add_argument("--vocab-file", help="GPT-2 vocab.json")
         tok.add_argument("--merge-file", help="GPT-2 merges.txt")
-        tok.add_argument("--vocab-size", type=int, help="null tokenizer vocabulary; tiktoken size")
+        tok.add_argument(
+            "--vocab-size", type=positive_int, help="null tokenizer vocabulary; tiktoken size"
+        )
         tok.add_argument("--tokenizer-special-tokens", nargs="+", default=[])
         tok.add_argument("--tiktoken-pattern", default="v2", choices=["v1", "v2"])
         tok.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
@@ -81,10 +84,16 @@ class PreprocessCommand:
             help="Megatron-LM's SFT prompt format",
         )
         run = parser.add_argument_group("runtime")
-        run.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
-        run.add_argument("--partitions", type=int, default=1, help="Megatron's input partitions")
+        run.add_argument(
+            "--workers", type=positive_int, default=os.cpu_count() or 1, help="processes"
+        )
+        run.add_argument(
+            "--partitions", type=positive_int, default=1, help="Megatron's input partitions"
+        )
         run.add_argument("--keep-sequential-samples", action="store_true")
-        run.add_argument("--log-interval", type=int, default=1000, help="documents per line")
+        run.add_argument(
+            "--log-interval", type=positive_int, default=1000, help="documents per line"
+        )
         run.add_argument("--chunk-mb", type=float, default=1.0, help="input per worker call")
 
     def run(self, args: argparse.Namespace) -> int:

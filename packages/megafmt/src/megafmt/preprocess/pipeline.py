@@ -9,6 +9,7 @@ the bytes.
 from __future__ import annotations
 
 import collections
+import errno
 import multiprocessing
 import os
 import time
@@ -22,6 +23,7 @@ import numpy
 
 from megafmt.dtypes import DType
 from megafmt.errors import MegafmtError, PluginError
+from megafmt.format import get_bin_path
 from megafmt.manifest import write_manifest
 from megafmt.preprocess.encoding import EncodedChunk, EncodeSettings, encode_in_worker, start_worker
 from megafmt.preprocess.inputs import expand_input, read_chunks
@@ -32,6 +34,9 @@ from megafmt.tokenizers import TokenizerOptions, load_tokenizer, plugin_name
 
 #: bad lines named in the summary (all are counted)
 SHOWN_BAD_LINES = 5
+
+#: errno values of a write that failed for want of room: the disk, or the user's quota, is full
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class BadInputError(MegafmtError, ValueError):
@@ -215,10 +220,14 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
             take(window.popleft().result())
         pool.shutdown()
         outputs = output.finalize()
-    except BaseException:
+    except BaseException as error:
         pool.shutdown(wait=False, cancel_futures=True)
         output.abort()
         progress.close("")
+        if isinstance(error, OSError) and error.errno in FULL and error.filename is None:
+            # the OS says the disk is full, not which file was being written: name the outputs
+            outputs_named = ", ".join(get_bin_path(prefix) for prefix in output.prefixes.values())
+            raise OSError(error.errno, f"{error.strerror} (writing {outputs_named})") from error
         raise
     summary.elapsed = time.perf_counter() - start
     for key, prefix in outputs.items():

@@ -14,6 +14,7 @@ from megafmt.readers.base import (
     DescriptorReporting,
     IndexCopyingBinReader,
     PrefetchingBinReader,
+    ShrinkDetecting,
     ViewableBinReader,
 )
 from megafmt.registry import Registry
@@ -55,6 +56,7 @@ __all__ = [
     "DescriptorReporting",
     "IndexCopyingBinReader",
     "PrefetchingBinReader",
+    "ShrinkDetecting",
     "ViewableBinReader",
     "default_reader_name",
     "is_url",

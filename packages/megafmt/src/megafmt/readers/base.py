@@ -85,6 +85,18 @@ class DescriptorReporting(BinReader, Protocol):
     holds_descriptor: bool
 
 
+@runtime_checkable
+class ShrinkDetecting(BinReader, Protocol):
+    """A reader that can tell when its file became shorter than when it was opened (the
+    ``mmap`` reader: touching a mapped page past the new end of the file kills the process with
+    SIGBUS, which no Python code can catch, so the dataset asks before reading)."""
+
+    def check_size(self) -> None:
+        """Raise :class:`~megafmt.errors.FormatError` naming the file and both sizes when the
+        file at ``path`` is the one opened and is now shorter than ``nbytes``."""
+        ...
+
+
 class BinReaderFactory(Protocol):
     """What a ``megafmt.readers`` entry point loads: ``factory(path, **options)``."""
 

@@ -15,6 +15,10 @@ megatron-core's S3 reader keeps one chunk, fetches nothing ahead and fetches a w
 every sample. Requests that fail transiently are retried with backoff (``megafmt.retry``); a
 short answer is retried too, never returned; a request a read waits on that is still unanswered
 after ``hedge_after`` seconds is sent again on another connection, the first answer winning.
+Over S3 every request times out after ``connect_timeout`` and ``read_timeout`` seconds, no
+attempt starts after ``deadline`` seconds, and every read is bound to the ETag seen when the
+reader opened the object: a replaced object is an :class:`~megafmt.errors.ObjectChangedError`
+naming the URL and both ETags (see :mod:`megafmt.remote`).
 The reader keeps no file descriptor, and after pickling or a fork (DataLoader workers) each
 process opens its own client.
 """
@@ -32,8 +36,16 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy
 
+from megafmt.errors import ObjectChangedError, ReadError
 from megafmt.readers.base import check_read_range
-from megafmt.remote import cached_index, fetch_range, filesystem
+from megafmt.remote import (
+    CONNECT_TIMEOUT,
+    READ_TIMEOUT,
+    cached_index,
+    etag_of,
+    fetch_range,
+    filesystem,
+)
 from megafmt.retry import RetryPolicy
 
 #: spans that start at or before a read's first byte, looked at for one that holds the read
@@ -74,6 +86,9 @@ class FsspecBinReader:
         retries: int = 6,
         first_wait: float = 0.1,
         hedge_after: float | None = 2.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
+        deadline: float | None = 60.0,
         idx_cache_dir: str | None = None,
         storage_options: dict[str, Any] | None = None,
         object_storage_config: Any = None,
@@ -84,11 +99,14 @@ class FsspecBinReader:
             or readahead < 0
             or threads < 1
             or random_read_bytes < 1
+            or not connect_timeout > 0
+            or not read_timeout > 0
         ):
             raise ValueError(
-                f"need chunk_bytes >= 1, cache_bytes >= chunk_bytes, readahead >= 0, "
-                f"threads >= 1 and random_read_bytes >= 1; got {chunk_bytes}, {cache_bytes}, "
-                f"{readahead}, {threads}, {random_read_bytes}"
+                f"{path}: need chunk_bytes >= 1, cache_bytes >= chunk_bytes, readahead >= 0, "
+                f"threads >= 1, random_read_bytes >= 1, connect_timeout > 0 and "
+                f"read_timeout > 0; got {chunk_bytes}, {cache_bytes}, {readahead}, {threads}, "
+                f"{random_read_bytes}, {connect_timeout}, {read_timeout}"
             )
         if idx_cache_dir is None and isinstance(object_storage_config, IdxCacheSetting):
             idx_cache_dir = object_storage_config.path_to_idx_cache
@@ -101,17 +119,30 @@ class FsspecBinReader:
         self.hedge_after = hedge_after
         self.idx_cache_dir = idx_cache_dir
         self.storage_options = dict(storage_options or {})
-        self.policy = RetryPolicy(retries, first_wait)
+        self.timeouts = (connect_timeout, read_timeout)
+        self.policy = RetryPolicy(retries, first_wait, deadline=deadline)
+        self.version: str | None = None
         self._start()
-        info = self.policy.call(
-            path, self._filesystem().info, self._path_in_fs, counter=self.retry_count
-        )
+        info = self.policy.call(path, self._fs.info, self._path_in_fs, counter=self.retry_count)
         self.nbytes = int(info["size"])
+        #: the ETag seen at open: every read is bound to it
+        self.version = etag_of(info)
+        self._fs, self._path_in_fs = self._client(self.version)
+
+    def _client(self, version: str | None) -> tuple[Any, str]:
+        """A file system client with this reader's timeouts (bound to ``version``, if given)."""
+        return filesystem(
+            self.path,
+            self.storage_options,
+            connect_timeout=self.timeouts[0],
+            read_timeout=self.timeouts[1],
+            if_match=version,
+        )
 
     def _start(self) -> None:
         """Per-process state: the client, the chunk cache, the prefetch threads."""
         self._pid = os.getpid()
-        self._fs, self._path_in_fs = filesystem(self.path, self.storage_options)
+        self._fs, self._path_in_fs = self._client(self.version)
         self._lock = threading.Lock()
         self._chunks: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._cached = 0
@@ -144,8 +175,10 @@ class FsspecBinReader:
             "hedge_after",
             "idx_cache_dir",
             "storage_options",
+            "timeouts",
             "policy",
             "nbytes",
+            "version",
         )
         return {name: getattr(self, name) for name in keep}
 
@@ -158,7 +191,12 @@ class FsspecBinReader:
         """A local copy of the corpus's ``.idx`` (fetched once, refreshed when it changes)."""
         idx_url = self.path[: -len(".bin")] + ".idx"
         return cached_index(
-            idx_url, self.idx_cache_dir, self.storage_options, self.policy, self.retry_count
+            idx_url,
+            self.idx_cache_dir,
+            self.storage_options,
+            self.policy,
+            self.retry_count,
+            self.timeouts,
         )
 
     @property
@@ -174,9 +212,24 @@ class FsspecBinReader:
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of the object: one request, retried when it fails."""
         fs = self._filesystem()
-        return fetch_range(
-            fs, self._path_in_fs, self.path, start, end, self.policy, self.retry_count
-        )
+        try:
+            return fetch_range(
+                fs, self._path_in_fs, self.path, start, end, self.policy, self.retry_count
+            )
+        except ObjectChangedError as error:
+            raise ObjectChangedError(
+                f"{self.path}: the object changed since the corpus was opened: ETag "
+                f"{self.version} then, {self._current_version()} now. Its index may have "
+                "changed with it: reopen the corpus"
+            ) from error
+
+    def _current_version(self) -> str:
+        """The object's ETag now (for the message of a changed object)."""
+        fs, path_in_fs = self._client(None)
+        try:
+            return str(etag_of(self.policy.call(self.path, fs.info, path_in_fs)))
+        except ReadError as error:
+            return f"unknown ({error})"
 
     def _check_open(self) -> None:
         if self._closed:

@@ -4,6 +4,13 @@ Reads are zero-copy views into the mapping, so the page cache is shared by every
 machine (DataLoader workers included). A returned array keeps the mapping alive; it is unmapped
 when the reader and every array it returned are gone, never under a live array. No file
 descriptor stays open (:mod:`megafmt.mapping`).
+
+A mapped file that shrinks (rewritten in place, as ``cp new.bin corpus.bin`` does) kills a
+process that touches a page past its new end with SIGBUS, which Python cannot catch.
+:meth:`MMapBinReader.check_size` (one ``stat``) turns that into a
+:class:`~megafmt.errors.FormatError`; the dataset calls it before reading from the mapping (see
+:mod:`megafmt.dataset` for how often). A file replaced by a rename (``mv``) is safe: the mapping
+keeps the old file.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from typing import Any
 
 import numpy
 
+from megafmt.errors import FormatError
 from megafmt.index import open_readonly
 from megafmt.mapping import map_file
 from megafmt.readers.base import check_read_range
@@ -27,7 +35,9 @@ class MMapBinReader:
         self.path = path
         fd = open_readonly(path, "token file")
         try:
-            self.nbytes = os.fstat(fd).st_size
+            status = os.fstat(fd)
+            self.nbytes = status.st_size
+            self._identity = (status.st_dev, status.st_ino)
             self._data: numpy.ndarray | None = map_file(path, fd, self.nbytes)
         finally:
             os.close(fd)
@@ -61,6 +71,20 @@ class MMapBinReader:
             start = offset // itemsize
             return view[start : start + count]
         return self._data[offset : offset + count * itemsize].view(dtype)
+
+    def check_size(self) -> None:
+        """Raise :class:`FormatError` when the mapped file is now shorter than when opened."""
+        try:
+            status = os.stat(self.path)
+        except OSError:  # removed or renamed away: the mapping keeps the file it mapped
+            return
+        if (status.st_dev, status.st_ino) == self._identity and status.st_size < self.nbytes:
+            raise FormatError(
+                f"{self.path}: the file shrank from {self.nbytes} to {status.st_size} bytes "
+                "since it was opened (rewritten in place?); reading it through the memory map "
+                "would kill the process (SIGBUS). Replace corpora by renaming a new file over "
+                "the old one, never in place, and reopen the dataset"
+            )
 
     def close(self) -> None:
         """Drop this reader's reference to the mapping."""

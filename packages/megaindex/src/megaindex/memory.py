@@ -1,0 +1,78 @@
+"""Refusing, before anything is allocated, index tables or samples larger than the memory.
+
+A huge ``sequence_length`` or sample count makes GPTDataset's document index hold billions of
+entries (one per document per epoch), and a long sequence's attention mask is its length
+squared: allocating them would go on until the process is killed. Their sizes follow from the
+settings (the tables' from ``TableRecipe.expected_specs``), so they are known first and compared
+with the memory available to this process: the kernel's ``MemAvailable``, capped by the
+cgroup's limit in a container. Building needs somewhat more than the tables themselves (a few
+temporaries); that margin is not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy
+
+from megaindex.cache import TableSpec
+from megaindex.errors import IndexBuildError
+
+UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human(size: int) -> str:
+    """``size`` bytes in the largest binary unit it reaches (``1.5 GiB``)."""
+    value, unit = float(size), 0
+    while value >= 1024 and unit < len(UNITS) - 1:
+        value, unit = value / 1024, unit + 1
+    return f"{size} bytes" if unit == 0 else f"{value:,.1f} {UNITS[unit]}"
+
+
+def _read_number(path: str, prefix: str = "") -> int | None:
+    """The number on the line of ``path`` starting with ``prefix`` (in bytes; ``kB`` scaled);
+    None when the file, the line or a number is not there (``max`` means no limit)."""
+    try:
+        with open(path, encoding="ascii") as stream:
+            for line in stream:
+                if line.startswith(prefix):
+                    fields = line[len(prefix) :].split()
+                    scale = 1024 if fields[-1:] == ["kB"] else 1
+                    return int(fields[0]) * scale if fields and fields[0].isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate without swapping, or None when unknown."""
+    available = _read_number("/proc/meminfo", "MemAvailable:")
+    limit = _read_number("/sys/fs/cgroup/memory.max")
+    used = _read_number("/sys/fs/cgroup/memory.current")
+    if limit is not None and used is not None:
+        room = max(limit - used, 0)
+        available = room if available is None else min(available, room)
+    return available
+
+
+def table_bytes(specs: Mapping[str, TableSpec]) -> dict[str, int]:
+    """The bytes each table of ``specs`` takes (its first dtype, its shape)."""
+    return {
+        name: int(numpy.prod(spec.shape, dtype=object)) * numpy.dtype(spec.dtypes[0]).itemsize
+        for name, spec in specs.items()
+    }
+
+
+def check_fits(where: str, parts: Mapping[str, int], sizing: str) -> None:
+    """Raise :class:`IndexBuildError` when ``parts`` (name: bytes) need more memory than is
+    available, naming ``where`` (the dataset), each part's size and ``sizing`` (the settings
+    that set those sizes, with their values)."""
+    needed = sum(parts.values())
+    available = available_memory()
+    if available is None or needed <= available:
+        return
+    sizes = ", ".join(f"{name} {human(size)}" for name, size in parts.items())
+    raise IndexBuildError(
+        f"{where}: needs {human(needed)} ({sizes}), but this machine has {human(available)} "
+        f"available; the sizes follow from {sizing}: lower them"
+    )
