@@ -1,3 +1,6 @@
+import dataclasses
+import inspect
+
 import pytest
 
 from megaindex import (
@@ -107,3 +110,17 @@ def test_base_config_needs_no_tokenizer():
         random_seed=0, sequence_length=4, blend=(["a"], None), split="1"
     )
     assert config.split_matrix == [(0, 1.0), None, None]
+
+
+@pytest.mark.parametrize("config_class", [BlendedMegatronDatasetConfig, GPTDatasetConfig])
+def test_own_fields_are_keyword_only_and_last(config_class):
+    fields = [f for f in dataclasses.fields(config_class) if f.init]
+    own = [f.name for f in fields if f.kw_only]
+    assert set(own) <= {"barrier_timeout", "stale_cache"} and "barrier_timeout" in own
+    # positional fields first: megatron-core's order is the order of __init__
+    names = list(inspect.signature(config_class).parameters)
+    assert names[-len(own) :] == own
+    assert all(
+        inspect.signature(config_class).parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
+        for n in own
+    )
