@@ -98,13 +98,18 @@ class BlendedMegatronDatasetBuilder:
         distributed.barrier(self.config.barrier_timeout)
 
     def build(self) -> list[Any]:
-        """The dataset of each split (None for an empty split or a rank that builds none)."""
+        """The dataset of each split: None for a split without a share of the data or a rank
+        that builds none; an empty dataset (or blend) for a share that holds no tokens when no
+        samples are asked of it (asked for samples, it is an
+        :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns."""
         if not self.config.mock and distributed.builds_shared_files():
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
             check_tokenizers_agree(blends)
         datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets, strict=True):
+            if dataset is None or len(dataset) == 0:  # an empty split: nothing to check
+                continue
             if isinstance(dataset, BlendedDataset) and dataset.size is not None:
                 if len(dataset) != dataset.size:
                     raise IndexBuildError(

@@ -32,6 +32,7 @@ from megafmt.protocols import (
 from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
+from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.sample import SampleMaker
@@ -121,22 +122,24 @@ class GPTDataset(MegatronDataset):
 
     @staticmethod
     def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> IndexedDataset:
-        """Open the corpus at ``dataset_path`` with megafmt."""
-        counts = None
-        if config.sequences_per_dataset:
-            counts = config.sequences_per_dataset[dataset_path]
+        """Open the corpus at ``dataset_path`` with megafmt, its header read on every path:
+        the counts ``sequences_per_dataset`` gives are checked against it, and the tokens are
+        read in its dtype (:mod:`megaindex.corpus_header`)."""
+        counts = expected_counts(config.sequences_per_dataset, dataset_path)
         remote_options = None
         if is_url(dataset_path) and config.object_storage_cache_path is not None:
             remote_options = {"idx_cache_dir": config.object_storage_cache_path}
-        return IndexedDataset(
+        dataset = IndexedDataset(
             dataset_path,
             multimodal=False,
             mmap=config.mmap_bin_files,
             fast_cache_load=config.fast_cache_load,
-            sequences_per_dataset=counts,
-            dtype_code=config.token_dtype_code,
             reader_options=remote_options,
         )
+        if counts is not None:
+            check_counts(dataset, dataset_path, counts)
+            check_token_dtype(dataset, dataset_path, config.token_dtype_code)
+        return dataset
 
     @property
     def document_index(self) -> numpy.ndarray | None:
