@@ -19,6 +19,7 @@ from megaindex import (
     MissingCacheError,
     MissingSequenceCountError,
     SequenceCountError,
+    TokenDtypeError,
 )
 from megaindex.tokenizer import IdentifiedTokenizer
 
@@ -153,6 +154,16 @@ def test_an_agreeing_dtype_gives_no_warning(make_config, corpus):
         build(counted(make_config, corpus, [300, 301]), [20, None, None])
 
 
+def test_a_corpus_of_float_tokens_builds_but_serves_no_samples(make_config, tmp_path):
+    corpus = megaindex_corpus(tmp_path, [[1.0, 2.0, 3.0]] * 20, dtype=numpy.float32)
+    train = build(make_config(blend=([corpus], None), split="1"), [None, None, None])[0]
+    assert len(train) == 1  # 60 tokens: one sample of 32 + 1
+    for read in (lambda: train[0], lambda: train.__getitems__([0])):
+        with pytest.raises(TokenDtypeError, match="holds float32 tokens") as raised:
+            read()
+        assert isinstance(raised.value, TypeError)  # megatron-core's cast fails so
+
+
 # ---- a cache trusted and absent ----------------------------------------------------------------
 
 
@@ -183,6 +194,7 @@ def test_deferred_mapping_without_a_cache_fails_on_first_use(make_config):
         (SequenceCountError, (AssertionError,)),
         (MissingSequenceCountError, (SequenceCountError, KeyError)),
         (MissingCacheError, (megaindex.CacheError, FileNotFoundError)),
+        (TokenDtypeError, (TypeError,)),
     ],
 )
 def test_errors_are_what_megatron_core_raises_there(error, bases):
@@ -198,7 +210,7 @@ def test_every_public_error_is_documented_and_exported():
         if isinstance(getattr(megaindex, name), type)
         and issubclass(getattr(megaindex, name), Exception)
     ]
-    assert len(errors) >= 9
+    assert len(errors) >= 10
     for error in errors:
         assert issubclass(error, MegaindexError), error
         assert error.__doc__ and len(error.__doc__) > 30, error

@@ -28,6 +28,7 @@ from megaindex.errors import (
     MissingSequenceCountError,
     SequenceCountError,
     StaleCacheError,
+    TokenDtypeError,
 )
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import (
@@ -61,6 +62,7 @@ __all__ = [
     "SequenceCountError",
     "Split",
     "StaleCacheError",
+    "TokenDtypeError",
     "__version__",
     "backend",
     "build_blending_indices",

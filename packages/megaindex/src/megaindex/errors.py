@@ -44,6 +44,11 @@ class MissingSequenceCountError(SequenceCountError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class TokenDtypeError(MegaindexError, TypeError):
+    """A GPTDataset's corpus holds float tokens: its tables build, its samples cannot be read
+    (megatron-core's cast to int64 raises a ``TypeError`` there too)."""
+
+
 class CacheError(MegaindexError, OSError):
     """The index cache cannot be written, or is missing where it must exist."""
 

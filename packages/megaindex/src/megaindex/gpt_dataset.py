@@ -33,6 +33,7 @@ from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
+from megaindex.errors import TokenDtypeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.sample import SampleMaker
@@ -111,6 +112,11 @@ class GPTDataset(MegatronDataset):
             )
         self._prefetches = (
             isinstance(indexed_dataset, PrefetchingSource) and indexed_dataset.prefetches
+        )
+        self._token_dtype = (
+            numpy.dtype(indexed_dataset.index.dtype)
+            if isinstance(indexed_dataset, IndexedDataset)
+            else None
         )
 
     # ---- megatron-core's API -----------------------------------------------------------------
@@ -198,12 +204,23 @@ class GPTDataset(MegatronDataset):
     def _read_windows(self, samples: list[int], out: numpy.ndarray) -> bool:
         """Fill the rows of ``out`` with the windows of ``samples``, shaped by the subclass if
         it shapes them. Returns whether a row may hold the pad id."""
+        self._check_token_dtype()
         may_hold_pad = self.windows.fill(samples, out)
         if self.shapes_samples:
             for row, idx in enumerate(samples):
                 out[row] = self.shape_sample(idx, out[row])
             may_hold_pad = True
         return may_hold_pad
+
+    def _check_token_dtype(self) -> None:
+        """Refuse to read samples of a corpus of float tokens: token ids are integers, and
+        megatron-core's samples fail there too (its cast to int64 raises a TypeError); the
+        tables build, as there."""
+        if self._token_dtype is not None and self._token_dtype.kind == "f":
+            raise TokenDtypeError(
+                f"{self.dataset_path}: the corpus holds {self._token_dtype.name} tokens, but "
+                "samples are integer token ids; re-tokenize it with an integer dtype"
+            )
 
     def shape_sample(self, idx: int, text: numpy.ndarray) -> numpy.ndarray:
         """Sample ``idx``'s window (int64, padded) as the dataset serves it: the identity here.
@@ -231,6 +248,7 @@ class GPTDataset(MegatronDataset):
     ) -> tuple[numpy.ndarray, numpy.ndarray]:
         """The token ids of sample ``idx`` (int64, padded to the window) and its document ids
         (megatron-core's method)."""
+        self._check_token_dtype()
         text = numpy.empty((1, self._window), dtype=numpy.int64)
         self._token_windows.fill([idx], text)
         return text[0], numpy.array(self.sample_spans(idx)[0], dtype=numpy.int64)
