@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy
 import pytest
-import torch
 from seedref import SeedProcess, SeedRaised
 
 import megaindex
@@ -38,7 +37,8 @@ SEEDSIDE = Path(__file__).parent / "seedside"
 sys.path.insert(0, str(SEEDSIDE))
 import dataset_fuzz_reference as reference  # noqa: E402 (a seed-side module, run here too)
 
-pytestmark = pytest.mark.compat
+# megatron-core 0.16.1's BlendedDataset asks torch.distributed for its rank, unguarded
+pytestmark = [pytest.mark.compat, pytest.mark.usefixtures("single_process_group")]
 
 START = int(os.environ.get("FUZZ_START", "0"))
 COUNT = int(os.environ.get("FUZZ_COUNT", "24"))
@@ -371,17 +371,6 @@ OUTCOMES: dict[str, Counter] = {
     "seed": Counter(),
 }
 MISMATCHES: list[int] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group(tmp_path_factory):
-    """megatron-core 0.16.1's BlendedDataset asks torch.distributed for its rank, unguarded."""
-    store = tmp_path_factory.mktemp("pg") / "store"
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=0, world_size=1
-    )
-    yield
-    torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,12 @@ def test_a_corpus_missing_from_the_counts_is_a_key_error(make_config, corpus, sm
     assert not str(raised.value).startswith(("'", '"'))  # the message, not KeyError's repr
 
 
+@pytest.mark.parametrize("entry", [[300], [300, 301, 0], 300, ["300", "301"]])
+def test_an_entry_that_is_not_two_counts_is_named(make_config, corpus, entry):
+    with pytest.raises(SequenceCountError, match=r"expected \[sequence count, document count\]"):
+        build(counted(make_config, corpus, entry), [20, None, None])
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["checked", "fast_cache_load"])
 def test_the_header_dtype_wins_over_the_vocabulary_with_a_warning(make_config, tmp_path, fast):
     # Megatron's preprocess writes int32 from 65500 ids up; the dataset config assumes
