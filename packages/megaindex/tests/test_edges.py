@@ -220,9 +220,17 @@ def test_every_public_error_is_documented_and_exported():
     for error in errors:
         assert issubclass(error, MegaindexError), error
         assert error.__doc__ and len(error.__doc__) > 30, error
+    assert megaindex.BackendError in errors and megaindex.BarrierTimeoutError in errors
 
 
 def test_config_errors_are_assertions_too(make_config):
     # megatron-core asserts `split is not None` here
     with pytest.raises(AssertionError, match="split must be given with blend"):
         make_config(split=None)
+
+
+def test_a_gpt_dataset_over_mock_configuration_is_a_config_error(make_config):
+    config = make_config(blend=None, split=None, blend_per_split=[None, None, None])
+    assert config.mock  # no corpus named anywhere: megatron-core's mock data
+    with pytest.raises(ConfigError, match="build MockGPTDataset"):
+        build(config, [10, None, None])

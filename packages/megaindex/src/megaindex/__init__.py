@@ -6,7 +6,7 @@ same configuration gives the same samples in the same order, sharing index cache
 
 from importlib.metadata import version
 
-from megaindex.backends import backend
+from megaindex.backends import BackendError, backend
 from megaindex.blend import get_blend_and_blend_per_split, get_blend_from_list
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import get_train_valid_test_num_samples
@@ -43,6 +43,7 @@ from megaindex.utils import Split
 __version__ = version("megaindex")
 
 __all__ = [
+    "BackendError",
     "BarrierTimeoutError",
     "BlendedDataset",
     "BlendedMegatronDatasetBuilder",

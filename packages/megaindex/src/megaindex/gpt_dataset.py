@@ -33,7 +33,7 @@ from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
-from megaindex.errors import TokenDtypeError
+from megaindex.errors import ConfigError, TokenDtypeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.sample import SampleMaker
@@ -131,6 +131,12 @@ class GPTDataset(MegatronDataset):
         """Open the corpus at ``dataset_path`` with megafmt, its header read on every path:
         the counts ``sequences_per_dataset`` gives are checked against it, and the tokens are
         read in its dtype (:mod:`megaindex.corpus_header`)."""
+        if dataset_path is None:  # megatron-core fails here too ("failed to build as a mock")
+            raise ConfigError(
+                f"{GPTDataset.__name__} reads a corpus, but this configuration is mock data: "
+                "neither blend nor blend_per_split names a corpus (a blend_per_split of only "
+                "None counts as none); give the data, or build MockGPTDataset ('mock')"
+            )
         counts = expected_counts(config.sequences_per_dataset, dataset_path)
         remote_options = None
         if is_url(dataset_path) and config.object_storage_cache_path is not None:
