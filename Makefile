@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PACKAGES := $(shell $(PYTHON) tools/venvs.py list)
 
-.PHONY: setup demo test lint test-packages test-cross bench clean $(addprefix test-,$(PACKAGES))
+.PHONY: setup demo test lint test-packages test-cross fuzz bench clean $(addprefix test-,$(PACKAGES))
 
 setup:
 	$(PYTHON) tools/venvs.py full
@@ -28,6 +28,14 @@ $(addprefix test-,$(PACKAGES)): test-%:
 
 test-cross: setup
 	.venv/bin/python -m pytest tests
+
+# The dataset fuzz test, larger: FUZZ_COUNT cases from seed FUZZ_START, each built by megaindex,
+# megatron-core 0.16.1 and the seed commit (CI runs 24 from 0, and the regression seeds).
+FUZZ_COUNT ?= 500
+FUZZ_START ?= 0
+fuzz: setup
+	FUZZ_COUNT=$(FUZZ_COUNT) FUZZ_START=$(FUZZ_START) .venv/bin/python -m pytest \
+		tests/compat/test_dataset_fuzz.py -q
 
 bench: setup
 	.venv/bin/python tools/bench/bench_megafmt.py

@@ -22,16 +22,8 @@ from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
 import megaindex
 from megafmt.testing import VOCAB, write_corpus
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_process_group(tmp_path_factory):
-    """megatron-core's BlendedDataset asks torch.distributed for the rank unguarded."""
-    store = tmp_path_factory.mktemp("pg") / "store"
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=0, world_size=1
-    )
-    yield
-    torch.distributed.destroy_process_group()
+# megatron-core's BlendedDataset asks torch.distributed for the rank unguarded
+pytestmark = pytest.mark.usefixtures("single_process_group")
 
 
 @pytest.fixture(scope="module")

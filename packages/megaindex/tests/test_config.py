@@ -1,3 +1,6 @@
+import dataclasses
+import inspect
+
 import pytest
 
 from megaindex import (
@@ -123,3 +126,17 @@ def test_split_equals_the_member_of_the_same_name_of_another_split_enum() -> Non
     assert Split.train not in (MegatronSplit.valid, MegatronSplit.test)
     assert {MegatronSplit.test: "test"}[Split.test] == "test"
     assert Split.valid != OtherSplit.valid and Split.valid != 1
+
+
+@pytest.mark.parametrize("config_class", [BlendedMegatronDatasetConfig, GPTDatasetConfig])
+def test_own_fields_are_keyword_only_and_last(config_class):
+    fields = [f for f in dataclasses.fields(config_class) if f.init]
+    own = [f.name for f in fields if f.kw_only]
+    assert set(own) <= {"barrier_timeout", "stale_cache"} and "barrier_timeout" in own
+    # positional fields first: megatron-core's order is the order of __init__
+    names = list(inspect.signature(config_class).parameters)
+    assert names[-len(own) :] == own
+    assert all(
+        inspect.signature(config_class).parameters[n].kind is inspect.Parameter.KEYWORD_ONLY
+        for n in own
+    )

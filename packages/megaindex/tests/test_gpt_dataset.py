@@ -17,6 +17,7 @@ from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
     CacheError,
+    EmptySplitError,
     GPTDataset,
     IndexBuildError,
     Split,
@@ -262,9 +263,9 @@ def test_default_cache_sits_beside_the_data(make_config, corpus):
     )
 
 
-def test_a_split_without_documents_is_an_error(make_config, tmp_path):
+def test_samples_asked_of_a_split_without_documents_are_an_error(make_config, tmp_path):
     small = write_corpus(str(tmp_path / "small"), documents=10)
-    with pytest.raises(IndexBuildError, match="the split holds no documents"):
+    with pytest.raises(EmptySplitError, match=r"small \(valid split\): 5 samples need 161"):
         build(make_config(blend=([small], None), split="99,1,0"), [10, 5, None])
 
 

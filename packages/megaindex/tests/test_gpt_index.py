@@ -3,9 +3,10 @@
 import numpy
 import pytest
 
-from megaindex import IndexBuildError
+from megaindex import EmptySplitError, IndexBuildError
 from megaindex.gpt_index import (
     UINT32_SHUFFLE_LIMIT,
+    EpochPlan,
     build_document_index,
     build_gpt_index_tables,
     build_shuffle_index,
@@ -34,9 +35,16 @@ def test_a_mostly_used_final_epoch_is_not_separate():
     assert (plan.num_epochs, plan.separate_final_epoch) == (3, False)
 
 
-def test_plan_refuses_an_empty_split():
-    with pytest.raises(IndexBuildError, match="holds no tokens"):
+def test_plan_of_an_empty_split_asked_for_samples_is_an_error():
+    with pytest.raises(EmptySplitError, match="201 tokens .* but the split holds none"):
         plan_epochs(0, 10, 20, True)
+    with pytest.raises(EmptySplitError):  # 0 samples still need the extra token
+        plan_epochs(0, 0, 20, True)
+
+
+@pytest.mark.parametrize("num_samples,extra", [(None, True), (None, False), (0, False)])
+def test_plan_of_an_empty_split_asked_for_nothing_is_one_empty_epoch(num_samples, extra):
+    assert plan_epochs(0, num_samples, 20, extra) == EpochPlan(0, 1, False, None)
 
 
 def test_document_index_is_each_epoch_shuffled():
@@ -58,10 +66,21 @@ def test_shuffle_index_keeps_the_final_epoch_apart():
     assert UINT32_SHUFFLE_LIMIT == 2**32 - 2
 
 
-def test_tables_refuse_empty_splits_and_zero_lengths():
+def test_tables_of_an_empty_split_are_megatron_cores_empty_tables():
+    lengths = numpy.array([3, 0, 0, 4], dtype=numpy.int32)
+    for documents in ([], [1, 2]):  # no documents, or only empty ones
+        tables = build_gpt_index_tables(
+            lengths, numpy.array(documents, numpy.int32), None, 4, 0, True, True
+        )
+        assert tables.document_index.dtype == numpy.int32
+        assert sorted(tables.document_index.tolist()) == documents
+        assert tables.sample_index.tolist() == [[0, 0]]
+        assert tables.sample_index.dtype == numpy.int32
+        assert tables.shuffle_index.shape == (0,) and tables.shuffle_index.dtype == numpy.uint32
+
+
+def test_tables_refuse_zero_lengths():
     lengths = numpy.array([3, 4], dtype=numpy.int32)
-    with pytest.raises(IndexBuildError, match="the split holds no documents"):
-        build_gpt_index_tables(lengths, numpy.array([], numpy.int32), 5, 4, 0, True, True)
     with pytest.raises(IndexBuildError, match="sequence_length must be at least 1"):
         build_gpt_index_tables(lengths, numpy.arange(2, dtype=numpy.int32), 5, 0, 0, True, True)
 

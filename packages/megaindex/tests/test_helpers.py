@@ -3,7 +3,13 @@
 import numpy
 import pytest
 
-from megaindex import build_blending_indices, build_exhaustive_blending_indices, build_sample_idx
+from megaindex import (
+    IndexBuildError,
+    _numpy_backend,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    build_sample_idx,
+)
 from megaindex.helpers import sample_count
 
 # documents 0, 1, 2 hold 5, 3 and 4 tokens; the stream is document 2, then 0, then 1:
@@ -57,7 +63,7 @@ def test_inputs_of_other_integer_dtypes_are_accepted():
             r"document_index\[1\] = 7 is not a document id: expected 0..2",
         ),
         (SIZES, STREAM, 0, ValueError, "sequence_length must be a positive integer, got 0"),
-        (SIZES, STREAM[:0], 3, ValueError, "needs at least one document"),
+        (SIZES, STREAM[:0], 3, ValueError, "12 tokens but no document"),
     ],
 )
 def test_bad_inputs_are_named(sizes, stream, length, error, message):
@@ -67,8 +73,21 @@ def test_bad_inputs_are_named(sizes, stream, length, error, message):
 
 def test_a_stream_ending_with_an_empty_document_cannot_keep_its_partial_sample():
     sizes = numpy.array([5, 0], dtype=numpy.int32)
-    with pytest.raises(ValueError, match="ends with an empty document"):
+    with pytest.raises(IndexBuildError, match="ends with an empty document") as raised:
         build_sample_idx(sizes, numpy.array([0, 1], dtype=numpy.int32), 3, 1, 5, False, True)
+    # megatron-core asserts there: its callers catch an AssertionError (and ours a ValueError)
+    assert isinstance(raised.value, AssertionError) and isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("extra", [True, False])
+def test_no_tokens_give_one_row_and_no_sample(drop_last, extra):
+    sizes = numpy.array([0, 0, 7], dtype=numpy.int32)
+    for stream in ([], [0, 1]):
+        index = build_sample_idx(sizes, numpy.array(stream, numpy.int32), 4, 1, 0, drop_last, extra)
+        assert index.tolist() == [[0, 0]] and index.dtype == numpy.int32
+    assert sample_count(1, 0, 4, drop_last, extra) == 0
+    assert _numpy_backend.sample_count(1, 0, 4, drop_last, int(extra)) == 0  # C's division
 
 
 def test_hand_worked_blending():

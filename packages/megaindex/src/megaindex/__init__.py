@@ -6,7 +6,7 @@ same configuration gives the same samples in the same order, sharing index cache
 
 from importlib.metadata import version
 
-from megaindex.backends import backend
+from megaindex.backends import BackendError, backend
 from megaindex.blend import get_blend_and_blend_per_split, get_blend_from_list
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
@@ -21,10 +21,15 @@ from megaindex.distributed import BarrierTimeoutError
 from megaindex.errors import (
     CacheError,
     ConfigError,
+    EmptySplitError,
     IndexBuildError,
     MegaindexError,
+    MissingCacheError,
+    MissingSequenceCountError,
+    SequenceCountError,
     SampleReadError,
     StaleCacheError,
+    TokenDtypeError,
 )
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
@@ -41,12 +46,14 @@ from megaindex.utils import Split
 __version__ = version("megaindex")
 
 __all__ = [
+    "BackendError",
     "BarrierTimeoutError",
     "BlendedDataset",
     "BlendedMegatronDatasetBuilder",
     "BlendedMegatronDatasetConfig",
     "CacheError",
     "ConfigError",
+    "EmptySplitError",
     "GPTDataset",
     "GPTDatasetConfig",
     "GPTFIMDataset",
@@ -54,14 +61,18 @@ __all__ = [
     "IndexBuildError",
     "MegaindexError",
     "MegatronDataset",
+    "MissingCacheError",
+    "MissingSequenceCountError",
     "MockGPTDataset",
     "MockGPTLowLevelDataset",
     "SFTDataset",
     "SFTDatasetConfig",
     "SampleReadError",
+    "SequenceCountError",
     "Split",
     "StaleCacheError",
     "StepBatchSizeSchedule",
+    "TokenDtypeError",
     "__version__",
     "backend",
     "build_blending_indices",

@@ -22,8 +22,8 @@ def sample_count(
     add_extra_token: int,
 ) -> int:
     usable = num_epochs * tokens_per_epoch - add_extra_token
-    if drop_last_partial_sequence:
-        return usable // sequence_length
+    if drop_last_partial_sequence:  # C's division, truncating toward 0 (-1 tokens: 0 samples)
+        return usable // sequence_length if usable >= 0 else -(-usable // sequence_length)
     # single precision on purpose, as the reference computes it
     return math.ceil(numpy.float32(usable) / numpy.float32(sequence_length))
 

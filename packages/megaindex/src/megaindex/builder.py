@@ -94,18 +94,30 @@ class BlendedMegatronDatasetBuilder:
         """Rank 0 first, the others after a barrier (off with fast_cache_load, as in Megatron)."""
         return not self.config.fast_cache_load
 
+    def _opens_prefixes(self) -> bool:
+        """Whether the blend's paths are ``.bin``/``.idx`` prefixes to check before building:
+        only for a megaindex dataset class that declares it; any other class opens its own
+        paths (megatron-core's builder leaves that to ``build_low_level_dataset``)."""
+        if self.config.mock or not issubclass(self.cls, MegatronDataset):
+            return False
+        return self.cls.reads_indexed_corpora
+
     def _barrier(self) -> None:
         distributed.barrier(self.config.barrier_timeout)
 
     def build(self) -> list[Any]:
-        """The dataset of each split (None for an empty split or a rank that builds none)."""
-        reads_corpora = getattr(self.cls, "reads_indexed_corpora", True)
-        if not self.config.mock and reads_corpora and distributed.builds_shared_files():
+        """The dataset of each split: None for a split without a share of the data or a rank
+        that builds none; an empty dataset (or blend) for a share that holds no tokens when no
+        samples are asked of it (asked for samples, it is an
+        :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns."""
+        if self._opens_prefixes() and distributed.builds_shared_files():
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
             check_tokenizers_agree(blends)
         datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets, strict=True):
+            if dataset is None or len(dataset) == 0:  # an empty split: nothing to check
+                continue
             if isinstance(dataset, BlendedDataset) and dataset.size is not None:
                 if len(dataset) != dataset.size:
                     raise IndexBuildError(

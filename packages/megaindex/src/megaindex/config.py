@@ -1,13 +1,15 @@
 """Dataset configurations, with megatron-core's field names, order and defaults.
 
 ``BlendedMegatronDatasetConfig`` and ``GPTDatasetConfig`` are drop-in: the same keyword
-arguments build the same configuration and, through it, the same cache keys. Validation that
-megatron-core does with ``assert`` raises :class:`~megaindex.errors.ConfigError` here.
+arguments, or the same positional ones, build the same configuration and, through it, the
+same cache keys. Validation that megatron-core does with ``assert`` raises
+:class:`~megaindex.errors.ConfigError` here (an ``AssertionError`` and a ``ValueError``).
 
-Two fields are additions, each at the end of its class with a default: ``barrier_timeout``
-bounds how long ranks wait for each other while building (megatron-core hangs), and
-``stale_cache`` says what to do when a cached index was built from a corpus that has changed
-since ("rebuild" with a warning, or "error").
+Two fields are additions, keyword-only and after megatron-core's fields (so megatron-core's
+positional order holds for both classes, subclass fields included): ``barrier_timeout`` bounds
+how long ranks wait for each other while building (megatron-core hangs), and ``stale_cache``
+says what to do when a cached index was built from a corpus that has changed since ("rebuild"
+with a warning, or "error").
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import numpy
@@ -82,6 +84,9 @@ class BlendedMegatronDatasetConfig:
 
     defer_npy_index_mmap: bool = False
     """Map the cached tables on first access instead of at construction."""
+
+    _: KW_ONLY
+    # megaindex's own fields: keyword-only, so positional arguments are megatron-core's
 
     barrier_timeout: float | None = 1800.0
     """Seconds a rank waits at a dataset-building barrier before failing with the ranks that
@@ -177,13 +182,19 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     """Hybrid context parallelism (samples divisible by dp * cp * 2)."""
 
     sequences_per_dataset: dict[str, Any] | None = None
-    """Sequence and document counts per prefix, to open corpora without reading headers."""
+    """[sequence count, document count] per prefix (Megatron-LM's
+    ``--per-dataset-sequences-path``); checked against each ``.idx`` header on every path, and
+    a disagreement is a :class:`~megaindex.errors.SequenceCountError`."""
 
     token_dtype_code: int | None = field(init=False, default=None)
-    """The .bin dtype code implied by the vocabulary: 4 (int32) above 65536 ids, else 8."""
+    """The .bin dtype code implied by the vocabulary: 4 (int32) above 65536 ids, else 8.
+    megatron-core reads corpora listed in ``sequences_per_dataset`` in it; megaindex reads
+    them in their header's dtype and warns when the two differ."""
 
     context_parallel_size: int | None = None
     """The context-parallel size (padding of packed sequences)."""
+
+    _: KW_ONLY
 
     stale_cache: str = "rebuild"
     """When a cached index was built from a corpus that changed since: "rebuild" it with a

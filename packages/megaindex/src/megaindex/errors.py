@@ -1,4 +1,15 @@
-"""The exceptions megaindex raises: each says what was required, what was found, and where."""
+"""The exceptions megaindex raises: each says what was required, what was found, and where.
+
+Each is also an instance of what megatron-core raises in the same situation, so code written
+against megatron-core catches them unchanged: megatron-core validates configurations, blends
+and index builds with ``assert`` (and with ``ValueError`` here and there), so
+:class:`ConfigError` and :class:`IndexBuildError` are both ``ValueError`` and
+``AssertionError``; a count in ``sequences_per_dataset`` that disagrees with the ``.idx`` fails
+an assert there (:class:`SequenceCountError`), a corpus it leaves out is a ``KeyError``
+(:class:`MissingSequenceCountError`); a cache that ``fast_cache_load`` or
+``defer_npy_index_mmap`` expects and does not find is a ``FileNotFoundError`` there
+(:class:`MissingCacheError`). Unlike an ``assert``, these are raised under ``python -O`` too.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +18,44 @@ class MegaindexError(Exception):
     """Base class of every error raised by megaindex."""
 
 
-class ConfigError(MegaindexError, ValueError):
+class ConfigError(MegaindexError, ValueError, AssertionError):
     """A dataset configuration, split or blend is invalid."""
 
 
-class IndexBuildError(MegaindexError, ValueError):
+class IndexBuildError(MegaindexError, ValueError, AssertionError):
     """The index tables cannot be built from this corpus and configuration."""
+
+
+class EmptySplitError(IndexBuildError):
+    """Samples are asked of a split that holds no tokens (megatron-core loops forever there;
+    asked for none, it builds an empty dataset, and so does megaindex)."""
+
+
+class SequenceCountError(MegaindexError, AssertionError):
+    """``sequences_per_dataset`` gives a corpus counts that its ``.idx`` header contradicts,
+    or gives none for a corpus of the blend."""
+
+
+class MissingSequenceCountError(SequenceCountError, KeyError):
+    """``sequences_per_dataset`` has no entry for a corpus of the blend (megatron-core's
+    ``KeyError``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TokenDtypeError(MegaindexError, TypeError):
+    """A GPTDataset's corpus holds float tokens: its tables build, its samples cannot be read
+    (megatron-core's cast to int64 raises a ``TypeError`` there too)."""
 
 
 class CacheError(MegaindexError, OSError):
     """The index cache cannot be written, or is missing where it must exist."""
+
+
+class MissingCacheError(CacheError, FileNotFoundError):
+    """``fast_cache_load`` or ``defer_npy_index_mmap`` trusts a cache that is not there (or
+    cannot be read): build it once without them first."""
 
 
 class StaleCacheError(MegaindexError, RuntimeError):

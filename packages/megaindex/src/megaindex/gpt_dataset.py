@@ -32,7 +32,8 @@ from megafmt.protocols import (
 from megafmt.shared import default_cache_dir, is_url
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
-from megaindex.errors import SampleReadError
+from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
+from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.sample import SampleMaker
@@ -48,6 +49,7 @@ class GPTDataset(MegatronDataset):
     takes); None draws one epoch.
     """
 
+    reads_indexed_corpora = True
     shapes_samples: ClassVar[bool] = False
     """Set by a subclass whose :meth:`shape_sample` rearranges the tokens of each sample."""
 
@@ -115,6 +117,11 @@ class GPTDataset(MegatronDataset):
         self._prefetches = (
             isinstance(indexed_dataset, PrefetchingSource) and indexed_dataset.prefetches
         )
+        self._token_dtype = (
+            numpy.dtype(indexed_dataset.index.dtype)
+            if isinstance(indexed_dataset, IndexedDataset)
+            else None
+        )
 
     # ---- megatron-core's API -----------------------------------------------------------------
 
@@ -125,22 +132,30 @@ class GPTDataset(MegatronDataset):
 
     @staticmethod
     def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> IndexedDataset:
-        """Open the corpus at ``dataset_path`` with megafmt."""
-        counts = None
-        if config.sequences_per_dataset:
-            counts = config.sequences_per_dataset[dataset_path]
+        """Open the corpus at ``dataset_path`` with megafmt, its header read on every path:
+        the counts ``sequences_per_dataset`` gives are checked against it, and the tokens are
+        read in its dtype (:mod:`megaindex.corpus_header`)."""
+        if dataset_path is None:  # megatron-core fails here too ("failed to build as a mock")
+            raise ConfigError(
+                f"{GPTDataset.__name__} reads a corpus, but this configuration is mock data: "
+                "neither blend nor blend_per_split names a corpus (a blend_per_split of only "
+                "None counts as none); give the data, or build MockGPTDataset ('mock')"
+            )
+        counts = expected_counts(config.sequences_per_dataset, dataset_path)
         remote_options = None
         if is_url(dataset_path) and config.object_storage_cache_path is not None:
             remote_options = {"idx_cache_dir": config.object_storage_cache_path}
-        return IndexedDataset(
+        dataset = IndexedDataset(
             dataset_path,
             multimodal=False,
             mmap=config.mmap_bin_files,
             fast_cache_load=config.fast_cache_load,
-            sequences_per_dataset=counts,
-            dtype_code=config.token_dtype_code,
             reader_options=remote_options,
         )
+        if counts is not None:
+            check_counts(dataset, dataset_path, counts)
+            check_token_dtype(dataset, dataset_path, config.token_dtype_code)
+        return dataset
 
     @property
     def document_index(self) -> numpy.ndarray | None:
@@ -199,6 +214,7 @@ class GPTDataset(MegatronDataset):
     def _read_windows(self, samples: list[int], out: numpy.ndarray) -> bool:
         """Fill the rows of ``out`` with the windows of ``samples``, shaped by the subclass if
         it shapes them. Returns whether a row may hold the pad id."""
+        self._check_token_dtype()
         try:
             may_hold_pad = self.windows.fill(samples, out)
         except (IndexError, ValueError, OSError) as error:
@@ -231,6 +247,16 @@ class GPTDataset(MegatronDataset):
             f"(documents {documents}) failed: {error}"
         )
 
+    def _check_token_dtype(self) -> None:
+        """Refuse to read samples of a corpus of float tokens: token ids are integers, and
+        megatron-core's samples fail there too (its cast to int64 raises a TypeError); the
+        tables build, as there."""
+        if self._token_dtype is not None and self._token_dtype.kind == "f":
+            raise TokenDtypeError(
+                f"{self.dataset_path}: the corpus holds {self._token_dtype.name} tokens, but "
+                "samples are integer token ids; re-tokenize it with an integer dtype"
+            )
+
     def shape_sample(self, idx: int, text: numpy.ndarray) -> numpy.ndarray:
         """Sample ``idx``'s window (int64, padded) as the dataset serves it: the identity here.
         A subclass that sets ``shapes_samples`` returns a window of the same length."""
@@ -257,6 +283,7 @@ class GPTDataset(MegatronDataset):
     ) -> tuple[numpy.ndarray, numpy.ndarray]:
         """The token ids of sample ``idx`` (int64, padded to the window) and its document ids
         (megatron-core's method)."""
+        self._check_token_dtype()
         text = numpy.empty((1, self._window), dtype=numpy.int64)
         self._token_windows.fill([idx], text)
         return text[0], numpy.array(self.sample_spans(idx)[0], dtype=numpy.int64)

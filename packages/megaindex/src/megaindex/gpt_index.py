@@ -24,7 +24,7 @@ import numpy
 
 from megafmt.protocols import TokenSource
 from megaindex.cache import TableSpec
-from megaindex.errors import IndexBuildError
+from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
 from megaindex.tables import BuiltTables
 
@@ -72,11 +72,18 @@ def plan_epochs(
 ) -> EpochPlan:
     """The epochs needed for ``num_samples`` samples (one epoch when None)."""
     extra = int(add_extra_token)
-    if num_tokens <= 0:
-        raise IndexBuildError("the split holds no tokens, so no sample can be drawn from it")
     if num_samples is None:
         return EpochPlan(num_tokens, 1, False, None)
     needed = num_samples * sequence_length + extra
+    if num_tokens <= 0:
+        if needed <= 0:  # nothing asked of an empty split: one empty epoch, as megatron-core
+            return EpochPlan(num_tokens, 1, False, None)
+        raise EmptySplitError(
+            f"{num_samples} samples need {needed} tokens (sequence_length {sequence_length}, "
+            f"add_extra_token_to_sequence {bool(extra)}), but the split holds none (megatron-core "
+            "loops forever here); give the split a share of the corpus that holds tokens, or "
+            "ask nothing of it (size None, or 0 without add_extra_token_to_sequence)"
+        )
     num_epochs = max(1, -(-needed // num_tokens))
     if num_epochs == 1:
         return EpochPlan(num_tokens, 1, False, None)
@@ -138,8 +145,6 @@ def build_gpt_index_tables(
     """All three tables for the split made of the sequences at ``indices``."""
     if sequence_length < 1:
         raise IndexBuildError(f"sequence_length must be at least 1, got {sequence_length}")
-    if len(indices) == 0:
-        raise IndexBuildError("the split holds no documents; give it a larger share of the corpus")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
     plan = plan_epochs(
@@ -218,12 +223,19 @@ class GPTTableRecipe:
     @functools.cached_property
     def plan(self) -> EpochPlan:
         """The epochs the requested samples take."""
-        return plan_epochs(
-            tokens_per_epoch(self.source.sequence_lengths, self.indices),
-            self.num_samples,
-            self.sequence_length,
-            self.add_extra_token,
-        )
+        try:
+            return plan_epochs(
+                tokens_per_epoch(self.source.sequence_lengths, self.indices),
+                self.num_samples,
+                self.sequence_length,
+                self.add_extra_token,
+            )
+        except IndexBuildError as error:
+            raise self._located(error) from None
+
+    def _located(self, error: IndexBuildError) -> IndexBuildError:
+        """``error`` (of the same class) naming the corpus and split."""
+        return type(error)(f"{self.where}: {error}")
 
     def build(self) -> BuiltTables:
         try:
@@ -237,7 +249,7 @@ class GPTTableRecipe:
                 self.add_extra_token,
             )
         except IndexBuildError as error:
-            raise IndexBuildError(f"{self.where}: {error}") from None
+            raise self._located(error) from None
         self.plan = tables.plan
         notes = {
             "plan": {
@@ -288,6 +300,8 @@ class GPTTableRecipe:
         precision; the table counts in single precision, which can differ by one past 2**24
         tokens when the last partial sequence is kept)."""
         usable = self.plan.num_epochs * self.plan.tokens_per_epoch - int(self.add_extra_token)
+        if usable < 0:  # an empty split (megatron-core's formula gives -1, which len() refuses)
+            return 0
         if self.drop_last_partial_sequence:
             return usable // self.sequence_length
         return math.ceil(float(usable) / self.sequence_length)

@@ -11,6 +11,9 @@ Errors follow one convention, the same on both backends:
 - A problem found in the data while the work runs (a corrupt index: a document id, pointer,
   offset or position outside what it refers to) is an ``IndexError`` whose message is the same
   from the C++ and the numpy backend.
+- A sample index that megatron-core's build refuses on an ``assert`` (a stream ending in an
+  empty document, its last partial sample kept) is an :class:`~megaindex.errors.IndexBuildError`,
+  a ``ValueError`` and an ``AssertionError``.
 
 The builders convert inputs of another integer dtype when their values fit (they are built
 once). ``WindowGatherer``, ``BlendGatherer`` and ``fill_document_causal_mask`` run per batch on
@@ -25,6 +28,7 @@ from typing import Any
 import numpy
 
 from megaindex.backends import backend, implementation
+from megaindex.errors import IndexBuildError
 
 
 def _dtypes(*types: type) -> frozenset[numpy.dtype]:
@@ -65,6 +69,12 @@ def _integers(name: str, values: Any, dtype: type) -> numpy.ndarray:
     return numpy.ascontiguousarray(array, dtype=dtype)
 
 
+def _non_negative(name: str, value: int) -> int:
+    if int(value) != value or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def _positive(name: str, value: int) -> int:
     if int(value) != value or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -101,9 +111,7 @@ def sample_count(
     """The number of samples ``build_sample_idx`` cuts from the stream (its rows minus one)."""
     num_epochs = _positive("num_epochs", num_epochs)
     sequence_length = _positive("sequence_length", sequence_length)
-    if int(tokens_per_epoch) != tokens_per_epoch or tokens_per_epoch < 0:
-        raise ValueError(f"tokens_per_epoch must be an integer >= 0, got {tokens_per_epoch!r}")
-    tokens_per_epoch = int(tokens_per_epoch)
+    tokens_per_epoch = _non_negative("tokens_per_epoch", tokens_per_epoch)
     if max(num_epochs, sequence_length) > INT32_MAX or num_epochs * tokens_per_epoch > INT64_MAX:
         raise ValueError(
             f"num_epochs ({num_epochs}) and sequence_length ({sequence_length}) must fit int32 "
@@ -136,18 +144,18 @@ def build_sample_idx(
     document_indices = _integers("document_indices", document_indices, numpy.int32)
     sequence_length = _positive("sequence_length", sequence_length)
     num_epochs = _positive("num_epochs", num_epochs)
-    tokens_per_epoch = _positive("tokens_per_epoch", tokens_per_epoch)
-    if len(document_indices) == 0 or len(sizes) == 0:
-        raise ValueError("build_sample_idx needs at least one document")
-    if sizes.min() < 0:
+    tokens_per_epoch = _non_negative("tokens_per_epoch", tokens_per_epoch)
+    if len(sizes) and sizes.min() < 0:
         raise ValueError(f"sizes must be >= 0, found {sizes.min()} at {int(sizes.argmin())}")
+    dtype = sample_index_dtype(sizes, len(document_indices))
+    if tokens_per_epoch == 0:  # an empty split: no sample, one row (megatron-core's result)
+        return numpy.zeros((1, 2), dtype=dtype)
+    if len(document_indices) == 0 or len(sizes) == 0:
+        raise ValueError(f"build_sample_idx has {tokens_per_epoch} tokens but no document")
     extra = 1 if add_extra_token_to_sequence else 0
     num_samples = sample_count(
         num_epochs, tokens_per_epoch, sequence_length, drop_last_partial_sequence, extra
     )
-    if num_samples < 0:
-        raise ValueError(f"{num_epochs} epochs of {tokens_per_epoch} tokens cannot fill one sample")
-    dtype = sample_index_dtype(sizes, len(document_indices))
     build = (
         implementation().build_sample_index_int32
         if dtype is numpy.int32
@@ -155,7 +163,7 @@ def build_sample_idx(
     )
     sample_index = build(sizes, document_indices, sequence_length, num_samples, extra)
     if sample_index[-1, 1] < 0:  # megatron-core fails the same build on an assert
-        raise ValueError(
+        raise IndexBuildError(
             "the stream ends with an empty document, so the last partial sample would start at "
             "token offset -1; drop empty documents or keep drop_last_partial_sequence"
         )

@@ -85,8 +85,9 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
     """A mid-level dataset over a low-level one (``dataset``), restricted to ``indices``."""
 
     #: whether its dataset paths are ``.bin``/``.idx`` prefixes, which the builder checks (and
-    #: whose tokenizer manifests it compares) before building anything
-    reads_indexed_corpora: bool = True
+    #: whose tokenizer manifests it compares) before building anything; a class that loads
+    #: other files keeps the default and opens its paths itself
+    reads_indexed_corpora: bool = False
 
     def __init__(
         self,

@@ -65,8 +65,6 @@ class SFTDataset(MegatronDataset):
     """Packed SFT samples over the lines ``indices`` of an SFT jsonl (or its pre-tokenized
     form); sample ``idx`` packs line ``indices[idx % len(indices)]``."""
 
-    reads_indexed_corpora = False  # a jsonl path, or a pre-tokenized prefix
-
     cut_conversations = 0
     """conversations cut short at the sequence length, one per cut sample (in this process)"""
     left_out_conversations = 0

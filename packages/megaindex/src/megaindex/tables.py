@@ -40,7 +40,7 @@ from megaindex.cache import (
     table_checksums,
     table_specs,
 )
-from megaindex.errors import ConfigError, StaleCacheError
+from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.memory import check_fits, table_bytes
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class CachedTables:
             self._tables = self._build()
         elif fast_load:
             self.source = TableSource("cache", entry)
-            self._tables = self._cache.load(None, check=False)
+            self._tables = self._map_trusted("fast_cache_load")
         else:
             self.source = TableSource("cache", entry)
             self._tables, self.source.kind = load_or_build(
@@ -148,8 +148,24 @@ class CachedTables:
     def __getitem__(self, name: str) -> numpy.ndarray:
         tables = self._tables
         if tables is None:  # deferred, or unpickled: map the cached files now
-            tables = self._tables = self._cache.load(None, check=False)
+            deferred = self.source.kind == "deferred"
+            who = "defer_npy_index_mmap" if deferred else "a copy of the dataset (unpickled)"
+            tables = self._tables = self._map_trusted(who)
         return tables[name]
+
+    def _map_trusted(self, who: str) -> dict[str, numpy.ndarray]:
+        """The cached tables, mapped without checks (``who`` trusts them: megatron-core's
+        fast and deferred modes, or a worker's copy of checked tables); a missing or unreadable
+        file is a :class:`MissingCacheError`."""
+        try:
+            return self._cache.load(None, check=False)
+        except DamagedCacheError as error:
+            raise MissingCacheError(
+                f"{error}: {who} maps the index cache without building it, and the tables "
+                f"{self._cache.entry.base} are not usable in {self._cache.entry.directory}; "
+                "build the cache once without fast_cache_load and defer_npy_index_mmap (same "
+                "configuration) first"
+            ) from None
 
     def __getstate__(self) -> dict[str, Any]:
         # cached tables travel to DataLoader workers as their files, mapped there on first use
