@@ -26,8 +26,8 @@ from megaindex.errors import (
     MegaindexError,
     MissingCacheError,
     MissingSequenceCountError,
-    SequenceCountError,
     SampleReadError,
+    SequenceCountError,
     StaleCacheError,
     TokenDtypeError,
 )
