@@ -218,6 +218,8 @@ class GPTDataset(MegatronDataset):
         try:
             may_hold_pad = self.windows.fill(samples, out)
         except (IndexError, ValueError, OSError) as error:
+            if isinstance(error, IndexError) and any(idx >= len(self) for idx in samples):
+                raise  # a sample the dataset does not have: the caller's index, as numpy's
             raise self._read_error(samples, error) from error
         if self.shapes_samples:
             for row, idx in enumerate(samples):
