@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from megafmt.shared import RedactedMessage
 
-class MegaindexError(Exception):
-    """Base class of every error raised by megaindex."""
+
+class MegaindexError(RedactedMessage):
+    """Base class of every error raised by megaindex (its message never shows credentials)."""
 
 
 class ConfigError(MegaindexError, ValueError):
