@@ -97,12 +97,12 @@ def test_cli_errors_and_json_output_mask_credentials(tmp_path, capsys):
     assert json.loads(out)["corpus"] == "s3://***@corpora/c"
 
 
-def test_mega_info_output_masks_credentials(tmp_path, capsys):
+def test_mega_info_and_verify_output_mask_credentials(tmp_path, capsys):
     folder = tmp_path / f"token={SECRET.replace('/', '')}"
     folder.mkdir()
     prefix = write_corpus(str(folder / "c"), documents=5)
-    for json_flag in ([], ["--json"]):
-        assert main(["info", prefix, *json_flag]) == 0
+    for command in (["info", prefix], ["info", prefix, "--json"], ["verify", prefix]):
+        assert main(command) == 0
         out = capsys.readouterr().out
         assert "token=***" in out and SECRET.replace("/", "") not in out
 
