@@ -304,3 +304,22 @@ def test_a_touched_corpus_with_the_same_contents_keeps_its_cache(make_config, co
     later = os.stat(corpus + ".idx").st_mtime_ns + 10**9
     os.utime(corpus + ".idx", ns=(later, later))  # new stats, same bytes: hashed, still fresh
     assert build(make_config())[0].index_source.kind == "cache"
+
+
+def test_the_tables_of_a_remote_corpus_are_cached_under_its_host_and_key(make_config, tmp_path):
+    """Under object_storage_cache_path, at a path made of the URL's host and key: its user info
+    (credentials) never becomes a folder name."""
+    import fsspec
+
+    url = "memory://reader:s3cr3t@megaindex-tables/web/c"  # the memory store keeps user info
+    local = write_corpus(str(tmp_path / "c"))
+    for suffix in (".bin", ".idx"):
+        with open(local + suffix, "rb") as source, fsspec.open(url + suffix, "wb") as target:
+            target.write(source.read())
+    config = make_config(
+        blend=([url], None), path_to_cache=None, object_storage_cache_path=str(tmp_path / "objects")
+    )
+    train = build(config)[0]
+    folder = tmp_path / "objects" / "memory" / "megaindex-tables" / "web" / "c" / "cache"
+    assert train.index_source.cache_entry.directory == str(folder / "GPTDataset_indices")
+    assert not [path for path in (tmp_path / "objects").rglob("*") if "s3cr3t" in str(path)]

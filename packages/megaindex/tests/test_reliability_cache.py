@@ -114,3 +114,27 @@ def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):
     os.remove(base + "-description.txt")  # the next build writes the entry again
     build(make_config())
     assert not glob.glob(os.path.join(config.path_to_cache, "*.partial"))
+
+
+class Planted:
+    """Unpickling this makes the folder ``sign``: the mark that a table was unpickled."""
+
+    def __init__(self, sign):
+        self.sign = sign
+
+    def __reduce__(self):
+        return (os.mkdir, (self.sign,))
+
+
+def test_a_table_holding_pickled_objects_is_rebuilt_never_unpickled(make_config, tmp_path):
+    config = make_config()
+    train = build(config)
+    expected = numpy.array(train.shuffle_index)
+    path = cache_base(config, train) + "-shuffle_index.npy"
+    sign = tmp_path / "unpickled"
+    numpy.save(path, numpy.array([Planted(str(sign))], dtype=object), allow_pickle=True)
+    with pytest.warns(UserWarning, match=r"shuffle_index\.npy: "):
+        rebuilt = build(make_config())
+    assert not sign.exists()
+    assert rebuilt.index_source.kind == "built"
+    numpy.testing.assert_array_equal(rebuilt.shuffle_index, expected)

@@ -4,9 +4,11 @@ that disagree); a collective that fails or outlasts its group's timeout is also 
 
 from __future__ import annotations
 
+from megafmt.shared import RedactedMessage
 
-class MegadistError(ValueError):
-    """Base class of megadist's errors."""
+
+class MegadistError(RedactedMessage, ValueError):
+    """Base class of megadist's errors (their messages never show credentials)."""
 
 
 class TopologyError(MegadistError):

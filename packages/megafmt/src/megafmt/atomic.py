@@ -4,6 +4,12 @@ Data goes to a ``*.partial`` file beside the destination (unique per writer, so 
 writing the same destination do not collide) and is renamed over the destination only once it
 is complete. ``os.replace`` is atomic on POSIX file systems: a reader sees the old file or the
 new one, never a mixture.
+
+Safe against links planted by another user of a shared folder: the partial file is created
+exclusively (``O_EXCL``, ``O_NOFOLLOW``), so a link waiting at its name makes the write fail
+instead of writing through it, and the rename replaces a link at the destination instead of
+following it. The file gets the permissions the umask allows (``0o666`` less the umask), as a
+file opened by ``open()`` does.
 """
 
 from __future__ import annotations
@@ -59,6 +65,14 @@ def remove_stale_partials(path: str) -> list[str]:
     return removed
 
 
+def open_exclusive(path: str, buffering: int = -1) -> BinaryIO:
+    """The new file ``path``, opened for writing with the umask's permissions; raises
+    ``FileExistsError`` when anything (a file, a link) is at ``path`` already."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
+    return os.fdopen(descriptor, "wb", buffering=buffering)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str, fsync: bool = False) -> Iterator[BinaryIO]:
     """Write a file that appears at ``path`` only when the ``with`` block succeeds.
@@ -68,7 +82,7 @@ def atomic_write(path: str, fsync: bool = False) -> Iterator[BinaryIO]:
     """
     partial = partial_path(path)
     try:
-        with open(partial, "wb") as stream:
+        with open_exclusive(partial) as stream:
             yield stream
             if fsync:
                 stream.flush()

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy
 
-from megafmt.atomic import partial_path, remove_quietly
+from megafmt.atomic import open_exclusive, partial_path, remove_quietly
 from megafmt.conversion import TokenEncoder, as_bounded_ints, as_token_array
 from megafmt.dtypes import DType
 from megafmt.errors import FormatError, MissingFileError, TokenValueError
@@ -74,7 +74,7 @@ class IndexedDatasetBuilder:
         self.multimodal = multimodal
         self._dtype = numpy.dtype(dtype)
         self._partial_bin = partial_path(bin_path)
-        self.data_file = open(self._partial_bin, "wb", buffering=WRITE_BUFFER_BYTES)  # noqa: SIM115
+        self.data_file = open_exclusive(self._partial_bin, buffering=WRITE_BUFFER_BYTES)
         self._lengths = array("i")
         self._document_indices = array("q", [0])
         self._modes: array | None = array("b") if multimodal else None
@@ -260,7 +260,7 @@ class IndexedDatasetBuilder:
         self.data_file.close()
         partial_idx = partial_path(idx_path)
         try:
-            with open(partial_idx, "wb") as stream:
+            with open_exclusive(partial_idx) as stream:
                 IndexWriter(self._dtype).write(
                     stream,
                     numpy.frombuffer(self._lengths, dtype=numpy.int32),

@@ -2,14 +2,16 @@
 
 Every error derives from :class:`MegafmtError` and from the builtin that fits it, so callers
 that already catch ``ValueError`` or ``OSError`` keep working. Messages name the file, the
-field or offset, what was expected and what was found.
+field or offset, what was expected and what was found; credentials in a URL are masked.
 """
 
 from __future__ import annotations
 
+from megafmt.redaction import RedactedMessage
 
-class MegafmtError(Exception):
-    """Base class of every error raised by megafmt."""
+
+class MegafmtError(RedactedMessage):
+    """Base class of every error raised by megafmt (its message never shows credentials)."""
 
 
 class FormatError(MegafmtError, ValueError):
@@ -35,3 +37,8 @@ class TokenValueError(MegafmtError, ValueError):
 
 class PluginError(MegafmtError, LookupError):
     """A plugin name is unknown, or its entry point cannot be loaded or is malformed."""
+
+
+class UnsafePathError(MegafmtError, ValueError):
+    """A local path derived from a URL or a name would leave the folder it belongs in (a ``..``
+    or an absolute component)."""

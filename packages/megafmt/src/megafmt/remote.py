@@ -35,9 +35,11 @@ from typing import Any
 import fsspec
 
 from megafmt.atomic import atomic_write
+from megafmt.confinement import confined_path, url_components
 from megafmt.errors import MegafmtError, MissingFileError, ReadError
 from megafmt.format import get_idx_path
 from megafmt.readers import is_url
+from megafmt.redaction import redact, split_user_info
 from megafmt.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
@@ -92,10 +94,17 @@ def filesystem(
     """The fsspec file system of ``url`` and the path within it. For S3, a client of its own
     whose requests time out after ``connect_timeout`` and ``read_timeout`` seconds and are not
     retried by botocore or s3fs (the caller's policy retries), and with ``if_match`` (an ETag)
-    whose reads fail with HTTP 412 once the object is another version."""
+    whose reads fail with HTTP 412 once the object is another version. An S3 URL with user
+    info (``s3://KEY:SECRET@bucket``) is refused: s3fs would take it for a bucket name and the
+    storage library would quote the secret in its error."""
     options = dict(storage_options or {})
     if url.partition("://")[0] not in S3_PROTOCOLS:
         return fsspec.core.url_to_fs(url, **options)
+    if split_user_info(url)[1] is not None:
+        raise ValueError(
+            f"{redact(url)}: credentials in an S3 URL are not used; expected s3://BUCKET/KEY "
+            "with the credentials in the environment, ~/.aws or storage_options"
+        )
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("connect_timeout", connect_timeout)
     config.setdefault("read_timeout", read_timeout)
@@ -141,7 +150,9 @@ def cached_index(
     timeouts: tuple[float, float] = (CONNECT_TIMEOUT, READ_TIMEOUT),
 ) -> str:
     """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
-    remote size or ETag changes; requests time out after ``timeouts`` (connect, read)."""
+    remote size or ETag changes; requests time out after ``timeouts`` (connect, read). A key
+    with a ``..`` or ``.`` component is refused (:class:`~megafmt.errors.UnsafePathError`)."""
+    name = url_components(url)[-1]
     fs, path = filesystem(
         url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1]
     )
@@ -150,9 +161,9 @@ def cached_index(
     folder = cache_dir or default_cache_dir()
     os.makedirs(folder, exist_ok=True)
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    local = os.path.join(folder, f"{digest}-{os.path.basename(path)}")
+    local = confined_path(folder, f"{digest}-{name}")
     note_path = local + ".source.json"
-    note = {"url": url, "size": size, "etag": etag}
+    note = {"url": redact(url), "size": size, "etag": etag}
     try:
         with open(note_path, encoding="utf-8") as stream:
             fresh = json.load(stream) == note and os.path.getsize(local) == size
@@ -170,7 +181,7 @@ def cached_index(
         stream.write(data)
     with atomic_write(note_path) as stream:
         stream.write(json.dumps(note).encode())
-    logger.info("cached %s (%d bytes) at %s", url, size, local)
+    logger.info("cached %s (%d bytes) at %s", redact(url), size, local)
     return local
 
 

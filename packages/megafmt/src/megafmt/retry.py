@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from megafmt.errors import MissingFileError, ObjectChangedError, ReadError
+from megafmt.redaction import redact
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -259,9 +260,9 @@ class RetryPolicy:
                     counter[0] += 1
                 logger.warning(
                     "%s: %s: %s; retry %d of %d in %.2f s",
-                    what,
+                    redact(what),
                     type(error).__name__,
-                    error,
+                    redact(str(error)),
                     attempt,
                     self.retries,
                     pause,

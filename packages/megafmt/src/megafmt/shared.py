@@ -1,7 +1,8 @@
 """What megafmt lends the project's other packages (megaindex, megaload, megadist), apart from
 the format SDK: the plugin registry, progress reporting, atomic writes, read-only mappings,
-corpus fingerprints, checksums, URL helpers, tokenizers that decode and argparse types for the
-``mega`` commands.
+corpus fingerprints, checksums, URL helpers (``redact`` masks credentials in messages,
+``confined_path`` keeps local copies inside their folder), tokenizers that decode and argparse
+types for the ``mega`` commands.
 
 Not part of the SDK's API (``megafmt``'s ``__all__``): it changes with those packages, and a
 user who reads, writes or checks corpora needs none of it. The data path's Protocols, which
@@ -10,6 +11,7 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
 from megafmt.cli.command import non_negative_int, positive_int
+from megafmt.confinement import confined_path, url_components
 from megafmt.fingerprint import (
     checksum,
     corpus_fingerprint,
@@ -20,16 +22,19 @@ from megafmt.fingerprint import (
 from megafmt.mapping import map_file
 from megafmt.progress import Progress
 from megafmt.readers import is_url
+from megafmt.redaction import RedactedMessage, redact
 from megafmt.registry import Registry
 from megafmt.remote import default_cache_dir
 from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 
 __all__ = [
     "Progress",
+    "RedactedMessage",
     "Registry",
     "TokenizerOptions",
     "atomic_write",
     "checksum",
+    "confined_path",
     "corpus_fingerprint",
     "corpus_stat",
     "default_cache_dir",
@@ -41,5 +46,7 @@ __all__ = [
     "non_negative_int",
     "partial_path",
     "positive_int",
+    "redact",
     "remove_stale_partials",
+    "url_components",
 ]

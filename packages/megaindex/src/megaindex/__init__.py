@@ -17,7 +17,7 @@ from megaindex.config import (
     convert_split_vector_to_split_matrix,
     parse_and_normalize_split,
 )
-from megaindex.distributed import BarrierTimeoutError
+from megaindex.distributed import BarrierTimeoutError, ConfigMismatchError
 from megaindex.errors import (
     CacheError,
     ConfigError,
@@ -53,6 +53,7 @@ __all__ = [
     "BlendedMegatronDatasetConfig",
     "CacheError",
     "ConfigError",
+    "ConfigMismatchError",
     "EmptySplitError",
     "GPTDataset",
     "GPTDatasetConfig",

@@ -4,7 +4,11 @@ Drop-in for megatron-core's builder. All ranks call ``build()``; global rank 0 b
 caches) each dataset first, the others wait at a barrier and then load the cache. Ranks for
 which ``is_built_on_rank()`` is False get None but take part in every barrier. Unlike
 megatron-core's, the barriers have a timeout (``config.barrier_timeout``): a rank that waits too
-long fails naming the ranks that never arrived, instead of hanging.
+long fails naming the ranks that did not arrive and what each was doing (opening a corpus,
+building or loading an index), instead of hanging. And before any rank opens a corpus or uses a
+cache, the ranks compare their configs (every field that shapes the datasets, the sizes and the
+dataset class; not the rank-local ones in ``RANK_LOCAL_FIELDS``): a difference raises
+:class:`~megaindex.distributed.ConfigMismatchError` on every rank, naming the fields.
 
 Forms: mock data; ``blend`` with ``split`` (one prefix, weighted prefixes, or prefixes weighted
 by their sizes); ``blend_per_split`` (a blend per split, with optionally several validation
@@ -13,6 +17,8 @@ sets kept apart).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -33,6 +39,24 @@ from megaindex.utils import Split, normalize
 logger = logging.getLogger(__name__)
 
 Bookends = list[tuple[float, float] | None]
+#: config fields that may differ between ranks: where each keeps files, how it reads and waits
+RANK_LOCAL_FIELDS = frozenset(
+    {
+        "path_to_cache",
+        "object_storage_cache_path",
+        "num_dataset_builder_threads",
+        "mmap_bin_files",
+        "fast_cache_load",
+        "defer_npy_index_mmap",
+        "barrier_timeout",
+    }
+)
+
+
+def _identity(value: Any) -> Any:
+    """How a config value that JSON cannot hold is compared: by its ``unique_identifiers``
+    (tokenizers), else by its type (never by its address, which differs between ranks)."""
+    return getattr(value, "unique_identifiers", type(value).__qualname__)
 
 
 def _get_size_per_split_per_dataset(
@@ -105,11 +129,24 @@ class BlendedMegatronDatasetBuilder:
     def _barrier(self) -> None:
         distributed.barrier(self.config.barrier_timeout)
 
+    def config_description(self) -> dict[str, str]:
+        """What every rank must agree on, field by field: the dataset class, the sizes and the
+        config's fields except ``RANK_LOCAL_FIELDS``, each as JSON text."""
+        fields: dict[str, Any] = {"class": self.cls.__name__, "sizes": self.sizes}
+        for field in dataclasses.fields(self.config):
+            if field.name not in RANK_LOCAL_FIELDS:
+                fields[field.name] = getattr(self.config, field.name)
+        return {
+            name: json.dumps(value, sort_keys=True, default=_identity)
+            for name, value in fields.items()
+        }
+
     def build(self) -> list[Any]:
         """The dataset of each split: None for a split without a share of the data or a rank
         that builds none; an empty dataset (or blend) for a share that holds no tokens when no
         samples are asked of it (asked for samples, it is an
         :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns."""
+        distributed.agree(self.config_description(), self.config.barrier_timeout)
         if self._opens_prefixes() and distributed.builds_shared_files():
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
@@ -215,6 +252,7 @@ class BlendedMegatronDatasetBuilder:
                 size,
                 self.config,
                 barrier=self._barrier,
+                what=f"the {index_split.name} blend's index",
             )
         return blended
 
@@ -235,7 +273,12 @@ class BlendedMegatronDatasetBuilder:
 
         threads = max(1, self.config.num_dataset_builder_threads)
         return self.build_generic_dataset(
-            build_all, lambda: True, self._synchronize, threads, barrier=self._barrier
+            build_all,
+            lambda: True,
+            self._synchronize,
+            threads,
+            barrier=self._barrier,
+            what=f"the indices of {len(prefixes)} corpora",
         )
 
     def _build_megatron_dataset_splits(
@@ -252,6 +295,7 @@ class BlendedMegatronDatasetBuilder:
                 if bookends is not None and synchronize_ranks:
                     self._barrier()
             return [None] * len(Split)
+        distributed.report(f"opening the corpus {dataset_path}")
         low_level_dataset = self.cls.build_low_level_dataset(dataset_path, self.config)
         num_elements = self.cls.numel_low_level_dataset(low_level_dataset)
         datasets: list[Any] = []
@@ -282,6 +326,7 @@ class BlendedMegatronDatasetBuilder:
                     index_split,
                     self.config,
                     barrier=self._barrier,
+                    what=f"the {index_split.name} index of {dataset_path}",
                 )
             )
         return datasets
@@ -293,17 +338,21 @@ class BlendedMegatronDatasetBuilder:
         synchronize_ranks: bool,
         *args: Any,
         barrier: Callable[[], None] = distributed.barrier,
+        what: str = "a dataset",
     ) -> Any:
         """``cls(*args)``: first on global rank 0, then (after ``barrier``) on the other ranks
-        that build datasets; None on ranks that build none."""
+        that build datasets; None on ranks that build none. ``what`` names the work in the
+        error of a rank that times out waiting for this one."""
         rank = distributed.global_rank()
         if rank is None:
             return cls(*args)
         dataset = None
         if rank == 0 and is_built_on_rank():  # an unwritable cache is IndexCache.save's error
+            distributed.report(f"building (or loading from the cache) {what}")
             dataset = cls(*args)
         if synchronize_ranks:
             barrier()
         if rank != 0 and is_built_on_rank():
+            distributed.report(f"loading {what}")
             dataset = cls(*args)
         return dataset

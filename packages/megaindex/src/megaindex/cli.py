@@ -21,6 +21,7 @@ from megafmt.shared import (
     load_text_tokenizer,
     non_negative_int,
     positive_int,
+    redact,
 )
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
@@ -403,7 +404,7 @@ class IndexCommand:
             dataset = dataset.datasets[number]
             print(
                 f"{split.name} sample {args.sample} is sample {sample} of dataset {number} "
-                f"({dataset.dataset_path}) of the blend"
+                f"({redact(dataset.dataset_path)}) of the blend"
             )
         if isinstance(dataset, SFTDataset):
             print(f"{split.name} " + "\n".join(dataset.describe(sample)))

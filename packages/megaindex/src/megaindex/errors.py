@@ -13,9 +13,11 @@ an assert there (:class:`SequenceCountError`), a corpus it leaves out is a ``Key
 
 from __future__ import annotations
 
+from megafmt.shared import RedactedMessage
 
-class MegaindexError(Exception):
-    """Base class of every error raised by megaindex."""
+
+class MegaindexError(RedactedMessage):
+    """Base class of every error raised by megaindex (its message never shows credentials)."""
 
 
 class ConfigError(MegaindexError, ValueError, AssertionError):

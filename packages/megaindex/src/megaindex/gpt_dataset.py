@@ -29,7 +29,7 @@ from megafmt.protocols import (
     TokenSource,
     announced,
 )
-from megafmt.shared import default_cache_dir, is_url
+from megafmt.shared import confined_path, default_cache_dir, is_url, url_components
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
@@ -306,10 +306,11 @@ class GPTDataset(MegatronDataset):
         base = None if self.config.mock else _path_prefix(self.dataset)
         if directory is None and base is not None:
             # beside the corpus, as in megatron-core; a remote corpus keeps its tables on local
-            # disk, under object_storage_cache_path (or megafmt's cache folder)
+            # disk, under object_storage_cache_path (or megafmt's cache folder), at a path made
+            # of the URL's host and key (no user info; a '..' in the key is refused)
             if is_url(base):
                 local_root = self.config.object_storage_cache_path or default_cache_dir()
-                base = os.path.join(local_root, base.replace("://", "/", 1))
+                base = confined_path(local_root, *url_components(base))
             directory = os.path.join(base, "cache", f"{type(self).__name__}_indices")
         if directory is None:
             return None

@@ -8,10 +8,11 @@ name the argument or field, what was expected and what was found.
 from __future__ import annotations
 
 from megafmt import PluginError
+from megafmt.shared import RedactedMessage
 
 
-class MegaloadError(Exception):
-    """Base class of every error raised by megaload."""
+class MegaloadError(RedactedMessage):
+    """Base class of every error raised by megaload (its message never shows credentials)."""
 
 
 class SamplerError(MegaloadError, ValueError):

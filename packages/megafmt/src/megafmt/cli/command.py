@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from megafmt.redaction import redact
+
 
 class Command(Protocol):
     """A ``mega`` subcommand. The entry point names a class; ``mega`` instantiates it."""
@@ -68,8 +70,8 @@ non_negative_int = bounded_int(0)
 
 
 def print_json(value: Any) -> None:
-    """Print ``value`` as indented JSON (for ``--json`` outputs)."""
-    print(json.dumps(value, indent=2, default=str))
+    """Print ``value`` as indented JSON (for ``--json`` outputs), credentials masked."""
+    print(redact(json.dumps(value, indent=2, default=str)))
 
 
 def table(rows: list[tuple[str, str]]) -> str:

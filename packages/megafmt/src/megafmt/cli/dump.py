@@ -14,6 +14,7 @@ import argparse
 from megafmt.cli.command import print_json
 from megafmt.dataset import IndexedDataset
 from megafmt.index import has_sequence_modes
+from megafmt.redaction import redact
 from megafmt.remote import file_size, local_index_path
 from megafmt.sft import (
     DEFAULT_PROMPT_FORMAT,
@@ -128,7 +129,7 @@ def _dump_sft(args: argparse.Namespace, is_jsonl: bool) -> int:
         )
         return 0
     decode = tokenizer.detokenize if tokenizer is not None else None
-    print(f"{where}: {len(conversations)} conversations")
+    print(f"{redact(where)}: {len(conversations)} conversations")
     for number, (tokens, targets) in enumerate(conversations):
         print(f"  conversation {number}: {len(tokens)} tokens")
         print("\n".join(describe_tokens(tokens, targets, decode)))

@@ -7,6 +7,7 @@ from typing import Any
 
 from megafmt.cli.command import print_json, table
 from megafmt.manifest import read_manifest
+from megafmt.redaction import redact
 from megafmt.stats import CorpusStats, LengthSummary, corpus_stats
 
 
@@ -75,5 +76,5 @@ class InfoCommand:
             )
         else:
             reports = map(render, all_stats, manifests)
-            print("\n\n".join(reports))
+            print(redact("\n\n".join(reports)))
         return 0

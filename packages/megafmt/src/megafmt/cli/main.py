@@ -8,6 +8,7 @@ from importlib.metadata import version
 
 from megafmt.cli.command import Command
 from megafmt.errors import MegafmtError, PluginError
+from megafmt.redaction import redact
 from megafmt.registry import Registry
 
 COMMANDS: Registry[type[Command]] = Registry(
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (MegafmtError, OSError, ValueError, LookupError) as error:
-        print(f"mega {args.command}: error: {error}", file=sys.stderr)
+        print(f"mega {args.command}: error: {redact(str(error))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"mega {args.command}: interrupted", file=sys.stderr)

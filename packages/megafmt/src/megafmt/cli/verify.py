@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from megafmt.cli.command import add_multimodal_argument, multimodal_choice
+from megafmt.redaction import redact
 from megafmt.verification import verify
 
 
@@ -38,9 +39,9 @@ class VerifyCommand:
                 sizes_only=args.remote,
             )
             for violation in violations:
-                print(f"FAIL [{violation.check}] {violation}", file=sys.stderr)
+                print(f"FAIL [{violation.check}] {redact(str(violation))}", file=sys.stderr)
             if violations:
                 status = 1
             else:
-                print(f"OK {prefix}" + (" (sizes)" if args.remote else ""))
+                print(f"OK {redact(prefix)}" + (" (sizes)" if args.remote else ""))
         return status

@@ -38,6 +38,7 @@ import numpy
 
 from megafmt.errors import ObjectChangedError, ReadError
 from megafmt.readers.base import check_read_range
+from megafmt.redaction import redact
 from megafmt.remote import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
@@ -103,8 +104,8 @@ class FsspecBinReader:
             or not read_timeout > 0
         ):
             raise ValueError(
-                f"{path}: need chunk_bytes >= 1, cache_bytes >= chunk_bytes, readahead >= 0, "
-                f"threads >= 1, random_read_bytes >= 1, connect_timeout > 0 and "
+                f"{redact(path)}: need chunk_bytes >= 1, cache_bytes >= chunk_bytes, "
+                f"readahead >= 0, threads >= 1, random_read_bytes >= 1, connect_timeout > 0 and "
                 f"read_timeout > 0; got {chunk_bytes}, {cache_bytes}, {readahead}, {threads}, "
                 f"{random_read_bytes}, {connect_timeout}, {read_timeout}"
             )
@@ -233,7 +234,7 @@ class FsspecBinReader:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError(f"{self.path}: read from a closed reader")
+            raise ValueError(f"{redact(self.path)}: read from a closed reader")
 
     def _urgent_pool(self) -> ThreadPoolExecutor:
         """Threads for requests a read is waiting on, apart from the fetch-ahead ones."""
@@ -459,7 +460,9 @@ class FsspecBinReader:
         still waiting fails with a clear error."""
         with self._lock:
             self._closed = True
-            closed = ValueError(f"{self.path}: the reader was closed while this read waited")
+            closed = ValueError(
+                f"{redact(self.path)}: the reader was closed while this read waited"
+            )
             for pending in [*self._pending.values(), *self._spans.values()]:
                 if not pending.done():
                     pending.set_exception(closed)

@@ -79,7 +79,7 @@ def _scan(
 def _load(cache: str, path: str) -> tuple[dict[str, numpy.ndarray], dict[str, Any]] | None:
     """The cached index of ``path`` when it is there and describes the file as it is now."""
     try:
-        with numpy.load(cache) as stored:
+        with numpy.load(cache, allow_pickle=False) as stored:
             arrays = {key: stored[key] for key in ("starts", "ends", "lines")}
             meta = json.loads(stored["meta"].tobytes())
     except (OSError, ValueError, KeyError):
