@@ -10,7 +10,7 @@ from __future__ import annotations
 from megafmt.redaction import RedactedMessage
 
 
-class MegafmtError(RedactedMessage):
+class MegafmtError(RedactedMessage, Exception):
     """Base class of every error raised by megafmt (its message never shows credentials)."""
 
 

@@ -92,9 +92,10 @@ def redact(text: str) -> str:
     )
 
 
-class RedactedMessage(Exception):
-    """A base for the project's errors: the message, as printed or logged (``str``) and in a
-    traceback, has its credentials masked by :func:`redact`."""
+class RedactedMessage:
+    """A mixin for the project's error bases (before ``Exception`` among the bases): the
+    message, as printed or logged (``str``) and in a traceback, has its credentials masked by
+    :func:`redact`."""
 
     def __str__(self) -> str:
         return redact(super().__str__())

@@ -16,7 +16,7 @@ from __future__ import annotations
 from megafmt.shared import RedactedMessage
 
 
-class MegaindexError(RedactedMessage):
+class MegaindexError(RedactedMessage, Exception):
     """Base class of every error raised by megaindex (its message never shows credentials)."""
 
 

@@ -11,7 +11,7 @@ from megafmt import PluginError
 from megafmt.shared import RedactedMessage
 
 
-class MegaloadError(RedactedMessage):
+class MegaloadError(RedactedMessage, Exception):
     """Base class of every error raised by megaload (its message never shows credentials)."""
 
 
