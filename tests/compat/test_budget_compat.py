@@ -6,24 +6,16 @@ that lack them, over seeded random arguments."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
-from seedref import SeedProcess, SeedRaised
+from seedref import SeedRaised
 
 from megaindex import StepBatchSizeSchedule, get_train_valid_test_num_samples
 from megaload import BackfillError, backfilled_consumed, consumed_in_phase
 
 pytestmark = pytest.mark.compat
 
-SEEDSIDE = Path(__file__).parent / "seedside"
 CASES = 60
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 def random_arguments(rng: random.Random) -> dict:

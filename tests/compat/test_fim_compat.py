@@ -22,7 +22,6 @@ from fimtesting import (
     write_code_corpus,
     write_tokenizer,
 )
-from seedref import SeedProcess
 
 import megaindex
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
@@ -31,7 +30,6 @@ from megaload import DataLoaderConfig, build_pretraining_data_loader
 
 pytestmark = pytest.mark.compat
 
-SEEDSIDE = Path(__file__).parent / "seedside"
 NO_PREFIXES = ["def", "x", " ", "#", "import"]
 IDENTIFIERS = {"class": "test.fim.ByteLevelBPE", "vocab": 400}
 
@@ -69,12 +67,6 @@ def corpus(tmp_path_factory, ours_tokenizer):
     texts = ["" if rng.random() < 0.05 else document_text(rng) for _ in range(400)]
     write_code_corpus(prefix, ours_tokenizer.text, texts)
     return prefix
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 def random_case(rng: random.Random) -> tuple[list[int], dict]:

@@ -12,12 +12,11 @@ import itertools
 import random
 import types
 import warnings
-from pathlib import Path
 
 import numpy
 import pytest
 import torch
-from seedref import SeedProcess, source_root
+from seedref import source_root
 
 from megadist import TopologyError, zigzag_split
 from megadist.spawn import run_distributed
@@ -126,15 +125,6 @@ def test_the_switch_refuses_what_it_cannot_do_with_the_reason() -> None:
         get_batch(iter([]), args=megatron_args(hybrid_context_parallel=True))
     with pytest.raises(TopologyError, match="model-parallel groups are not initialised"):
         get_batch(iter([]), args=megatron_args())
-
-
-SEEDSIDE = Path(__file__).parent / "seedside"
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 def test_our_split_is_megatron_s_split_for_megatron_s_code(seed) -> None:

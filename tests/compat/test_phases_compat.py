@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy
 import pytest
-from seedref import SeedProcess
 
 from megafmt.testing import write_corpus
 from megaindex import GPTDataset, GPTDatasetConfig
@@ -21,15 +20,8 @@ from megaload.phases import PhasedDataLoader
 
 pytestmark = pytest.mark.compat
 
-SEEDSIDE = Path(__file__).parent / "seedside"
 SIZES = {"global_batch_size": 8, "micro_batch_size": 2, "dp": 2}
 TRAIN_SAMPLES = 96  # 12 iterations
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 def read(loader: PhasedDataLoader, count: int) -> list[numpy.ndarray]:

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from seedref import SeedProcess, SeedRaised
+from seedref import SeedRaised
 
 pytestmark = pytest.mark.compat
-
-SEEDSIDE = Path(__file__).parent / "seedside"
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 def test_worker_imports_the_seed_source_not_megatron_core(seed):

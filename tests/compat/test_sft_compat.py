@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from pathlib import Path
 
 import numpy
 import pytest
 import torch
-from seedref import SeedProcess, SeedRaised
+from seedref import SeedRaised
 
 from megafmt.sft import JsonlLineIndex, SFTTokenizer, split_conversations, write_tokenized
 from megafmt.sft.testing import random_messages, write_sft_jsonl, write_sft_tokenizer
@@ -19,14 +18,7 @@ from megaindex import BlendedMegatronDatasetBuilder, SFTDataset, SFTDatasetConfi
 
 pytestmark = pytest.mark.compat
 
-SEEDSIDE = Path(__file__).parent / "seedside"
 FORMATS = ["nemotron-h-aligned", "nemotron-nano-v2", "identity", "default"]
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 @pytest.fixture(scope="module")

@@ -6,20 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from seedref import SeedProcess
 
 from megafmt.cli.main import main
 from megafmt.testing import write_corpus
 
 pytestmark = pytest.mark.compat
-
-SEEDSIDE = Path(__file__).parent / "seedside"
-
-
-@pytest.fixture(scope="module")
-def seed():
-    with SeedProcess(paths=[SEEDSIDE]) as process:
-        yield process
 
 
 def test_mega_sequences_writes_build_sequences_per_dataset_s_json(seed, tmp_path: Path) -> None:
