@@ -22,7 +22,7 @@ its own, seeded by ``(random_seed, sample number)``, so samples depend only on t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy
 
@@ -97,6 +97,14 @@ class GPTFIMDatasetConfig(GPTDatasetConfig):
             )
 
 
+@runtime_checkable
+class MegatronTextTokenizer(Protocol):
+    """A Megatron tokenizer (``megatron.core.tokenizers``): the library tokenizer it wraps is
+    ``_tokenizer``, which Megatron-LM's FIM dataset decodes and encodes with."""
+
+    _tokenizer: Any
+
+
 def text_tokenizer(tokenizer: Any) -> TextTokenizer:
     """What FIM decodes and encodes with: ``tokenizer`` itself when it maps text and ids both
     ways (megafmt's huggingface tokenizer), the ``text`` of an IdentifiedTokenizer, else the
@@ -106,9 +114,10 @@ def text_tokenizer(tokenizer: Any) -> TextTokenizer:
         return tokenizer
     if isinstance(tokenizer, IdentifiedTokenizer) and tokenizer.text is not None:
         return tokenizer.text
-    library = getattr(tokenizer, "_tokenizer", None)
-    if isinstance(library, TextTokenizer):
-        return library
+    if isinstance(tokenizer, MegatronTextTokenizer) and isinstance(
+        tokenizer._tokenizer, TextTokenizer
+    ):
+        return tokenizer._tokenizer
     found = type(tokenizer).__name__
     if isinstance(tokenizer, IdentifiedTokenizer):
         found = "an IdentifiedTokenizer without text (pass text=, or --tokenizer-model to mega)"
