@@ -67,13 +67,19 @@ def test_dump_shows_modes_of_multimodal_corpora(make_corpus, capsys):
     assert json.loads(out) == {"sequences": [[1], [2]], "document": 0, "modes": [3, 4]}
 
 
-def test_merge_prefixes_and_directories(make_corpus, tmp_path, capsys):
+def split_into_a_folder(make_corpus, tmp_path):
+    """DOCUMENTS as two corpora in a folder, the second half's named first."""
     parts = tmp_path / "parts"
     parts.mkdir()
     for name, documents in (("b", DOCUMENTS[2:]), ("a", DOCUMENTS[:2])):
         prefix = make_corpus(documents, name=name)
         for path in (get_bin_path(prefix), get_idx_path(prefix)):
             shutil.move(path, parts)
+    return parts
+
+
+def test_merge_prefixes_and_directories(make_corpus, tmp_path, capsys):
+    parts = split_into_a_folder(make_corpus, tmp_path)
     (parts / "notes.txt").write_text("ignored")
     whole = make_corpus(DOCUMENTS, name="whole")
     out_prefix = str(tmp_path / "merged")
@@ -139,12 +145,7 @@ def test_usage_errors_exit_2(capsys, args):
 
 
 def test_merge_takes_merge_datasets_flags(make_corpus, tmp_path, capsys):
-    parts = tmp_path / "parts"
-    parts.mkdir()
-    for name, documents in (("b", DOCUMENTS[2:]), ("a", DOCUMENTS[:2])):
-        prefix = make_corpus(documents, name=name)
-        for path in (get_bin_path(prefix), get_idx_path(prefix)):
-            shutil.move(path, parts)
+    parts = split_into_a_folder(make_corpus, tmp_path)
     whole = make_corpus(DOCUMENTS, name="whole")
     out_prefix = str(tmp_path / "merged")
     arguments = ["--input", str(parts), "--output-prefix", out_prefix, "--multimodal"]
