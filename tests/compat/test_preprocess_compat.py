@@ -1,4 +1,6 @@
-"""``mega preprocess`` against Megatron-LM's tools/preprocess_data.py, byte for byte.
+"""``mega preprocess`` against megatron-core 0.16.1's tokenizers (``compat="0.16.1"``), byte for
+byte with Megatron-LM's tools/preprocess_data.py steps (the seed commit's own tool is run in
+test_tokenizer_seed_compat.py).
 
 The tool's steps are run by the harness in tools/compat/megatron_preprocess.py (megatron-core's
 wheel does not ship the tool itself): megatron-core's tokenizer from the same flags, its
@@ -19,6 +21,7 @@ from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
 from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.tokenizers import TokenizerOptions
+from megafmt.tokenizers.base import CORE_0_16
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "compat"))
 from megatron_preprocess import megatron_tool, tokenizer_args
@@ -67,6 +70,7 @@ def compare(
     flags with megatron-core's ``build_tokenizer`` unless ``reference_tokenizer`` is given."""
     source = tmp_path / "input.jsonl"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    options = dataclasses.replace(options, compat=CORE_0_16)  # this release's defaults
     if reference_tokenizer is None:
         reference_tokenizer = build_tokenizer(tokenizer_args(tokenizer_type, options))
     theirs = megatron_tool(

@@ -26,19 +26,20 @@ from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
 
 
 def tokenizer_args(tokenizer_type: str, options: Any) -> types.SimpleNamespace:
-    """The tool's parsed tokenizer flags, from megafmt ``TokenizerOptions``."""
+    """megatron-core 0.16.1's parsed tokenizer flags, from megafmt ``TokenizerOptions`` (give
+    them ``compat="0.16.1"`` for that release's defaults)."""
     return types.SimpleNamespace(
         tokenizer_type=tokenizer_type,
         tokenizer_model=options.model,
         vocab_file=options.vocab_file,
         merge_file=options.merge_file,
         vocab_size=options.vocab_size,
-        tokenizer_special_tokens=list(options.special_tokens) or None,
-        tokenizer_hf_use_fast=False,
-        trust_remote_code=False,
-        tokenizer_hf_include_special_tokens=options.include_special_tokens,
-        tokenizer_metadata=None,
-        tokenizer_sentencepiece_legacy=False,
+        tokenizer_special_tokens=list(options.special_tokens or ()) or None,
+        tokenizer_hf_use_fast=options.uses_fast,
+        trust_remote_code=options.trust_remote_code,
+        tokenizer_hf_include_special_tokens=options.adds_special_tokens,
+        tokenizer_metadata=options.metadata_path,
+        tokenizer_sentencepiece_legacy=options.sentencepiece_legacy,
         tiktoken_pattern=options.tiktoken_pattern,
         tiktoken_num_special_tokens=options.tiktoken_num_special_tokens,
     )

@@ -69,9 +69,9 @@ def test_null_tokenizer_keys_lists_and_dtype(tmp_path):
     ]
     source = write_jsonl(tmp_path / "in.jsonl", records)
     summary = run(tmp_path, source, json_keys=("text", "title"), append_eod=True, **NULL)
-    # EOD is --vocab-size (100); it joins the last sentence of a document
-    assert documents(summary.outputs["text"]) == [[[1, 2, 3, 100]], [[4, 5], [6, 100]]]
-    assert documents(summary.outputs["title"]) == [[[7, 100]], [[8, 9, 100]]]
+    # EOD is --vocab-size - 1 (99); it joins the last sentence of a document
+    assert documents(summary.outputs["text"]) == [[[1, 2, 3, 99]], [[4, 5], [6, 99]]]
+    assert documents(summary.outputs["title"]) == [[[7, 99]], [[8, 9, 99]]]
     wide = run(
         tmp_path,
         source,
@@ -179,7 +179,7 @@ def test_manifest_records_how_the_corpus_was_made(tmp_path, capsys):
     prefix = run(tmp_path, source, append_eod=True, **NULL).outputs["text"]
     manifest = read_manifest(prefix)
     assert manifest["tokenizer"]["type"] == "null"
-    assert (manifest["tokenizer"]["eod"], manifest["tokenizer"]["vocab_size"]) == (100, 101)
+    assert (manifest["tokenizer"]["eod"], manifest["tokenizer"]["vocab_size"]) == (99, 100)
     assert (manifest["documents"], manifest["sequences"], manifest["tokens"]) == (1, 1, 3)
     assert manifest["dtype"] == "uint16" and manifest["flags"]["append_eod"] is True
     assert manifest["inputs"] == [{"path": source, "size": os.path.getsize(source)}]
@@ -193,7 +193,7 @@ def test_manifest_records_how_the_corpus_was_made(tmp_path, capsys):
     assert read_manifest(other)["tokenizer"]["fingerprint"] != manifest["tokenizer"]["fingerprint"]
     assert main(["info", prefix]) == 0
     out = capsys.readouterr().out
-    assert "tokenizer" in out and "null" in out and "eod 100" in out
+    assert "tokenizer" in out and "null" in out and "eod 99" in out
 
 
 def test_cli_takes_megatron_flags(tmp_path, capsys):
@@ -219,7 +219,7 @@ def test_cli_takes_megatron_flags(tmp_path, capsys):
         ]
     )
     assert status == 0
-    assert documents(str(tmp_path / "m_text_document")) == [[[5, 6, 10]], [[7, 10]]]
+    assert documents(str(tmp_path / "m_text_document")) == [[[5, 6, 9]], [[7, 9]]]
     err = capsys.readouterr().err
     assert "docs/s" in err and "MB/s" in err and "tokens/s" in err
     assert "preprocessed 2 documents, 5 tokens" in err

@@ -12,7 +12,7 @@ from megafmt.tokenizers import MEGATRON_ALIASES, TOKENIZERS, TokenizerOptions, l
 def test_built_in_plugins_and_megatron_aliases():
     assert {"bytes", "null", "huggingface", "tiktoken", "sentencepiece"} <= set(TOKENIZERS)
     assert set(MEGATRON_ALIASES.values()) <= set(TOKENIZERS)
-    assert load_tokenizer("NullTokenizer", TokenizerOptions(vocab_size=7)).eod == 7
+    assert load_tokenizer("NullTokenizer", TokenizerOptions(vocab_size=7)).eod == 6
     with pytest.raises(PluginError, match=r"unknown tokenizer 'nul'.*did you mean 'null'"):
         load_tokenizer("nul", TokenizerOptions())
 
@@ -23,7 +23,14 @@ def test_bytes_and_null_encode_as_megatron_does():
         [],
     ]
     null = load_tokenizer("null", TokenizerOptions(vocab_size=50))
-    assert (null.vocab_size, null.eod) == (51, 50)
+    # the seed commit's: EOD vocab_size - 1, no pad; megatron-core 0.16.1's: EOD vocab_size
+    assert (null.vocab_size, null.eod, null.pad) == (50, 49, -1)
+    chosen = TokenizerOptions(vocab_size=50, null_eod_id=0, null_pad_id=7)
+    assert (load_tokenizer("null", chosen).eod, load_tokenizer("null", chosen).pad) == (0, 7)
+    old = load_tokenizer("null", TokenizerOptions(vocab_size=50, compat="0.16.1"))
+    assert (old.vocab_size, old.eod) == (51, 50)
+    with pytest.raises(PluginError, match="compat must be one of seed, 0.16.1, found '0.15'"):
+        TokenizerOptions(compat="0.15")
     assert null.encode_batch(["3 1 4", "15"]) == [[3, 1, 4], [15]]
     with pytest.raises(ValueError, match="integers separated by single spaces, found ''"):
         null.encode_batch([""])

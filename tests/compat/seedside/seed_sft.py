@@ -8,10 +8,14 @@ class SeedSFTTokenizer:
     """What Megatron's text-tokenizer wrapper gives the SFT dataset of its ``sft`` library."""
 
     def __init__(self, path: str, prompt_format: str) -> None:
+        from megatron.core.tokenizers import MegatronTokenizer
         from megatron.core.tokenizers.text.libraries.sft_tokenizer import SFTTokenizer
 
         self.library = SFTTokenizer(path, prompt_format)
-        self.path, self.prompt_format = path, prompt_format
+        # the identity the seed's build_tokenizer gives --tokenizer-type SFTTokenizer
+        self.wrapper_identifiers = MegatronTokenizer.from_pretrained(
+            tokenizer_path=path, metadata_path={"library": "sft"}, prompt_format=prompt_format
+        ).unique_identifiers
 
     def tokenize_conversation(self, conversation, return_target, add_generation_prompt):
         return self.library.tokenize_conversation(
@@ -32,7 +36,7 @@ class SeedSFTTokenizer:
 
     @property
     def unique_identifiers(self) -> dict:
-        return {"class": "SFTTokenizer", "path": self.path, "prompt_format": self.prompt_format}
+        return self.wrapper_identifiers
 
 
 def tokenize(path: str, prompt_format: str, conversations: list) -> list:

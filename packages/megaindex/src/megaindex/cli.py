@@ -18,10 +18,12 @@ import numpy
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, SFTTokenizer
 from megafmt.shared import (
     TokenizerOptions,
+    add_tokenizer_arguments,
     load_text_tokenizer,
     non_negative_int,
     positive_int,
     redact,
+    tokenizer_options,
 )
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
@@ -138,13 +140,22 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     )
     budget.add_argument("--iteration", type=int, default=0, help="the iteration resumed at")
 
-    tokenizer = parser.add_argument_group("tokenizer identity (it is part of the cache key)")
-    choice = tokenizer.add_mutually_exclusive_group(required=True)
+    tokenizer = add_tokenizer_arguments(
+        parser,
+        None,
+        "the null tokenizer's vocabulary; tiktoken's total size; with "
+        "--tokenizer-identifiers the vocabulary size",
+    )
+    tokenizer.description = (
+        "the tokenizer's identity is part of the cache key: give the training job's "
+        "--tokenizer-type and flags (Megatron's), or one of the forms below"
+    )
+    choice = tokenizer.add_mutually_exclusive_group()
     choice.add_argument(
         "--null-tokenizer",
         type=int,
         metavar="VOCAB",
-        help="megatron-core's NullTokenizer(VOCAB): EOD = VOCAB",
+        help="megatron-core 0.16.1's library NullTokenizer(VOCAB) itself: EOD = VOCAB",
     )
     choice.add_argument(
         "--tokenizer-identifiers",
@@ -162,11 +173,6 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(PROMPT_FORMATS),
     )
     tokenizer.add_argument("--eod", type=int, help="end-of-document id")
-    tokenizer.add_argument("--vocab-size", type=positive_int, help="vocabulary size")
-    tokenizer.add_argument(
-        "--tokenizer-model",
-        help="a tokenizer.json (or its folder): FIM needs it, explain decodes with it",
-    )
     add_fim_arguments(parser)
 
 
@@ -205,8 +211,17 @@ def _sizes(args: argparse.Namespace) -> list[int | None]:
 def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer | SFTTokenizer:
     if args.sft_tokenizer is not None:
         return SFTTokenizer(args.sft_tokenizer, args.sft_tokenizer_prompt_format)
+    if args.tokenizer_type == "SFTTokenizer":
+        return SFTTokenizer(args.tokenizer_model, args.sft_tokenizer_prompt_format)
     if args.null_tokenizer is not None:
         identity = IdentifiedTokenizer.null(args.null_tokenizer)
+    elif args.tokenizer_identifiers is None:
+        if args.tokenizer_type is None:
+            raise ValueError(
+                "give the job's tokenizer: --tokenizer-type and its flags, --null-tokenizer, "
+                "--tokenizer-identifiers or --sft-tokenizer"
+            )
+        return IdentifiedTokenizer.from_flags(args.tokenizer_type, tokenizer_options(args))
     elif args.eod is None:
         raise ValueError("--tokenizer-identifiers needs --eod")
     else:

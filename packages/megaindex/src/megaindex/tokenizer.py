@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from megafmt.protocols import TextTokenizer
+from megafmt.shared import TokenizerOptions, load_tokenizer, megatron_identifiers
 
 #: megatron-core's NullTokenizer, as its unique_identifiers name it
 MEGATRON_NULL_TOKENIZER = "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer"
@@ -46,6 +47,23 @@ class IdentifiedTokenizer:
     def null(cls, vocab_size: int) -> IdentifiedTokenizer:
         """megatron-core's NullTokenizer(vocab_size): EOD is ``vocab_size``, one id more in all."""
         return cls(vocab_size, vocab_size + 1, {"class": MEGATRON_NULL_TOKENIZER})
+
+    @classmethod
+    def from_flags(cls, tokenizer_type: str, options: TokenizerOptions) -> IdentifiedTokenizer:
+        """The identity of the tokenizer Megatron builds from these flags (``--tokenizer-type``
+        and the rest, as ``mega preprocess`` and Megatron's tools take them): EOD, vocabulary
+        size and pad from the tokenizer itself, identifiers as the ``options.compat`` release
+        reports them. A cache built with it is the training job's cache."""
+        tokenizer = load_tokenizer(tokenizer_type, options)
+        if tokenizer.eod is None:
+            raise ValueError(f"the {tokenizer_type} tokenizer has no end-of-document token")
+        return cls(
+            tokenizer.eod,
+            tokenizer.vocab_size,
+            megatron_identifiers(tokenizer_type, options),
+            pad=tokenizer.pad,
+            text=tokenizer if isinstance(tokenizer, TextTokenizer) else None,
+        )
 
     def __repr__(self) -> str:
         return f"IdentifiedTokenizer(eod={self.eod}, vocab_size={self.vocab_size})"

@@ -1,9 +1,12 @@
 """``mega preprocess``: Megatron's tools/preprocess_data.py, with its flags, made fast.
 
-Existing command lines work unchanged (``--tokenizer-type HuggingFaceTokenizer`` and the other
-Megatron names are aliases of the tokenizer plugins). Megatron flags that cannot change the
-output here are accepted and ignored: ``--tokenizer-hf-use-fast`` (the tokenizers package is
-always the fast one) and ``--trust-remote-code`` (no code is fetched or run).
+Every flag of the tool at the seed commit is taken with its meaning (the tokenizer flags are
+shared with ``mega index build``: megafmt.cli.tokenizer_flags), and megatron-core 0.16.1's
+spellings too; ``--tokenizer-type HuggingFaceTokenizer`` and the other Megatron names are aliases
+of the tokenizer plugins. Flags that cannot change a token here are accepted and recorded:
+``--tokenizer-hf-no-use-fast`` (the tokenizers package is the fast implementation),
+``--trust-remote-code`` (no code is fetched or run), ``--chat-template``, ``--padded-vocab-size``,
+``--no-pad-vocab-size`` and ``--vocab-extra-ids`` (they size the model, not the data).
 """
 
 from __future__ import annotations
@@ -12,16 +15,10 @@ import argparse
 import os
 
 from megafmt.cli.command import positive_int
+from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.preprocess.tuning import preprocess_with_best_workers
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
-from megafmt.tokenizers import MEGATRON_ALIASES, TOKENIZERS, TokenizerOptions
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, found {text!r}")
-    return key, value
 
 
 class PreprocessCommand:
@@ -47,28 +44,8 @@ class PreprocessCommand:
             action="store_true",
             help="count and skip lines that cannot be read instead of stopping at the first",
         )
-        names = ", ".join([*TOKENIZERS.available(), *MEGATRON_ALIASES])
-        tok = parser.add_argument_group("tokenizer")
-        tok.add_argument("--tokenizer-type", default="bytes", help=f"one of: {names}")
-        tok.add_argument("--tokenizer-model", help="tokenizer.json (or its folder), .model, vocab")
-        tok.add_argument("--vocab-file", help="GPT-2 vocab.json")
-        tok.add_argument("--merge-file", help="GPT-2 merges.txt")
-        tok.add_argument(
-            "--vocab-size", type=positive_int, help="null tokenizer vocabulary; tiktoken size"
-        )
-        tok.add_argument("--tokenizer-special-tokens", nargs="+", default=[])
-        tok.add_argument("--tiktoken-pattern", default="v2", choices=["v1", "v2"])
-        tok.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
-        tok.add_argument("--tokenizer-hf-include-special-tokens", action="store_true")
-        tok.add_argument("--tokenizer-hf-use-fast", action="store_true", help=argparse.SUPPRESS)
-        tok.add_argument("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
-        tok.add_argument(
-            "--tokenizer-option",
-            type=_key_value,
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a setting for a third-party tokenizer plugin",
+        add_tokenizer_arguments(
+            parser, "bytes", "the null tokenizer's vocabulary; tiktoken's total size"
         )
         sft = parser.add_argument_group("supervised fine-tuning")
         sft.add_argument(
@@ -95,6 +72,21 @@ class PreprocessCommand:
             "--log-interval", type=positive_int, default=1000, help="documents per line"
         )
         run.add_argument("--chunk-mb", type=float, default=1.0, help="input per worker call")
+        run.add_argument(
+            "--find-optimal-num-workers",
+            action="store_true",
+            help="time a trial run per --workers-to-check count, report them, then preprocess "
+            "everything with the fastest",
+        )
+        run.add_argument(
+            "--workers-to-check", type=int, nargs="+", default=[16, 32, 64], metavar="N"
+        )
+        run.add_argument(
+            "--max-documents",
+            type=positive_int,
+            default=100_000,
+            help="documents per --find-optimal-num-workers trial",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         if args.sft:
@@ -108,17 +100,7 @@ class PreprocessCommand:
                 args.skip_bad_lines,
             )
             return 0
-        options = TokenizerOptions(
-            model=args.tokenizer_model,
-            vocab_file=args.vocab_file,
-            merge_file=args.merge_file,
-            vocab_size=args.vocab_size,
-            special_tokens=tuple(args.tokenizer_special_tokens),
-            tiktoken_pattern=args.tiktoken_pattern,
-            tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
-            include_special_tokens=args.tokenizer_hf_include_special_tokens,
-            extra=dict(args.tokenizer_option),
-        )
+        options = tokenizer_options(args)
         config = PreprocessConfig(
             input=args.input,
             output_prefix=args.output_prefix,
@@ -136,5 +118,8 @@ class PreprocessCommand:
             log_interval=args.log_interval,
             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
         )
-        preprocess(config)
+        if args.find_optimal_num_workers:
+            preprocess_with_best_workers(config, args.workers_to_check, args.max_documents)
+        else:
+            preprocess(config)
         return 0

@@ -64,6 +64,9 @@ class PreprocessConfig:
     """Documents between progress lines (off a terminal)."""
     chunk_bytes: int = 1 << 20
     """About this much input goes to a worker per call."""
+    trial_documents: int | None = None
+    """A timing trial (``--find-optimal-num-workers``): stop reading input once this many
+    documents are written (whole chunks: the last may take it somewhat past)."""
 
 
 @dataclass
@@ -213,6 +216,8 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
             progress.update(result.documents.size, MB=result.nbytes / 1e6, tokens=result.tokens)
 
         for chunk in chunks:
+            if config.trial_documents is not None and summary.documents >= config.trial_documents:
+                break
             window.append(pool.submit(encode_in_worker, chunk))
             if len(window) >= 2 * config.workers + 2:
                 take(window.popleft().result())

@@ -26,6 +26,7 @@ The library is ``tokenizers`` (``pip install megafmt[huggingface]``); no file is
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,9 @@ import numpy
 
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.sft.messages import Message, split_conversations
-from megafmt.tokenizers.base import fingerprint_of, import_library
+from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library
 from megafmt.tokenizers.huggingface import configured_tokens
+from megafmt.tokenizers.identity import megatron_identifiers
 
 #: a target position that takes no loss (the prompt)
 IGNORE_INDEX = -100
@@ -151,8 +153,11 @@ class SFTTokenizer:
         return self.pad
 
     @property
-    def unique_identifiers(self) -> dict[str, Any]:
-        return {"class": "SFTTokenizer", "path": self.path, "prompt_format": self.prompt_format}
+    def unique_identifiers(self) -> OrderedDict:
+        """What the seed commit's build_tokenizer gives --tokenizer-type SFTTokenizer."""
+        return megatron_identifiers(
+            "SFTTokenizer", TokenizerOptions(model=self.path), self.prompt_format
+        )
 
     def _encode(self, text: str) -> numpy.ndarray:
         return numpy.asarray(self._encoder.encode(text, add_special_tokens=False).ids, numpy.int64)

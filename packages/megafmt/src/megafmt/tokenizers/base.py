@@ -17,10 +17,17 @@ from typing import Protocol
 
 from megafmt.errors import MissingFileError, PluginError
 
+#: the two Megatron releases whose tokenizers differ: the seed commit (the default) and the
+#: megatron-core 0.16.1 release
+SEED = "seed"
+CORE_0_16 = "0.16.1"
+COMPATS = (SEED, CORE_0_16)
+
 
 @dataclass(frozen=True)
 class TokenizerOptions:
-    """The tokenizer flags of Megatron's preprocess_data.py, with their meanings."""
+    """The tokenizer flags of Megatron's preprocess_data.py (its ``_add_tokenizer_args``), with
+    their meanings and the defaults of Megatron-LM at the seed commit."""
 
     model: str | None = None
     """``--tokenizer-model``: a tokenizer.json (or its directory), a .model, a tiktoken vocab."""
@@ -29,18 +36,62 @@ class TokenizerOptions:
     merge_file: str | None = None
     """``--merge-file``: GPT-2 style merges.txt."""
     vocab_size: int | None = None
-    """``--vocab-size``: the null tokenizer's vocabulary (its EOD id), tiktoken's total size."""
-    special_tokens: tuple[str, ...] = ()
-    """``--tokenizer-special-tokens``."""
-    tiktoken_pattern: str = "v2"
-    """``--tiktoken-pattern``: v1 or v2, the pre-tokenization regex."""
+    """``--vocab-size``: the null tokenizer's vocabulary, tiktoken's total size."""
+    special_tokens: tuple[str, ...] | None = None
+    """``--tokenizer-special-tokens`` (None when not given: Megatron tells the two apart)."""
+    tiktoken_pattern: str | None = None
+    """``--tiktoken-pattern``: v1 or v2, the pre-tokenization regex (None: v2, unrecorded)."""
     tiktoken_num_special_tokens: int = 1000
     """``--tiktoken-num-special-tokens``: ids below this are special tokens."""
-    include_special_tokens: bool = False
-    """``--tokenizer-hf-include-special-tokens``: let a tokenizer.json add its special tokens
-    (a BOS, say) to every text."""
+    include_special_tokens: bool | None = None
+    """Whether a tokenizer.json adds its special tokens (a BOS, say) to every text: the seed
+    commit does unless ``--tokenizer-hf-no-include-special-tokens``; megatron-core 0.16.1 only
+    with ``--tokenizer-hf-include-special-tokens``. None: the ``compat`` release's default."""
+    use_fast: bool | None = None
+    """The seed commit's default unless ``--tokenizer-hf-no-use-fast``; 0.16.1's only with
+    ``--tokenizer-hf-use-fast``. Recorded in the identity; the ``tokenizers`` package is the
+    fast implementation, so the ids are the fast tokenizer's either way."""
+    trust_remote_code: bool = False
+    """``--trust-remote-code``: recorded in the identity; no code is fetched or run here."""
+    chat_template: str | None = None
+    """``--chat-template``: recorded in the identity (preprocessing applies no template)."""
+    metadata_path: str | None = None
+    """``--tokenizer-metadata``: Megatron's tokenizer_metadata.json; its ``model_type`` picks
+    the Megatron tokenizer class the identity names."""
+    sentencepiece_legacy: bool = False
+    """``--tokenizer-sentencepiece-legacy``: special tokens matched inside the text."""
+    sentencepiece_ignore_extra_whitespaces: bool = True
+    """``--tokenizer-sentencepiece-ignore-extra-whitespaces`` (the default)."""
+    null_eod_id: int | None = None
+    """``--null-tokenizer-eod-id``: the null tokenizer's EOD (default ``vocab_size - 1``)."""
+    null_pad_id: int = -1
+    """``--null-tokenizer-pad-id``: the null tokenizer's pad id (-1: none)."""
+    compat: str = SEED
+    """Whose defaults and identities: ``seed`` (Megatron-LM at the seed commit) or ``0.16.1``
+    (megatron-core 0.16.1: NullTokenizer EOD = vocab size, no special tokens added)."""
     extra: dict[str, str] = field(default_factory=dict)
     """Settings of third-party plugins (``--tokenizer-option KEY=VALUE``)."""
+
+    def __post_init__(self) -> None:
+        if self.compat not in COMPATS:
+            raise PluginError(
+                f"tokenizer compat must be one of {', '.join(COMPATS)}, found {self.compat!r}"
+            )
+
+    def _or_default(self, value: bool | None) -> bool:
+        """``value`` as given, else the release's default (on at the seed commit, off in
+        0.16.1: both releases flipped the two HuggingFace switches together)."""
+        return self.compat == SEED if value is None else value
+
+    @property
+    def adds_special_tokens(self) -> bool:
+        """Whether text gets the tokenizer's special tokens, the release's default applied."""
+        return self._or_default(self.include_special_tokens)
+
+    @property
+    def uses_fast(self) -> bool:
+        """Whether the fast HuggingFace tokenizer is asked for, the release's default applied."""
+        return self._or_default(self.use_fast)
 
 
 class Tokenizer(Protocol):
@@ -52,6 +103,8 @@ class Tokenizer(Protocol):
     """Megatron's ``tokenizer.vocab_size``: it picks the output dtype."""
     eod: int | None
     """The end-of-document id ``--append-eod`` appends; None when the tokenizer has none."""
+    pad: int | None
+    """Megatron's ``tokenizer.pad`` (GPTDataset masks labels equal to it); None for none."""
     fingerprint: str
     """A digest of the files and settings that decide the ids: equal fingerprints, equal ids."""
 

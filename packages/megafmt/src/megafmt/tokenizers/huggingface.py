@@ -88,7 +88,13 @@ class HuggingFaceTokenizer:
         files: list[str],
         special: bool = False,
         special_tokens: Sequence[str] = (),
+        pad_token: str | None = None,
+        added_tokens: Sequence[str] = (),
     ) -> None:
+        if added_tokens:
+            # Megatron hands --tokenizer-special-tokens to transformers' add_special_tokens:
+            # the ones not in the vocabulary get the next ids
+            tokenizer.add_special_tokens(list(added_tokens))
         self._tokenizer = tokenizer
         self._special = special
         self._special_tokens = frozenset(special_tokens)
@@ -101,7 +107,8 @@ class HuggingFaceTokenizer:
                 raise FormatError(
                     f"{files[0]}: the end-of-document token {eod_token!r} is not in the vocabulary"
                 )
-        self.fingerprint = fingerprint_of(self.name, files, eod_token, special)
+        self.pad = None if pad_token is None else tokenizer.token_to_id(pad_token)
+        self.fingerprint = fingerprint_of(self.name, files, eod_token, special, list(added_tokens))
         self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     @classmethod
@@ -128,12 +135,15 @@ class HuggingFaceTokenizer:
             raise FormatError(f"{path}: not a tokenizers tokenizer.json ({error})") from None
         named, extra, configs = configured_tokens(os.path.dirname(os.path.abspath(path)))
         eod_token = named.get("eos_token", named.get("sep_token"))
+        added = list(options.special_tokens or ())
         return cls(
             tokenizer,
             eod_token,
             [path, *configs],
-            options.include_special_tokens,
-            [*named.values(), *extra],
+            options.adds_special_tokens,
+            [*named.values(), *extra, *added],
+            named.get("pad_token"),
+            added,
         )
 
     @classmethod
@@ -147,7 +157,17 @@ class HuggingFaceTokenizer:
         tokenizer = tokenizers.Tokenizer(model)
         tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = tokenizers.decoders.ByteLevel()
-        return cls(tokenizer, GPT2_EOD, [vocab, merges], options.include_special_tokens, [GPT2_EOD])
+        # transformers' GPT2Tokenizer makes <|endoftext|> (its bos, eos and unk) a special
+        # token: one id wherever the text holds it
+        added = [GPT2_EOD, *(options.special_tokens or ())]
+        return cls(
+            tokenizer,
+            GPT2_EOD,
+            [vocab, merges],
+            options.adds_special_tokens,
+            added,
+            added_tokens=added,
+        )
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encodings = self._encode(list(texts), add_special_tokens=self._special)

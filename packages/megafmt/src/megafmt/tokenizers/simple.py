@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from megafmt.errors import PluginError
-from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of
+from megafmt.tokenizers.base import CORE_0_16, TokenizerOptions, fingerprint_of
 
 BYTE_EOD = 256
 
@@ -18,6 +18,7 @@ class BytesTokenizer:
     name = "bytes"
     vocab_size = BYTE_EOD + 1
     eod = BYTE_EOD
+    pad = None
     fingerprint = fingerprint_of("bytes", ())
 
     @classmethod
@@ -29,25 +30,31 @@ class BytesTokenizer:
 
 
 class NullTokenizer:
-    """Megatron's NullTokenizer: the text holds ids separated by single spaces; the EOD id is
-    ``--vocab-size`` and the vocabulary one larger. A text that is not such a list of integers
-    (an empty one included) is an error, as in Megatron."""
+    """Megatron's NullTokenizer: the text holds ids separated by single spaces. At the seed
+    commit the vocabulary is ``--vocab-size`` and the EOD ``--null-tokenizer-eod-id`` (default
+    ``vocab_size - 1``), the pad ``--null-tokenizer-pad-id`` (default -1: none); in
+    megatron-core 0.16.1 the EOD is ``--vocab-size`` and the vocabulary one larger. A text that
+    is not such a list of integers (an empty one included) is an error, as in Megatron."""
 
     name = "null"
 
-    def __init__(self, vocab_size: int) -> None:
-        self.eod = vocab_size
-        self.vocab_size = vocab_size + 1
-        self.fingerprint = fingerprint_of("null", (), vocab_size)
+    def __init__(self, vocab_size: int, eod: int, pad: int | None) -> None:
+        self.vocab_size = vocab_size
+        self.eod = eod
+        self.pad = pad
+        self.fingerprint = fingerprint_of("null", (), vocab_size, eod, pad)
 
     @classmethod
     def from_options(cls, options: TokenizerOptions) -> NullTokenizer:
-        if options.vocab_size is None or options.vocab_size < 1:
+        vocab_size = options.vocab_size
+        if vocab_size is None or vocab_size < 1:
             raise PluginError(
-                f"the null tokenizer needs --vocab-size (a positive integer), "
-                f"found {options.vocab_size}"
+                f"the null tokenizer needs --vocab-size (a positive integer), found {vocab_size}"
             )
-        return cls(options.vocab_size)
+        if options.compat == CORE_0_16:
+            return cls(vocab_size + 1, vocab_size, None)
+        eod = vocab_size - 1 if options.null_eod_id is None else options.null_eod_id
+        return cls(vocab_size, eod, options.null_pad_id)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         encoded = []

@@ -65,10 +65,13 @@ def read_ranks(path: str) -> list[bytes]:
 class TikTokenTokenizer:
     name = "tiktoken"
 
-    def __init__(self, encoding: Any, vocab_size: int, eod: int, fingerprint: str) -> None:
+    def __init__(
+        self, encoding: Any, vocab_size: int, eod: int, pad: int, fingerprint: str
+    ) -> None:
         self._encoding = encoding
         self.vocab_size = vocab_size
         self.eod = eod
+        self.pad = pad
         self.fingerprint = fingerprint
 
     @classmethod
@@ -89,7 +92,8 @@ class TikTokenTokenizer:
                 f"--tiktoken-num-special-tokens {reserved} must be at least the "
                 f"{len(special)} special tokens and below --vocab-size {vocab_size}"
             )
-        if options.tiktoken_pattern not in PATTERNS:
+        pattern = options.tiktoken_pattern or "v2"
+        if pattern not in PATTERNS:
             raise PluginError(
                 f"--tiktoken-pattern must be v1 or v2, found {options.tiktoken_pattern!r}"
             )
@@ -102,14 +106,13 @@ class TikTokenTokenizer:
             )
         encoding = tiktoken.Encoding(
             name="megafmt",
-            pat_str=PATTERNS[options.tiktoken_pattern],
+            pat_str=PATTERNS[pattern],
             mergeable_ranks={token: reserved + rank for rank, token in enumerate(tokens)},
             special_tokens={token: rank for rank, token in enumerate(special)},
         )
-        fingerprint = fingerprint_of(
-            cls.name, [path], vocab_size, reserved, special, options.tiktoken_pattern
-        )
-        return cls(encoding, vocab_size, special.index(EOD_TOKEN), fingerprint)
+        fingerprint = fingerprint_of(cls.name, [path], vocab_size, reserved, special, pattern)
+        eod, pad = special.index(EOD_TOKEN), special.index("<pad>")
+        return cls(encoding, vocab_size, eod, pad, fingerprint)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._encoding.encode_batch(list(texts), allowed_special="all")
