@@ -279,3 +279,20 @@ def test_sentencepiece_model(tmp_path):
         append_eod=True,
         workers=2,
     )
+
+
+def test_identity_with_compat_0_16_1_equals_megatron_core_s(tmp_path, hf_tokenizer_dir):
+    """``compat="0.16.1"``: the identifiers megatron-core 0.16.1's build_tokenizer reports."""
+    from megafmt.tokenizers.identity import megatron_identifiers
+
+    cases = [
+        ("NullTokenizer", TokenizerOptions(vocab_size=1000)),
+        ("HuggingFaceTokenizer", TokenizerOptions(model=str(hf_tokenizer_dir))),
+        ("HuggingFaceTokenizer",
+         TokenizerOptions(model=str(hf_tokenizer_dir), include_special_tokens=True,
+                          use_fast=True, special_tokens=("<x>",))),
+    ]  # fmt: skip
+    for tokenizer_type, options in cases:
+        options = dataclasses.replace(options, compat=CORE_0_16)
+        theirs = build_tokenizer(tokenizer_args(tokenizer_type, options)).unique_identifiers
+        assert megatron_identifiers(tokenizer_type, options) == theirs, tokenizer_type

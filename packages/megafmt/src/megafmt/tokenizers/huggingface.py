@@ -1,10 +1,13 @@
 """``huggingface``: a local tokenizer.json through the ``tokenizers`` package, or GPT-2 style
 ``--vocab-file``/``--merge-file`` (Megatron's GPT2BPETokenizer).
 
-Ids equal Megatron's HuggingFaceTokenizer with its defaults (no special tokens added to the
-text). The end-of-document token is the ``eos_token`` of the tokenizer_config.json or
-special_tokens_map.json beside the tokenizer.json (the ``sep_token`` when there is no eos), as
-transformers reads it; GPT-2 files end documents with ``<|endoftext|>``.
+Ids equal Megatron's HuggingFaceTokenizer: the tokenizer.json's special tokens (a BOS, say) are
+added to every text as the seed commit adds them, unless ``include_special_tokens`` is off (the
+default of ``compat="0.16.1"``); ``--tokenizer-special-tokens`` are added to the vocabulary as
+special tokens, the ones not in it with the next ids. The end-of-document token is the
+``eos_token`` of the tokenizer_config.json or special_tokens_map.json beside the tokenizer.json
+(the ``sep_token`` when there is no eos), as transformers reads it; GPT-2 files end documents
+with ``<|endoftext|>``.
 
 It is also a :class:`~megafmt.protocols.TextTokenizer` (what fill-in-the-middle and decoding
 ask): ids back to text as Megatron's HuggingFaceTokenizer gives them over transformers, whose
