@@ -353,32 +353,38 @@ def cache_files(folder: Path) -> dict[str, int]:
     }
 
 
+#: a model small enough for tools/prepare_cache.py (it reads Megatron's whole argument list)
+MODEL = ["--num-layers", "1", "--hidden-size", "8", "--num-attention-heads", "1",
+         "--max-position-embeddings", "32", "--micro-batch-size", "2"]  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", TYPES)
 def test_a_cache_built_by_one_side_is_hit_by_the_other(seed_tok, files, tmp_path, kind):
+    """The seed's tools/prepare_cache.py and mega index build, with the same flags."""
     flags = flag_sets(files)[kind][0]
     source = tmp_path / "input.jsonl"
     write_jsonl(source, kind, 11)
     prefix = str(tmp_path / "corpus")
     assert main(["preprocess", "--input", str(source), "--output-prefix", prefix,
                  "--append-eod", "--workers", "1", *flags]) == 0  # fmt: skip
-    prefix += "_text_document"
-    samples, length, split = [60, 8, 4], 32, "90,6,4"
-    sizes = ",".join(map(str, samples))
-    build = ["index", "build", "--data-path", prefix, "--split", split, "--seq-length",
-             str(length), "--seed", "7", "--samples", sizes, *flags]  # fmt: skip
+    common = ["--data-path", f"{prefix}_text_document", "--split", "90,6,4", "--seq-length",
+              "32", "--seed", "7", "--train-iters", "15", "--global-batch-size", "4",
+              "--eval-iters", "2", "--eval-interval", "5", *flags]  # fmt: skip
     # the seed builds, mega index build opens it: nothing new is written
     theirs = tmp_path / "seed-built"
-    hashes = seed_tok.call(
-        "seed_tokenizers:gpt_cache", flags, prefix, str(theirs), samples, length, 7, split
+    seed_tok.call(
+        "seed_tokenizers:prepare_cache", [*MODEL, *common, "--data-cache-path", str(theirs)]
     )
     before = cache_files(theirs)
-    assert len(before) == 4 * len(hashes) and all(any(h in n for n in before) for h in hashes)
-    assert main([*build, "--cache-dir", str(theirs)]) == 0
+    assert len(before) == 12  # the description and three tables of each split
+    assert main(["index", "build", *common, "--cache-dir", str(theirs)]) == 0
     assert cache_files(theirs) == before
     # mega index build builds, the seed opens it: the same names, nothing new written
     mine = tmp_path / "ours-built"
-    assert main([*build, "--cache-dir", str(mine)]) == 0
+    assert main(["index", "build", *common, "--cache-dir", str(mine)]) == 0
     built = cache_files(mine)
     assert sorted(built) == sorted(before)
-    seed_tok.call("seed_tokenizers:gpt_cache", flags, prefix, str(mine), samples, length, 7, split)
+    seed_tok.call(
+        "seed_tokenizers:prepare_cache", [*MODEL, *common, "--data-cache-path", str(mine)]
+    )
     assert cache_files(mine) == built

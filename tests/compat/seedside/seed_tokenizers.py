@@ -1,10 +1,11 @@
 """Runs inside the seed worker (testing/seedref.py): the seed commit's tokenizers built from
-command-line flags by its own parser and ``build_tokenizer``, its tools/preprocess_data.py, and
-its GPTDataset cache built with such a tokenizer."""
+command-line flags by its own parser and ``build_tokenizer``, and its tools/preprocess_data.py
+and tools/prepare_cache.py."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -59,32 +60,17 @@ def preprocess_data(argv: list[str]) -> None:
     main()
 
 
-def gpt_cache(
-    flags: list[str],
-    prefix: str,
-    cache: str,
-    samples: list[int],
-    sequence_length: int,
-    seed: int,
-    split: str,
-) -> list[str]:
-    """GPTDataset's caches built (or loaded) by the seed's builder with the tokenizer these
-    flags build; the datasets' description hashes, train/valid/test."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+def prepare_cache(argv: list[str]) -> dict:
+    """tools/prepare_cache.py run with these command-line arguments; its summary. The tool runs
+    ``make`` for its C++ helpers, whose output would land in the worker's answer pipe (file
+    descriptor 1): descriptor 1 points at stderr meanwhile."""
+    from tools.prepare_cache import main
 
-    config = GPTDatasetConfig(
-        random_seed=seed,
-        sequence_length=sequence_length,
-        blend=([prefix], None),
-        split=split,
-        path_to_cache=cache,
-        tokenizer=_build(flags),
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-    )
-    datasets = BlendedMegatronDatasetBuilder(GPTDataset, samples, lambda: True, config).build()
-    return [dataset.unique_description_hash for dataset in datasets if dataset is not None]
+    sys.argv = ["prepare_cache.py", *argv]
+    answers = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return main()
+    finally:
+        os.dup2(answers, 1)
+        os.close(answers)
