@@ -323,26 +323,6 @@ def test_mega_preprocess_with_partitions_writes_the_seed_tool_s_bytes(seed_tok, 
             os.remove(leftover)  # the tool's partition files, beside its input
 
 
-def test_find_optimal_num_workers_reports_then_runs(files, tmp_path, capsys):
-    source = tmp_path / "input.jsonl"
-    write_jsonl(source, "huggingface", 8)
-    flags = flag_sets(files)["huggingface"][0]
-    base = ["preprocess", "--input", str(source), "--append-eod", *flags]
-    assert main([*base, "--output-prefix", str(tmp_path / "plain"), "--workers", "1"]) == 0
-    capsys.readouterr()
-    tuned = [*base, "--output-prefix", str(tmp_path / "tuned"), "--find-optimal-num-workers",
-             "--workers-to-check", "1", "2", "3", "--max-documents", "50"]  # fmt: skip
-    assert main(tuned) == 0
-    report = capsys.readouterr().out
-    for count in (1, 2, 3):
-        assert f"Processing data with {count} workers." in report
-    assert "Performance results (fastest → slowest):" in report
-    assert "The most optimal num of workers is " in report
-    for suffix in (".bin", ".idx"):
-        name = f"_text_document{suffix}"
-        assert (tmp_path / f"tuned{name}").read_bytes() == (tmp_path / f"plain{name}").read_bytes()
-
-
 def cache_files(folder: Path) -> dict[str, int]:
     """Megatron's cache files (the description and the three tables) and their times; the
     sidecar megaindex writes beside them is not Megatron's."""

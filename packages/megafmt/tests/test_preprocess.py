@@ -338,3 +338,31 @@ def test_a_full_disk_names_the_files_being_written(tmp_path, monkeypatch):
     ):
         run(tmp_path, source, workers=1)
     assert not list((tmp_path / "out").glob("*.bin"))  # nothing half-written is left
+
+
+def test_find_optimal_num_workers_reports_then_runs_everything(tmp_path, capsys):
+    """The tool's trial per worker count and its ranking, then the whole input with the fastest
+    count: the same bytes as a plain run (the tool's trials stop at --max-documents)."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"{i} {i % 7} 3"} for i in range(300)])
+    base = ["preprocess", "--input", source, "--append-eod", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", "100", "--chunk-mb", "0.001", "--partitions", "2"]  # fmt: skip
+    assert main([*base, "--output-prefix", str(tmp_path / "plain"), "--workers", "2"]) == 0
+    capsys.readouterr()
+    tuned = [*base, "--output-prefix", str(tmp_path / "tuned"), "--find-optimal-num-workers",
+             "--max-documents", "50"]  # fmt: skip
+    assert main([*tuned, "--workers-to-check", "2", "3", "4"]) == 0
+    report = capsys.readouterr().out
+    assert "Removing num_workers (3) from workers list because it's not divisible by " \
+        "num_partitions (2)" in report  # fmt: skip
+    assert "Processing data with 2 workers." in report
+    assert "Processing data with 4 workers." in report
+    ranking = report[report.index("Performance results (fastest → slowest):") :]
+    assert ranking.count(" workers → avg. docs/s: ") == 2
+    assert "The most optimal num of workers is " in ranking
+    for suffix in (".bin", ".idx"):
+        name = f"_text_document{suffix}"
+        assert (tmp_path / f"tuned{name}").read_bytes() == (tmp_path / f"plain{name}").read_bytes()
+    assert main([*tuned, "--workers-to-check", "3"]) != 0
+    assert "--workers-to-check 3: no count is a positive multiple of --partitions 2" in (
+        capsys.readouterr().err
+    )

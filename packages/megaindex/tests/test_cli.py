@@ -271,3 +271,37 @@ def test_build_takes_megatron_s_budget_flags(corpus, tmp_path, make_config, caps
         GPTDataset, list(expected), lambda: True, make_config(path_to_cache=cache, split="90,8,2")
     ).build()
     assert [d.index_source.kind for d in job] == ["cache"] * 3
+
+
+def test_megatron_tokenizer_flags_name_the_job_s_tokenizer(corpus, tmp_path, capsys):
+    """--tokenizer-type and its flags give the seed commit's identity (the cache key), with
+    0.16.1's under --tokenizer-compat; without any tokenizer the command says what to give."""
+    from megafmt.tokenizers import TokenizerOptions
+    from megaindex.tokenizer import IdentifiedTokenizer
+
+    seed = IdentifiedTokenizer.from_flags("NullTokenizer", TokenizerOptions(vocab_size=1000))
+    assert (seed.eod, seed.vocab_size, seed.pad) == (999, 1000, -1)
+    assert list(seed.unique_identifiers.items()) == [
+        ("class", "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"),
+        ("tokenizer_path", None),
+        ("vocab_size", "1000"),
+        ("pad_id", "-1"),
+    ]
+    old = IdentifiedTokenizer.from_flags(
+        "NullTokenizer", TokenizerOptions(vocab_size=1000, compat="0.16.1")
+    )
+    assert (old.eod, old.vocab_size) == (1000, 1001)
+    assert list(old.unique_identifiers) == ["class", "tokenizer_path", "vocab_size"]
+    base = ["index", "build", "--data-path", corpus, "--seq-length", "32", "--split", "90,8,2",
+            "--samples", "100,10,10"]  # fmt: skip
+    flags = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+    assert main([*base, *flags, "--cache-dir", str(tmp_path / "a")]) == 0
+    assert (
+        main([*base, *flags, "--tokenizer-compat", "0.16.1", "--cache-dir", str(tmp_path / "b")])
+        == 0
+    )
+    names = [sorted(os.listdir(tmp_path / folder)) for folder in ("a", "b")]
+    assert names[0] != names[1]  # another identity, another cache
+    capsys.readouterr()
+    assert main([*base, "--cache-dir", str(tmp_path / "c")]) != 0
+    assert "give the job's tokenizer: --tokenizer-type" in capsys.readouterr().err
