@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+from pathlib import Path
 
 import numpy
 import pytest
@@ -247,6 +248,13 @@ def test_mega_dump_shows_prompt_and_loss_runs_decoded(tmp_path, tokenizer_dir, c
     record = json.loads(capsys.readouterr().out)
     tokens, targets = record["conversations"][0]["tokens"], record["conversations"][0]["targets"]
     assert targets[-1] == tokens[-1] and targets[0] == IGNORE_INDEX
+    # Megatron's spelling of --sft: --tokenizer-type SFTTokenizer, the same files
+    again = str(tmp_path / "again")
+    typed = ["--tokenizer-type", "SFTTokenizer", "--input", path, "--output-prefix", again]
+    assert main(["preprocess", *typed, *model]) == 0
+    for suffix in (".bin", ".idx"):
+        name = f"_messages_document{suffix}"
+        assert Path(again + name).read_bytes() == Path(prefix + name).read_bytes()
 
 
 def test_a_parallel_scan_over_byte_ranges_equals_one_pass(tmp_path):

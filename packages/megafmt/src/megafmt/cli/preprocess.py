@@ -52,7 +52,8 @@ class PreprocessCommand:
             "--sft",
             action="store_true",
             help="tokenize an SFT jsonl ('messages' per line) with the SFT tokenizer at "
-            "--tokenizer-model into <prefix>_messages_document.bin/.idx/.lossmask",
+            "--tokenizer-model into <prefix>_messages_document.bin/.idx/.lossmask (also "
+            "--tokenizer-type SFTTokenizer)",
         )
         sft.add_argument(
             "--sft-tokenizer-prompt-format",
@@ -89,7 +90,7 @@ class PreprocessCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        if args.sft:
+        if args.sft or args.tokenizer_type == "SFTTokenizer":
             if not args.tokenizer_model:
                 raise SystemExit("mega preprocess --sft needs --tokenizer-model (a folder)")
             preprocess_sft(
