@@ -94,6 +94,23 @@ def files(tmp_path_factory) -> dict[str, str]:
             }
         )
     )
+    # the same model, no post-processor, a config declaring a word of the vocabulary as its bos
+    # and tokens it lacks: transformers makes them all special (the new ones get new ids)
+    declared = root / "hf-declared"
+    declared.mkdir()
+    bpe.post_processor = None
+    bpe.save(str(declared / "tokenizer.json"))
+    (declared / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|endoftext|>",
+                "bos_token": "the",
+                "pad_token": "<pad>",
+                "additional_special_tokens": ["<extra>", "fox"],
+            }
+        )
+    )
     # the Hub cache the seed's GPT2BPETokenizer reads "gpt2" from, offline
     snapshot = root / "hub-home" / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
@@ -132,6 +149,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     write_sft_tokenizer(sft)
     return {
         "hf": str(hf),
+        "hf_declared": str(declared),
         "hub_home": str(root / "hub-home"),
         "sp": str(root / "sp.model"),
         "tiktoken": str(root / "tiktoken.json"),
@@ -199,6 +217,15 @@ def flag_sets(files: dict[str, str]) -> dict[str, list[list[str]]]:
                 "<s>",
                 "--tokenizer-metadata",
                 files["metadata"],
+            ],
+            [
+                "--tokenizer-type",
+                "HuggingFaceTokenizer",
+                "--tokenizer-model",
+                files["hf_declared"],
+                "--tokenizer-special-tokens",
+                "<pad>",
+                "dog",
             ],
         ],
         "gpt2": [gpt2, [*gpt2, "--tokenizer-hf-no-include-special-tokens"]],
@@ -279,7 +306,7 @@ def write_jsonl(path: Path, kind: str, seed: int) -> None:
 
 
 #: the command lines of flag_sets run through both tools: those that change the ids
-PREPROCESSED = {"null": [2], "huggingface": [0, 1, 2], "gpt2": [0], "tiktoken": [1],
+PREPROCESSED = {"null": [2], "huggingface": [0, 1, 2, 3], "gpt2": [0], "tiktoken": [1],
                 "sentencepiece": [0, 1]}  # fmt: skip
 
 

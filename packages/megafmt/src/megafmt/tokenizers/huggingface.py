@@ -48,6 +48,16 @@ NAMED_SPECIAL_TOKENS = (
     "cls_token",
     "mask_token",
 )
+#: the order transformers adds the named special tokens to the vocabulary in
+TRANSFORMERS_ORDER = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 #: the keys of the further special tokens (transformers 5 reads the older name as the newer)
 EXTRA_SPECIAL_TOKENS = ("extra_special_tokens", "additional_special_tokens")
 
@@ -138,13 +148,17 @@ class HuggingFaceTokenizer:
             raise FormatError(f"{path}: not a tokenizers tokenizer.json ({error})") from None
         named, extra, configs = configured_tokens(os.path.dirname(os.path.abspath(path)))
         eod_token = named.get("eos_token", named.get("sep_token"))
-        added = list(options.special_tokens or ())
+        # transformers makes every token the config files declare special (one id wherever the
+        # text holds it; new ids for those not in the vocabulary), named ones first in its
+        # order; Megatron then adds --tokenizer-special-tokens
+        declared = [named[key] for key in TRANSFORMERS_ORDER if key in named]
+        added = list(dict.fromkeys([*declared, *extra, *(options.special_tokens or ())]))
         return cls(
             tokenizer,
             eod_token,
             [path, *configs],
             options.adds_special_tokens,
-            [*named.values(), *extra, *added],
+            added,
             named.get("pad_token"),
             added,
         )
