@@ -306,7 +306,7 @@ def write_jsonl(path: Path, kind: str, seed: int) -> None:
 
 
 #: the command lines of flag_sets run through both tools: those that change the ids
-PREPROCESSED = {"null": [2], "huggingface": [0, 1, 2, 3], "gpt2": [0], "tiktoken": [1],
+PREPROCESSED = {"null": [1, 2], "huggingface": [0, 1, 2, 3], "gpt2": [0], "tiktoken": [1],
                 "sentencepiece": [0, 1]}  # fmt: skip
 
 
