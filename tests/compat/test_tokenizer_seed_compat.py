@@ -61,6 +61,13 @@ def null_documents(seed: int, count: int, vocab: int) -> list[str]:
     return [" ".join(str(rng.randrange(vocab)) for _ in range(n)) for n in lengths]
 
 
+def save_tokenizer(folder: Path, tokenizer, **config) -> None:
+    """tokenizer.json and a tokenizer_config.json declaring ``config`` in ``folder``."""
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **config}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, str]:
     """The tokenizer files of every type, made here."""
@@ -84,32 +91,19 @@ def files(tmp_path_factory) -> dict[str, str]:
     bpe.post_processor = tokenizers.processors.TemplateProcessing(
         single="<s> $A", special_tokens=[("<s>", bpe.token_to_id("<s>"))]
     )
-    bpe.save(str(hf / "tokenizer.json"))
-    (hf / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "eos_token": "<|endoftext|>",
-                "bos_token": "<s>",
-            }
-        )
-    )
+    save_tokenizer(hf, bpe, eos_token="<|endoftext|>", bos_token="<s>")
     # the same model, no post-processor, a config declaring a word of the vocabulary as its bos
     # and tokens it lacks: transformers makes them all special (the new ones get new ids)
     declared = root / "hf-declared"
     declared.mkdir()
     bpe.post_processor = None
-    bpe.save(str(declared / "tokenizer.json"))
-    (declared / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "eos_token": "<|endoftext|>",
-                "bos_token": "the",
-                "pad_token": "<pad>",
-                "additional_special_tokens": ["<extra>", "fox"],
-            }
-        )
+    save_tokenizer(
+        declared,
+        bpe,
+        eos_token="<|endoftext|>",
+        bos_token="the",
+        pad_token="<pad>",
+        additional_special_tokens=["<extra>", "fox"],
     )
     # the Hub cache the seed's GPT2BPETokenizer reads "gpt2" from, offline
     snapshot = root / "hub-home" / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
