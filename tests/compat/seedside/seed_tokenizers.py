@@ -34,16 +34,21 @@ def identity(flags: list[str], sft_prompt_format: str | None = None) -> dict:
     """What GPTDataset asks of the tokenizer these flags build: identifiers (as ordered pairs),
     EOD, vocabulary size and pad (None where the tokenizer has none)."""
     tokenizer = _build(flags, sft_prompt_format)
-    try:
-        pad = tokenizer.pad
-    except Exception:  # GPTDataset falls back to its default the same way
-        pad = None
     return {
         "identifiers": list(tokenizer.unique_identifiers.items()),
-        "eod": tokenizer.eod,
+        "eod": _or_none(lambda: tokenizer.eod),
         "vocab_size": tokenizer.vocab_size,
-        "pad": pad,
+        "pad": _or_none(lambda: tokenizer.pad),
     }
+
+
+def _or_none(read: Any) -> Any:
+    """``read()``, or None where the tokenizer raises (it has no such token: GPTDataset falls
+    back to its default pad the same way; the legacy sentencepiece wrapper has no EOD)."""
+    try:
+        return read()
+    except Exception:
+        return None
 
 
 def tokenize(flags: list[str], texts: list[str]) -> list[list[int]]:
