@@ -14,6 +14,7 @@ from megadist import (
     HybridCPDataLoaderWrapper,
     TopologyError,
     build_parallel_groups,
+    cp_sizes,
     get_batch,
     zigzag_split,
 )
@@ -106,4 +107,11 @@ def test_the_wrapper_routes_each_sub_sequence_to_its_rank(reports):
     pieces = {0: [0, 1], 1: [2, 3, 4], 2: [10, 11, 12], 3: [13, 14, 15]}
     for rank, (_, (received, schedule)) in enumerate(reports):
         assert schedule == [[[0], [1], [2], [3]]]
+        assert cp_sizes(schedule, 0) == {0: 1, 1: 1, 2: 1, 3: 1}
         assert received == {rank: pieces[rank]}
+
+
+def test_a_sub_sequence_s_cp_size_is_the_number_of_ranks_sharing_it():
+    schedule = [[[0, 1], [0, 2], [0], [0]], [[3], [3], [4], [5]]]
+    assert cp_sizes(schedule, 0) == {0: 4, 1: 1, 2: 1}
+    assert cp_sizes(schedule, 1) == {3: 2, 4: 1, 5: 1}

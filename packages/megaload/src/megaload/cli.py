@@ -19,7 +19,8 @@ from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig
 from megaload.errors import SimulationError
-from megaload.hybrid_cp_simulate import HYBRID_CP_SAMPLER, add_arguments, simulate_hybrid_cp
+from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
+from megaload.hybrid_cp_simulate import add_arguments, simulate_hybrid_cp
 from megaload.loader import build_pretraining_data_loader
 
 PROVIDERS: Registry[Any] = Registry(

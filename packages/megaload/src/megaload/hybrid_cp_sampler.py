@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from megaload.config import DataLoaderConfig
 
 
+#: the name the sampler is registered under (``megaload.samplers``)
+HYBRID_CP_SAMPLER = "hybrid_cp"
+
+
 class HybridCPMegatronPretrainingSampler(MegatronPretrainingSampler):
     """Sequential, a global batch per step: this rank's micro-batch slices of it, together."""
 

@@ -25,9 +25,6 @@ from megafmt.shared import positive_int
 from megaload.errors import SimulationError
 from megaload.hybrid_cp_schedule import BalancedCPScheduler
 
-#: the sampler ``--hybrid-cp`` reads with
-HYBRID_CP_SAMPLER = "hybrid_cp"
-
 
 def add_arguments(simulate: argparse.ArgumentParser) -> None:
     """``--hybrid-cp MAX_SEQLEN_PER_RANK`` and ``--cp``."""

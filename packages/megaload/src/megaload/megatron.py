@@ -26,6 +26,7 @@ from typing import Any
 
 from megaload.config import DataLoaderConfig
 from megaload.errors import SamplerError
+from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
 from megaload.iterators import cyclic_iter
 from megaload.loader import build_pretraining_data_loader as _build_loader
 
@@ -78,7 +79,7 @@ def data_loader_config(
                 f"--hybrid-context-parallel reads with the single dataloader type only, found "
                 f"--dataloader-type {dataloader_type}"
             )
-        dataloader_type = "hybrid_cp"
+        dataloader_type = HYBRID_CP_SAMPLER
     if data_parallel_rank is None or data_parallel_size is None:
         data_parallel_rank, data_parallel_size = _data_parallel_place()
     return DataLoaderConfig(
