@@ -59,7 +59,11 @@ def seed_ranks():
 
 
 def test_the_sampler_yields_the_seed_commit_s_global_batch_shares(seed_ranks) -> None:
-    from megaload import DataLoaderConfig, build_pretraining_data_loader
+    from megaload import (
+        DataLoaderConfig,
+        HybridCPMegatronPretrainingSampler,
+        build_pretraining_data_loader,
+    )
     from megaload.megatron import data_loader_config
 
     rng = random.Random(14)
@@ -81,22 +85,18 @@ def test_the_sampler_yields_the_seed_commit_s_global_batch_shares(seed_ranks) ->
             "exit_signal_handler": False,
         }
         for rank in range(dp):
-            expected = seed_ranks[3].call(
-                "seed_hybrid_cp:sampler_batches",
-                length,
-                consumed,
-                micro,
-                global_batch,
-                rank,
-                dp,
-                50,
-            )
+            args = (length, consumed, micro, global_batch, rank, dp)
+            expected = seed_ranks[3].call("seed_hybrid_cp:sampler_batches", *args, True, 50)
             config = data_loader_config(
                 types.SimpleNamespace(**settings), data_parallel_rank=rank, data_parallel_size=dp
             )
             assert config.dataloader_type == "hybrid_cp"
             loader = build_pretraining_data_loader(range(length), consumed, config)
             assert [list(b) for b in itertools.islice(loader.batch_sampler, 50)] == expected, case
+            # and keeping the last, partial global batch
+            expected = seed_ranks[3].call("seed_hybrid_cp:sampler_batches", *args, False, 50)
+            sampler = HybridCPMegatronPretrainingSampler(*args, drop_last=False)
+            assert [list(b) for b in itertools.islice(sampler, 50)] == expected, case
         # the loader hands a global batch share over uncollated, as a list of samples
         config = DataLoaderConfig(
             micro_batch_size=micro,

@@ -34,7 +34,14 @@ def schedules(cases: list) -> list:
 
 
 def sampler_batches(
-    total: int, consumed: int, micro: int, global_batch: int, rank: int, dp: int, count: int
+    total: int,
+    consumed: int,
+    micro: int,
+    global_batch: int,
+    rank: int,
+    dp: int,
+    drop_last: bool,
+    count: int,
 ) -> list:
     """The first ``count`` batches of the seed's ``HybridCPMegatronPretrainingSampler``."""
     import itertools
@@ -48,6 +55,7 @@ def sampler_batches(
         global_batch_size=global_batch,
         data_parallel_rank=rank,
         data_parallel_size=dp,
+        drop_last=drop_last,
     )
     return [list(batch) for batch in itertools.islice(sampler, count)]
 
