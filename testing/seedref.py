@@ -34,6 +34,8 @@ import struct
 import subprocess
 import sys
 import tarfile
+import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -205,6 +207,32 @@ class SeedProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def call_on_ranks(workers: Sequence[SeedProcess], target: str, *args: Any) -> list[Any]:
+    """``target(rank, world, rendezvous, *args)`` in each worker at once, worker r as rank r of
+    one ``torch.distributed`` world meeting at a file ``rendezvous``; each rank's answer, in
+    order. A rank whose call raised fails the whole, naming every failed rank."""
+    world = len(workers)
+    results: list[Any] = [None] * world
+    with tempfile.TemporaryDirectory() as directory:
+        rendezvous = os.path.join(directory, "rendezvous")
+
+        def run(rank: int) -> None:
+            try:
+                results[rank] = workers[rank].call(target, rank, world, rendezvous, *args)
+            except Exception as error:  # reported below, per rank
+                results[rank] = error
+
+        threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    failures = [f"rank {r}: {e}" for r, e in enumerate(results) if isinstance(e, Exception)]
+    if failures:
+        raise RuntimeError(f"{target} failed on " + "\n".join(failures))
+    return results
 
 
 def enter_seed_environment(

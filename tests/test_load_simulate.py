@@ -1,8 +1,14 @@
 """`mega load simulate` over megaindex's GPT datasets: an interrupted and resumed run hashes the
-same global batches as an uninterrupted one."""
+same global batches as an uninterrupted one; with ``--hybrid-cp`` over SFT packs, what each rank
+trains on."""
+
+import itertools
 
 from megafmt.cli.main import main
+from megafmt.sft import SFTTokenizer
+from megafmt.sft.testing import write_sft_jsonl, write_sft_tokenizer
 from megafmt.testing import write_corpus
+from megaindex import BlendedMegatronDatasetBuilder, SFTDatasetConfig
 
 
 def simulate(tmp_path, *extra):
@@ -60,3 +66,55 @@ def test_dry_run_resume_names_the_first_samples(tmp_path, capsys):
 def test_the_cyclic_loader_runs_past_an_epoch(tmp_path, capsys):
     assert simulate(tmp_path, "--dataloader-type", "cyclic", "--steps", "40") == 0
     assert "40 steps of 8 samples over 2 ranks" in capsys.readouterr().out
+
+
+def simulate_hybrid_cp(tmp_path, *extra):
+    """``mega load simulate --hybrid-cp 64`` over packed SFT samples of 256 tokens, on 2 DP x 2
+    CP ranks, 2 micro-batches per rank and step."""
+    tokenizer = str(write_sft_tokenizer(tmp_path / "tokenizer"))
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 30, seed=1, conversations=3)
+    data = ["--dataset", "sft", "--data-path", path, "--seq-length", "256", "--split", "100,0,0"]
+    data += ["--sft-tokenizer", tokenizer, "--samples", "40", "--cache-dir", str(tmp_path / "c")]
+    layout = ["--global-batch-size", "4", "--micro-batch-size", "1", "--dp", "2", "--cp", "2"]
+    return main(["load", "simulate", *data, *layout, "--hybrid-cp", "64", *extra])
+
+
+def test_hybrid_cp_prints_each_rank_s_sub_sequences_and_groups(tmp_path, capsys):
+    assert simulate_hybrid_cp(tmp_path, "--steps", "3", "--hash-log", str(tmp_path / "all")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # a run resumed after the first step hashes the same later steps
+    assert (
+        simulate_hybrid_cp(
+            tmp_path, "--steps", "2", "--resume-at", "4", "--hash-log", str(tmp_path / "rest")
+        )
+        == 0
+    )
+    whole = (tmp_path / "all").read_text().split()
+    assert len(whole) == 3 and (tmp_path / "rest").read_text().split() == whole[1:]
+    step0 = [line.split(": ", 1) for line in lines if line.startswith("step 0 ")]
+    # every sub-sequence of the step's 4 samples (0-3, cut at their cu_seqlens) is dealt once,
+    # to as many ranks as share it, and every rank works in every group
+    config = SFTDatasetConfig(
+        random_seed=1234,
+        sequence_length=256,
+        blend=([str(tmp_path / "chat.jsonl")], None),
+        split="100,0,0",
+        tokenizer=SFTTokenizer(str(tmp_path / "tokenizer")),
+        path_to_cache=str(tmp_path / "c"),
+    )
+    train = BlendedMegatronDatasetBuilder("sft", [40, None, None], lambda: True, config).build()[0]
+    expected = {}
+    for index in range(4):
+        bounds = train[index]["cu_seqlens"].tolist()
+        for piece, (start, end) in enumerate(itertools.pairwise(bounds)):
+            expected[f"{index}.{piece}"] = end - start
+    dealt: dict[str, list[str]] = {}
+    for where, work in step0:
+        assert work, where
+        for item in work.split("; "):
+            name, _, length, _, size, *_ = item.split()
+            assert int(length) == expected[name]
+            dealt.setdefault(name, []).append(size)
+    assert sorted(dealt) == sorted(expected)
+    assert all(len(sizes) == int(sizes[0]) for sizes in dealt.values())

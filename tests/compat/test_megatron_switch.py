@@ -118,11 +118,44 @@ def test_switched_get_batch_returns_the_seed_commit_s_ten_values_per_rank(
             numpy.testing.assert_array_equal(values[key], tensor.numpy(), err_msg=key)
 
 
+def switched_hybrid_rank() -> dict:
+    """One rank of CP=2 x DP=2 with Megatron's hybrid groups: a sub-sequence of SEQ tokens
+    scheduled on 2 ranks, through the switched get_batch."""
+    warnings.simplefilter("ignore")
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    from megadist.megatron import get_batch
+
+    mpu.initialize_model_parallel(context_parallel_size=2, hybrid_context_parallel=True)
+    try:
+        batch = {k: v[:1] for k, v in loader_batch().items() if k != "dataset_id"}
+        batch["cu_seqlens"] = torch.tensor([[0, SEQ]], dtype=torch.int32)
+        batch["max_seqlen"] = torch.tensor([SEQ], dtype=torch.int32)
+        batch["local_cp_size"] = torch.tensor([2], dtype=torch.int32)
+        args = megatron_args(hybrid_context_parallel=True, micro_batch_size=1)
+        values = dict(zip(seed_batch_keys(), get_batch(iter([batch]), args=args), strict=True))
+        return {
+            "group": dist.get_process_group_ranks(values["hybrid_cp_group"]),
+            "tokens": values["tokens"].numpy(),
+            "local_cp_size": int(values["local_cp_size"]),
+        }
+    finally:
+        mpu.destroy_model_parallel()
+
+
+def test_switched_get_batch_splits_over_megatron_s_hybrid_cp_groups() -> None:
+    full = loader_batch()["tokens"][:1]
+    for rank, report in enumerate(run_distributed(switched_hybrid_rank, 4)):
+        block = [rank - rank % 2, rank - rank % 2 + 1]  # Megatron's aligned blocks of 2
+        assert report["group"] == block and report["local_cp_size"] == 2
+        expected = zigzag_split({"tokens": full}, rank % 2, 2)["tokens"]
+        numpy.testing.assert_array_equal(report["tokens"], expected.numpy())
+
+
 def test_the_switch_refuses_what_it_cannot_do_with_the_reason() -> None:
     from megadist.megatron import get_batch
 
-    with pytest.raises(TopologyError, match="--hybrid-context-parallel is not supported"):
-        get_batch(iter([]), args=megatron_args(hybrid_context_parallel=True))
     with pytest.raises(TopologyError, match="model-parallel groups are not initialised"):
         get_batch(iter([]), args=megatron_args())
 

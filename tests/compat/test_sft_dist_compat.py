@@ -15,14 +15,11 @@ rows the packed sequences fill exactly, as SFT packs always do.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import threading
 from pathlib import Path
 
 import numpy
 import pytest
-from seedref import SeedProcess
+from seedref import SeedProcess, call_on_ranks
 from torch.utils.data import default_collate
 
 from megadist import build_parallel_groups, get_batch
@@ -78,31 +75,12 @@ def ours_on_rank(batches: list[dict]) -> list[dict]:
 
 
 def seed_shares(batches: list[dict]) -> list[list[dict]]:
-    world = TP * CP
-    results: list = [None] * world
-    with tempfile.TemporaryDirectory() as directory:
-        rendezvous = os.path.join(directory, "rendezvous")
-        workers = [SeedProcess(paths=[SEEDSIDE], timeout=300) for _ in range(world)]
-        try:
-
-            def run(rank: int) -> None:
-                args = (rank, world, rendezvous, TP, CP, SEQ, batches)
-                try:
-                    results[rank] = workers[rank].call("seed_sft_dist:shares", *args)
-                except Exception as error:  # reported below, per rank
-                    results[rank] = error
-
-            threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        finally:
-            for worker in workers:
-                worker.close()
-    failures = [f"rank {r}: {e}" for r, e in enumerate(results) if isinstance(e, Exception)]
-    assert not failures, "\n".join(failures)
-    return results
+    workers = [SeedProcess(paths=[SEEDSIDE], timeout=300) for _ in range(TP * CP)]
+    try:
+        return call_on_ranks(workers, "seed_sft_dist:shares", TP, CP, SEQ, batches)
+    finally:
+        for worker in workers:
+            worker.close()
 
 
 def test_tp2_cp2_sft_shares_equal_the_seed_s_get_batch(tmp_path):

@@ -141,9 +141,9 @@ def test_the_error_names_every_differing_setting_and_hides_what_follows_from_the
     assert disagreement(rows, [4, 5, 6], PROTOCOLS).startswith(
         "megadist wire version: 2 on global ranks 4, 5; 1 on global rank 6"
     )
-    # the source's status, two boundary counts and a message length, then the view and its
-    # negation: 256 bytes per rank
-    assert HEADER_SLOTS == 4 + 2 * (1 + len(FIELDS)) == 32
+    # the source's status, two boundary counts, the hybrid-CP row length and a message length,
+    # then the view and its negation: 264 bytes per rank
+    assert HEADER_SLOTS == 5 + 2 * (1 + len(FIELDS)) == 33
 
 
 def change_after_agreeing() -> list[str]:

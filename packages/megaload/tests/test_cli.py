@@ -78,7 +78,7 @@ def test_dataloader_types_come_from_the_sampler_registry(providers, capsys):
     try:
         assert main(["load", "samplers"]) == 0
         listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-        assert listed == ["cyclic", "full_validation", "sequential_too", "single"]
+        assert listed == ["cyclic", "full_validation", "hybrid_cp", "sequential_too", "single"]
         assert simulate("--dataloader-type", "sequential_too", "--steps", "2") == 0
         assert "2 steps of 8 samples" in capsys.readouterr().out
         with pytest.raises(SystemExit):

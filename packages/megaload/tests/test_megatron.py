@@ -46,9 +46,12 @@ def test_the_config_carries_megatron_s_arguments() -> None:
     )
 
 
-def test_hybrid_context_parallel_is_refused_by_name() -> None:
-    with pytest.raises(SamplerError, match="--hybrid-context-parallel is not supported"):
-        data_loader_config(megatron_args(hybrid_context_parallel=True))
+def test_hybrid_context_parallel_reads_with_the_hybrid_cp_sampler() -> None:
+    args = megatron_args(hybrid_context_parallel=True)
+    config = data_loader_config(args, data_parallel_rank=0, data_parallel_size=2)
+    assert config.dataloader_type == "hybrid_cp"
+    with pytest.raises(SamplerError, match="single dataloader type only, found --dataloader-type"):
+        data_loader_config(megatron_args(hybrid_context_parallel=True, dataloader_type="cyclic"))
 
 
 def test_no_dataset_gives_no_loader_as_in_megatron() -> None:

@@ -188,6 +188,7 @@ def test_a_sampler_declared_as_an_entry_point(tmp_path):
         ["cyclic", "megaload.samplers:MegatronPretrainingRandomSampler.from_config"],
         ["every_other", "every_other_sampler:EveryOther"],
         ["full_validation", "megaload.samplers:MegatronFullValidationSampler.from_config"],
+        ["hybrid_cp", "megaload.hybrid_cp_sampler:HybridCPMegatronPretrainingSampler.from_config"],
         ["single", "megaload.samplers:MegatronPretrainingSampler.from_config"],
     ]
 

@@ -211,4 +211,4 @@ def test_impossible_cases_are_clear_errors(build, message):
 
 
 def test_samplers_are_plugins():
-    assert SAMPLERS.available() == ["cyclic", "full_validation", "single"]
+    assert SAMPLERS.available() == ["cyclic", "full_validation", "hybrid_cp", "single"]

@@ -47,6 +47,17 @@ def te_thd_indices(cu_seqlens, total_tokens: int, world_size: int, rank: int):
     return torch.tensor(kept, dtype=torch.int32)
 
 
+def read_on_source(loaded: dict, tp_rank: int) -> dict:
+    """What pretrain_gpt.get_batch hands get_batch_on_this_tp_rank: on TP rank 0 the loader's
+    batch (numpy here) as tensors, its BATCH_KEYS only; elsewhere an empty dict."""
+    import torch
+
+    if tp_rank != 0:
+        return {}
+    batch = {k: torch.from_numpy(v) for k, v in loaded.items()}
+    return {k: batch.get(k) for k in BATCH_KEYS}
+
+
 def shares(
     rank: int, world: int, rendezvous: str, tp: int, cp: int, seq_length: int, batches: list
 ) -> list:
@@ -65,12 +76,8 @@ def shares(
         cp_group = cp_groups[rank % tp]
         answers = []
         for loaded in batches:
-            batch = {}
-            if tp_rank == 0:
-                batch = {k: torch.from_numpy(v) for k, v in loaded.items()}
-                batch = {k: batch.get(k) for k in BATCH_KEYS}
             batch = core_utils.get_batch_on_this_tp_rank(
-                batch,
+                read_on_source(loaded, tp_rank),
                 is_sft=True,
                 is_hybrid_cp=False,
                 create_attention_mask_in_dataloader=False,

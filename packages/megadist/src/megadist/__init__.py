@@ -18,6 +18,13 @@ from megadist.errors import (
     TopologyError,
 )
 from megadist.get_batch import get_batch
+from megadist.hybrid_cp import (
+    HYBRID_CP_SCHEDULERS,
+    HybridCPScheduler,
+    HybridCPSchedulerFactory,
+    hybrid_split,
+)
+from megadist.hybrid_cp_loader import HybridCPDataLoaderWrapper, cp_sizes
 from megadist.keys import BATCH_KEYS, METADATA_KEYS, Batch
 from megadist.layout import DEFAULT_TIMEOUT, ParallelLayout, build_parallel_groups
 from megadist.partition import (
@@ -26,7 +33,7 @@ from megadist.partition import (
     thd_split,
     zigzag_split,
 )
-from megadist.topology import BatchTopology, PipelinePosition, device_for_group
+from megadist.topology import BatchTopology, HybridCPGroups, PipelinePosition, device_for_group
 
 __version__ = version("megadist")
 
@@ -34,6 +41,7 @@ __all__ = [
     "BATCH_KEYS",
     "CP_PARTITIONERS",
     "DEFAULT_TIMEOUT",
+    "HYBRID_CP_SCHEDULERS",
     "METADATA_KEYS",
     "PROTOCOLS",
     "AgreementError",
@@ -41,6 +49,10 @@ __all__ = [
     "BatchError",
     "BatchTopology",
     "CollectiveError",
+    "HybridCPDataLoaderWrapper",
+    "HybridCPGroups",
+    "HybridCPScheduler",
+    "HybridCPSchedulerFactory",
     "MegadistError",
     "ParallelLayout",
     "PartitionError",
@@ -50,8 +62,10 @@ __all__ = [
     "__version__",
     "broadcast_batch",
     "build_parallel_groups",
+    "cp_sizes",
     "device_for_group",
     "get_batch",
+    "hybrid_split",
     "thd_partitioned_indices",
     "thd_split",
     "zigzag_split",

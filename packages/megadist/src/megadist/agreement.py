@@ -12,12 +12,13 @@ slots          meaning
 =============  ====================================================================
 0              the source's status: :data:`OK`, :data:`FAILED` or :data:`EXHAUSTED`
 1-2            the number of ``cu_seqlens`` and ``cu_seqlens_padded`` entries it sends
-3              the byte length of its failure message (sent next, only on failure)
-4 to 4+n-1     the rank's view: :data:`WIRE_VERSION`, then its :class:`Description`
-4+n to 4+2n-1  the same values negated
+3              the row length of a hybrid-CP micro-batch (0 without hybrid CP)
+4              the byte length of its failure message (sent next, only on failure)
+5 to 5+n-1     the rank's view: :data:`WIRE_VERSION`, then its :class:`Description`
+5+n to 5+2n-1  the same values negated
 =============  ====================================================================
 
-The other ranks put zeros in slots 0-3, so the maximum is the source's; the maximum of a value
+The other ranks put zeros in slots 0-4, so the maximum is the source's; the maximum of a value
 and of its negation are the largest and (negated) the smallest value any rank holds, equal
 where all ranks agree. The exchange is the same collective, of the same size, on every rank
 whatever its settings, so it cannot itself be mismatched. Only where the views differ does the
@@ -35,11 +36,11 @@ import torch
 
 from megadist.collectives import all_gather, all_reduce_max, broadcast, group_ranks
 from megadist.errors import AgreementError, SourceError
-from megadist.keys import BATCH_KEYS, BOUNDARY_KEYS
+from megadist.keys import BATCH_KEYS, BOUNDARY_KEYS, ROW_KEYS
 from megadist.topology import BatchTopology, PipelinePosition
 
 #: the version of what TP ranks exchange; a rank of another version disagrees on slot 0
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 #: the source's status codes
 OK, FAILED, EXHAUSTED = 0, 1, 2
 #: the fields of a description, in header order; the first ones are the settings a user chose,
@@ -60,7 +61,7 @@ FIELDS: tuple[str, ...] = (
     "shapes and dtypes",
 )
 DERIVED = 3
-_SOURCE_SLOTS = 4
+_SOURCE_SLOTS = 5
 _VIEW = 1 + len(FIELDS)
 HEADER_SLOTS = _SOURCE_SLOTS + 2 * _VIEW
 _POSITIONS = tuple(PipelinePosition)
@@ -163,10 +164,11 @@ def agree(
     protocols: Sequence[str],
     *,
     status: int = OK,
-    counts: tuple[int, int] = (0, 0),
+    counts: tuple[int, int, int] = (0, 0, 0),
     message: str = "",
-) -> tuple[int, int]:
-    """Exchange headers with the rest of the TP group; return the source's boundary counts.
+) -> tuple[int, int, int]:
+    """Exchange headers with the rest of the TP group; return the source's boundary counts
+    and hybrid-CP row length (:func:`sizes_sent`).
 
     Raises :class:`AgreementError` on every rank when the descriptions differ. When the
     source's ``status`` is not OK (only the source passes one), the source sends its
@@ -201,10 +203,12 @@ def agree(
             raise SourceError(
                 f"TP source rank {topology.tp_src_rank} could not send its batch: {sent}"
             )
-    return source_counts[0], source_counts[1]
+    return source_counts[0], source_counts[1], source_counts[2]
 
 
-def boundary_counts(payload: dict[str, torch.Tensor | None]) -> tuple[int, int]:
-    """The number of entries of each boundary tensor of ``payload`` (0 for an absent one)."""
+def sizes_sent(payload: dict[str, torch.Tensor | None], hybrid_cp: bool) -> tuple[int, int, int]:
+    """The number of entries of each boundary tensor of ``payload`` (0 for an absent one), and
+    with ``hybrid_cp`` the length of its rows (else 0): what receivers cannot know in advance."""
     first, second = (0 if payload.get(k) is None else payload[k].numel() for k in BOUNDARY_KEYS)
-    return first, second
+    rows = [v for k, v in payload.items() if v is not None and k in ROW_KEYS]
+    return first, second, rows[0].shape[1] if hybrid_cp and rows else 0

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import torch
 
 from megadist import collectives
-from megadist.agreement import EXHAUSTED, FAILED, Description, agree, boundary_counts
+from megadist.agreement import EXHAUSTED, FAILED, Description, agree, sizes_sent
 from megadist.errors import BatchError
 from megadist.keys import BATCH_KEYS, BOUNDARY_KEYS, KEY_DTYPES
 from megadist.payload import boundary_capacity, fixed_shapes, prepare_source_batch
@@ -121,7 +121,7 @@ def _send_packed(
 
 
 def _receive_packed(
-    topology: BatchTopology, shapes: dict[str, tuple[int, ...]], counts: tuple[int, int]
+    topology: BatchTopology, shapes: dict[str, tuple[int, ...]], counts: tuple[int, int, int]
 ) -> Payload:
     sections, size = _layout(topology, shapes)
     buffer = torch.empty(size, dtype=torch.uint8, device=topology.device)
@@ -186,11 +186,11 @@ def share_batch(
     if topology.tp_size == 1:
         return prepare() if transfers else {}
     description = describe(topology, protocol, split, transfers)
-    shapes = fixed_shapes(topology, split)
     if not topology.is_source:
         counts = agree(topology, description, PROTOCOLS)
         if not transfers:
             return {}
+        shapes = fixed_shapes(topology, split, counts[2] or None)
         if protocol == "packed":
             return _receive_packed(topology, shapes, counts)
         return _receive_per_tensor(topology, shapes)
@@ -201,7 +201,9 @@ def share_batch(
         message = f"{type(error).__name__}: {error}"
         agree(topology, description, PROTOCOLS, status=status, message=message)
         raise
-    agree(topology, description, PROTOCOLS, counts=boundary_counts(payload))
+    counts = sizes_sent(payload, topology.hybrid_cp is not None)
+    agree(topology, description, PROTOCOLS, counts=counts)
+    shapes = fixed_shapes(topology, split, counts[2] or None)
     if transfers and protocol == "packed":
         _send_packed(payload, topology, shapes)
     elif transfers:

@@ -1,7 +1,8 @@
 """The collectives megadist issues, and counting them.
 
-``broadcast``, ``all_reduce_max`` and ``all_gather`` run torch's collectives on a group and turn
-their failures (a peer that never sends within the group's timeout, a peer that left) into a
+``broadcast``, ``all_reduce_max``, ``all_gather`` and ``all_to_all`` run torch's collectives on
+a group and turn their failures (a peer that never sends within the group's timeout, a peer that
+left) into a
 :class:`~megadist.errors.CollectiveError` naming the group, its ranks, this rank and the rank
 waited for. ``counting_collectives`` is how tests and the benchmark check how many collectives
 a micro-batch costs.
@@ -62,6 +63,28 @@ def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup | None, name: str)
     except RuntimeError as error:
         _failed("an all-gather", _others(group), name, group, error)
     return torch.stack(gathered)
+
+
+def all_to_all(
+    received: torch.Tensor,
+    sent: torch.Tensor,
+    received_sizes: list[int],
+    sent_sizes: list[int],
+    group: dist.ProcessGroup | None,
+    name: str,
+) -> None:
+    """``sent`` cut into ``sent_sizes`` pieces, piece i to rank i of ``group``; ``received``
+    filled with the pieces from each rank in group order, ``received_sizes`` long."""
+    try:
+        dist.all_to_all_single(
+            received,
+            sent,
+            output_split_sizes=received_sizes,
+            input_split_sizes=sent_sizes,
+            group=group,
+        )
+    except RuntimeError as error:
+        _failed("an all-to-all", _others(group), name, group, error)
 
 
 @contextmanager

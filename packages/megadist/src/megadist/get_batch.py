@@ -18,6 +18,7 @@ from typing import Any
 
 from megadist.broadcast import Protocol, check_protocol, share_batch
 from megadist.errors import BatchError, TopologyError
+from megadist.hybrid_cp import hybrid_split
 from megadist.keys import BOUNDARY_KEYS, Batch
 from megadist.partition import CP_PARTITIONERS, LOCAL_SPLITS
 from megadist.payload import prepare_source_batch
@@ -46,6 +47,11 @@ def get_batch(
     ranks. When the source's loader is exhausted, every rank of the group raises
     ``StopIteration``; when its batch is malformed, the source raises ``BatchError`` and the
     others ``SourceError`` naming it.
+
+    With ``topology.hybrid_cp`` each micro-batch is one scheduled sub-sequence of any length up
+    to ``seq_length`` (the source's length travels in the agreement), and it comes back with
+    ``local_cp_size`` and, where it is split across several ranks, ``hybrid_cp_group``: the
+    seed commit's get_batch under ``--hybrid-context-parallel`` (``megadist.hybrid_cp``).
     """
     check_protocol(protocol)
     if topology.virtual_pipeline_size is not None and vp_stage is None:
@@ -55,8 +61,9 @@ def get_batch(
         )
     at_an_end = topology.mtp_on_this_rank or topology.chunk_at_an_end(vp_stage)
     transfers = topology.reads_data and (at_an_end or topology.packed_sequences)
+    hybrid = topology.hybrid_cp is not None
     split = None
-    if topology.cp_size > 1 and transfers:
+    if topology.cp_size > 1 and transfers and not hybrid:
         split = CP_PARTITIONERS.get(topology.partitioner_name)
     split_first = split is not None and split in LOCAL_SPLITS
 
@@ -76,6 +83,8 @@ def get_batch(
         return Batch.from_mapping({})
     if not at_an_end:
         return Batch.from_mapping({key: payload.get(key) for key in (*BOUNDARY_KEYS, "max_seqlen")})
+    if hybrid:
+        return Batch.from_mapping(hybrid_split(payload, topology))
     if split is not None and not split_first:
         payload = split(payload, topology.cp_rank, topology.cp_size)
     return Batch.from_mapping(payload)

@@ -33,6 +33,9 @@ METADATA_KEYS: frozenset[str] = frozenset(
     {"cu_seqlens", "cu_seqlens_padded", "max_seqlen", "local_cp_size"}
 )
 
+#: the per-token keys, [micro_batch_size, sequence length] each
+ROW_KEYS: tuple[str, ...] = ("tokens", "labels", "loss_mask", "position_ids")
+
 #: variable-length boundaries of packed sequences, sent with a length prefix
 BOUNDARY_KEYS: tuple[str, ...] = ("cu_seqlens", "cu_seqlens_padded")
 
@@ -46,6 +49,7 @@ KEY_DTYPES: dict[str, torch.dtype] = {
     "cu_seqlens": torch.int32,
     "cu_seqlens_padded": torch.int32,
     "max_seqlen": torch.int32,
+    "local_cp_size": torch.int32,
 }
 
 

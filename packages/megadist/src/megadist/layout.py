@@ -9,6 +9,7 @@ outermost. With expert parallelism left out, global rank
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from megadist.errors import TopologyError
-from megadist.topology import BatchTopology, PipelinePosition
+from megadist.topology import BatchTopology, HybridCPGroups, PipelinePosition
 
 #: the layout's dimensions, innermost first
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -34,6 +35,8 @@ class ParallelLayout:
     groups: dict[str, dist.ProcessGroup]
     timeout: timedelta = DEFAULT_TIMEOUT
     """how long each group's collectives wait for a peer before failing"""
+    hybrid_cp: HybridCPGroups | None = None
+    """the groups of hybrid context parallelism, when they were built"""
 
     @property
     def pipeline_position(self) -> PipelinePosition:
@@ -42,6 +45,7 @@ class ParallelLayout:
     def topology(self, micro_batch_size: int, seq_length: int, **options: Any) -> BatchTopology:
         """A ``BatchTopology`` for this rank; ``options`` are BatchTopology's other fields."""
         options.setdefault("pipeline", self.pipeline_position)
+        options.setdefault("hybrid_cp", self.hybrid_cp)
         return BatchTopology(
             micro_batch_size=micro_batch_size,
             seq_length=seq_length,
@@ -87,12 +91,14 @@ def build_parallel_groups(
     dp: int | None = None,
     *,
     timeout: timedelta | float = DEFAULT_TIMEOUT,
+    hybrid_cp: bool = False,
 ) -> ParallelLayout:
     """Create every tensor-, context-, data- and pipeline-parallel group of the default world
     and return this rank's. Every rank must call it (``new_group`` is collective). ``dp`` None
     takes what the world size leaves. Each group's collectives wait at most ``timeout`` (a
     timedelta or seconds; Megatron's default, 10 minutes) for a peer: a stalled peer ends in a
-    ``CollectiveError`` naming the group and the ranks, not in torch's 30 minute wait."""
+    ``CollectiveError`` naming the group and the ranks, not in torch's 30 minute wait.
+    ``hybrid_cp`` also builds the groups of hybrid context parallelism (``HybridCPGroups``)."""
     timeout = as_timeout(timeout)
     world = dist.get_world_size()
     if min(tp, cp, pp, 1 if dp is None else dp) < 1:
@@ -122,4 +128,41 @@ def build_parallel_groups(
             group = dist.new_group(ranks, timeout=timeout)
             if dist.get_rank() in ranks:
                 groups[name] = group
-    return ParallelLayout(sizes=sizes, coordinates=me, groups=groups, timeout=timeout)
+    hybrid = _hybrid_cp_groups(sizes, me, groups["dp"], timeout) if hybrid_cp else None
+    return ParallelLayout(
+        sizes=sizes, coordinates=me, groups=groups, timeout=timeout, hybrid_cp=hybrid
+    )
+
+
+def hybrid_block_sizes(dp_cp_size: int) -> list[int]:
+    """The sizes of the aligned hybrid CP blocks below a DPxCP group of ``dp_cp_size`` ranks:
+    2, 4, ... up to the largest power of two below it (Megatron's create_hybrid_dp_cp_groups)."""
+    return [2**power for power in range(1, int(math.log2(dp_cp_size)))]
+
+
+def _hybrid_cp_groups(
+    sizes: dict[str, int],
+    me: dict[str, int],
+    dp_group: dist.ProcessGroup,
+    timeout: timedelta,
+) -> HybridCPGroups:
+    """Create every DPxCP group and its aligned power-of-two blocks (collective on all ranks);
+    return this rank's."""
+    mine_dp_cp = None
+    blocks = []
+    for tp_rank, pp_rank in itertools.product(range(sizes["tp"]), range(sizes["pp"])):
+        ranks = sorted(
+            rank_of({"tp": tp_rank, "cp": cp_rank, "dp": dp_rank, "pp": pp_rank}, sizes)
+            for cp_rank in range(sizes["cp"])
+            for dp_rank in range(sizes["dp"])
+        )
+        group = dist.new_group(ranks, timeout=timeout)
+        inside = (tp_rank, pp_rank) == (me["tp"], me["pp"])
+        if inside:
+            mine_dp_cp = group
+        for size in hybrid_block_sizes(len(ranks)):
+            for start in range(0, len(ranks), size):
+                block = dist.new_group(ranks[start : start + size], timeout=timeout)
+                if inside and dist.get_rank() in ranks[start : start + size]:
+                    blocks.append((size, block))
+    return HybridCPGroups(dp_group=dp_group, dp_cp_group=mine_dp_cp, blocks=tuple(blocks))

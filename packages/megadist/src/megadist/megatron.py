@@ -14,9 +14,9 @@ in place of its definition switches a training script to megadist's broadcast an
 What is read: ``micro_batch_size``, ``seq_length``, ``create_attention_mask_in_dataloader``,
 ``sft`` (packed sequences), ``mtp_num_layers`` and ``hybrid_context_parallel`` from the
 arguments; the tensor- and context-parallel groups, the pipeline rank and size and the virtual
-pipeline size from ``megatron.core.parallel_state``. Megatron must be importable (this module
-imports nothing of it until called); hybrid context parallelism is refused until megadist
-implements it.
+pipeline size from ``megatron.core.parallel_state``, and with ``hybrid_context_parallel`` its
+data-parallel groups (with and without CP) and hybrid DPxCP groups. Megatron must be importable
+(this module imports nothing of it until called).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 
 from megadist.errors import TopologyError
 from megadist.get_batch import get_batch as _get_batch
-from megadist.topology import BatchTopology, PipelinePosition
+from megadist.layout import hybrid_block_sizes
+from megadist.topology import BatchTopology, HybridCPGroups, PipelinePosition
 
 
 def _megatron_args(args: Any | None) -> Any:
@@ -81,11 +82,6 @@ def topology_from_megatron(vp_stage: int | None = None, args: Any | None = None)
     """This rank's :class:`BatchTopology`, read from Megatron's arguments (``args``, default
     ``get_args()``) and its initialised ``parallel_state``, for model chunk ``vp_stage``."""
     args = _megatron_args(args)
-    if getattr(args, "hybrid_context_parallel", False):
-        raise TopologyError(
-            "--hybrid-context-parallel is not supported by megadist yet; run Megatron-LM's own "
-            "get_batch for hybrid context parallelism"
-        )
     mpu = _parallel_state()
     pipeline = PipelinePosition.of(
         mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()
@@ -103,6 +99,21 @@ def topology_from_megatron(vp_stage: int | None = None, args: Any | None = None)
         virtual_pipeline_size=(
             None if vp_stage is None else mpu.get_virtual_pipeline_model_parallel_world_size()
         ),
+        hybrid_cp=_hybrid_cp_groups(mpu)
+        if getattr(args, "hybrid_context_parallel", False)
+        else None,
+    )
+
+
+def _hybrid_cp_groups(mpu: Any) -> HybridCPGroups:
+    """Megatron's hybrid DPxCP groups of this rank (initialize_model_parallel with
+    ``hybrid_context_parallel=True`` builds them)."""
+    dp_cp = mpu.get_data_parallel_group(with_context_parallel=True)
+    sizes = hybrid_block_sizes(mpu.get_data_parallel_world_size(with_context_parallel=True))
+    return HybridCPGroups(
+        dp_group=mpu.get_data_parallel_group(),
+        dp_cp_group=dp_cp,
+        blocks=tuple((s, mpu.get_hybrid_data_context_parallel_groups(group_size=s)) for s in sizes),
     )
 
 

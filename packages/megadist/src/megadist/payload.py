@@ -18,21 +18,50 @@ from megadist.keys import BOUNDARY_KEYS, KEY_DTYPES
 from megadist.topology import BatchTopology
 
 
-def fixed_shapes(topology: BatchTopology, split: str | None = None) -> dict[str, tuple[int, ...]]:
+def fixed_shapes(
+    topology: BatchTopology, split: str | None = None, length: int | None = None
+) -> dict[str, tuple[int, ...]]:
     """The shape of every payload key but the variable-length boundaries; ``split`` None gives
-    the full micro-batch, ``"zigzag"`` or ``"thd"`` one CP rank's share of it."""
-    mbs, full = topology.micro_batch_size, topology.seq_length
+    the full micro-batch, ``"zigzag"`` or ``"thd"`` one CP rank's share of it. ``length`` is
+    the row length of a hybrid-CP micro-batch (default: ``seq_length``)."""
+    mbs, full = topology.micro_batch_size, length or topology.seq_length
     rows = full if split is None else topology.local_seq_length
     mask_rows = rows if split == "zigzag" or split is None else full
     shapes = {}
     for key in topology.payload_keys:
         if key == "attention_mask":
             shapes[key] = (mbs, 1, mask_rows, full)
-        elif key == "max_seqlen":
+        elif key in ("max_seqlen", "local_cp_size"):
             shapes[key] = (1,)
         elif key not in BOUNDARY_KEYS:
             shapes[key] = (mbs, rows)
     return shapes
+
+
+#: keys a source may leave None: the THD split falls back to ``cu_seqlens``; a hybrid-CP
+#: micro-batch without boundaries is split over the plain CP group, as in Megatron
+OPTIONAL_KEYS: dict[bool, tuple[str, ...]] = {
+    False: ("cu_seqlens_padded",),
+    True: ("cu_seqlens_padded", "cu_seqlens"),
+}
+
+
+def hybrid_row_length(batch: Mapping[str, Any], topology: BatchTopology) -> int | None:
+    """The row length of a hybrid-CP micro-batch (its tokens' second dimension), checked
+    against ``seq_length``; None without hybrid context parallelism."""
+    if topology.hybrid_cp is None:
+        return None
+    tokens = batch.get("tokens")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        found = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise BatchError(f"a hybrid-CP micro-batch needs 'tokens' of shape [mbs, L], found {found}")
+    length = tokens.shape[1]
+    if not 1 <= length <= topology.seq_length:
+        raise BatchError(
+            f"the hybrid-CP micro-batch's rows hold {length} tokens; expected 1 to seq_length "
+            f"{topology.seq_length}"
+        )
+    return length
 
 
 def boundary_capacity(topology: BatchTopology) -> int:
@@ -56,18 +85,22 @@ def prepare_source_batch(
     dtypes receivers expect, checked against the topology's shapes; all other keys None."""
     position = topology.pipeline.value
     needed = topology.payload_keys
-    for key, setting in (("attention_mask", "attention_mask"), ("cu_seqlens", "packed_sequences")):
-        if batch.get(key) is not None and not getattr(topology, setting) and needed:
+    carried = {
+        "attention_mask": ("attention_mask", topology.attention_mask),
+        "cu_seqlens": ("packed_sequences", topology.packed_sequences or topology.hybrid_cp),
+    }
+    for key, (setting, configured) in carried.items():
+        if batch.get(key) is not None and not configured and needed:
             raise BatchError(
                 f"the batch carries {key!r} but the topology was built with {setting}=False; "
                 f"the other TP ranks would not receive it"
             )
-    shapes = fixed_shapes(topology)
+    shapes = fixed_shapes(topology, length=hybrid_row_length(batch, topology))
     prepared: dict[str, torch.Tensor | None] = {}
     for key in needed:
         value = batch.get(key)
         if value is None:
-            if key == "cu_seqlens_padded":  # optional: the THD split falls back to cu_seqlens
+            if key in OPTIONAL_KEYS[topology.hybrid_cp is not None]:
                 prepared[key] = None
                 continue
             raise BatchError(
@@ -84,9 +117,9 @@ def prepare_source_batch(
                     f"2 <= n <= seq_length + 1 = {boundary_capacity(topology)}"
                 )
             tensor = tensor.reshape(1, -1)
-        elif key == "max_seqlen":
+        elif key in ("max_seqlen", "local_cp_size"):
             if tensor.numel() != 1:
-                raise BatchError(f"'max_seqlen' has {tensor.numel()} values; expected one")
+                raise BatchError(f"{key!r} has {tensor.numel()} values; expected one")
             tensor = tensor.reshape(1)
         elif tuple(tensor.shape) != shapes[key]:
             raise BatchError(

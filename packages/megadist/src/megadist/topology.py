@@ -73,6 +73,39 @@ def _rank_and_size(group: dist.ProcessGroup | None, name: str) -> tuple[int, int
     return rank, dist.get_world_size(group)
 
 
+@dataclass(frozen=True, eq=False)
+class HybridCPGroups:
+    """The groups of hybrid context parallelism for this rank (Megatron's
+    ``--hybrid-context-parallel``): its data-parallel group (ranks with other data, same CP
+    rank), its data-parallel-with-CP group (all ranks that share the scheduled sub-sequences),
+    and, for each power-of-two size below that group's, the aligned block of that many
+    consecutive DPxCP ranks it belongs to (Megatron's ``create_hybrid_dp_cp_groups``); the whole
+    DPxCP group serves its own size. Compared by identity: groups are handles."""
+
+    dp_group: dist.ProcessGroup
+    dp_cp_group: dist.ProcessGroup
+    blocks: tuple[tuple[int, dist.ProcessGroup], ...] = ()
+    """(size, group) for sizes 2, 4, ... below the DPxCP group's size"""
+
+    @property
+    def dp_cp_size(self) -> int:
+        return dist.get_world_size(self.dp_cp_group)
+
+    def group(self, size: int) -> dist.ProcessGroup:
+        """The CP group of ``size`` ranks this rank trains a sub-sequence with (Megatron's
+        ``get_hybrid_data_context_parallel_groups(group_size=size)``)."""
+        if size == self.dp_cp_size:
+            return self.dp_cp_group
+        for block_size, group in self.blocks:
+            if block_size == size:
+                return group
+        sizes = sorted({*(s for s, _ in self.blocks), self.dp_cp_size})
+        raise TopologyError(
+            f"no hybrid CP group of {size} ranks: this rank's sizes are {sizes} (powers of two "
+            f"below the DPxCP size {self.dp_cp_size}, and that size)"
+        )
+
+
 @dataclass(frozen=True)
 class BatchTopology:
     """What ``broadcast_batch`` and ``get_batch`` need to know about this rank.
@@ -85,7 +118,10 @@ class BatchTopology:
     ``zigzag``. ``device`` None takes the TP group's backend device.
     ``virtual_pipeline_size`` is the number of model chunks per pipeline rank (Megatron's
     virtual pipeline size); None without interleaving. With it, ``get_batch`` needs the
-    chunk's ``vp_stage``.
+    chunk's ``vp_stage``. ``hybrid_cp`` (Megatron's ``--hybrid-context-parallel``): each
+    micro-batch is one sub-sequence of any length up to ``seq_length``, with its boundaries and
+    ``local_cp_size``, split across the hybrid CP group of that size (``cp_group`` is used for
+    a micro-batch without boundaries, as in Megatron).
     """
 
     micro_batch_size: int
@@ -99,6 +135,7 @@ class BatchTopology:
     cp_partitioner: str | None = None
     device: torch.device | None = None
     virtual_pipeline_size: int | None = None
+    hybrid_cp: HybridCPGroups | None = None
     tp_rank: int = field(init=False)
     tp_size: int = field(init=False)
     tp_src_rank: int = field(init=False)
@@ -152,6 +189,15 @@ class BatchTopology:
                 f"virtual_pipeline_size must be positive or None, found "
                 f"{self.virtual_pipeline_size}"
             )
+        if self.hybrid_cp is not None and (
+            self.attention_mask or self.pipeline is not PipelinePosition.SINGLE
+        ):
+            raise TopologyError(
+                "hybrid context parallelism works without an attention mask from the loader and "
+                "without pipeline parallelism (Megatron refuses the pipeline, and sizes its mask "
+                f"buffers by seq_length); found attention_mask={self.attention_mask}, pipeline "
+                f"{self.pipeline.value}"
+            )
         if self.cp_size > 1 and self.seq_length % (2 * self.cp_size):
             raise TopologyError(
                 f"seq_length {self.seq_length} is not divisible by 2 x cp_size = "
@@ -177,8 +223,10 @@ class BatchTopology:
         needed = set(_POSITION_KEYS[position])
         if self.attention_mask and needed:
             needed.add("attention_mask")
-        if self.packed_sequences:
+        if self.packed_sequences or self.hybrid_cp is not None:
             needed.update(BOUNDARY_KEYS, ["max_seqlen"])
+        if self.hybrid_cp is not None:
+            needed.add("local_cp_size")
         return tuple(key for key in BATCH_KEYS if key in needed)
 
     def chunk_at_an_end(self, vp_stage: int | None) -> bool:

@@ -9,7 +9,13 @@ from megaload.accounting import (
     num_micro_batches,
     samples_per_step,
 )
-from megaload.batch_sampler import SAMPLERS, BatchSampler, SamplerFactory, build_batch_sampler
+from megaload.batch_sampler import (
+    SAMPLERS,
+    BatchSampler,
+    GlobalBatchSampler,
+    SamplerFactory,
+    build_batch_sampler,
+)
 from megaload.config import DataLoaderConfig
 from megaload.errors import (
     BackfillError,
@@ -18,8 +24,11 @@ from megaload.errors import (
     ResumeError,
     SamplerError,
     SamplerPluginError,
+    SchedulingError,
     SimulationError,
 )
+from megaload.hybrid_cp_sampler import HybridCPMegatronPretrainingSampler
+from megaload.hybrid_cp_schedule import BalancedCPScheduler
 from megaload.iterators import RerunDataIterator, cyclic_iter
 from megaload.loader import (
     MegatronDataLoader,
@@ -38,8 +47,11 @@ __version__ = version("megaload")
 __all__ = [
     "SAMPLERS",
     "BackfillError",
+    "BalancedCPScheduler",
     "BatchSampler",
     "DataLoaderConfig",
+    "GlobalBatchSampler",
+    "HybridCPMegatronPretrainingSampler",
     "MegaloadError",
     "MegatronDataLoader",
     "MegatronFullValidationSampler",
@@ -51,6 +63,7 @@ __all__ = [
     "SamplerError",
     "SamplerFactory",
     "SamplerPluginError",
+    "SchedulingError",
     "SimulationError",
     "__version__",
     "backfilled_consumed",

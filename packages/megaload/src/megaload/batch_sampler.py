@@ -69,6 +69,17 @@ class Reshardable(Protocol):
         ...
 
 
+@runtime_checkable
+class GlobalBatchSampler(Protocol):
+    """A batch sampler each of whose batches is a rank's share of a whole global batch, its
+    ``num_micro_batches`` micro-batches together (the ``hybrid_cp`` sampler). The loader hands
+    such a batch over uncollated, as a list of sample dicts, for a wrapper to re-deal (Megatron-LM
+    passes ``collate_fn=lambda x: x`` there)."""
+
+    num_micro_batches: int
+    """The micro-batches of this rank in each batch."""
+
+
 class SamplerFactory(Protocol):
     """What a ``megaload.samplers`` entry point names."""
 

@@ -3,7 +3,8 @@ data-parallel ranks, check that the ranks' samples are disjoint and cover each g
 and report throughput. The dataset comes from a ``megaload.datasets`` provider plugin, chosen
 with ``--provider`` (megaindex provides ``megaindex``), which adds its own arguments
 (``--data-path`` and the rest). ``mega load samplers`` lists the ``megaload.samplers``
-plugins ``--dataloader-type`` can name."""
+plugins ``--dataloader-type`` can name. ``--hybrid-cp`` prints what hybrid context parallelism
+deals to each rank instead (``megaload.hybrid_cp_simulate``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig
 from megaload.errors import SimulationError
+from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
+from megaload.hybrid_cp_simulate import add_arguments, simulate_hybrid_cp
 from megaload.loader import build_pretraining_data_loader
 
 PROVIDERS: Registry[Any] = Registry(
@@ -65,6 +68,7 @@ class LoadCommand:
             metavar="FILE",
             help="write one hash per global batch (compare runs with diff)",
         )
+        add_arguments(simulate)
         for name in PROVIDERS.available():
             PROVIDERS.get(name)().configure(simulate)
         # the dataset providers usually take --global-batch-size for the sample budget already
@@ -78,6 +82,8 @@ class LoadCommand:
             return 0
         if args.global_batch_size is None:
             raise SimulationError("mega load simulate needs --global-batch-size")
+        if args.hybrid_cp is not None:
+            args.dataloader_type = HYBRID_CP_SAMPLER
         dataset = PROVIDERS.get(args.provider)().build(args)[0]
         micro_batches = num_micro_batches(args.global_batch_size, args.micro_batch_size, args.dp)
         loaders = [
@@ -105,6 +111,8 @@ class LoadCommand:
                     f"samples: {first}"
                 )
             return 0
+        if args.hybrid_cp is not None:
+            return simulate_hybrid_cp(args, loaders)
         return _simulate(args, loaders, micro_batches)
 
 

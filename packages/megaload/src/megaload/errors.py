@@ -40,3 +40,8 @@ class NoDataError(MegaloadError, RuntimeError):
 class SimulationError(MegaloadError, ValueError):
     """``mega load simulate`` lacks an argument it needs, or found ranks that read the same
     samples or a sequential global batch that is not one block."""
+
+
+class SchedulingError(MegaloadError, ValueError):
+    """Hybrid context parallelism cannot deal a global batch's sub-sequences to the ranks (one
+    needs more ranks than there are, or the seed commit's rule would drop work)."""

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from megafmt.protocols import DescribedDataset, PlannedPrefetch, split_name
-from megaload.batch_sampler import Reshardable, build_batch_sampler
+from megaload.batch_sampler import GlobalBatchSampler, Reshardable, build_batch_sampler
 from megaload.config import EXTERNAL, DataLoaderConfig
 from megaload.errors import ResumeError
 from megaload.planned import PlannedBatchSampler
@@ -96,7 +96,8 @@ class MegatronDataLoader:
         batches: Any = self.batch_sampler
         if self.plans_prefetch:
             batches = PlannedBatchSampler(batches, max(1, workers))
-        shared = workers > 0 and config.shared_batches and available()
+        uncollated = isinstance(self.batch_sampler, GlobalBatchSampler)
+        shared = workers > 0 and config.shared_batches and available() and not uncollated
         # a pass still running over the loader this replaces keeps its own reader
         self.slots = SlotReader(pin_memory=pin and torch.cuda.is_available())
         return DataLoader(
@@ -106,7 +107,7 @@ class MegatronDataLoader:
             pin_memory=pin,  # batches that went torch's way; the slots' are copied out pinned
             persistent_workers=persistent and workers > 0,
             worker_init_fn=close_gpu_descriptors if workers > 0 else None,
-            collate_fn=Collate(PREFETCH_FACTOR + 2 if shared else None),
+            collate_fn=list if uncollated else Collate(PREFETCH_FACTOR + 2 if shared else None),
             prefetch_factor=PREFETCH_FACTOR if workers > 0 else None,
         )
 

@@ -15,8 +15,9 @@ Read from the arguments: ``micro_batch_size``, ``global_batch_size``, ``dataload
 (None is ``single``, as Megatron-LM's parser sets it), ``eval_micro_batch_size``,
 ``num_workers``, ``data_sharding``, ``full_validation``. Not carried over: the worker's
 ``exit_signal_handler`` (megaload's workers close GPU descriptors as Megatron's do, and leave
-signals to the main process) and hybrid context parallelism, which is refused until megaload
-implements its sampler.
+signals to the main process). With ``hybrid_context_parallel`` the ``single`` training loader
+becomes the ``hybrid_cp`` sampler's (a rank's share of a whole global batch, uncollated), as
+Megatron-LM's does; Megatron-LM allows hybrid context parallelism with ``single`` only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from megaload.config import DataLoaderConfig
 from megaload.errors import SamplerError
+from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
 from megaload.iterators import cyclic_iter
 from megaload.loader import build_pretraining_data_loader as _build_loader
 
@@ -70,17 +72,20 @@ def data_loader_config(
     """The :class:`DataLoaderConfig` of Megatron-LM's arguments (``args``, default its
     ``get_args()``); the data-parallel place is read from ``parallel_state`` unless given."""
     args = _megatron_args(args)
+    dataloader_type = getattr(args, "dataloader_type", None) or "single"
     if getattr(args, "hybrid_context_parallel", False):
-        raise SamplerError(
-            "--hybrid-context-parallel is not supported by megaload yet; its sampler and "
-            "loader wrapper are Megatron-LM's own"
-        )
+        if dataloader_type != "single":
+            raise SamplerError(
+                f"--hybrid-context-parallel reads with the single dataloader type only, found "
+                f"--dataloader-type {dataloader_type}"
+            )
+        dataloader_type = HYBRID_CP_SAMPLER
     if data_parallel_rank is None or data_parallel_size is None:
         data_parallel_rank, data_parallel_size = _data_parallel_place()
     return DataLoaderConfig(
         micro_batch_size=args.micro_batch_size,
         global_batch_size=getattr(args, "global_batch_size", None),
-        dataloader_type=getattr(args, "dataloader_type", None) or "single",
+        dataloader_type=dataloader_type,
         eval_micro_batch_size=getattr(args, "eval_micro_batch_size", None),
         data_parallel_rank=data_parallel_rank,
         data_parallel_size=data_parallel_size,

@@ -1,0 +1,150 @@
+"""Runs inside a seed worker (testing/seedref.py): the seed commit's hybrid context parallelism,
+its ``BalancedCPScheduler``, its ``HybridCPDataLoaderWrapper`` and its get_batch functions
+under ``is_hybrid_cp``, on CPU tensors over gloo.
+
+Stand-ins, only for what needs CUDA or a real process group object:
+
+- ``torch.Tensor.cuda`` returns the tensor itself and ``torch.cuda.current_device`` answers
+  ``"cpu"`` (the wrapper and get_batch move tensors to and allocate buffers on the GPU);
+- the scheduler alone (``schedules``) is given a stand-in for its DPxCP group: an object whose
+  ``size()`` is the number of ranks, which is all the scheduler asks of it.
+"""
+
+from __future__ import annotations
+
+import types
+
+from seed_sft_dist import read_on_source
+
+
+def schedules(cases: list) -> list:
+    """For each (max_seq_len_per_rank, total_ranks, [(id, length), ...]) case, the seed's
+    (lengths per group and rank, ids per group and rank), or ("raised", exception class)."""
+    from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
+
+    answers = []
+    for max_len, total, items in cases:
+        group = types.SimpleNamespace(size=lambda total=total: total)
+        try:
+            scheduler = BalancedCPScheduler(max_seq_len_per_rank=max_len, dp_cp_group=group)
+            answers.append(scheduler.get_groups_and_subsamples(list(items), None))
+        except Exception as error:  # compared with ours: both raise or neither
+            answers.append(("raised", type(error).__name__))
+    return answers
+
+
+def sampler_batches(
+    total: int,
+    consumed: int,
+    micro: int,
+    global_batch: int,
+    rank: int,
+    dp: int,
+    drop_last: bool,
+    count: int,
+) -> list:
+    """The first ``count`` batches of the seed's ``HybridCPMegatronPretrainingSampler``."""
+    import itertools
+
+    from megatron.training.datasets.data_samplers import HybridCPMegatronPretrainingSampler
+
+    sampler = HybridCPMegatronPretrainingSampler(
+        total_samples=total,
+        consumed_samples=consumed,
+        micro_batch_size=micro,
+        global_batch_size=global_batch,
+        data_parallel_rank=rank,
+        data_parallel_size=dp,
+        drop_last=drop_last,
+    )
+    return [list(batch) for batch in itertools.islice(sampler, count)]
+
+
+def _without_cuda() -> None:
+    import torch
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.cuda.current_device = lambda: "cpu"
+
+
+def _numpy(batch: dict) -> dict:
+    import torch.distributed as dist
+
+    answer = {}
+    for key, value in batch.items():
+        if key == "hybrid_cp_group":
+            answer[key] = None if value is None else dist.get_process_group_ranks(value)
+        else:
+            answer[key] = None if value is None else value.numpy().copy()
+    return answer
+
+
+def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
+    """Each case on this rank, under Megatron's own groups (``initialize_model_parallel`` with
+    ``hybrid_context_parallel``): ``("wrapper", tp, cp, max_len, steps)`` gives, per step,
+    the wrapper's schedule and the sub-sequences this rank receives (``steps[s][dp_rank]`` is a
+    DP rank's list of packed samples); ``("get_batch", tp, cp, micro_batches)`` gives this
+    rank's get_batch share of each micro-batch (fed on TP rank 0)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+    from megatron.core import utils as core_utils
+    from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper
+
+    _without_cuda()
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    answers = []
+    try:
+        for kind, tp, cp, *rest in cases:
+            mpu.initialize_model_parallel(
+                tensor_model_parallel_size=tp,
+                context_parallel_size=cp,
+                hybrid_context_parallel=True,
+            )
+            tp_rank = mpu.get_tensor_model_parallel_rank()
+            if kind == "wrapper":
+                max_len, steps = rest
+                dp_rank = mpu.get_data_parallel_rank()
+                loaded = [
+                    [{k: torch.from_numpy(v) for k, v in s.items()} for s in step[dp_rank]]
+                    for step in steps
+                ]
+                config = types.SimpleNamespace(max_seqlen_per_dp_cp_rank=max_len)
+                wrapper = HybridCPDataLoaderWrapper(iter(loaded) if tp_rank == 0 else None, config)
+                taken = []
+                for _ in steps:
+                    received, schedule = next(wrapper)
+                    if received is not None:
+                        received = {gid: _numpy(piece) for gid, piece in received.items()}
+                    taken.append((schedule, received))
+                answers.append(taken)
+            else:
+                (micro_batches,) = rest
+                shares = []
+                for loaded in micro_batches:
+                    batch = core_utils.get_batch_on_this_tp_rank(
+                        read_on_source(loaded, tp_rank),
+                        is_sft=False,
+                        is_hybrid_cp=True,
+                        create_attention_mask_in_dataloader=False,
+                        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
+                        broadcast_group=mpu.get_tensor_model_parallel_group(),
+                        cp_size=cp,
+                        tp_rank=tp_rank,
+                        micro_batch_size=1,
+                        seq_length=0,
+                        mtp_on_this_rank=False,
+                    )
+                    batch = core_utils.get_batch_on_this_cp_rank(
+                        batch,
+                        is_hybrid_cp=True,
+                        cp_group=mpu.get_context_parallel_group(),
+                        hybrid_cp_group_func=mpu.get_hybrid_data_context_parallel_groups,
+                    )
+                    shares.append(_numpy(batch))
+                answers.append(shares)
+            mpu.destroy_model_parallel()
+        dist.barrier()
+        return answers
+    finally:
+        dist.destroy_process_group()
