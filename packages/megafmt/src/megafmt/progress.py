@@ -17,6 +17,8 @@ import time
 from types import TracebackType
 from typing import Any, TextIO
 
+BYTE_UNITS = ("B", "bytes")  # counts tqdm shows scaled (1.23MB); other units as integers
+
 
 def format_count(value: float) -> str:
     """``1234567`` as ``1.23M``: short, for rates and sizes in progress lines."""
@@ -26,17 +28,29 @@ def format_count(value: float) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
+def _zero_width(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal that reports no size (a pseudo-terminal nobody sized,
+    as some CI runners and ``script`` make): tqdm would draw nothing there."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns == 0
+    except (AttributeError, OSError, ValueError):  # no descriptor, or not a terminal's
+        return False
+
+
 def _terminal_bar(description: str, total: float | None, unit: str, stream: TextIO) -> Any:
-    """A tqdm bar drawing on ``stream``, or None when tqdm is not installed."""
+    """A tqdm bar drawing on ``stream``, or None when tqdm is not installed (or could not draw
+    on this terminal)."""
     try:
         from tqdm import tqdm
     except ImportError:
+        return None
+    if _zero_width(stream):
         return None
     return tqdm(
         desc=description,
         total=total,
         unit=unit,
-        unit_scale=True,
+        unit_scale=unit in BYTE_UNITS,
         file=stream,
         dynamic_ncols=True,
         leave=False,
