@@ -38,7 +38,7 @@ fuzz: setup
 		tests/compat/test_dataset_fuzz.py -q
 
 # Every benchmark of tools/bench/ against megatron-core and the seed commit, one table in
-# docs/benchmarks.md (about an hour on 2 cores); BENCH_FLAGS=--quick for a smoke test.
+# docs/benchmarks.md (24 minutes on 2 busy cores); BENCH_FLAGS=--quick for a smoke test.
 BENCH_FLAGS ?=
 bench: setup
 	.venv/bin/python tools/bench/run_all.py $(BENCH_FLAGS)

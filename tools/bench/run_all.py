@@ -10,9 +10,9 @@ here as they run; each appends its figures (benchreport.Row) to a rows file, and
 (figure, ours, reference, ratio, conditions, date, machine) is written to ``--output``, default
 docs/benchmarks.md. Every figure a script states is in the table, unfavourable ones included.
 
-The sizes here are the ones ``make bench`` uses, chosen so the whole run fits in about an hour on a
-2-core machine (each script's own defaults are larger); ``--quick`` runs the smallest sizes, a
-smoke test of the scripts and the table, whose figures say little.
+The sizes here are the ones ``make bench`` uses, chosen so the whole run takes about half an
+hour on a 2-core machine (each script's own defaults are larger); ``--quick`` runs the smallest
+sizes, a smoke test of the scripts and the table, whose figures say little.
 """
 
 from __future__ import annotations
