@@ -37,8 +37,11 @@ fuzz: setup
 	FUZZ_COUNT=$(FUZZ_COUNT) FUZZ_START=$(FUZZ_START) .venv/bin/python -m pytest \
 		tests/compat/test_dataset_fuzz.py -q
 
+# Every benchmark of tools/bench/ against megatron-core and the seed commit, one table in
+# docs/benchmarks.md (24 minutes on 2 busy cores); BENCH_FLAGS=--quick for a smoke test.
+BENCH_FLAGS ?=
 bench: setup
-	.venv/bin/python tools/bench/bench_megafmt.py
+	.venv/bin/python tools/bench/run_all.py $(BENCH_FLAGS)
 
 clean:
 	rm -rf .venv .venvs build packages/*/build

@@ -2,7 +2,7 @@
 against the seed commit's GPTFIMDataset (Megatron-LM e03878b5f, run in its worker process by
 testing/seedref.py), on one corpus, tokenizer and configuration.
 
-    .venv/bin/python tools/bench/bench_fim.py [--seq-length 4096] [--samples 300]
+    .venv/bin/python tools/bench/bench_fim.py [--seq-length 4096] [--samples 300] [--rows FILE]
 
 The tokenizer is a byte-level BPE trained here on code-like text (no download); the corpus is
 documents of that text, tokenized, each ending in EOD. Every column reads the same samples in
@@ -10,19 +10,21 @@ the same order, one ``__getitem__`` at a time, after one warm-up read. Printed: 
 per sample for each column (ours also at fim_rate 0: the walk over segments without any
 rearranging), the FIM/plain ratio (the issue's bar: at most 2), the seed/ours ratio, and how
 much of a FIM sample is the tokenizer's decode and encode (which both implementations call the
-same number of times, on the same texts). Files go to ``build/bench_fim`` and are deleted at
-the end.
+same number of times, on the same texts). megatron-core's wheel has no FIM dataset (it lives in
+megatron.training), so the seed commit is the only reference. Files go to ``build/bench_fim``
+and are deleted at the end.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import shutil
 import sys
 import time
 import warnings
 from pathlib import Path
+
+import benchreport
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKDIR = ROOT / "build" / "bench_fim"
@@ -97,25 +99,31 @@ def ours(
     return dataset
 
 
-def report(columns: dict[str, float], share: float) -> None:
-    """Each column in microseconds per sample, then the ratios."""
-    for name, seconds in columns.items():
-        print(f"  {name:<34} {seconds * 1e6:>10.1f} us/sample")
+def state(report: benchreport.Report, columns: dict[str, float], share: float, conditions: str):
+    """Each column in microseconds per sample, ours against the seed's, then the ratios."""
     plain, fim, theirs, untouched = columns.values()
-    print(
-        f"  FIM / plain (ours): {fim / plain:.2f}x (bar: at most 2x); at fim_rate 0 (the "
+    for name, seconds in columns.items():
+        report.note(f"{name:<34} {seconds * 1e6:>10.1f} us/sample")
+    report.compare(
+        "GPTFIMDataset __getitem__",
+        ours=fim * 1e6,
+        theirs=theirs * 1e6,
+        unit="us/sample",
+        conditions=conditions,
+    )
+    report.note(
+        f"FIM / plain (ours): {fim / plain:.2f}x (bar: at most 2x); at fim_rate 0 (the "
         f"walk without rearranging): {untouched / plain:.2f}x"
     )
-    print(f"  seed / ours (FIM): {theirs / fim:.2f}x (>1: ours is faster)")
     rest = fim * (1 - share)
-    print(
-        f"  tokenizer decode + encode: {share:.0%} of our FIM sample time; the rest, "
+    report.note(
+        f"tokenizer decode + encode: {share:.0%} of our FIM sample time; the rest, "
         f"{rest * 1e6:.1f} us/sample, is {rest / plain:.2f}x a plain sample"
     )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchreport.parser(__doc__, choices=("seed",))
     parser.add_argument("--seq-length", type=int, default=4096)
     parser.add_argument("--samples", type=int, default=300, help="FIM samples per column")
     parser.add_argument("--documents", type=int, default=3000)
@@ -137,10 +145,13 @@ def main() -> None:
         texts = (code_text(rng, rng.randint(50, 2000)) for _ in range(args.documents))
         tokens = write_code_corpus(prefix, text, texts)
         count, length = args.samples, args.seq_length
-        print(
-            f"corpus: {args.documents} documents, {tokens:,} tokens; sequence length {length}; "
-            f"fim_rate {FIM_FIELDS['fim_rate']}, fim_spm_rate {FIM_FIELDS['fim_spm_rate']}"
+        conditions = (
+            f"{args.documents} code-like documents, {tokens:,} tokens, sequence length {length}, "
+            f"fim_rate {FIM_FIELDS['fim_rate']}, fim_spm_rate {FIM_FIELDS['fim_spm_rate']}, "
+            f"{count} samples, byte-level BPE"
         )
+        report = benchreport.Report("fim", args.reference, args.rows)
+        report.heading(f"FIM: {conditions}")
         plain = per_sample(
             ours(prefix, text, length, count, "GPTDataset", str(WORKDIR / "p")), 10 * count
         )
@@ -172,7 +183,8 @@ def main() -> None:
                 fields,
                 count,
             )
-        report(
+        state(
+            report,
             {
                 "plain GPTDataset (ours)": plain,
                 "GPTFIMDataset (ours)": fim,
@@ -180,6 +192,7 @@ def main() -> None:
                 "GPTFIMDataset, fim_rate 0 (ours)": untouched,
             },
             share,
+            conditions,
         )
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)

@@ -4,6 +4,7 @@ agreement exchange, then one broadcast, the source splitting for its CP rank fir
 and the agreement exchange alone, the price of ranks agreeing before they send.
 
     .venv/bin/python tools/bench/bench_megadist.py [--iterations 20] [--seq-length 8192]
+        [--rows FILE]
 
 Micro-batch 4 x sequence 8192 by default, on ranks spawned on this machine. Megatron-LM's
 get_batch_on_this_tp_rank is not in the megatron-core wheel (it lives in megatron.training), so
@@ -16,11 +17,10 @@ the ratio, and the agreement's share of megadist's time.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import sys
 import time
 
+import benchreport
 import torch.distributed as dist
 
 from megadist import PROTOCOLS, build_parallel_groups, get_batch, zigzag_split
@@ -85,28 +85,36 @@ def measure_on_rank(tp: int, cp: int, options: dict) -> dict:
     return results
 
 
-def report(title: str, tp: int, cp: int, options: dict) -> None:
+def measure(report: benchreport.Report, title: str, tp: int, cp: int, options: dict) -> None:
     ranks = run_distributed(measure_on_rank, tp * cp, tp, cp, options, timeout=1800)
-    print(f"\n{title}")
-    print(f"  {'path':<10} {'collectives':>11} {'MiB sent':>9} {'ms/micro-batch':>15}")
+    conditions = f"{title}, gloo ranks on this machine, {options['iterations']} micro-batches"
+    report.heading(conditions)
     times = {}
     for name in PATHS:
-        slowest = max(rank[name]["seconds"] for rank in ranks)
-        times[name] = slowest
+        times[name] = max(rank[name]["seconds"] for rank in ranks)
         first = ranks[0][name]
-        mib = first["bytes"] / 2**20
-        print(f"  {name:<10} {first['collectives']:>11} {mib:>9.1f} {slowest * 1e3:>15.3f}")
-    print(f"  megadist is {times['megatron'] / times['megadist']:.2f}x Megatron's protocol")
+        report.note(
+            f"{name:<10} {first['collectives']:>3} collectives, {first['bytes'] / 2**20:8.1f} MiB "
+            f"sent, {times[name] * 1e3:9.3f} ms/micro-batch"
+        )
+    report.compare(
+        f"get_batch, {title}",
+        ours=times["megadist"] * 1e3,
+        theirs=times["megatron"] * 1e3,
+        unit="ms/batch",
+        conditions=conditions + "; slowest rank, best of 3 rounds",
+    )
     share = times["agreement"] / times["megadist"]
-    print(f"  the agreement costs {times['agreement'] * 1e6:.0f} us, {share:.1%} of megadist's")
+    report.note(f"the agreement costs {times['agreement'] * 1e6:.0f} us, {share:.1%} of megadist's")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchreport.parser(__doc__, choices=("megatron-protocol",))
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--seq-length", type=int, default=8192)
     args = parser.parse_args()
+    report = benchreport.Report("megadist", args.reference, args.rows)
     base = {"micro_batch_size": args.micro_batch_size, "seq_length": args.seq_length}
     shape = f"micro-batch {args.micro_batch_size} x sequence {args.seq_length}"
     few = max(2, args.iterations // 5)  # a [mbs, 1, S, S] mask is 256 MiB at 4 x 8192
@@ -117,8 +125,7 @@ def main() -> None:
     ]
     for title, tp, cp, options in cases:
         options.setdefault("iterations", args.iterations)
-        report(title, tp, cp, options)
-        sys.stdout.flush()
+        measure(report, title, tp, cp, options)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""megafmt against megatron-core, side by side in one process, on the same files.
+"""megafmt against megatron-core (or the seed commit), side by side in one process, on the same
+files.
 
     .venv/bin/python tools/bench/bench_megafmt.py [--tokens 50e6] [--documents 100e3]
+        [--reference megatron-core|seed] [--rows FILE]
 
 Measures random ``get()`` reads (both readers), builder throughput writing a corpus of
 ``--tokens`` tokens in ``--documents`` documents (finalize included) for int32 and uint16
@@ -14,7 +16,6 @@ deleted.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import time
@@ -23,8 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from statistics import geometric_mean
 
+import benchreport
 import numpy
 
+REFERENCE = benchreport.enter_reference(("megatron-core", "seed"))
 warnings.filterwarnings("ignore")
 import torch  # noqa: E402  (megatron-core needs it; imported after silencing its warnings)
 from megatron.core.datasets import indexed_dataset as megatron  # noqa: E402
@@ -41,14 +44,6 @@ def best_of(repeats: int, run: Callable[[], object]) -> float:
         run()
         times.append(time.perf_counter() - start)
     return min(times)
-
-
-def report(name: str, theirs: float, ours: float, unit: str = "s") -> None:
-    print(
-        f"{name:<46} megatron-core {theirs:9.3f} {unit}   megafmt {ours:9.3f} {unit}   "
-        f"speedup {theirs / ours:6.2f}x",
-        flush=True,
-    )
 
 
 def document_pool(rng: numpy.random.Generator, mean_length: int, dtype: type) -> list:
@@ -90,50 +85,58 @@ def timed_build(
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def bench_builder(workdir: Path, tokens: float, documents: int, dtype: type, repeats: int) -> None:
-    """Build the same corpus from each input form with both builders; print each speedup and
-    their geometric mean. The two builders must write identical files."""
+def bench_builder(
+    report: benchreport.Report,
+    workdir: Path,
+    tokens: float,
+    documents: int,
+    dtype: type,
+    repeats: int,
+) -> None:
+    """Build the same corpus from each input form with both builders; state each form's CPU and
+    wall time and the geometric mean of the CPU ratios. The two builders must write identical
+    files."""
     pool = document_pool(numpy.random.default_rng(0), int(tokens / documents), dtype)
     written = sum(len(pool[i % len(pool)]) for i in range(documents))
-    print(
-        f"build {written / 1e6:.0f}M {numpy.dtype(dtype).name} tokens in {documents / 1e3:.0f}k "
-        f"documents, add_document per document, best of {repeats}; cpu s (wall s):",
-        flush=True,
+    dtype_name = numpy.dtype(dtype).name
+    conditions = (
+        f"{written / 1e6:.3g}M {dtype_name} tokens in {documents / 1e3:.0f}k documents, "
+        f"add_document per document, finalize included, best of {repeats}"
     )
-    speedups: dict[str, list[float]] = {"cpu": [], "wall": []}
+    report.heading(f"build: {conditions}")
+    ratios = []
     for form, forms_pool in input_forms(pool).items():
-        times: dict[str, list[tuple[float, float]]] = {"megatron": [], "megafmt": []}
+        times: dict[str, list[tuple[float, float]]] = {"reference": [], "megafmt": []}
         for _ in range(repeats):  # alternate, so neither side always runs on a warmer page cache
-            for name, module in (("megatron", megatron), ("megafmt", megafmt)):
+            for name, module in (("reference", megatron), ("megafmt", megafmt)):
                 prefix = str(workdir / f"build_{name}")
                 times[name].append(timed_build(module, prefix, forms_pool, documents, dtype))
             for suffix in (".bin", ".idx"):
                 with (
-                    open(workdir / f"build_megatron{suffix}", "rb") as a,
+                    open(workdir / f"build_reference{suffix}", "rb") as a,
                     open(workdir / f"build_megafmt{suffix}", "rb") as b,
                 ):
                     assert a.read() == b.read(), f"the builders wrote different {suffix} files"
             for name in times:
                 for suffix in (".bin", ".idx"):
                     os.remove(workdir / f"build_{name}{suffix}")
-        theirs = [min(t[i] for t in times["megatron"]) for i in (0, 1)]
-        ours = [min(t[i] for t in times["megafmt"]) for i in (0, 1)]
-        speedups["cpu"].append(theirs[0] / ours[0])
-        speedups["wall"].append(theirs[1] / ours[1])
-        print(
-            f"  from {form:<14} megatron-core {theirs[0]:6.2f} ({theirs[1]:6.2f})   "
-            f"megafmt {ours[0]:6.2f} ({ours[1]:6.2f})   "
-            f"speedup {speedups['cpu'][-1]:5.2f}x ({speedups['wall'][-1]:5.2f}x)",
-            flush=True,
-        )
-    print(
-        f"  geometric mean of the {len(speedups['cpu'])} speedups, {numpy.dtype(dtype).name}: "
-        f"{geometric_mean(speedups['cpu']):.2f}x ({geometric_mean(speedups['wall']):.2f}x)",
-        flush=True,
+        for clock, which in (("CPU", 0), ("wall", 1)):
+            row = report.compare(
+                f"build {dtype_name} corpus from {form}, {clock} time",
+                ours=min(t[which] for t in times["megafmt"]),
+                theirs=min(t[which] for t in times["reference"]),
+                unit="s",
+                conditions=conditions,
+            )
+            if clock == "CPU":
+                ratios.append(row.ratio)
+    report.note(
+        f"geometric mean of the {len(ratios)} CPU-time ratios, {dtype_name}: "
+        f"{geometric_mean(ratios):.2f}x"
     )
 
 
-def bench_merge(workdir: Path, documents: int) -> None:
+def bench_merge(report: benchreport.Report, workdir: Path, documents: int) -> None:
     """Merge one corpus of ``documents`` one-token documents: index-bound work."""
     source = str(workdir / "many_docs")
     with open(source + ".idx", "wb") as stream:
@@ -143,7 +146,7 @@ def bench_merge(workdir: Path, documents: int) -> None:
     with open(source + ".bin", "wb") as stream:
         stream.truncate(documents * 2)
     times = {}
-    for name, module in (("megatron", megatron), ("megafmt", megafmt)):
+    for name, module in (("reference", megatron), ("megafmt", megafmt)):
         out = str(workdir / f"merged_{name}")
         start = time.perf_counter()
         builder = module.IndexedDatasetBuilder(out + ".bin", dtype=numpy.uint16)
@@ -151,21 +154,23 @@ def bench_merge(workdir: Path, documents: int) -> None:
         builder.finalize(out + ".idx")
         times[name] = time.perf_counter() - start
     with (
-        open(str(workdir / "merged_megatron.idx"), "rb") as a,
+        open(str(workdir / "merged_reference.idx"), "rb") as a,
         open(str(workdir / "merged_megafmt.idx"), "rb") as b,
     ):
         assert a.read() == b.read()
-    report(
-        f"merge (add_index + finalize) {documents / 1e6:.0f}M docs",
-        times["megatron"],
-        times["megafmt"],
+    report.compare(
+        "merge (add_index + finalize)",
+        ours=times["megafmt"],
+        theirs=times["reference"],
+        unit="s",
+        conditions=f"{documents / 1e6:g}M one-token uint16 documents",
     )
 
 
-def bench_reads(workdir: Path, reads: int) -> None:
+def bench_reads(report: benchreport.Report, workdir: Path, reads: int, documents: int) -> None:
     rng = numpy.random.default_rng(1)
     prefix = str(workdir / "reads")
-    build_corpus(megafmt, prefix, document_pool(rng, 800, numpy.uint16), 50_000, numpy.uint16)
+    build_corpus(megafmt, prefix, document_pool(rng, 800, numpy.uint16), documents, numpy.uint16)
     theirs = {
         True: megatron.IndexedDataset(prefix),
         False: megatron.IndexedDataset(prefix, mmap=False),
@@ -177,7 +182,7 @@ def bench_reads(workdir: Path, reads: int) -> None:
     counts = (lengths[picks] - offsets) // 2
     triples = list(zip(picks.tolist(), offsets.tolist(), counts.tolist(), strict=True))
     for mmap in (True, False):
-        n = reads if mmap else reads // 10  # megatron-core's file reader opens the file per read
+        n = reads if mmap else reads // 10  # megatron's file reader opens the file per read
         sample = triples[:n]
         for a, b in zip(sample[:100], sample[:100], strict=True):
             numpy.testing.assert_array_equal(theirs[mmap].get(*a), ours[mmap].get(*b))
@@ -185,47 +190,55 @@ def bench_reads(workdir: Path, reads: int) -> None:
         def read(dataset, sample=sample):
             return lambda: [dataset.get(i, o, c) for i, o, c in sample]
 
-        report(
-            f"random get() x{n // 1000}k, {'mmap' if mmap else 'file'} reader (us/read)",
-            best_of(3, read(theirs[mmap])) / n * 1e6,
-            best_of(3, read(ours[mmap])) / n * 1e6,
-            unit="us",
+        reader = "mmap" if mmap else "file"
+        conditions = f"{n:,} random reads, {documents:,} uint16 documents of ~800 tokens, best of 3"
+        report.compare(
+            f"random get(i, offset, length), {reader} reader",
+            ours=best_of(3, read(ours[mmap])) / n * 1e6,
+            theirs=best_of(3, read(theirs[mmap])) / n * 1e6,
+            unit="us/read",
+            conditions=conditions,
         )
         whole = [i for i, _, _ in sample]
-        report(
-            f"random [i] x{n // 1000}k, {'mmap' if mmap else 'file'} reader (us/read)",
-            best_of(3, lambda d=theirs[mmap], w=whole: [d[i] for i in w]) / n * 1e6,
-            best_of(3, lambda d=ours[mmap], w=whole: [d[i] for i in w]) / n * 1e6,
-            unit="us",
+        report.compare(
+            f"random [i] (whole sequence), {reader} reader",
+            ours=best_of(3, lambda d=ours[mmap], w=whole: [d[i] for i in w]) / n * 1e6,
+            theirs=best_of(3, lambda d=theirs[mmap], w=whole: [d[i] for i in w]) / n * 1e6,
+            unit="us/read",
+            conditions=conditions,
         )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchreport.parser(__doc__)
     parser.add_argument("--tokens", type=float, default=50e6, help="per builder case")
     parser.add_argument("--documents", type=float, default=100e3, help="per builder case")
     parser.add_argument("--merge-documents", type=float, default=20e6)
     parser.add_argument("--reads", type=int, default=200_000)
+    parser.add_argument("--read-documents", type=int, default=50_000, help="corpus of the reads")
     parser.add_argument("--repeats", type=int, default=2, help="builds per side (best counts)")
     parser.add_argument(
         "--sections", default="reads,build,merge", help="comma-separated, of reads, build, merge"
     )
     args = parser.parse_args()
+    report = benchreport.Report("megafmt", REFERENCE, args.rows)
     sections = set(args.sections.split(","))
     workdir = ROOT / "build" / "bench"
     workdir.mkdir(parents=True, exist_ok=True)
     print(
-        f"megatron-core vs megafmt {megafmt.__version__}, torch {torch.__version__}, "
+        f"{report.reference} vs megafmt {megafmt.__version__}, torch {torch.__version__}, "
         f"numpy {numpy.__version__}, {os.cpu_count()} CPUs"
     )
     try:
         if "reads" in sections:
-            bench_reads(workdir, args.reads)
+            bench_reads(report, workdir, args.reads, args.read_documents)
         if "build" in sections:
             for dtype in (numpy.int32, numpy.uint16):
-                bench_builder(workdir, args.tokens, int(args.documents), dtype, args.repeats)
+                bench_builder(
+                    report, workdir, args.tokens, int(args.documents), dtype, args.repeats
+                )
         if "merge" in sections:
-            bench_merge(workdir, int(args.merge_documents))
+            bench_merge(report, workdir, int(args.merge_documents))
     finally:
         shutil.rmtree(workdir)
 

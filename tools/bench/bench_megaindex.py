@@ -1,23 +1,25 @@
-"""megaindex against megatron-core, side by side on the same corpus and configuration.
+"""megaindex against megatron-core (or the seed commit), side by side on the same corpus and
+configuration.
 
-    .venv/bin/python tools/bench/bench_megaindex.py [--documents 20e6] [--samples-s 4096]
+    .venv/bin/python tools/bench/bench_megaindex.py [--documents 20e6]
+        [--reference megatron-core|seed] [--rows FILE]
 
 1. Index build: a synthetic corpus of ``--documents`` documents (the ``.idx`` written directly,
    the ``.bin`` sparse) and enough samples of 4096 tokens for 2 epochs. Each side builds its
    cache in a fresh process; the time of ``build()`` and the process's peak RSS are reported.
-2. Cache-hit start-up: a fresh process constructs the datasets again from the cache. What the
+2. Cache-hit start-up: a fresh process constructs the datasets again from the cache (best of
+   ``--hits``), and once more with the corpus and the cache evicted from the page cache. What the
    corpus's consistency check at open and the tables' checksums cost when they run in full
    (files new to this machine or changed) is measured apart.
 3. ``__getitem__`` throughput at sequence length 4096 on a corpus of 20k documents of 50-950
    tokens, without reset flags, with them, and with them and an attention mask.
 
-Prints each figure for both and the ratio (>1 means megaindex is better). Files go to
-``build/bench`` and are deleted at the end.
+Prints each figure for both and the ratio (>1 means megaindex is better). ``--skip-build``
+leaves out 1 and 2. Files go to ``build/bench_megaindex`` and are deleted at the end.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
@@ -27,8 +29,10 @@ import time
 import warnings
 from pathlib import Path
 
+import benchreport
 import numpy
 
+REFERENCE = benchreport.enter_reference(("megatron-core", "seed"))
 ROOT = Path(__file__).resolve().parents[2]
 WORKDIR = ROOT / "build" / "bench_megaindex"
 VOCAB = 50000
@@ -119,22 +123,24 @@ def child(side: str, prefix: str, cache: str, samples: int) -> None:
 
 
 def run_child(side: str, prefix: str, cache: str, samples: int) -> dict:
+    """``child`` in a fresh process that imports the same reference as this one."""
     output = subprocess.run(
-        [sys.executable, __file__, "--child", side, prefix, cache, str(samples)],
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            side,
+            prefix,
+            cache,
+            str(samples),
+            "--reference",
+            REFERENCE,
+        ],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
     return json.loads(output.strip().splitlines()[-1])
-
-
-def report(name: str, theirs: float, ours: float, unit: str, higher_is_better: bool) -> None:
-    ratio = ours / theirs if higher_is_better else theirs / ours
-    print(
-        f"{name:<44} megatron-core {theirs:10.2f} {unit:<9} megaindex {ours:10.2f} {unit:<9} "
-        f"ratio {ratio:6.2f}x",
-        flush=True,
-    )
 
 
 def synthetic_corpus(prefix: str, documents: int) -> tuple[int, int]:
@@ -150,24 +156,31 @@ def synthetic_corpus(prefix: str, documents: int) -> tuple[int, int]:
     return tokens, documents
 
 
-def bench_build(documents: int) -> None:
+def bench_build(report: benchreport.Report, documents: int, hits: int) -> None:
     prefix = str(WORKDIR / "synthetic")
     tokens, _ = synthetic_corpus(prefix, documents)
     samples = int(1.5 * tokens / SEQUENCE_LENGTH)  # 1.5 epochs: 2 epochs are built
-    print(
-        f"index build: {documents / 1e6:.0f}M documents, {tokens / 1e9:.2f}G tokens, "
-        f"{samples:,} samples of {SEQUENCE_LENGTH} (2 epochs)",
-        flush=True,
+    conditions = (
+        f"{documents / 1e6:g}M documents, {tokens / 1e9:.2f}G tokens, {samples:,} samples of "
+        f"{SEQUENCE_LENGTH} (2 epochs), fresh process"
     )
+    report.heading(f"index build: {conditions}")
     results = {}
     for side in ("megatron", "megaindex"):
         cache = str(WORKDIR / f"cache_{side}")
         built = run_child(side, prefix, cache, samples)
-        hits = [run_child(side, prefix, cache, samples) for _ in range(3)]
-        results[side] = (built, min(hits, key=lambda h: h["seconds"]))
-    (theirs_built, theirs_hit), (ours_built, ours_hit) = results["megatron"], results["megaindex"]
-    assert theirs_built["samples"] == ours_built["samples"]
-    assert theirs_built["tables"] == ours_built["tables"]
+        warm = [run_child(side, prefix, cache, samples) for _ in range(hits)]
+        benchreport.evict_page_cache(WORKDIR)
+        cold = run_child(side, prefix, cache, samples)
+        built["above_mib"] = built["peak_mib"] - built["baseline_mib"]
+        results[side] = {
+            "built": built,
+            "warm": min(warm, key=lambda h: h["seconds"]),
+            "cold": cold,
+        }
+    theirs, ours = results["megatron"], results["megaindex"]
+    assert theirs["built"]["samples"] == ours["built"]["samples"]
+    assert theirs["built"]["tables"] == ours["built"]["tables"]
     tables_equal = all(
         numpy.array_equal(numpy.load(a, mmap_mode="r"), numpy.load(b, mmap_mode="r"))
         for a, b in zip(
@@ -176,37 +189,45 @@ def bench_build(documents: int) -> None:
             strict=True,
         )
     )
-    report("  build time (end to end)", theirs_built["seconds"], ours_built["seconds"], "s", False)
-    report(
-        "  peak RSS of the building process",
-        theirs_built["peak_mib"],
-        ours_built["peak_mib"],
-        "MiB",
-        False,
+    figures = (  # figure, which run, its field, unit, what the conditions add
+        ("index build time (end to end)", "built", "seconds", "s", ""),
+        ("peak RSS of the index-building process", "built", "peak_mib", "MiB", ""),
+        (
+            "peak RSS of the index build above the baseline",
+            "built",
+            "above_mib",
+            "MiB",
+            "; baseline: the process with torch imported",
+        ),
+        ("cache-hit start-up, warm page cache", "warm", "seconds", "s", f"; best of {hits}"),
+        (
+            "cache-hit start-up, cold page cache",
+            "cold",
+            "seconds",
+            "s",
+            "; corpus and cache evicted from the page cache first",
+        ),
     )
-    report(
-        "  peak RSS above the process's baseline",
-        theirs_built["peak_mib"] - theirs_built["baseline_mib"],
-        ours_built["peak_mib"] - ours_built["baseline_mib"],
-        "MiB",
-        False,
-    )
-    report("  cache-hit start-up", theirs_hit["seconds"], ours_hit["seconds"], "s", False)
-    print(
-        "  megaindex's checks when they run in full (new or changed files; skipped, after a "
-        "stat, for files that passed them before):",
-        flush=True,
+    for figure, run, field, unit, more in figures:
+        report.compare(
+            figure,
+            ours=ours[run][field],
+            theirs=theirs[run][field],
+            unit=unit,
+            conditions=conditions + more,
+        )
+    report.note(
+        "megaindex's checks when they run in full (new or changed files; skipped, after a "
+        "stat, for files that passed them before):"
     )
     for name, what in (
         ("consistency_check", "the corpus's consistency check at open"),
         ("table_checksums", "the tables' checksums at load"),
     ):
-        cost = ours_hit["checks"][name]
-        print(
-            f"    {what}: {cost:.3f} s ({100 * cost / ours_built['seconds']:.1f}% of the build)",
-            flush=True,
-        )
-    print(f"  tables identical: {tables_equal}", flush=True)
+        cost = ours["warm"]["checks"][name]
+        share = 100 * cost / ours["built"]["seconds"]
+        report.note(f"  {what}: {cost:.3f} s ({share:.1f}% of the build)")
+    report.note(f"tables identical: {tables_equal}")
 
 
 def realistic_corpus(prefix: str, seed: int = 0) -> None:
@@ -230,15 +251,16 @@ def samples_per_second(dataset, count: int) -> float:
     return count / (time.perf_counter() - start)
 
 
-def bench_getitem() -> None:
+def bench_getitem(report: benchreport.Report) -> None:
     quiet_imports()
     prefix = str(WORKDIR / "realistic")
     realistic_corpus(prefix)
-    print(f"__getitem__ at sequence length {SEQUENCE_LENGTH} (samples/s)", flush=True)
+    conditions = f"sequence length {SEQUENCE_LENGTH}, 20k documents of 50-950 tokens"
+    report.heading(f"__getitem__: {conditions}")
     configurations = [
-        ("  no reset flags", {}, 2000, 2000),
+        ("__getitem__, no reset flags", {}, 2000, 2000),
         (
-            "  reset flags, no attention mask",
+            "__getitem__, reset flags, no attention mask",
             dict(
                 reset_position_ids=True,
                 reset_attention_mask=True,
@@ -249,7 +271,7 @@ def bench_getitem() -> None:
             2000,
         ),
         (
-            "  reset flags and attention mask",
+            "__getitem__, reset flags and attention mask",
             dict(reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True),
             20,
             500,
@@ -266,12 +288,13 @@ def bench_getitem() -> None:
         for idx in (1, 2, 3):
             for key, value in theirs[idx].items():
                 assert value.equal(ours[idx][key]), key
-        report(
+        report.compare(
             name,
-            samples_per_second(theirs, their_count),
-            samples_per_second(ours, our_count),
-            "samples/s",
-            True,
+            ours=samples_per_second(ours, our_count),
+            theirs=samples_per_second(theirs, their_count),
+            unit="samples/s",
+            higher_is_better=True,
+            conditions=conditions,
         )
 
 
@@ -279,16 +302,18 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchreport.parser(__doc__)
     parser.add_argument("--documents", type=float, default=20e6)
+    parser.add_argument("--hits", type=int, default=3, help="warm cache-hit starts (best counts)")
     parser.add_argument("--skip-build", action="store_true", help="only the __getitem__ figures")
     args = parser.parse_args()
+    report = benchreport.Report("megaindex", REFERENCE, args.rows)
     shutil.rmtree(WORKDIR, ignore_errors=True)
     WORKDIR.mkdir(parents=True)
     try:
         if not args.skip_build:
-            bench_build(int(args.documents))
-        bench_getitem()
+            bench_build(report, int(args.documents), args.hits)
+        bench_getitem(report)
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)
 

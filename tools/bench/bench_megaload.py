@@ -1,7 +1,8 @@
 """DataLoader throughput: megaload over megaindex against Megatron-LM's loader settings over
-megatron-core's datasets, in one run.
+megatron-core's (or the seed commit's) datasets, in one run.
 
     .venv/bin/python tools/bench/bench_megaload.py [--batches 200]
+        [--reference megatron-core|seed] [--rows FILE]
 
 Micro-batch 4, sequence length 4096, with 0 and 2 workers:
 
@@ -17,7 +18,6 @@ here). Prints samples/s for both and the ratio.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -28,9 +28,16 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_megaindex
+import benchreport
 
-from megaload import DataLoaderConfig, MegatronPretrainingSampler, build_pretraining_data_loader
+REFERENCE = benchreport.enter_reference(("megatron-core", "seed"))
+import bench_megaindex  # noqa: E402
+
+from megaload import (  # noqa: E402
+    DataLoaderConfig,
+    MegatronPretrainingSampler,
+    build_pretraining_data_loader,
+)
 
 WORKDIR = bench_megaindex.ROOT / "build" / "bench_megaload"
 MICRO_BATCH = 4
@@ -62,7 +69,9 @@ def megaload_loader(dataset, workers: int):
     return build_pretraining_data_loader(dataset, 0, config)
 
 
-def bench_corpus(prefix: str, size: int, batches: int) -> dict[int, float]:
+def bench_corpus(
+    report: benchreport.Report, prefix: str, size: int, batches: int
+) -> dict[int, float]:
     """One corpus, masks off and on; returns megaload's samples/s with masks off by workers."""
     single: dict[int, float] = {}
     for masks in (False, True):
@@ -80,18 +89,33 @@ def bench_corpus(prefix: str, size: int, batches: int) -> dict[int, float]:
             mine = samples_per_second(megaload_loader(ours, workers), batches)
             if not masks:
                 single[workers] = mine
-            bench_megaindex.report(
-                f"  one corpus, {workers} workers, attention mask {'on' if masks else 'off'}",
-                samples_per_second(megatron_loader(theirs, workers), batches),
-                mine,
-                "samples/s",
-                True,
+            report.compare(
+                f"DataLoader, one corpus, {workers} workers, attention mask "
+                f"{'on' if masks else 'off'}",
+                ours=mine,
+                theirs=samples_per_second(megatron_loader(theirs, workers), batches),
+                unit="samples/s",
+                higher_is_better=True,
+                conditions=conditions(batches),
             )
     return single
 
 
-def bench_blend(prefixes: list[str], size: int, batches: int, single: dict[int, float]) -> None:
-    """A blend of the corpora, masks off: against megatron-core's blend and one corpus."""
+def conditions(batches: int) -> str:
+    return (
+        f"micro-batch {MICRO_BATCH}, sequence {bench_megaindex.SEQUENCE_LENGTH}, {batches} "
+        "batches after the first"
+    )
+
+
+def bench_blend(
+    report: benchreport.Report,
+    prefixes: list[str],
+    size: int,
+    batches: int,
+    single: dict[int, float],
+) -> None:
+    """A blend of the corpora, masks off: against the reference's blend and one corpus."""
     blend = (prefixes, BLEND_WEIGHTS)
     theirs, ours = (
         bench_megaindex.datasets(
@@ -107,29 +131,31 @@ def bench_blend(prefixes: list[str], size: int, batches: int, single: dict[int, 
     for idx in (0, 1, 7):
         for key, value in theirs[idx].items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(ours[idx][key])), key
+    weights = "/".join(f"{w:g}" for w in BLEND_WEIGHTS)
     for workers in (0, 2):
         mine = samples_per_second(megaload_loader(ours, workers), batches)
-        bench_megaindex.report(
-            f"  blend of 3, {workers} workers, attention mask off",
-            samples_per_second(megatron_loader(theirs, workers), batches),
-            mine,
-            "samples/s",
-            True,
+        report.compare(
+            f"DataLoader, blend of 3, {workers} workers, attention mask off",
+            ours=mine,
+            theirs=samples_per_second(megatron_loader(theirs, workers), batches),
+            unit="samples/s",
+            higher_is_better=True,
+            conditions=f"{conditions(batches)}; weights {weights}",
         )
         if workers in single:
-            print(
-                f"  blend of 3 as a share of one corpus, {workers} workers: "
-                f"{mine / single[workers]:.0%} ({mine:,.0f} vs {single[workers]:,.0f} samples/s)",
-                flush=True,
+            report.note(
+                f"blend of 3 as a share of one corpus, {workers} workers: "
+                f"{mine / single[workers]:.0%} ({mine:,.0f} vs {single[workers]:,.0f} samples/s)"
             )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchreport.parser(__doc__)
     parser.add_argument("--batches", type=int, default=200)
     args = parser.parse_args()
+    report = benchreport.Report("megaload", REFERENCE, args.rows)
     bench_megaindex.quiet_imports()
-    # megatron-core's BlendedDataset asks torch.distributed for the rank: one process group
+    # the reference's BlendedDataset asks torch.distributed for the rank: one process group
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -139,14 +165,10 @@ def main() -> None:
     for seed, prefix in enumerate(prefixes):
         bench_megaindex.realistic_corpus(prefix, seed)
     size = (args.batches + 2) * MICRO_BATCH
-    print(
-        f"DataLoader, micro-batch {MICRO_BATCH}, sequence {bench_megaindex.SEQUENCE_LENGTH}, "
-        f"{args.batches} batches (samples/s)",
-        flush=True,
-    )
+    report.heading(f"DataLoader: {conditions(args.batches)}")
     try:
-        single = bench_corpus(prefixes[0], size, args.batches)
-        bench_blend(prefixes, size, args.batches, single)
+        single = bench_corpus(report, prefixes[0], size, args.batches)
+        bench_blend(report, prefixes, size, args.batches, single)
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)
         torch.distributed.destroy_process_group()

@@ -1,20 +1,24 @@
 """mega preprocess against Megatron's way of preprocessing, in one run, on the same input.
 
     .venv/bin/python tools/bench/bench_preprocess.py [--size-mb 200] [--workers 2]
+        [--reference megatron-core|seed] [--rows FILE]
 
 Writes a jsonl of ``--size-mb`` MB of synthetic text and trains a byte-level BPE
 tokenizer.json on part of it (offline, a few seconds). The baseline is Megatron's tool as it
-works: ``multiprocessing.Pool.imap`` over lines with megatron-core's HuggingFaceTokenizer built
-in each worker, one document encoded per call, one ``add_document`` per document
-(tools/compat/megatron_preprocess.py). Then ``mega preprocess`` with the same flags and worker
-count. Prints tokens/s of each, the speedup, and whether the outputs are byte-identical.
-Files go to ``build/bench/preprocess`` and are deleted.
+works: with ``--reference seed``, the seed commit's own tools/preprocess_data.py (its ``main``,
+in this process); with ``megatron-core`` (whose wheel does not ship the tool), the same steps
+from the wheel's pieces: ``multiprocessing.Pool.imap`` over lines with megatron-core's
+HuggingFaceTokenizer built in each worker, one document encoded per call, one ``add_document``
+per document (tools/compat/megatron_preprocess.py). Then ``mega preprocess`` with the same
+flags and worker count. Prints tokens/s of each, the ratio, and whether the outputs are
+byte-identical. Files go to ``build/bench/preprocess`` and are deleted.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import filecmp
+import importlib
 import itertools
 import json
 import shutil
@@ -23,12 +27,12 @@ import time
 import warnings
 from pathlib import Path
 
+import benchreport
 import numpy
 
+REFERENCE = benchreport.enter_reference(("megatron-core", "seed"))
 warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "compat"))
-from megatron_preprocess import megatron_tool_pool, tokenizer_args  # noqa: E402
 
 from megafmt import IndexedDataset  # noqa: E402
 from megafmt.preprocess import PreprocessConfig, preprocess  # noqa: E402
@@ -75,8 +79,41 @@ def train_tokenizer(directory: Path, sample: Path, vocab_size: int) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+def reference_tool(options: TokenizerOptions, source: Path, prefix: Path, workers: int):
+    """A function that runs the reference's preprocessing of ``source`` into ``prefix`` (its
+    imports done now, so they are not timed) and returns the text key's output prefix."""
+    if REFERENCE == "seed":
+        tool = importlib.import_module("tools.preprocess_data")  # the seed source's tools/
+        argv = [
+            "preprocess_data.py",
+            f"--input={source}",
+            f"--output-prefix={prefix}",
+            "--tokenizer-type=HuggingFaceTokenizer",
+            f"--tokenizer-model={options.model}",
+            f"--workers={workers}",
+            "--append-eod",
+            f"--log-interval={10**9}",
+        ]
+
+        def run() -> str:
+            with contextlib.ExitStack() as stack:
+                stack.callback(setattr, sys, "argv", sys.argv)
+                sys.argv = argv
+                tool.main()
+            return f"{prefix}_text_document"
+
+        return run
+    sys.path.insert(0, str(ROOT / "tools" / "compat"))
+    from megatron_preprocess import megatron_tool_pool, tokenizer_args
+
+    arguments = tokenizer_args("HuggingFaceTokenizer", options)
+    return lambda: megatron_tool_pool(arguments, str(source), str(prefix), ["text"], True, workers)[
+        "text"
+    ]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchreport.parser(__doc__)
     parser.add_argument("--size-mb", type=float, default=200)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=8192)
@@ -89,22 +126,18 @@ def main() -> None:
         lines = make_input(source, args.size_mb)
         train_tokenizer(work, source, args.vocab_size)
         options = TokenizerOptions(model=str(work))
-        print(
-            f"input: {lines:,} documents, {source.stat().st_size / 1e6:,.0f} MB; "
-            f"{args.workers} workers; HuggingFace BPE, vocab {args.vocab_size}",
-            flush=True,
+        conditions = (
+            f"jsonl, {lines:,} documents, {source.stat().st_size / 1e6:.3g} MB, "
+            f"{args.workers} workers, HuggingFace byte-level BPE, vocab {args.vocab_size}, "
+            "--append-eod"
         )
-
+        report = benchreport.Report("preprocess", REFERENCE, args.rows)
+        report.heading(f"preprocess: {conditions}")
+        (work / "reference").mkdir()
+        run_reference = reference_tool(options, source, work / "reference" / "out", args.workers)
         start = time.perf_counter()
-        theirs = megatron_tool_pool(
-            tokenizer_args("HuggingFaceTokenizer", options),
-            str(source),
-            str(work / "megatron" / "out"),
-            ["text"],
-            True,
-            args.workers,
-        )["text"]
-        megatron_seconds = time.perf_counter() - start
+        theirs = run_reference()
+        reference_seconds = time.perf_counter() - start
 
         start = time.perf_counter()
         ours = preprocess(
@@ -122,17 +155,17 @@ def main() -> None:
 
         tokens = int(IndexedDataset(ours).sequence_lengths.sum())
         same = all(filecmp.cmp(ours + s, theirs + s, shallow=False) for s in (".bin", ".idx"))
-        for name, seconds in (
-            ("megatron (Pool.imap)", megatron_seconds),
-            ("mega preprocess", our_seconds),
-        ):
-            print(
-                f"{name:<22} {seconds:8.1f} s  {tokens / seconds / 1e6:7.2f} M tokens/s  "
-                f"{source.stat().st_size / seconds / 1e6:7.1f} MB/s",
-                flush=True,
-            )
-        print(
-            f"speedup {megatron_seconds / our_seconds:.2f}x; {tokens:,} tokens; "
+        report.compare(
+            "preprocess throughput",
+            ours=tokens / our_seconds / 1e6,
+            theirs=tokens / reference_seconds / 1e6,
+            unit="M tokens/s",
+            higher_is_better=True,
+            conditions=conditions,
+        )
+        report.note(
+            f"{tokens:,} tokens; {source.stat().st_size / our_seconds / 1e6:.1f} MB/s ours, "
+            f"{source.stat().st_size / reference_seconds / 1e6:.1f} MB/s the reference's; "
             f"outputs byte-identical: {'yes' if same else 'NO'}"
         )
     finally:

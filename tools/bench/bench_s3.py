@@ -1,6 +1,8 @@
-"""Reading a corpus from S3: megafmt's fsspec reader against megatron-core's S3 reader.
+"""Reading a corpus from S3: megafmt's fsspec reader against megatron-core's (or the seed
+commit's) S3 reader.
 
     .venv/bin/python tools/bench/bench_s3.py [--megabytes 64] [--chunk-kib 1024] [--samples 400]
+        [--reference megatron-core|seed] [--rows FILE]
 
 Both read the same corpus from the same S3 endpoint (moto's server on loopback, started here in
 a process of its own) with the same chunk size, twice: from moto as shipped, and from moto made
@@ -23,8 +25,10 @@ import time
 import warnings
 from pathlib import Path
 
+import benchreport
 import numpy
 
+REFERENCE = benchreport.enter_reference(("megatron-core", "seed"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testing"))  # s3testing
 warnings.filterwarnings("ignore")
 import boto3  # noqa: E402
@@ -76,7 +80,9 @@ def scan(dataset, count: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(args: argparse.Namespace, local: str, work: Path, endpoint: str) -> None:
+def measure(
+    report: benchreport.Report, args: argparse.Namespace, local: str, work: Path, endpoint: str
+) -> None:
     """Every reader's random and scan figures against the endpoint now running."""
     chunk = args.chunk_kib << 10
     client = boto3.client("s3")
@@ -100,37 +106,52 @@ def measure(args: argparse.Namespace, local: str, work: Path, endpoint: str) -> 
     }
     ours = IndexedDataset(url, reader_options=options)
     planned = IndexedDataset(url, reader_options=options)
-    print(f"-- {endpoint}", flush=True)
-    timings = {}
+    conditions = (
+        f"{endpoint}; corpus {args.megabytes:g} MB, chunk {args.chunk_kib} KiB, megafmt cache "
+        f"{args.cache_mib} MiB"
+    )
+    report.heading(f"S3: {conditions}")
     runs = (
         ("local mmap", here, 0),
-        ("megatron-core S3", theirs, 0),
+        ("reference", theirs, 0),
         ("megafmt fsspec", ours, 0),
         ("megafmt fsspec + plan", planned, args.plan),
     )
+    rates = {}
     for name, dataset, plan in runs:
         seconds, tokens = random_reads(dataset, lengths, args.samples, args.seq_length, plan)
-        timings[name] = seconds
-        print(
-            f"random  {name:<22} {args.samples / seconds:9.1f} samples/s  "
-            f"{tokens * 2 / seconds / 1e6:8.1f} MB/s",
-            flush=True,
+        rates[name] = args.samples / seconds
+        report.note(
+            f"random  {name:<22} {rates[name]:9.1f} samples/s  {tokens * 2 / seconds / 1e6:8.1f} "
+            "MB/s"
         )
-    for name in ("megafmt fsspec", "megafmt fsspec + plan"):
-        speedup = timings["megatron-core S3"] / timings[name]
-        print(f"random speedup of {name} vs megatron-core: {speedup:.2f}x")
+    random_conditions = f"{conditions}; {args.samples} samples of {args.seq_length + 1} tokens"
+    for name, how in (("megafmt fsspec", ""), ("megafmt fsspec + plan", ", reads planned")):
+        report.compare(
+            f"S3 random samples{how}, {endpoint}",
+            ours=rates[name],
+            theirs=rates["reference"],
+            unit="samples/s",
+            higher_is_better=True,
+            conditions=random_conditions + (f"; {args.plan} reads announced ahead" if how else ""),
+        )
+    scans = {}
     for name, dataset, _ in runs[:3]:
-        timings[name] = scan(dataset, len(lengths))
-        print(f"scan    {name:<22} {args.megabytes / timings[name]:9.1f} MB/s", flush=True)
-    speedup = timings["megatron-core S3"] / timings["megafmt fsspec"]
-    print(
-        f"scan speedup vs megatron-core: {speedup:.2f}x; megafmt retries "
-        f"{ours.bin_reader.retries + planned.bin_reader.retries}"
+        scans[name] = args.megabytes / scan(dataset, len(lengths))
+        report.note(f"scan    {name:<22} {scans[name]:9.1f} MB/s")
+    report.compare(
+        f"S3 sequential scan, {endpoint}",
+        ours=scans["megafmt fsspec"],
+        theirs=scans["reference"],
+        unit="MB/s",
+        higher_is_better=True,
+        conditions=f"{conditions}; every sequence in order",
     )
+    report.note(f"megafmt retries {ours.bin_reader.retries + planned.bin_reader.retries}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchreport.parser(__doc__)
     parser.add_argument("--megabytes", type=float, default=64)
     parser.add_argument("--chunk-kib", type=int, default=1024)
     parser.add_argument("--cache-mib", type=int, default=16)
@@ -144,6 +165,7 @@ def main() -> None:
         help="first-byte latency of the S3-like endpoint (measured after moto as shipped)",
     )
     args = parser.parse_args()
+    report = benchreport.Report("s3", REFERENCE, args.rows)
     work = Path(tempfile.mkdtemp(prefix="bench_s3"))
     try:
         local = str(work / "corpus")
@@ -160,7 +182,7 @@ def main() -> None:
         )
         for endpoint, latency in endpoints:
             with moto_endpoint(separate_process=True, first_byte_latency=latency):
-                measure(args, local, work, endpoint)
+                measure(report, args, local, work, endpoint)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

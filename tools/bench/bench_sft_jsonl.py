@@ -1,6 +1,6 @@
 """Opening an SFT jsonl: megafmt's line index against the seed commit's ``datasets`` reader.
 
-    .venv/bin/python tools/bench/bench_sft_jsonl.py [--size-mb 1024] [--reads 20000]
+    .venv/bin/python tools/bench/bench_sft_jsonl.py [--size-mb 1024] [--reads 20000] [--rows FILE]
 
 Writes a jsonl of ``--size-mb`` MB of random conversations (``{"messages": [...]}`` per line).
 Each reader then opens it in a fresh process, which reports its wall time and peak resident
@@ -19,7 +19,6 @@ Files go to ``build/bench/sft`` and are deleted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import resource
@@ -28,6 +27,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import benchreport
 
 from megafmt.sft.lines import index_path
 
@@ -105,7 +106,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchreport.parser(__doc__, choices=("seed-datasets",))
     parser.add_argument("--size-mb", type=float, default=1024)
     parser.add_argument("--reads", type=int, default=20000)
     args = parser.parse_args()
@@ -116,7 +117,9 @@ def main() -> None:
         start = time.perf_counter()
         lines = make_input(path, args.size_mb)
         size = path.stat().st_size
-        print(f"input: {size / 1e6:.0f} MB, {lines:,} lines ({time.perf_counter() - start:.1f} s)")
+        conditions = f"jsonl of {size / 1e6:.0f} MB, {lines:,} conversations, fresh process"
+        report = benchreport.Report("sft_jsonl", args.reference, args.rows)
+        report.heading(f"SFT jsonl: {conditions} (written in {time.perf_counter() - start:.1f} s)")
         cache = WORK / "hf-cache"
         results = {}
         for label, mode in [
@@ -130,25 +133,36 @@ def main() -> None:
             if mode == "megafmt-on-read":
                 Path(index_path(str(path))).unlink()
             assert found["lines"] == lines, (label, found["lines"], lines)
-            print(
+            report.note(
                 f"{label:<16} open {found['open_s']:8.2f} s  peak {found['peak_mb']:8.0f} MB"
                 f"  {args.reads} random reads {found['read_s']:6.2f} s"
             )
-        fast = results["megafmt on-read"]
-        ours, theirs = results["megafmt warm"], results["datasets warm"]
-        cold_ours, cold_theirs = results["megafmt cold"], results["datasets cold"]
-        assert ours["turns"] == theirs["turns"]  # the same messages were read
-        print(
-            f"open, cold, lines checked on read: "
-            f"{cold_theirs['open_s'] / fast['open_s']:.1f}x faster, "
-            f"{cold_theirs['peak_mb'] / fast['peak_mb']:.1f}x less memory"
+        assert results["megafmt warm"]["turns"] == results["datasets warm"]["turns"]
+        cases = (
+            (
+                "first open (no index or cache yet), lines checked on read",
+                "megafmt on-read",
+                "cold",
+            ),
+            ("first open (no index or cache yet), every line checked", "megafmt cold", "cold"),
+            ("open again (index or cache reused)", "megafmt warm", "warm"),
         )
-        print(
-            f"open, cold: {cold_theirs['open_s'] / cold_ours['open_s']:.1f}x faster, "
-            f"{cold_theirs['peak_mb'] / cold_ours['peak_mb']:.1f}x less memory; warm: "
-            f"{theirs['open_s'] / ours['open_s']:.1f}x faster, "
-            f"{theirs['peak_mb'] / ours['peak_mb']:.1f}x less memory; random reads "
-            f"{theirs['read_s'] / ours['read_s']:.1f}x faster"
+        for what, ours_label, state in cases:
+            ours, theirs = results[ours_label], results[f"datasets {state}"]
+            for measure, field, unit in (("time", "open_s", "s"), ("peak memory", "peak_mb", "MB")):
+                report.compare(
+                    f"SFT jsonl {what}: {measure}",
+                    ours=ours[field],
+                    theirs=theirs[field],
+                    unit=unit,
+                    conditions=conditions,
+                )
+        report.compare(
+            "SFT jsonl random reads",
+            ours=results["megafmt warm"]["read_s"],
+            theirs=results["datasets warm"]["read_s"],
+            unit="s",
+            conditions=f"{conditions}; {args.reads:,} random lines' messages",
         )
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

@@ -366,3 +366,43 @@ def test_find_optimal_num_workers_reports_then_runs_everything(tmp_path, capsys)
     assert "--workers-to-check 3: no count is a positive multiple of --partitions 2" in (
         capsys.readouterr().err
     )
+
+
+def test_parquet_input_gives_the_bytes_of_the_same_documents_as_jsonl(tmp_path):
+    """Seeded random documents (non-ASCII, empty texts, a list-of-sentences column), as jsonl
+    and as a parquet file of several row groups read in several chunks: identical outputs."""
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    rng = numpy.random.default_rng(16)
+    alphabet = [*"abcdefgh éüßж中", "\n", "😀"]
+
+    def text():
+        return "".join(rng.choice(alphabet, int(rng.integers(0, 40))))
+
+    records = [
+        {"text": text(), "title": [text() for _ in range(int(rng.integers(0, 4)))]}
+        for _ in range(300)
+    ]
+    records[5]["text"] = ""
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    table = pyarrow.Table.from_pylist(records)
+    parquet.write_table(table, tmp_path / "in.parquet", row_group_size=70)
+    settings = dict(json_keys=("text", "title"), append_eod=True, workers=2, chunk_bytes=4096)
+    from_jsonl = run(tmp_path, source, output="j", **settings)
+    from_parquet = run(tmp_path, str(tmp_path / "in.parquet"), output="p", **settings)
+    assert (from_parquet.documents, from_parquet.tokens) == (300, from_jsonl.tokens)
+    for key in ("text", "title"):
+        for suffix in (".bin", ".idx"):
+            with (
+                open(from_jsonl.outputs[key] + suffix, "rb") as a,
+                open(from_parquet.outputs[key] + suffix, "rb") as b,
+            ):
+                assert a.read() == b.read(), (key, suffix)
+    assert len(documents(from_parquet.outputs["title"])) == 300
+
+
+def test_parquet_input_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    (tmp_path / "in.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # importing it raises ImportError
+    with pytest.raises(PluginError, match=r"in\.parquet: .*needs pyarrow.*megafmt\[parquet\]"):
+        run(tmp_path, str(tmp_path / "in.parquet"))

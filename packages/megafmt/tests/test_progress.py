@@ -1,4 +1,8 @@
 import io
+import os
+import sys
+
+import pytest
 
 from megafmt.progress import format_count
 from megafmt.shared import Progress
@@ -50,3 +54,70 @@ def test_every_prints_a_line_each_multiple_with_the_extra_rates(monkeypatch):
         "tokenize: 120 docs, 60 docs/s, 2 MB/s, 2.0 s",
         "tokenize: 320 docs, 80 docs/s, 2 MB/s, 4.0 s",
     ]
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def count_to_ten(stream, monkeypatch, clock_step=1.0):
+    """Ten updates of one item, ``clock_step`` seconds apart, then a summary, on ``stream``."""
+    now = [0.0]
+    monkeypatch.setattr("megafmt.progress.time.perf_counter", lambda: now[0])
+    progress = Progress("copy", total=10, unit="items", stream=stream, also=("MB",))
+    for _ in range(10):
+        now[0] += clock_step
+        progress.update(1, MB=2.0)
+    progress.close("done")
+
+
+def test_a_terminal_gets_a_tqdm_bar_then_the_summary(monkeypatch):
+    pytest.importorskip("tqdm")
+    count_to_ten(stream := Terminal(), monkeypatch)
+    shown = stream.getvalue()
+    frames = [frame for frame in shown.split("\r") if frame.startswith("copy:")]
+    assert len(frames) == 11  # drawn when created, then on each update (0.2 s apart at least)
+    assert "100%|" in frames[-1] and "10/10" in frames[-1] and "2 MB/s" in frames[-1]
+    assert shown.endswith("\r\x1b[Kdone\n")
+
+
+def test_a_terminal_without_tqdm_gets_the_line_redrawn_in_place(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # importing it raises ImportError
+    count_to_ten(stream := Terminal(), monkeypatch)
+    shown = stream.getvalue()
+    frames = shown.split("\r\x1b[K")[1:]
+    assert frames[0] == "copy: 1/10 (10%) items, 1 items/s, 2 MB/s, 1.0 s ETA 9 s"
+    assert frames[-1] == "done\n" and len(frames) == 11
+
+
+def test_a_log_never_gets_a_bar_or_control_characters(monkeypatch):
+    count_to_ten(stream := io.StringIO(), monkeypatch, clock_step=5.0)
+    shown = stream.getvalue()
+    assert "\r" not in shown and "\x1b" not in shown and "|" not in shown
+    assert shown.splitlines() == [
+        "copy: 2/10 (20%) items, 0.20 items/s, 0.40 MB/s, 10.0 s ETA 40 s",
+        "copy: 4/10 (40%) items, 0.20 items/s, 0.40 MB/s, 20.0 s ETA 30 s",
+        "copy: 6/10 (60%) items, 0.20 items/s, 0.40 MB/s, 30.0 s ETA 20 s",
+        "copy: 8/10 (80%) items, 0.20 items/s, 0.40 MB/s, 40.0 s ETA 10 s",
+        "copy: 10/10 (100%) items, 0.20 items/s, 0.40 MB/s, 50.0 s",
+        "done",
+    ]
+
+
+def test_a_silenced_terminal_gets_only_the_summary(monkeypatch):
+    monkeypatch.setenv("MEGA_PROGRESS", "0")
+    count_to_ten(stream := Terminal(), monkeypatch)
+    assert stream.getvalue() == "\r\x1b[Kdone\n"
+
+
+def test_a_terminal_of_no_size_gets_the_line_redrawn_in_place(monkeypatch):
+    """A pseudo-terminal nobody sized (some CI runners): tqdm would draw nothing there."""
+    main, side = os.openpty()  # a new pseudo-terminal reports 0 columns
+    with os.fdopen(side, "w", encoding="utf-8") as stream:
+        count_to_ten(stream, monkeypatch)
+    first = os.read(main, 1 << 16).decode()  # what the terminal got first
+    os.close(main)
+    assert first.startswith("\r\x1b[Kcopy: 1/10 (10%) items, 1 items/s")

@@ -1,8 +1,12 @@
 """Progress lines for long work (merges, verification of large corpora, index builds).
 
-On a terminal the line is redrawn in place a few times a second; elsewhere (CI logs, files) a
-line is printed every ``log_interval`` seconds so logs stay short. ``close`` prints a summary.
-Set ``MEGA_PROGRESS=0`` to silence progress lines (summaries still print).
+On a terminal, with tqdm installed (``pip install megafmt[progress]``; the tokenizer libraries'
+hub clients bring it too), a tqdm bar shows the count, percentage, rate and ETA, sized to the
+terminal and kept apart from other output written through tqdm; without tqdm the same figures
+are one line redrawn in place a few times a second. Elsewhere (CI logs, files) a plain line is
+printed every ``log_interval`` seconds so logs stay short and free of control characters; tqdm
+is never used there. ``close`` prints a summary. Set ``MEGA_PROGRESS=0`` to silence progress
+lines (summaries still print).
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import os
 import sys
 import time
 from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
+
+BYTE_UNITS = ("B", "bytes")  # counts tqdm shows scaled (1.23MB); other units as integers
 
 
 def format_count(value: float) -> str:
@@ -20,6 +26,36 @@ def format_count(value: float) -> str:
         if abs(value) >= threshold:
             return f"{value / threshold:.2f}{suffix}"
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def _zero_width(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal that reports no size (a pseudo-terminal nobody sized,
+    as some CI runners and ``script`` make): tqdm would draw nothing there."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns == 0
+    except (AttributeError, OSError, ValueError):  # no descriptor, or not a terminal's
+        return False
+
+
+def _terminal_bar(description: str, total: float | None, unit: str, stream: TextIO) -> Any:
+    """A tqdm bar drawing on ``stream``, or None when tqdm is not installed (or could not draw
+    on this terminal)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    if _zero_width(stream):
+        return None
+    return tqdm(
+        desc=description,
+        total=total,
+        unit=unit,
+        unit_scale=unit in BYTE_UNITS,
+        file=stream,
+        dynamic_ncols=True,
+        leave=False,
+        mininterval=float("inf"),
+    )
 
 
 class Progress:
@@ -45,6 +81,11 @@ class Progress:
         self._tty = bool(getattr(self._stream, "isatty", lambda: False)())
         self._enabled = os.environ.get("MEGA_PROGRESS", "1") != "0"
         self._interval = 0.2 if self._tty else log_interval
+        self._bar = (
+            _terminal_bar(description, total, unit, self._stream)
+            if self._tty and self._enabled
+            else None
+        )
         self._start = time.perf_counter()
         self._last = self._start
 
@@ -66,9 +107,25 @@ class Progress:
             due = self.done // self._every > before // self._every
         else:
             due = now - self._last >= self._interval
-        if self._enabled and due:
+        if self._bar is not None:
+            self._bar.update(amount)
+            if due:  # redrawn on this class's schedule (the bar's own never fires)
+                self._last = now
+                if self.also:
+                    rates = self._rates(self.elapsed)[1:]
+                    self._bar.set_postfix_str(", ".join(rates), refresh=False)
+                self._bar.refresh()
+        elif self._enabled and due:
             self._last = now
             self._write(self._line(), final=False)
+
+    def _rates(self, elapsed: float) -> list[str]:
+        """The rate of the main unit, then of each ``also`` unit, over ``elapsed`` seconds."""
+        counts = {self.unit: self.done, **self.also}
+        return [
+            f"{format_count(value / elapsed if elapsed > 0 else 0.0)} {unit}/s"
+            for unit, value in counts.items()
+        ]
 
     def _line(self) -> str:
         elapsed = self.elapsed
@@ -77,12 +134,7 @@ class Progress:
         if self.total:
             parts[0] += f"/{format_count(self.total)}"
             parts.append(f"({100 * self.done / self.total:.0f}%)")
-        rates = [f"{format_count(rate)} {self.unit}/s"]
-        rates += [
-            f"{format_count(value / elapsed if elapsed > 0 else 0.0)} {unit}/s"
-            for unit, value in self.also.items()
-        ]
-        parts.append(f"{self.unit}, {', '.join(rates)}, {elapsed:.1f} s")
+        parts.append(f"{self.unit}, {', '.join(self._rates(elapsed))}, {elapsed:.1f} s")
         if self.total and rate > 0 and self.done < self.total:
             parts.append(f"ETA {(self.total - self.done) / rate:.0f} s")
         return " ".join(parts)
@@ -98,6 +150,9 @@ class Progress:
         """Finish with ``summary``, or the final count and rate; ``""`` just clears the line."""
         if summary is None:
             summary = self._line()
+        if self._bar is not None:
+            self._bar.close()  # leave=False: the bar's line is cleared
+            self._bar = None
         if summary:
             self._write(summary, final=True)
         elif self._tty:
@@ -114,5 +169,8 @@ class Progress:
     ) -> None:
         if exc_type is None:
             self.close()
+        elif self._bar is not None:
+            self._bar.close()
+            self._bar = None
         elif self._tty:
             self._stream.write("\n")

@@ -105,7 +105,7 @@ def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Itera
         import pyarrow.parquet as parquet
     except ImportError:
         raise PluginError(
-            f"{path}: reading parquet input needs pyarrow: pip install pyarrow"
+            f"{path}: reading parquet input needs pyarrow: pip install megafmt[parquet]"
         ) from None
     with fsspec.open(path, "rb") as stream:
         table = parquet.ParquetFile(stream)
