@@ -12,7 +12,9 @@ import argparse
 import os
 
 from megafmt.cli.command import positive_int
+from megafmt.cli.preprocess_ray import add_ray_arguments, ray_options
 from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.preprocess.on_ray import preprocess_on_ray
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
 from megafmt.tokenizers import MEGATRON_ALIASES, TOKENIZERS, TokenizerOptions
 
@@ -95,6 +97,7 @@ class PreprocessCommand:
             "--log-interval", type=positive_int, default=1000, help="documents per line"
         )
         run.add_argument("--chunk-mb", type=float, default=1.0, help="input per worker call")
+        add_ray_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         if args.sft:
@@ -136,5 +139,9 @@ class PreprocessCommand:
             log_interval=args.log_interval,
             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
         )
-        preprocess(config)
+        on_ray = ray_options(args)
+        if on_ray is not None:
+            preprocess_on_ray(config, on_ray)
+        else:
+            preprocess(config)
         return 0
