@@ -12,7 +12,7 @@ The run: global batch 1024 x 20,000 iterations (x ``--scale``) = 20.48M training
 Megatron's default budget (``--eval-interval 1000``, ``--eval-iters 100``, as
 ``megaindex.budget`` computes them). The seed commit's code (Megatron-LM e03878b5f, entered
 with ``testing/seedref.py``) and megaindex each build all three splits in a fresh process of
-their own, one after the other: build seconds and the process's peak RSS (``ru_maxrss``).
+their own, one after the other: build seconds and the process's peak RSS (``VmHWM``).
 Then the tables are compared by SHA-256 (dtype, shape and bytes), their sizes are printed
 next to the walkthrough's estimates, and 8 processes per side open the cache at the same
 moment (each already imported; the time from the common start until the last one holds its
@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import math
-import resource
 import shutil
 import subprocess
 import sys
@@ -178,6 +177,16 @@ def build_datasets(side: str, prefix: str, cache: str, sizes: list[int], tokeniz
     return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident set (``VmHWM``, reset at exec, unlike ``ru_maxrss``, which
+    keeps the parent's peak from before the fork), in MiB."""
+    with open("/proc/self/status") as stream:
+        for line in stream:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
 def child(
     side: str, prefix: str, cache: str, sizes: list[int], wait: bool, identity: dict | None
 ) -> None:
@@ -199,19 +208,19 @@ def child(
     else:
         import megaindex  # noqa: F401
     tokenizer = tokenizer_of(side, identity)
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = peak_rss_mib()
     if wait:
         print("ready", flush=True)
         sys.stdin.readline()
     started = time.time()
     splits = build_datasets(side, prefix, cache, sizes, tokenizer)
     finished = time.time()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_mib()
     answer = {
         "seconds": finished - started,
         "finished": finished,
-        "peak_mib": peak / 1024,
-        "baseline_mib": baseline / 1024,
+        "peak_mib": peak,
+        "baseline_mib": baseline,
         "samples": [len(split) for split in splits],
         "tokenizer": {
             "eod": int(tokenizer.eod),
