@@ -65,7 +65,8 @@ def mega_preprocess(folder, prefix, storage, env_address=None, extra=()):
     command = [
         *(sys.executable, "-m", "megafmt.cli.main", "preprocess"),
         *("--input", str(folder), "--output-prefix", str(prefix), "--append-eod"),
-        *("--json-keys", *KEYS, "--ray", "--ray-shard-mb", "1", "--ray-storage", str(storage)),
+        *("--json-keys", *KEYS, "--ray", "--ray-shard-mb", "1"),
+        *(() if storage is None else ("--ray-storage", str(storage))),
         *extra,
     ]
     return subprocess.Popen(
@@ -91,8 +92,9 @@ def check_run(process, prefix, reference, storage, seconds=60):
         f"out_{key}_document{suffix}"
         for key in KEYS
         for suffix in (".bin", ".idx", ".manifest.json")
-    ), names  # no partial, no shard left beside the output
-    assert not os.path.exists(storage)
+    ), names  # no partial, no shard (nor the default storage folder) left beside the output
+    if storage is not None:
+        assert os.listdir(storage) == []  # the run's folder is gone, shards and attempts too
     manifest = read_manifest(f"{prefix}_text_document")
     shards = manifest["shards"]
     large = [s for s in shards if s["path"].endswith("a_large.jsonl")]
@@ -109,9 +111,9 @@ def check_run(process, prefix, reference, storage, seconds=60):
 
 def test_ray_run_writes_the_bytes_of_one_machine(cluster, corpus, tmp_path):
     folder, reference = corpus
-    prefix, storage = tmp_path / "out" / "out", tmp_path / "storage"
-    process = mega_preprocess(folder, prefix, storage, extra=("--ray-address", cluster.address))
-    shards = check_run(process, str(prefix), reference, storage)
+    prefix = tmp_path / "out" / "out"  # the shards go to out.shards/ beside it, by default
+    process = mega_preprocess(folder, prefix, None, extra=("--ray-address", cluster.address))
+    shards = check_run(process, str(prefix), reference, None)
     assert all(s["attempts"] == 1 for s in shards)
 
 

@@ -2,13 +2,14 @@
 
 The driver cuts the input into shards (``shards.plan_shards``) and starts one Ray task per
 shard. A task runs the one-machine pipeline (``tokenize_into``) on its shard into a folder of
-its own under the shared storage, ``<storage>/<shard>-<attempt id>/``: a local path every node
-sees, or any fsspec URL (the task then writes locally and uploads). A task that fails for a
+its own under the shared storage, ``<storage>/<run>/<shard>-<attempt id>/``: a local path every
+node sees, or any fsspec URL (the task then writes locally and uploads). A task that fails for a
 system reason (its worker killed, its node lost) is retried by Ray; a retry writes to a new
 attempt folder, and the driver only ever reads the folder the successful attempt returned.
 The driver merges the shards' pairs in shard order with ``add_index`` (``merging.merge``) into
 the output, which appears under its final name only when complete: the bytes of a one-machine
-run with the same flags. The storage folder is deleted at the end, whatever happened.
+run with the same flags. The run's folder in the storage is deleted at the end, whatever
+happened (and the default storage folder with it when nothing else is in it).
 
 Progress: each task posts its running totals to one small actor, which the driver polls and
 shows as one progress line for the whole run. The manifest lists the shards (file, byte range,
@@ -90,8 +91,8 @@ class ProgressBoard:
 
 
 class BoardProgress:
-    """What a task's pipeline reports progress to: its shard's totals, posted to the board
-    about once a second."""
+    """A task's ``ProgressSink``: its shard's running totals, posted to the board about once a
+    second."""
 
     def __init__(self, board: Any, shard: int) -> None:
         self.board, self.shard = board, shard
@@ -118,7 +119,6 @@ class ShardResult:
     """What a successful task wrote: its pair per json key (prefixes in the shared storage,
     URLs there when it is remote) and its counts."""
 
-    shard: int
     prefixes: dict[str, str]
     summary: PreprocessSummary
 
@@ -155,7 +155,7 @@ def tokenize_shard(
     finally:
         if not _is_local(fs):
             shutil.rmtree(local, ignore_errors=True)
-    return ShardResult(index, prefixes, summary)
+    return ShardResult(prefixes, summary)
 
 
 def _import_ray() -> Any:
@@ -229,10 +229,12 @@ def preprocess_on_ray(
     tokenizer = load_checked_tokenizer(config)
     shards = plan_shards(inputs, options.shard_bytes)
     storage = options.storage or config.output_prefix + ".shards"
-    fs, root = fsspec.core.url_to_fs(storage)
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
+    fs, base = fsspec.core.url_to_fs(storage)
+    # this run's own folder: nothing else under the storage is ever touched
+    name = f"{os.path.basename(config.output_prefix)}-{uuid.uuid4().hex[:12]}"
+    root = f"{base.rstrip('/')}/{name}"
     fs.makedirs(root, exist_ok=True)
+    run_storage = f"{storage.rstrip('/')}/{name}"
     _connect(ray, options.address, config.workers)
     progress = new_progress(config, stream)
     try:
@@ -240,7 +242,7 @@ def preprocess_on_ray(
         task = ray.remote(num_cpus=options.cpus_per_task, max_retries=TASK_RETRIES)(tokenize_shard)
         shard_config = dataclasses.replace(config, workers=options.cpus_per_task)
         pending = [
-            task.remote(shard_config, shard, index, storage, board)
+            task.remote(shard_config, shard, index, run_storage, board)
             for index, shard in enumerate(shards)
         ]
         shown = (0, 0.0, 0)
@@ -295,5 +297,7 @@ def preprocess_on_ray(
         ray.shutdown()
         if fs.exists(root):
             fs.rm(root, recursive=True)
+        if options.storage is None and not fs.ls(base, detail=False):
+            fs.rmdir(base)  # the default folder, named after the output, is this run's too
     progress.close(summary.describe())
     return summary

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import numpy
 
@@ -98,6 +98,15 @@ class PreprocessSummary:
                 f"skipped {self.skipped_lines:,} bad lines, first: " + "; ".join(self.first_skipped)
             )
         return "\n".join(lines)
+
+
+class ProgressSink(Protocol):
+    """What the pipeline reports its progress to: a ``Progress`` line, or what a Ray task
+    posts its shard's totals through."""
+
+    def update(self, amount: float = 1, **also: float) -> None: ...
+
+    def close(self, summary: str | None = None) -> None: ...
 
 
 def check_config(config: PreprocessConfig) -> None:
@@ -181,7 +190,7 @@ def tokenize_into(
     config: PreprocessConfig,
     inputs: list[InputFile],
     tokenizer: Tokenizer,
-    progress: Progress,
+    progress: ProgressSink,
     in_process: bool = False,
 ) -> PreprocessSummary:
     """Tokenize ``inputs`` into one pair per json key at ``config.output_prefix`` (no
