@@ -71,3 +71,39 @@ def test_file_checksum_is_the_crc32_of_the_whole_file(tmp_path):
     data = os.urandom(READ_BYTES + 12345)
     path.write_bytes(data)
     assert file_checksum(str(path), "file") == (len(data), f"{zlib.crc32(data):08x}")
+
+
+def counted_checksums(monkeypatch) -> list:
+    """A fresh memory of fingerprints, and the list of the whole-file checksums taken."""
+    from megafmt import fingerprint
+
+    monkeypatch.setattr(fingerprint, "_fingerprints", {})
+    reads = []
+    real = fingerprint.file_checksum
+    monkeypatch.setattr(
+        fingerprint, "file_checksum", lambda *args: reads.append(args) or real(*args)
+    )
+    return reads
+
+
+def test_a_settled_corpus_is_fingerprinted_once_until_it_changes(make_corpus, monkeypatch):
+    from megafmt import fingerprint
+
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    reads = counted_checksums(monkeypatch)
+    prefix = make_corpus([[[i, i + 1]] for i in range(100)])
+    first = corpus_fingerprint(prefix)
+    assert corpus_fingerprint(prefix) == first and len(reads) == 1
+    with open(get_idx_path(prefix), "r+b") as stream:  # rewritten in place: a new change time
+        stream.seek(40)
+        stream.write(b"\x07")
+    changed = corpus_fingerprint(prefix)
+    assert len(reads) == 2 and changed["idx_crc32"] != first["idx_crc32"]
+
+
+def test_a_corpus_changed_in_the_last_second_is_fingerprinted_again(make_corpus, monkeypatch):
+    reads = counted_checksums(monkeypatch)
+    prefix = make_corpus([[[i, i + 1]] for i in range(100)])
+    corpus_fingerprint(prefix)
+    corpus_fingerprint(prefix)
+    assert len(reads) == 2

@@ -189,11 +189,11 @@ def test_pickled_dataset_skips_the_scan_only_for_the_same_files(make_corpus, mon
 
 
 def test_a_checked_corpus_is_remembered_until_its_index_changes(make_corpus, monkeypatch, tmp_path):
-    from megafmt import checked
     from megafmt import dataset as dataset_module
+    from megafmt import fingerprint
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(checked, "SETTLED_SECONDS", 0.0)
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
     prefix = make_corpus(DOCUMENTS)
     IndexedDataset(prefix)  # checked, and remembered
     calls = []
@@ -209,12 +209,12 @@ def test_a_checked_corpus_is_remembered_until_its_index_changes(make_corpus, mon
 
 
 def test_a_corpus_changed_in_the_last_second_is_not_remembered(make_corpus, monkeypatch, tmp_path):
-    from megafmt import checked
+    from megafmt import fingerprint
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     prefix = make_corpus(DOCUMENTS)
     IndexedDataset(prefix)
     assert not (tmp_path / "cache" / "checked").exists()
-    monkeypatch.setattr(checked, "SETTLED_SECONDS", 0.0)
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
     IndexedDataset(prefix)
     assert len(list((tmp_path / "cache" / "checked").iterdir())) == 1

@@ -18,14 +18,10 @@ import contextlib
 import hashlib
 import json
 import os
-import time
 
 from megafmt.atomic import atomic_write
-from megafmt.fingerprint import file_identity
+from megafmt.fingerprint import file_identity, settled
 from megafmt.remote import default_cache_dir
-
-#: a file changed more recently than this is not remembered
-SETTLED_SECONDS = 1.0
 
 
 def _note_path(idx_path: str) -> str:
@@ -51,8 +47,7 @@ def was_checked(idx_path: str, identity: list[int]) -> bool:
 def remember_checked(idx_path: str, identity: list[int]) -> None:
     """Note that the corpus passed the check (unless its ``.idx`` changed in the last second,
     or the note cannot be written)."""
-    change_time_ns = identity[2]
-    if time.time_ns() - change_time_ns < SETTLED_SECONDS * 1e9:
+    if not settled(identity[2]):  # its change time
         return
     path = _note_path(idx_path)
     note = {"idx": os.path.abspath(idx_path), "identity": identity}

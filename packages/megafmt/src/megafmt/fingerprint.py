@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import zlib
 from typing import Any
 
@@ -20,6 +21,13 @@ from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
 from megafmt.index import open_readonly
 from megafmt.readers import is_url
 from megafmt.remote import object_version
+
+#: a file changed more recently than this is not remembered by its identity (a write in the
+#: same tick of the file system's clock would keep its change time)
+SETTLED_SECONDS = 1.0
+#: corpora whose fingerprint this process remembers (the splits of one corpus read it once)
+REMEMBERED_FINGERPRINTS = 16
+_fingerprints: dict[tuple[Any, ...], dict[str, int | str]] = {}
 
 SAMPLED_BLOCKS = 16
 BLOCK_BYTES = 4096
@@ -70,7 +78,8 @@ def file_version(path: str, what: str) -> tuple[int, str]:
 def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
     """Sizes and content hashes of both files of the corpus at ``path_prefix``: the whole
     ``.idx``'s checksum and the ``.bin``'s sampled blocks; for a URL the store's ETags (nothing
-    is read)."""
+    is read). A local corpus's is remembered in this process while both files keep their
+    identity (``file_identity``), so the splits of one build read the ``.idx`` once."""
     idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
     if is_url(path_prefix):
         (idx_bytes, idx_hash), (bin_bytes, bin_hash) = map(object_version, (idx_path, bin_path))
@@ -80,14 +89,22 @@ def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
             "bin_bytes": bin_bytes,
             "bin_hash": bin_hash,
         }
+    key = (os.path.abspath(path_prefix), *file_identity(idx_path), *file_identity(bin_path))
+    if key in _fingerprints:
+        return dict(_fingerprints[key])
     idx_bytes, idx_crc = file_checksum(idx_path, "index file")
     bin_bytes, bin_hash = file_version(bin_path, "token file")
-    return {
+    fingerprint: dict[str, int | str] = {
         "idx_bytes": idx_bytes,
         "idx_crc32": idx_crc,
         "bin_bytes": bin_bytes,
         "bin_hash": bin_hash,
     }
+    if settled(key[3]) and settled(key[8]):  # the change times of both files
+        if len(_fingerprints) >= REMEMBERED_FINGERPRINTS:
+            _fingerprints.pop(next(iter(_fingerprints)))
+        _fingerprints[key] = dict(fingerprint)
+    return fingerprint
 
 
 def file_identity(path: str) -> list[int]:
@@ -103,6 +120,12 @@ def file_identity(path: str) -> list[int]:
         status.st_ino,
         status.st_dev,
     ]
+
+
+def settled(change_time_ns: int) -> bool:
+    """Whether a file whose change time is ``change_time_ns`` can be remembered by its identity:
+    it has not changed in the last ``SETTLED_SECONDS``."""
+    return time.time_ns() - change_time_ns >= SETTLED_SECONDS * 1e9
 
 
 def corpus_stat(path_prefix: str) -> dict[str, list[int]]:

@@ -38,6 +38,8 @@ def _libc() -> ctypes.CDLL | None:
         ]
         libc.munmap.restype = ctypes.c_int
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.restype = ctypes.c_int
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):
         return None
     return libc
@@ -45,6 +47,15 @@ def _libc() -> ctypes.CDLL | None:
 
 _LIBC = _libc()
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
+_PAGE = mmap.PAGESIZE
+#: address -> size of each live mapping made by ``map_file``
+_MAPPINGS: dict[int, int] = {}
+
+
+def _unmap(address: int, size: int) -> None:
+    _MAPPINGS.pop(address, None)
+    _LIBC.munmap(address, size)
 
 
 def map_file(path: str, fd: int, size: int) -> numpy.ndarray:
@@ -62,8 +73,27 @@ def map_file(path: str, fd: int, size: int) -> numpy.ndarray:
         error = ctypes.get_errno()
         raise OSError(error, f"cannot map {path}: {os.strerror(error)}")
     memory = (ctypes.c_char * size).from_address(address)
-    release = weakref.finalize(memory, _LIBC.munmap, address, size)
+    _MAPPINGS[address] = size
+    release = weakref.finalize(memory, _unmap, address, size)
     release.atexit = False  # at exit the OS unmaps; arrays may still be in use until then
     data = numpy.frombuffer(memory, dtype=numpy.uint8)
     data.flags.writeable = False  # the pages are mapped read-only: a write would crash
     return data
+
+
+def release_pages(view: numpy.ndarray) -> None:
+    """Drop from this process the resident pages of a ``map_file`` mapping that ``view`` covers
+    whole: pages read once (a scan of a large index) otherwise count in the process's RSS for
+    as long as the mapping lives. The file's bytes are unchanged; reading them again faults the
+    pages back in from the page cache. Does nothing for memory that is not such a mapping."""
+    if _LIBC is None or not view.nbytes:
+        return
+    start = view.ctypes.data
+    first = -(-start // _PAGE) * _PAGE
+    last = (start + view.nbytes) // _PAGE * _PAGE
+    if last <= first:
+        return
+    for address, size in _MAPPINGS.items():
+        if address <= first and last <= address + size:
+            _LIBC.madvise(first, last - first, _MADV_DONTNEED)
+            return

@@ -21,7 +21,7 @@ from megafmt.fingerprint import (
     file_identity,
     fingerprint_changes,
 )
-from megafmt.mapping import map_file
+from megafmt.mapping import map_file, release_pages
 from megafmt.progress import Progress
 from megafmt.readers import is_url
 from megafmt.redaction import RedactedMessage, redact
@@ -53,6 +53,7 @@ __all__ = [
     "partial_path",
     "positive_int",
     "redact",
+    "release_pages",
     "remove_stale_partials",
     "tokenizer_options",
     "url_components",

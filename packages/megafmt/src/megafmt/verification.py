@@ -28,6 +28,7 @@ from megafmt.format import (
     implied_token_count,
 )
 from megafmt.index import Index
+from megafmt.mapping import release_pages
 from megafmt.progress import Progress
 from megafmt.remote import file_size, local_index_path, read_range
 
@@ -205,6 +206,7 @@ def _document_violations(index: Index) -> Iterator[Violation]:
                 f"{documents[i - 1]}",
             )
             break
+        release_pages(chunk)  # read: not kept resident (a 146.5M-document index is 1.2 GB)
     # entries that never decrease from 0 to the sequence count all lie between the two
     if decreasing or documents[0] != 0 or documents[-1] != index.sequence_count:
         for start in range(0, len(documents), CHUNK):
@@ -265,5 +267,7 @@ def _sequence_violations(index: Index, meter: Progress | None) -> Iterator[Viola
             )
             return
         expected_pointer = int(found[-1]) + int(sizes[-1])
+        release_pages(chunk)  # read: not kept resident (a 146.5M-sequence index is 1.8 GB)
+        release_pages(found)
         if meter is not None:
             meter.update(len(chunk))

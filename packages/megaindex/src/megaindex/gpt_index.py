@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from megafmt.protocols import TokenSource
+from megafmt.shared import release_pages
 from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
@@ -160,6 +161,7 @@ def build_gpt_index_tables(
     lengths = sequence_lengths
     if len(document_index) * 2 > len(sequence_lengths):
         lengths = numpy.array(sequence_lengths)  # read densely: one sequential pass beats paging
+        release_pages(sequence_lengths)  # the copy serves: the mapped pages need not stay
     sample_index = build_sample_idx(
         lengths,
         document_index,

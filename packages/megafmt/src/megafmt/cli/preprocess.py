@@ -15,8 +15,10 @@ import argparse
 import os
 
 from megafmt.cli.command import positive_int
+from megafmt.cli.preprocess_ray import add_ray_arguments, ray_options
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.preprocess.on_ray import preprocess_on_ray
 from megafmt.preprocess.tuning import preprocess_with_best_workers
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
 
@@ -88,6 +90,7 @@ class PreprocessCommand:
             default=100_000,
             help="documents per --find-optimal-num-workers trial",
         )
+        add_ray_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         if args.sft or args.tokenizer_type == "SFTTokenizer":
@@ -119,8 +122,16 @@ class PreprocessCommand:
             log_interval=args.log_interval,
             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
         )
+        on_ray = ray_options(args)
+        if args.find_optimal_num_workers and on_ray is not None:
+            raise SystemExit(
+                "mega preprocess: --find-optimal-num-workers times local workers; "
+                "it does not combine with --ray"
+            )
         if args.find_optimal_num_workers:
             preprocess_with_best_workers(config, args.workers_to_check, args.max_documents)
+        elif on_ray is not None:
+            preprocess_on_ray(config, on_ray)
         else:
             preprocess(config)
         return 0

@@ -16,7 +16,10 @@ import itertools
 import json
 import os
 import signal
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy
 
@@ -241,3 +244,18 @@ def encode_in_worker(chunk: Chunk) -> EncodedChunk:
     if _ENCODER is None:
         raise RuntimeError("encode_in_worker called in a process where start_worker did not run")
     return _ENCODER.encode(chunk)
+
+
+class InProcessEncoder(Executor):
+    """The pool's interface, run in the calling process: ``submit(encode_in_worker, chunk)``
+    encodes at once with an encoder of its own and returns the finished future."""
+
+    def __init__(self, settings: EncodeSettings) -> None:
+        self._encoder = Encoder(settings)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        if fn is not encode_in_worker:
+            raise TypeError(f"InProcessEncoder runs encode_in_worker only, not {fn!r}")
+        future: Future = Future()
+        future.set_result(self._encoder.encode(*args, **kwargs))
+        return future

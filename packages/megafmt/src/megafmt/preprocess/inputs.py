@@ -32,6 +32,18 @@ class InputFile:
     path: str
     """A local path or a URL with its scheme."""
     size: int
+    start: int = 0
+    """The byte where reading starts (a line start): above 0 for a shard of a large file."""
+    end: int | None = None
+    """The byte after the last line read (a line start, or the size); None: the whole file."""
+
+    @property
+    def label(self) -> str:
+        """The name messages give this input: its path, and the byte range of a shard (whose
+        line numbers count from the range's start)."""
+        if self.start == 0 and self.end is None:
+            return self.path
+        return f"{self.path} bytes {self.start}-{self.end}"
 
 
 @dataclass
@@ -87,11 +99,13 @@ def _open(path: str) -> Any:
         raise
 
 
-def _lines(stream: Any, block_bytes: int = 1 << 20) -> Iterator[bytes]:
-    """The lines of a binary stream, each with its newline (the last may lack one); block
-    reads, since decompressing streams do not all iterate by line."""
+def _lines(stream: Any, limit: int | None = None, block_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream, each with its newline (the last may lack one), up to
+    ``limit`` bytes; block reads, since decompressing streams do not all iterate by line."""
     rest = b""
-    while block := stream.read(block_bytes):
+    left = float("inf") if limit is None else limit
+    while left > 0 and (block := stream.read(int(min(block_bytes, left)))):
+        left -= len(block)
         pieces = (rest + block).split(b"\n")
         rest = pieces.pop()
         for piece in pieces:
@@ -130,20 +144,24 @@ def read_chunks(
         lines: list[bytes] = []
         size = 0
         first = 1
+        name = file.label
         try:
             with _open(file.path) as stream:
-                for line in _lines(stream):
+                if file.start:
+                    stream.seek(file.start)
+                limit = None if file.end is None else file.end - file.start
+                for line in _lines(stream, limit):
                     lines.append(line)
                     size += len(line)
                     if size >= chunk_bytes:
-                        yield Chunk(file.path, first, start, lines, size)
+                        yield Chunk(name, first, start, lines, size)
                         first += len(lines)
                         start += len(lines)
                         lines, size = [], 0
         except (OSError, EOFError) as error:
             raise ReadError(
-                f"{file.path}: reading failed after line {first + len(lines) - 1}: {error}"
+                f"{name}: reading failed after line {first + len(lines) - 1}: {error}"
             ) from None
         if lines:
-            yield Chunk(file.path, first, start, lines, size)
+            yield Chunk(name, first, start, lines, size)
             start += len(lines)

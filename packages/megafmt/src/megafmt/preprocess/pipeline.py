@@ -17,7 +17,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import numpy
 
@@ -25,12 +25,18 @@ from megafmt.dtypes import DType
 from megafmt.errors import MegafmtError, PluginError
 from megafmt.format import get_bin_path
 from megafmt.manifest import write_manifest
-from megafmt.preprocess.encoding import EncodedChunk, EncodeSettings, encode_in_worker, start_worker
-from megafmt.preprocess.inputs import expand_input, read_chunks
+from megafmt.preprocess.encoding import (
+    EncodedChunk,
+    EncodeSettings,
+    InProcessEncoder,
+    encode_in_worker,
+    start_worker,
+)
+from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.preprocess.writer import PartitionedOutput
 from megafmt.progress import Progress, format_count
-from megafmt.tokenizers import TokenizerOptions, load_tokenizer, plugin_name
+from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer, plugin_name
 
 #: bad lines named in the summary (all are counted)
 SHOWN_BAD_LINES = 5
@@ -79,6 +85,8 @@ class PreprocessSummary:
     elapsed: float = 0.0
     skipped_lines: int = 0
     first_skipped: list[str] = field(default_factory=list)
+    key_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """json key -> its ``sequences`` and ``tokens`` (documents are the same for every key)."""
 
     def describe(self) -> str:
         rate = self.tokens / self.elapsed if self.elapsed else 0.0
@@ -95,7 +103,17 @@ class PreprocessSummary:
         return "\n".join(lines)
 
 
-def _check(config: PreprocessConfig) -> None:
+class ProgressSink(Protocol):
+    """What the pipeline reports its progress to: a ``Progress`` line, or what a Ray task
+    posts its shard's totals through."""
+
+    def update(self, amount: float = 1, **also: float) -> None: ...
+
+    def close(self, summary: str | None = None) -> None: ...
+
+
+def check_config(config: PreprocessConfig) -> None:
+    """Refuse settings no run can use, before anything is read."""
     if config.workers < 1 or config.partitions < 1:
         raise ValueError(
             f"--workers and --partitions must be at least 1, found {config.workers} and "
@@ -142,14 +160,8 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
-def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> PreprocessSummary:
-    """Tokenize ``config.input`` into one pair per json key; returns what was done.
-
-    Raises ``BadInputError`` naming the file and line of the first bad line unless
-    ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
-    """
-    _check(config)
-    inputs = expand_input(config.input)
+def load_checked_tokenizer(config: PreprocessConfig) -> Tokenizer:
+    """The run's tokenizer, after the checks that fail before any input is tokenized."""
     tokenizer = load_tokenizer(config.tokenizer_type, config.tokenizer_options)
     if config.append_eod and tokenizer.eod is None:
         raise PluginError(
@@ -157,8 +169,43 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
         )
     if config.split_sentences:
         load_splitter(config.lang, config.keep_newlines)  # fail here, not in every worker
+    return tokenizer
+
+
+def output_level(config: PreprocessConfig) -> str:
+    """The last part of each output's name: ``sentence`` with ``--split-sentences``, else
+    ``document``."""
+    return "sentence" if config.split_sentences else "document"
+
+
+def new_progress(config: PreprocessConfig, stream: TextIO | None = None) -> Progress:
+    """The progress line of a run: documents, with MB and tokens beside them."""
+    return Progress(
+        f"preprocess {config.output_prefix}",
+        unit="docs",
+        stream=stream,
+        also=("MB", "tokens"),
+        every=config.log_interval,
+    )
+
+
+def tokenize_into(
+    config: PreprocessConfig,
+    inputs: list[InputFile],
+    tokenizer: Tokenizer,
+    progress: ProgressSink,
+    in_process: bool = False,
+) -> PreprocessSummary:
+    """Tokenize ``inputs`` into one pair per json key at ``config.output_prefix`` (no
+    manifest); the worker pool, the order and the bytes of every run, local or one shard's.
+    ``in_process`` encodes here instead of on a pool: for a caller that is itself one worker of
+    many (a Ray task on one CPU), where a pool would add a process and nothing else.
+
+    Raises ``BadInputError`` naming the file and line of the first bad line unless
+    ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
+    """
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
-    level = "sentence" if config.split_sentences else "document"
+    level = output_level(config)
     settings = EncodeSettings(
         config.tokenizer_type,
         config.tokenizer_options,
@@ -177,20 +224,17 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
     )
     summary = PreprocessSummary(dict(output.prefixes))
     # every key has one document per good line (summary.documents); these differ per key
-    counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
-    progress = Progress(
-        f"preprocess {config.output_prefix}",
-        unit="docs",
-        stream=stream,
-        also=("MB", "tokens"),
-        every=config.log_interval,
-    )
+    summary.key_counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
     start = time.perf_counter()
-    pool = ProcessPoolExecutor(
-        config.workers,
-        mp_context=_worker_context(),
-        initializer=start_worker,
-        initargs=(settings,),
+    pool = (
+        InProcessEncoder(settings)
+        if in_process
+        else ProcessPoolExecutor(
+            config.workers,
+            mp_context=_worker_context(),
+            initializer=start_worker,
+            initargs=(settings,),
+        )
     )
     try:
         window: collections.deque[Future[EncodedChunk]] = collections.deque()
@@ -208,8 +252,8 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
                 ]
             output.add(result)
             for key, encoded in result.keys.items():
-                counts[key]["sequences"] += encoded.sequence_lengths.size
-                counts[key]["tokens"] += encoded.tokens.size
+                summary.key_counts[key]["sequences"] += encoded.sequence_lengths.size
+                summary.key_counts[key]["tokens"] += encoded.tokens.size
             summary.documents += int(result.documents.size)
             summary.tokens += result.tokens
             summary.input_bytes += result.nbytes
@@ -224,7 +268,7 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
         while window:
             take(window.popleft().result())
         pool.shutdown()
-        outputs = output.finalize()
+        output.finalize()
     except BaseException as error:
         pool.shutdown(wait=False, cancel_futures=True)
         output.abort()
@@ -235,21 +279,40 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
             raise OSError(error.errno, f"{error.strerror} (writing {outputs_named})") from error
         raise
     summary.elapsed = time.perf_counter() - start
-    for key, prefix in outputs.items():
+    return summary
+
+
+def write_manifests(
+    config: PreprocessConfig,
+    tokenizer: Tokenizer,
+    summary: PreprocessSummary,
+    inputs: list[InputFile],
+    **extra: object,
+) -> None:
+    """The manifest beside each key's pair; ``extra`` adds fields (a Ray run's shards)."""
+    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    for key, prefix in summary.outputs.items():
+        counts = {
+            "documents": summary.documents,
+            **summary.key_counts[key],
+            "skipped_lines": summary.skipped_lines,
+        }
         write_manifest(
-            prefix,
-            _manifest(
-                config,
-                tokenizer,
-                dtype,
-                key,
-                {
-                    "documents": summary.documents,
-                    **counts[key],
-                    "skipped_lines": summary.skipped_lines,
-                },
-                inputs,
-            ),
+            prefix, {**_manifest(config, tokenizer, dtype, key, counts, inputs), **extra}
         )
+
+
+def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> PreprocessSummary:
+    """Tokenize ``config.input`` into one pair per json key; returns what was done.
+
+    Raises ``BadInputError`` naming the file and line of the first bad line unless
+    ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
+    """
+    check_config(config)
+    inputs = expand_input(config.input)
+    tokenizer = load_checked_tokenizer(config)
+    progress = new_progress(config, stream)
+    summary = tokenize_into(config, inputs, tokenizer, progress)
+    write_manifests(config, tokenizer, summary, inputs)
     progress.close(summary.describe())
     return summary

@@ -1,0 +1,44 @@
+"""release_pages: a scanned mapping's pages leave the process's RSS, its bytes stay the same,
+and memory that is not a map_file mapping is never touched."""
+
+import os
+import sys
+
+import numpy
+import pytest
+
+from megafmt.mapping import map_file, release_pages
+
+SIZE = 64 << 20
+
+
+def resident_mib() -> float:
+    with open("/proc/self/status") as stream:
+        for line in stream:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_released_pages_leave_the_rss_and_read_back_the_same(tmp_path):
+    path = tmp_path / "data"
+    expected = numpy.random.default_rng(0).integers(0, 2**31, SIZE // 4, dtype=numpy.int32)
+    path.write_bytes(expected.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    data = map_file(str(path), fd, SIZE)
+    os.close(fd)
+    values = data.view(numpy.int32)
+    before = resident_mib()
+    assert int(values.sum(dtype=numpy.int64)) == int(expected.sum(dtype=numpy.int64))
+    touched = resident_mib()
+    release_pages(values[1:])  # the first page is partly outside the view: it stays
+    released = resident_mib()
+    assert touched - before > 48 and touched - released > 48, (before, touched, released)
+    assert numpy.array_equal(values, expected)
+
+
+def test_memory_that_is_not_a_mapping_is_left_alone():
+    values = numpy.arange(SIZE // 8, dtype=numpy.int64)
+    release_pages(values)
+    assert numpy.array_equal(values, numpy.arange(SIZE // 8, dtype=numpy.int64))

@@ -1,0 +1,483 @@
+"""The walkthrough's 7B configuration (section 8) at full size: megaindex against the seed.
+
+    .venv/bin/python tools/bench/bench_scale.py [--scale 1.0] [--workdir build/bench_scale]
+
+The corpus: 146.5M documents (x ``--scale``) of lognormal lengths with a mean of about 2048
+tokens, int32 tokens (a 128,256-token vocabulary), so about 300G tokens. Only the ``.idx`` is
+written (vectorised, in chunks, with progress; ~2.9 GB at full size); the ``.bin`` is a sparse
+file of the size the index implies, since building the tables never reads a token.
+
+The run: global batch 1024 x 20,000 iterations (x ``--scale``) = 20.48M training samples of
+4096 tokens, split ``969,30,1`` (Megatron's default), and the valid and test sample counts of
+Megatron's default budget (``--eval-interval 1000``, ``--eval-iters 100``, as
+``megaindex.budget`` computes them). The seed commit's code (Megatron-LM e03878b5f, entered
+with ``testing/seedref.py``) and megaindex each build all three splits in a fresh process of
+their own, one after the other: build seconds and the process's peak RSS (``VmHWM``).
+Then the tables are compared by SHA-256 (dtype, shape and bytes), their sizes are printed
+next to the walkthrough's estimates, and 8 processes per side open the cache at the same
+moment (each already imported; the time from the common start until the last one holds its
+datasets).
+
+Everything goes to ``--workdir`` (default ``build/bench_scale``) and is deleted at the end
+unless ``--keep``. ``results_rows`` returns the printed rows, for a report module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_WORKDIR = ROOT / "build" / "bench_scale"
+#: section 8 of the walkthrough
+DOCUMENTS = 146_500_000
+MEAN_LENGTH = 2048
+VOCAB = 128_256
+GLOBAL_BATCH = 1024
+TRAIN_ITERS = 20_000
+SEQUENCE_LENGTH = 4096
+SPLIT = "969,30,1"
+#: Megatron-LM's defaults for --eval-interval and --eval-iters
+EVAL_INTERVAL = 1000
+EVAL_ITERS = 100
+TABLES = ("document_index", "sample_index", "shuffle_index")
+SPLITS = ("train", "valid", "test")
+SIDES = ("seed", "megaindex")
+HIT_PROCESSES = 8
+CHUNK = 1 << 24  # index entries per write
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run builds: the corpus size and the three splits' sample counts."""
+
+    documents: int
+    train_iters: int
+    sizes: tuple[int, int, int]
+
+    @classmethod
+    def at_scale(cls, scale: float) -> Plan:
+        from megaindex.budget import get_train_valid_test_num_samples
+
+        iterations = max(1, round(TRAIN_ITERS * scale))
+        sizes = get_train_valid_test_num_samples(
+            GLOBAL_BATCH,
+            train_iters=iterations,
+            eval_interval=EVAL_INTERVAL,
+            eval_iters=EVAL_ITERS,
+        )
+        return cls(max(1000, round(DOCUMENTS * scale)), iterations, sizes)
+
+    def estimates(self) -> dict[str, int]:
+        """The walkthrough's estimates of the training tables, in bytes: one int32 per
+        document, two per training sample (and one), one per training sample."""
+        return {
+            "document_index": 4 * self.documents,
+            "sample_index": 4 * 2 * (self.sizes[0] + 1),
+            "shuffle_index": 4 * self.sizes[0],
+        }
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def write_corpus(prefix: Path, documents: int, seed: int = 0) -> int:
+    """A one-sequence-per-document int32 ``.idx`` of lognormal lengths (mean ~2048), written in
+    chunks, and a sparse ``.bin`` of the implied size; returns the token count."""
+    from megafmt.dtypes import DType
+    from megafmt.format import HEADER_SIZE, Header
+
+    rng = numpy.random.default_rng(seed)
+    sigma = 1.0
+    mu = math.log(MEAN_LENGTH) - sigma * sigma / 2
+    idx_path = prefix.with_suffix(".idx")
+    itemsize = numpy.dtype(numpy.int32).itemsize
+    started = time.perf_counter()
+    with open(idx_path, "wb") as stream:
+        stream.write(Header(DType.code_from_dtype(numpy.int32), documents, documents + 1).pack())
+        for start in range(0, documents, CHUNK):
+            count = min(CHUNK, documents - start)
+            lengths = rng.lognormal(mu, sigma, count).clip(1, 1 << 20).astype("<i4")
+            stream.write(memoryview(lengths))
+            progress(f"  .idx lengths {start + count:,}/{documents:,}")
+        stream.flush()
+        lengths = numpy.memmap(idx_path, dtype="<i4", mode="r", offset=HEADER_SIZE, shape=documents)
+        pointer = 0
+        for start in range(0, documents, CHUNK):
+            chunk = lengths[start : start + CHUNK].astype("<i8")
+            ends = numpy.cumsum(chunk, out=chunk)
+            pointers = numpy.empty_like(ends)
+            pointers[0] = pointer
+            pointers[1:] = ends[:-1] + pointer
+            pointer += int(ends[-1])
+            stream.write(memoryview(pointers * itemsize))
+            progress(f"  .idx pointers {start + len(chunk):,}/{documents:,}")
+        del lengths
+        for start in range(0, documents + 1, CHUNK):
+            stream.write(
+                memoryview(numpy.arange(start, min(start + CHUNK, documents + 1), dtype="<i8"))
+            )
+    with open(prefix.with_suffix(".bin"), "wb") as stream:
+        stream.truncate(pointer * itemsize)
+    progress(
+        f"  corpus written in {time.perf_counter() - started:.1f} s: {documents:,} documents, "
+        f"{pointer / 1e9:.1f}G tokens, .idx {idx_path.stat().st_size / 1e9:.2f} GB, "
+        f".bin {pointer * itemsize / 1e12:.2f} TB (sparse)"
+    )
+    return pointer
+
+
+def tokenizer_of(side: str, identity: dict | None) -> object:
+    """The seed commit's NullTokenizer(128256); for megaindex, a tokenizer that carries the
+    identity the seed's reported (its EOD, vocabulary size and cache identifiers), as a job
+    building its cache offline would."""
+    if side == "seed":
+        from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+        return NullTokenizer(VOCAB)
+    from megaindex.tokenizer import IdentifiedTokenizer
+
+    if identity is None:
+        raise ValueError("megaindex's side needs the identity of the seed's tokenizer")
+    return IdentifiedTokenizer(identity["eod"], identity["vocab_size"], identity["identifiers"])
+
+
+def build_datasets(side: str, prefix: str, cache: str, sizes: list[int], tokenizer) -> list:
+    """The three GPT datasets of the seed commit's or megaindex's builder (built or loaded)."""
+    if side == "seed":
+        from megatron.core.datasets.blended_megatron_dataset_builder import (
+            BlendedMegatronDatasetBuilder,
+        )
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    else:
+        from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=SEQUENCE_LENGTH,
+        blend=([prefix], None),
+        split=SPLIT,
+        tokenizer=tokenizer,
+        path_to_cache=cache,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (``VmHWM``, reset at exec, unlike ``ru_maxrss``, which
+    keeps the parent's peak from before the fork), in MiB."""
+    with open("/proc/self/status") as stream:
+        for line in stream:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
+def child(
+    side: str, prefix: str, cache: str, sizes: list[int], wait: bool, identity: dict | None
+) -> None:
+    """One side's build (or cache-hit open) in this fresh process; prints one JSON line.
+
+    With ``wait``, prints ``ready`` once imported and starts when a line arrives on stdin, so
+    that several processes start together."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    if side == "seed":
+        sys.path.insert(0, str(ROOT / "testing"))
+        from seedref import enter_seed_environment
+
+        enter_seed_environment()
+        import megatron.core.datasets.gpt_dataset  # noqa: F401
+    else:
+        import megaindex  # noqa: F401
+    tokenizer = tokenizer_of(side, identity)
+    baseline = peak_rss_mib()
+    if wait:
+        print("ready", flush=True)
+        sys.stdin.readline()
+    started = time.time()
+    splits = build_datasets(side, prefix, cache, sizes, tokenizer)
+    finished = time.time()
+    peak = peak_rss_mib()
+    answer = {
+        "seconds": finished - started,
+        "finished": finished,
+        "peak_mib": peak,
+        "baseline_mib": baseline,
+        "samples": [len(split) for split in splits],
+        "tokenizer": {
+            "eod": int(tokenizer.eod),
+            "vocab_size": int(tokenizer.vocab_size),
+            "identifiers": dict(tokenizer.unique_identifiers),
+        },
+    }
+    print(json.dumps(answer), flush=True)
+
+
+def child_command(
+    side: str, prefix: Path, cache: Path, sizes: tuple, wait: bool, identity: dict | None
+) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        side,
+        str(prefix),
+        str(cache),
+        ",".join(str(size) for size in sizes),
+        "wait" if wait else "go",
+        json.dumps(identity),
+    ]
+
+
+def build_side(side: str, prefix: Path, cache: Path, sizes: tuple, identity: dict | None) -> dict:
+    """One side builds its tables in a fresh process."""
+    output = subprocess.run(
+        child_command(side, prefix, cache, sizes, False, identity),
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def cache_hit_startup(
+    side: str, prefix: Path, cache: Path, sizes: tuple, count: int, identity: dict | None
+) -> dict:
+    """``count`` processes, imported and waiting, open the cache at one moment: seconds from
+    that moment until the last holds its datasets, and the slowest one's own time."""
+    processes = [
+        subprocess.Popen(
+            child_command(side, prefix, cache, sizes, True, identity),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    try:
+        for process in processes:
+            if process.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a {side} start-up process failed before it was ready")
+        started = time.time()
+        for process in processes:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        answers = [json.loads(process.stdout.readline()) for process in processes]
+    finally:
+        for process in processes:
+            process.stdin.close()
+            process.wait(timeout=600)
+    return {
+        "wall": max(answer["finished"] for answer in answers) - started,
+        "slowest": max(answer["seconds"] for answer in answers),
+        "peak_mib": max(answer["peak_mib"] for answer in answers),
+    }
+
+
+def table_digest(path: Path) -> str:
+    """SHA-256 of an ``.npy`` table's dtype, shape and bytes, read in chunks."""
+    array = numpy.load(path, mmap_mode="r")
+    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    flat = array.reshape(-1)
+    step = max(1, (64 << 20) // max(1, array.itemsize))
+    for start in range(0, len(flat), step):
+        digest.update(numpy.ascontiguousarray(flat[start : start + step]).data)
+    return digest.hexdigest()
+
+
+def cache_tables(cache: Path) -> dict[tuple[str, str], Path]:
+    """``(split, table) -> file`` of a GPTDataset cache folder."""
+    found = {}
+    for path in sorted(cache.rglob("*.npy")):
+        _, _, split, table = path.stem.split("-", 3)
+        found[(split, table)] = path
+    return found
+
+
+def compare_tables(caches: dict[str, Path]) -> dict[tuple[str, str], dict]:
+    """Per split and table: each side's digest and size, and the file names (md5 included)."""
+    per_side = {side: cache_tables(caches[side]) for side in SIDES}
+    keys = sorted(set(per_side["seed"]) | set(per_side["megaindex"]))
+    compared = {}
+    for key in keys:
+        entry = {}
+        for side in SIDES:
+            path = per_side[side].get(key)
+            entry[side] = None if path is None else (table_digest(path), path.name)
+        array = numpy.load(per_side["megaindex"][key], mmap_mode="r")
+        entry["nbytes"] = array.nbytes
+        entry["shape"] = array.shape
+        entry["dtype"] = str(array.dtype)
+        compared[key] = entry
+    return compared
+
+
+def results_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """The benchmark's rows, ``(measure, seed, megaindex, ratio or note)``, for any printer."""
+    seed, ours = results["build"]["seed"], results["build"]["megaindex"]
+    seed_above = seed["peak_mib"] - seed["baseline_mib"]
+    ours_above = ours["peak_mib"] - ours["baseline_mib"]
+    rows = [
+        (
+            "build seconds (3 splits)",
+            f"{seed['seconds']:.1f}",
+            f"{ours['seconds']:.1f}",
+            f"{seed['seconds'] / ours['seconds']:.2f}x faster (target >= 3x)",
+        ),
+        (
+            "peak RSS of the process (MiB)",
+            f"{seed['peak_mib']:.0f}",
+            f"{ours['peak_mib']:.0f}",
+            f"{ours['peak_mib'] / seed['peak_mib']:.2f}x of the seed's (target <= 0.5x)",
+        ),
+        (
+            "peak RSS above the imports (MiB)",
+            f"{seed_above:.0f}",
+            f"{ours_above:.0f}",
+            f"{ours_above / seed_above:.2f}x",
+        ),
+        (
+            "samples (train, valid, test)",
+            str(seed["samples"]),
+            str(ours["samples"]),
+            "equal" if seed["samples"] == ours["samples"] else "DIFFERENT",
+        ),
+    ]
+    for (split, table), entry in results["tables"].items():
+        same = entry["seed"] is not None and entry["seed"] == entry["megaindex"]
+        estimate = results["plan"].estimates().get(table) if split == "train" else None
+        note = "identical (sha256, same file name)" if same else "DIFFERENT"
+        if estimate is not None:
+            note += f"; walkthrough's estimate {estimate / 1e6:.1f} MB"
+        size = f"{entry['nbytes'] / 1e6:.1f} MB {entry['dtype']}{list(entry['shape'])}"
+        rows.append((f"{split} {table}", size, size if same else "-", note))
+    if not results["hits"]:
+        return rows
+    seed_hit, ours_hit = results["hits"]["seed"], results["hits"]["megaindex"]
+    count = results["hit_processes"]
+    rows += [
+        (
+            f"cache-hit start-up, {count} processes at once (s)",
+            f"{seed_hit['wall']:.2f}",
+            f"{ours_hit['wall']:.2f}",
+            f"{seed_hit['wall'] / ours_hit['wall']:.2f}x faster",
+        ),
+        (
+            "  slowest process's own open (s)",
+            f"{seed_hit['slowest']:.2f}",
+            f"{ours_hit['slowest']:.2f}",
+            f"{seed_hit['slowest'] / ours_hit['slowest']:.2f}x",
+        ),
+        (
+            "  peak RSS of one opening process (MiB)",
+            f"{seed_hit['peak_mib']:.0f}",
+            f"{ours_hit['peak_mib']:.0f}",
+            "",
+        ),
+    ]
+    return rows
+
+
+def print_table(rows: list[tuple[str, str, str, str]]) -> None:
+    header = ("measure", "seed e03878b5f", "megaindex", "ratio / note")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def available_gib() -> float:
+    with open("/proc/meminfo") as stream:
+        for line in stream:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def run(scale: float, workdir: Path, hit_processes: int = HIT_PROCESSES) -> dict:
+    """The whole benchmark in ``workdir``; returns what ``results_rows`` turns into rows."""
+    plan = Plan.at_scale(scale)
+    workdir.mkdir(parents=True, exist_ok=True)
+    prefix = workdir / "corpus"
+    progress(
+        f"scale {scale}: {plan.documents:,} documents, {plan.train_iters:,} iterations of "
+        f"{GLOBAL_BATCH}, samples (train, valid, test) {plan.sizes}, split {SPLIT}; "
+        f"{available_gib():.1f} GiB available"
+    )
+    tokens = write_corpus(prefix, plan.documents)
+    caches = {side: workdir / f"cache_{side}" for side in SIDES}
+    results: dict = {"plan": plan, "tokens": tokens, "build": {}, "hits": {}}
+    identity = None  # the seed's tokenizer's, once it has built (it builds first)
+    for side in SIDES:
+        progress(f"{side}: building the tables ({available_gib():.1f} GiB available)")
+        results["build"][side] = build_side(side, prefix, caches[side], plan.sizes, identity)
+        identity = results["build"][side]["tokenizer"]
+        progress(f"{side}: {results['build'][side]}")
+    progress("hashing the tables")
+    results["tables"] = compare_tables(caches)
+    results["hit_processes"] = hit_processes
+    for side in SIDES if hit_processes else ():
+        progress(f"{side}: {hit_processes} processes open the cache at once")
+        results["hits"][side] = cache_hit_startup(
+            side, prefix, caches[side], plan.sizes, hit_processes, identity
+        )
+    return results
+
+
+def tables_identical(results: dict) -> bool:
+    """Every table both sides built is the same array in a file of the same name."""
+    return all(
+        entry["seed"] is not None and entry["seed"] == entry["megaindex"]
+        for entry in results["tables"].values()
+    )
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        side, prefix, cache, sizes, mode, identity = sys.argv[2:8]
+        sizes_list = [int(size) for size in sizes.split(",")]
+        child(side, prefix, cache, sizes_list, mode == "wait", json.loads(identity))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full size")
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser.add_argument(
+        "--hit-processes", type=int, default=HIT_PROCESSES, help="0: no cache-hit start-up"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the corpus and the caches")
+    args = parser.parse_args()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    try:
+        results = run(args.scale, args.workdir, args.hit_processes)
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.workdir, ignore_errors=True)
+    plan = results["plan"]
+    print(
+        f"walkthrough section 8 at scale {args.scale}: {plan.documents:,} documents, "
+        f"{results['tokens'] / 1e9:.1f}G int32 tokens, {plan.train_iters:,} x {GLOBAL_BATCH} "
+        f"samples of {SEQUENCE_LENGTH}, sizes {plan.sizes}"
+    )
+    print_table(results_rows(results))
+    print(f"all tables identical: {tables_identical(results)}")
+
+
+if __name__ == "__main__":
+    main()
