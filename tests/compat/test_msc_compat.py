@@ -1,4 +1,5 @@
-"""``msc://`` corpora through multi-storage-client (``megafmt[msc]``), against the seed commit
+"""Object storage by megatron-core's names: ``msc://`` corpora through multi-storage-client
+(``megafmt[msc]``), and ``_S3BinReader`` over S3, against the seed commit
 reading the same URLs: its ``_MultiStorageClientBinReader``, its ``IndexedDataset`` with an
 ``ObjectStorageConfig`` (the ``.idx`` copied to ``path_to_idx_cache``), and its ``GPTDataset``
 with ``object_storage_cache_path``. Two profiles: a POSIX folder, and an S3 bucket on moto's
@@ -21,6 +22,11 @@ pytestmark = [pytest.mark.compat, pytest.mark.s3]
 
 BUCKET = "msc-corpora"
 PROFILES = ("posix", "moto")
+#: what points boto3 at moto, in the seed worker too
+S3_ENVIRONMENT = (
+    "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+)  # fmt: skip
 VOCAB = 1000
 
 
@@ -60,8 +66,10 @@ def stores(tmp_path_factory: pytest.TempPathFactory):
             yield {
                 "posix": "msc://posix/corpus",
                 "moto": "msc://moto/data/corpus",
+                "s3": f"s3://{BUCKET}/data/corpus",
                 "local": prefix,
                 "env": {"MSC_CONFIG": str(config)},
+                "s3_env": {key: os.environ[key] for key in S3_ENVIRONMENT},
             }
         finally:
             if saved is None:
@@ -149,6 +157,22 @@ def test_gpt_dataset_over_msc_gives_the_seed_s_tables_and_samples(
     names = sorted(p.name for p in (tmp_path / "theirs").iterdir())
     for name in names:
         assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "theirs" / name).read_bytes()
+
+
+def test_s3_bin_reader_reads_what_the_seed_s_reads(seed, stores: dict, tmp_path: Path) -> None:
+    """megatron-core's ``_S3BinReader`` name, with its bin_chunk_nbytes, over moto's S3."""
+    rng = numpy.random.default_rng(8)
+    nbytes = Path(stores["local"] + ".bin").stat().st_size
+    reads = [(int(c), int(rng.integers(0, nbytes // 2 - c)) * 2) for c in rng.integers(0, 50, 20)]
+    bin_url, cache = stores["s3"] + ".bin", str(tmp_path / "theirs")
+    expected = seed.call(
+        "seed_names:read_bin", "_S3BinReader", bin_url, "uint16", reads, cache, stores["s3_env"]
+    )
+    config = megafmt.ObjectStorageConfig(str(tmp_path / "ours"), bin_chunk_nbytes=4096)
+    reader = megafmt._S3BinReader(bin_url, config)
+    assert reader.chunk_bytes == 4096
+    for (count, offset), array in zip(reads, expected, strict=True):
+        numpy.testing.assert_array_equal(reader.read(numpy.uint16, count, offset), array)
 
 
 def test_msc_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

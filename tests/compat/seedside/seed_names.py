@@ -61,7 +61,8 @@ def read_bin(
     reader: str, bin_path: str, dtype: str, reads: list, cache: Any = None, env: Any = None
 ) -> list:
     """``reads`` of (count, offset) through the named ``_*BinReader`` (object storage readers
-    take an ObjectStorageConfig with ``cache`` as path_to_idx_cache; ``env`` enables msc)."""
+    take an ObjectStorageConfig with ``cache`` as path_to_idx_cache, and ``env``: their
+    environment, msc enabled)."""
     from megatron.core.datasets import indexed_dataset
 
     cls = getattr(indexed_dataset, reader)
