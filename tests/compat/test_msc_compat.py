@@ -173,11 +173,3 @@ def test_s3_bin_reader_reads_what_the_seed_s_reads(seed, stores: dict, tmp_path:
     assert reader.chunk_bytes == 4096
     for (count, offset), array in zip(reads, expected, strict=True):
         numpy.testing.assert_array_equal(reader.read(numpy.uint16, count, offset), array)
-
-
-def test_msc_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "multistorageclient", None)  # import fails as if absent
-    with pytest.raises(megafmt.PluginError, match=r"megafmt\[msc\]"):
-        megafmt.IndexedDataset("msc://posix/corpus")

@@ -51,6 +51,7 @@ class MscBinReader:
 
     def _connect(self) -> None:
         """Resolve the profile to a client (again in each process the reader is pickled to)."""
+        self._closed = False
         self._msc = import_msc(self.path)
         self._client, self._key = self._msc.resolve_storage_client(self.path)
         self.nbytes = self._size(self._client, self._key, self.path)
@@ -61,8 +62,11 @@ class MscBinReader:
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """``count`` items of ``dtype`` at byte ``offset``: one ranged request."""
-        size = count * numpy.dtype(dtype).itemsize
-        check_read_range(self.path, self.nbytes, offset, count, numpy.dtype(dtype).itemsize)
+        itemsize = numpy.dtype(dtype).itemsize
+        check_read_range(self.path, self.nbytes, offset, count, itemsize)
+        if self._closed:
+            raise ValueError(f"{self.path}: read from a closed reader")
+        size = count * itemsize
         if size == 0:
             return numpy.empty(0, dtype=dtype)
         byte_range = self._msc.types.Range(offset=int(offset), size=size)
@@ -94,7 +98,8 @@ class MscBinReader:
         return local
 
     def close(self) -> None:
-        """Nothing to release: requests hold no descriptor."""
+        """Refuse later reads (requests hold no descriptor; arrays returned stay valid)."""
+        self._closed = True
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "idx_cache_dir": self.idx_cache_dir, "policy": self.policy}
