@@ -67,9 +67,16 @@ def test_every_name_resolves_with_the_seed_s_constructor_parameters(seed) -> Non
             assert parameters[1 + position].name == parameter, (name, position)
             if default is not None:
                 assert mine[parameter] == default, (name, parameter)
-    fields = [(f.name, f.default) for f in dataclasses.fields(megafmt.ObjectStorageConfig)]
-    assert fields == [("path_to_idx_cache", dataclasses.MISSING), ("bin_chunk_nbytes", 256 << 20)]
-    assert megafmt.S3Config is megafmt.ObjectStorageConfig
+    from megaindex.megatron_dataset import LowLevelDataset
+
+    theirs = seed.call("seed_names:shapes")
+    assert theirs["fields"] == [
+        (f.name, None if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(megafmt.ObjectStorageConfig)
+    ]
+    assert theirs["s3_config_is_it"] and megafmt.S3Config is megafmt.ObjectStorageConfig
+    assert theirs["abstract"] == sorted(megafmt._BinReader.__abstractmethods__)
+    assert theirs["low_level"] == sorted(t.__name__ for t in LowLevelDataset.__args__)
     for reader in CLASSES[2:]:
         assert issubclass(getattr(megafmt, reader), megafmt._BinReader)
 
@@ -156,21 +163,3 @@ def test_local_bin_readers_read_what_the_seed_s_read(seed, tmp_path: Path, reade
         got = opened.read(numpy.uint16, count, offset)
         numpy.testing.assert_array_equal(got, expected, err_msg=f"{count} at {offset}")
         assert got.dtype == expected.dtype
-
-
-def test_compile_helpers_is_callable_as_in_megatron() -> None:
-    from megaindex import helpers
-    from megaindex.utils import compile_helpers
-
-    compile_helpers()  # nothing to compile: the extension was built at install
-    assert callable(helpers.build_sample_idx)
-
-
-def test_low_level_dataset_names_what_megatron_s_does() -> None:
-    from megaindex.megatron_dataset import LowLevelDataset
-
-    # megatron-core's Union[IndexedDataset, Iterable]: its members, ours being megafmt's
-    assert set(LowLevelDataset.__args__) == {
-        megafmt.IndexedDataset,
-        __import__("collections.abc").abc.Iterable,
-    }

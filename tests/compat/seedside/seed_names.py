@@ -27,6 +27,24 @@ def signatures(names: list[str]) -> dict[str, list[tuple[str, Any]]]:
     return found
 
 
+def shapes() -> dict:
+    """What the seed's other names are: ObjectStorageConfig's fields, _BinReader's abstract
+    methods, LowLevelDataset's members (by name)."""
+    import dataclasses
+
+    from megatron.core.datasets import indexed_dataset, megatron_dataset
+
+    return {
+        "fields": [
+            (f.name, None if f.default is dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(indexed_dataset.ObjectStorageConfig)
+        ],
+        "s3_config_is_it": indexed_dataset.S3Config is indexed_dataset.ObjectStorageConfig,
+        "abstract": sorted(indexed_dataset._BinReader.__abstractmethods__),
+        "low_level": sorted(t.__name__ for t in megatron_dataset.LowLevelDataset.__args__),
+    }
+
+
 def read_index(idx_path: str, multimodal: bool, counts: Any = None, code: Any = None) -> dict:
     """What the seed's ``_IndexReader`` reads (:func:`describe_index`)."""
     from megatron.core.datasets.indexed_dataset import _IndexReader
