@@ -70,3 +70,14 @@ def test_rampup_is_taken_and_ignored_as_at_the_seed_commit(corpus, tmp_path, cap
     with pytest.warns(DeprecationWarning, match="rampup"):
         assert build(corpus, str(tmp_path / "b"), *flags, "--rampup-batch-size", "1", "1", "8") == 0
     assert built_train_samples(capsys) == plain
+
+
+def test_cache_load_only_flags_are_set_aside_when_building(corpus, tmp_path, capsys):
+    flags = ["--samples", "100,10,10", "--dataloader-fast-cache-load"]
+    assert build(corpus, str(tmp_path), *flags, "--dataloader-defer-npy-index-mmap") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "> ignoring --dataloader-fast-cache-load during cache preparation",
+        "> ignoring --dataloader-defer-npy-index-mmap during cache preparation",
+    ]
+    assert out[2].split()[2:4] == ["samples", "built"]  # built, not trusted from a cache

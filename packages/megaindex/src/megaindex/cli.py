@@ -493,6 +493,9 @@ class IndexCommand:
 
     def _build(self, args: argparse.Namespace) -> int:
         start = time.perf_counter()
+        for flag in ("dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap"):
+            if vars(args)[flag]:  # taken, and set aside as prepare_cache.py does
+                print(f"> ignoring --{flag.replace('_', '-')} during cache preparation")
         datasets = build_datasets(args)
         for split, dataset in zip(Split, datasets, strict=True):
             if dataset is not None:
