@@ -69,6 +69,21 @@ def test_indexed_dataset_reads_an_msc_url_as_the_local_corpus(tmp_path):
     assert not IndexedDataset.exists(url_of(local) + "-missing")
 
 
+def test_the_idx_copy_follows_a_replaced_object(tmp_path):
+    local = write_corpus(str(tmp_path / "c"), documents=40, seed=1)
+    config = ObjectStorageConfig(path_to_idx_cache=str(tmp_path / "idx"))
+    IndexedDataset(url_of(local), object_storage_config=config)
+    other = write_corpus(str(tmp_path / "other"), documents=40, seed=2)  # same counts
+    for suffix in (".bin", ".idx"):
+        os.replace(other + suffix, local + suffix)
+    later = os.stat(local + ".idx").st_mtime + 5
+    os.utime(local + ".idx", (later, later))  # a new version even on a coarse clock
+    reopened = IndexedDataset(url_of(local), object_storage_config=config)
+    numpy.testing.assert_array_equal(reopened[0], IndexedDataset(local)[0])
+    copy = tmp_path / "idx" / "root" / (os.path.abspath(local).lstrip("/") + ".idx")
+    assert copy.read_bytes() == Path(local + ".idx").read_bytes()
+
+
 def test_a_missing_object_names_it(tmp_path):
     with pytest.raises(MissingFileError, match="missing.bin"):
         open_bin_reader("msc", url_of(str(tmp_path / "missing.bin")))

@@ -6,7 +6,7 @@ object. Each ``read`` is one ranged request, as in megatron-core's
 ``_MultiStorageClientBinReader``; range checks and errors are megafmt's. The corpus's ``.idx``
 is copied once into a local folder (``idx_cache_dir``, or the ``path_to_idx_cache`` of a
 megatron-core ``ObjectStorageConfig``) at ``<folder>/<PROFILE>/<KEY>``, the place megatron-core
-copies it to, and fetched again when the remote size differs. Needs ``megafmt[msc]``.
+copies it to, and fetched again when the remote size or ETag changes. Needs ``megafmt[msc]``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from typing import Any
 
 import numpy
 
-from megafmt.atomic import atomic_write
 from megafmt.confinement import confined_path, url_components
 from megafmt.errors import ReadError
 from megafmt.format import get_idx_path
 from megafmt.object_storage import MSC_PREFIX, import_msc
 from megafmt.readers.base import check_read_range
-from megafmt.remote import default_cache_dir
+from megafmt.remote import default_cache_dir, local_copy_is_current, store_local_copy
 from megafmt.retry import RetryPolicy
 
 
@@ -58,7 +57,10 @@ class MscBinReader:
 
     def _size(self, client: Any, key: str, url: str) -> int:
         """The size of the object (a missing one is a :class:`MissingFileError`)."""
-        return int(self.policy.call(url, client.info, key).content_length)
+        return int(self._info(client, key, url).content_length)
+
+    def _info(self, client: Any, key: str, url: str) -> Any:
+        return self.policy.call(url, client.info, key)
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """``count`` items of ``dtype`` at byte ``offset``: one ranged request."""
@@ -82,19 +84,17 @@ class MscBinReader:
 
     @property
     def local_idx_path(self) -> str:
-        """The local copy of the corpus's ``.idx`` (fetched when missing or of another size)."""
+        """The local copy of the corpus's ``.idx``, fetched again when the object's size or
+        ETag changed since (the note beside it says which version it is)."""
         url = get_idx_path(self.path.removesuffix(".bin"))
         local = confined_path(self.idx_cache_dir or default_cache_dir(), *url_components(url)[1:])
         client, key = self._msc.resolve_storage_client(url)
-        size = self._size(client, key, url)
-        if os.path.isfile(local) and os.path.getsize(local) == size:
-            return local
-        data = self.policy.call(url, client.read, key)
-        if len(data) != size:
-            raise ReadError(f"{url}: fetched {len(data)} bytes, but the object has {size}")
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        with atomic_write(local) as stream:
-            stream.write(data)
+        info = self._info(client, key, url)
+        # POSIX profiles report no ETag: the modification time stands for the version there
+        size, version = int(info.content_length), info.etag or str(info.last_modified)
+        if not local_copy_is_current(local, url, size, version):
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            store_local_copy(local, self.policy.call(url, client.read, key), url, size, version)
         return local
 
     def close(self) -> None:
