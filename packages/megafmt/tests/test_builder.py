@@ -268,12 +268,22 @@ def test_every_input_form_writes_the_same_document(tmp_path, tokens, lengths):
     assert dataset.document_indices.tolist() == [0, 1, 2]
 
 
-@pytest.mark.parametrize("lengths", [[2], [4], [3.0], [-3]])
+@pytest.mark.parametrize("lengths", [[2], [4], [3.5], [-3], ["3.0"], [2**31]])
 def test_the_fast_path_still_checks_lengths(tmp_path, lengths):
     builder = IndexedDatasetBuilder(str(tmp_path / "c.bin"))
     with pytest.raises(TokenValueError):
         builder.add_document(numpy.array([1, 2, 3], dtype=numpy.int32), lengths)
     builder.abort()
+
+
+@pytest.mark.parametrize("lengths", [[3.0], [numpy.float32(3)], ["3"], numpy.array([1.0, 2.0])])
+def test_lengths_numpy_converts_exactly_are_taken(tmp_path, lengths):
+    """As megatron-core takes them (it writes numpy's int32 of each)."""
+    prefix = str(tmp_path / "c")
+    builder = IndexedDatasetBuilder(get_bin_path(prefix))
+    builder.add_document(numpy.array([1, 2, 3], dtype=numpy.int32), lengths)
+    builder.finalize(get_idx_path(prefix))
+    assert IndexedDataset(prefix).sequence_lengths.sum() == 3
 
 
 class HostTensor:

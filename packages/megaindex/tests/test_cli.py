@@ -118,7 +118,9 @@ def test_explain_refuses_a_sample_out_of_range(corpus, tmp_path, capsys):
 
 def test_train_iters_needs_a_batch_size(corpus, tmp_path, capsys):
     assert main(["index", "build", *dataset_args(corpus, str(tmp_path)), "--train-iters", "5"]) == 1
-    assert "give --samples, or --global-batch-size with --train-iters" in capsys.readouterr().err
+    assert "give --samples, or --global-batch-size (or --micro-batch-size) with --train-iters" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("argv", [["index"], ["index", "build"]])

@@ -1,7 +1,10 @@
 """megafmt: the Megatron ``.bin``/``.idx`` corpus format SDK.
 
 Drop-in for megatron-core's ``megatron.core.datasets.indexed_dataset`` (``DType``,
-``IndexedDataset``, ``IndexedDatasetBuilder``, ``get_bin_path``, ``get_idx_path``), plus
+``IndexedDataset``, ``IndexedDatasetBuilder``, ``get_bin_path``, ``get_idx_path``,
+``ObjectStorageConfig``, ``S3Config``, and its underscore names ``_IndexReader``,
+``_IndexWriter``, ``_BinReader``, ``_MMapBinReader``, ``_FileBinReader``, ``_S3BinReader``,
+``_MultiStorageClientBinReader``: :mod:`megafmt.megatron_names`), plus
 verification, statistics, merging, pluggable ``.bin`` readers and the ``mega`` command line.
 numpy and fsspec only: no torch. The data path's Protocols are in :mod:`megafmt.protocols`;
 what megafmt lends its sibling packages is in :mod:`megafmt.shared`, outside this API.
@@ -24,7 +27,17 @@ from megafmt.errors import (
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
 from megafmt.manifest import manifest_path, read_manifest, write_manifest
+from megafmt.megatron_names import (
+    _BinReader,
+    _FileBinReader,
+    _IndexReader,
+    _IndexWriter,
+    _MMapBinReader,
+    _MultiStorageClientBinReader,
+    _S3BinReader,
+)
 from megafmt.merging import MergeSummary, expand_inputs, merge
+from megafmt.object_storage import ObjectStorageConfig, S3Config
 from megafmt.readers import READERS, BinReader, open_bin_reader
 from megafmt.stats import CorpusStats, corpus_stats
 from megafmt.verification import Violation, verify
@@ -45,10 +58,19 @@ __all__ = [
     "MergeSummary",
     "MissingFileError",
     "ObjectChangedError",
+    "ObjectStorageConfig",
     "PluginError",
     "ReadError",
+    "S3Config",
     "TokenValueError",
     "Violation",
+    "_BinReader",
+    "_FileBinReader",
+    "_IndexReader",
+    "_IndexWriter",
+    "_MMapBinReader",
+    "_MultiStorageClientBinReader",
+    "_S3BinReader",
     "__version__",
     "corpus_stats",
     "expand_inputs",

@@ -242,8 +242,9 @@ def _as_number(value: Any, position: int, dtype: numpy.dtype, wide: numpy.dtype)
 
 
 def as_bounded_ints(values: Any, what: str, low: int, high: int) -> list[int]:
-    """``values`` (integers, as a sequence or an array) as a list, each checked to lie in
-    ``low..high``. Short lists of Python ints, the usual case, take a fast path."""
+    """``values`` (a sequence or an array of what numpy converts to integers exactly: ints,
+    whole floats, digit strings) as a list of ints, each checked to lie in ``low..high``.
+    Short lists of Python ints, the usual case, take a fast path."""
     if type(values) is list and len(values) == 1 and type(values[0]) is int:
         if low <= values[0] <= high:  # one sequence per document: the common case, kept cheap
             return values
@@ -251,9 +252,15 @@ def as_bounded_ints(values: Any, what: str, low: int, high: int) -> list[int]:
     if isinstance(values, (list, tuple)) and all(type(v) is int for v in values):
         ints = list(values)
     else:
-        array = numpy.asarray(values).reshape(-1)
-        if array.size and array.dtype.kind not in "iub":
-            raise TokenValueError(f"{what} must be integers in {low}..{high}, got {values!r}")
+        try:
+            array = numpy.asarray(values).reshape(-1)
+        except (ValueError, TypeError):  # ragged: the exact conversion below names the culprit
+            array = None
+        if array is None or (array.size and array.dtype.kind not in "iub"):
+            try:  # whole floats, digit strings: as numpy converts them, exactly or not at all
+                array = as_token_array(values, numpy.dtype(numpy.int64))
+            except TokenValueError as error:
+                raise TokenValueError(f"{what}: {error}") from None
         ints = array.tolist()
     if ints and (min(ints) < low or max(ints) > high):
         raise TokenValueError(f"{what} must be integers in {low}..{high}, got {values!r}")

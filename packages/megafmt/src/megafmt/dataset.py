@@ -20,6 +20,7 @@ from megafmt.checked import corpus_identity, remember_checked, was_checked
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
+from megafmt.object_storage import is_msc_url
 from megafmt.protocols import Read
 from megafmt.readers import (
     BinReader,
@@ -32,6 +33,7 @@ from megafmt.readers import (
     is_url,
     open_bin_reader,
 )
+from megafmt.readers.msc_reader import msc_exists
 from megafmt.readers.pool import POOL
 from megafmt.verification import check_consistency
 
@@ -45,8 +47,9 @@ class IndexedDataset:
 
     ``mmap`` chooses between the ``mmap`` and ``file`` readers as in megatron-core; ``reader``
     names any installed ``megafmt.readers`` plugin instead and ``reader_options`` are passed to
-    it. A URL prefix (``s3://...``) selects the ``fsspec`` reader; ``object_storage_config`` and
-    ``s3_config`` are megatron-core's way of asking for it and are handed to that reader.
+    it. A URL prefix selects the ``fsspec`` reader (``s3://...``) or the ``msc`` reader
+    (``msc://...``, multi-storage-client); ``object_storage_config`` and ``s3_config`` are
+    megatron-core's way of asking for object storage and are handed to that reader.
     ``fast_cache_load`` with ``sequences_per_dataset`` and ``dtype_code`` skips parsing the
     ``.idx`` header, trusting the counts given.
 
@@ -74,7 +77,7 @@ class IndexedDataset:
         if reader is None:
             reader = (
                 "fsspec"
-                if object_storage_config is not None
+                if object_storage_config is not None and not is_url(path_prefix)
                 else default_reader_name(path_prefix, mmap)
             )
         options = dict(reader_options or {})
@@ -372,6 +375,8 @@ class IndexedDataset:
     def exists(path_prefix: str) -> bool:
         """Whether both files of the corpus at ``path_prefix`` exist (local path or URL)."""
         idx_path, bin_path = get_idx_path(path_prefix), get_bin_path(path_prefix)
+        if is_msc_url(path_prefix):
+            return msc_exists(idx_path) and msc_exists(bin_path)
         if is_url(path_prefix):
             import fsspec
 

@@ -162,27 +162,42 @@ def cached_index(
     os.makedirs(folder, exist_ok=True)
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     local = confined_path(folder, f"{digest}-{name}")
-    note_path = local + ".source.json"
-    note = {"url": redact(url), "size": size, "etag": etag}
-    try:
-        with open(note_path, encoding="utf-8") as stream:
-            fresh = json.load(stream) == note and os.path.getsize(local) == size
-    except (OSError, ValueError):
-        fresh = False
-    if fresh:
+    if local_copy_is_current(local, url, size, etag):
         return local
     bound, _ = filesystem(  # bound to the version just seen
         url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1], if_match=etag
     )
     data = policy.call(url, bound.cat_file, path, counter=counter)
+    store_local_copy(local, data, url, size, etag)
+    return local
+
+
+def _source_note(url: str, size: int, etag: str | None) -> dict[str, Any]:
+    return {"url": redact(url), "size": size, "etag": etag}
+
+
+def local_copy_is_current(local: str, url: str, size: int, etag: str | None) -> bool:
+    """Whether ``local`` is a copy of the object at ``url`` as it is now (``size`` and
+    ``etag``), by the note :func:`store_local_copy` left beside it."""
+    try:
+        with open(local + ".source.json", encoding="utf-8") as stream:
+            return json.load(stream) == _source_note(url, size, etag) and (
+                os.path.getsize(local) == size
+            )
+    except (OSError, ValueError):
+        return False
+
+
+def store_local_copy(local: str, data: bytes, url: str, size: int, etag: str | None) -> None:
+    """Write ``data`` (the object at ``url``, ``size`` bytes, version ``etag``) to ``local``
+    atomically, with the note that says which version it is."""
     if len(data) != size:
         raise ReadError(f"{url}: fetched {len(data)} bytes, but the object has {size}")
     with atomic_write(local) as stream:
         stream.write(data)
-    with atomic_write(note_path) as stream:
-        stream.write(json.dumps(note).encode())
+    with atomic_write(local + ".source.json") as stream:
+        stream.write(json.dumps(_source_note(url, size, etag)).encode())
     logger.info("cached %s (%d bytes) at %s", redact(url), size, local)
-    return local
 
 
 def file_size(path: str, storage_options: dict[str, Any] | None = None) -> int | None:

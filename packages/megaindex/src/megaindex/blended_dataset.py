@@ -13,7 +13,6 @@ reads each part's rows of the batch and collates the whole batch in one pass, an
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -40,11 +39,10 @@ from megaindex.megatron_dataset import (
     one_sample_at_a_time,
     resolve_indices,
 )
+from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
 from megaindex.windows import MappedWindowReader, can_hold, pad_rows
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -140,7 +138,7 @@ class BlendedDataset(torch.utils.data.Dataset):
     ) -> None:
         _check_blend(datasets, weights, size)
         if len(datasets) == 1:
-            logger.warning("building a BlendedDataset of a single dataset")
+            log_single_dataset_blend()
         if size is not None:
             weights = normalize(weights)
         self.datasets = datasets
@@ -165,6 +163,7 @@ class BlendedDataset(torch.utils.data.Dataset):
             defer=config.defer_npy_index_mmap,
             fast_load=config.fast_cache_load,
         )
+        log_blended_tables(type(self).__name__, self.tables.source, config.path_to_cache)
         self._prefetches = any(
             isinstance(dataset, PlannedPrefetch) and dataset.prefetches for dataset in datasets
         )

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -71,7 +73,37 @@ def blends_of(args: argparse.Namespace) -> tuple[Any, Any]:
     )
 
 
-def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
+#: the parallel layout of a job that gives none: one process
+LAYOUT_DEFAULTS = {
+    "prepare_cache_world_size": 1,
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "sequence_parallel": False,
+    "hybrid_context_parallel": False,
+}
+
+
+def _layout_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's parallel-layout flags, for the data-parallel size (prepare_cache.py's)."""
+    parallel = parser.add_argument_group(
+        "parallel layout (the data-parallel size: --global-batch-size defaults to "
+        "--micro-batch-size x data-parallel size)"
+    )
+    parallel.add_argument("--micro-batch-size", type=positive_int)
+    parallel.add_argument(
+        "--prepare-cache-world-size",
+        type=positive_int,
+        help="the world size of the job (default: $WORLD_SIZE, else 1)",
+    )
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size"):
+        parallel.add_argument(flag, type=positive_int, default=1)
+    parallel.add_argument("--sequence-parallel", action="store_true")
+    parallel.add_argument("--hybrid-context-parallel", action="store_true")
+
+
+def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> None:
+    """The dataset flags; ``layout`` adds the parallel-layout ones (``mega load simulate``
+    has its own micro batch and data-parallel flags, and leaves them out)."""
     data = parser.add_argument_group("data (Megatron-LM's flags)")
     data.add_argument(
         "--dataset",
@@ -101,7 +133,43 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip-bad-lines", action="store_true", help="SFT: count and skip bad jsonl lines"
     )
     data.add_argument("--seed", type=int, default=1234, help="random seed (Megatron: 1234)")
-    data.add_argument("--cache-dir", help="path_to_cache (default: <prefix>/cache/...)")
+    data.add_argument(
+        "--cache-dir",
+        "--data-cache-path",
+        dest="cache_dir",
+        help="path_to_cache (default: <prefix>/cache/...)",
+    )
+    data.add_argument(
+        "--mock-data", action="store_true", help="synthetic data: the same as --dataset mock"
+    )
+    data.add_argument(
+        "--object-storage-cache-path",
+        help="local folder for the .idx files and tables of s3:// and msc:// corpora",
+    )
+    data.add_argument(
+        "--per-dataset-sequences-path",
+        help="the JSON of `mega sequences`: sequence and document counts of each corpus",
+    )
+    data.add_argument(
+        "--no-mmap-bin-files",
+        dest="mmap_bin_files",
+        action="store_false",
+        help="read .bin files with positional reads instead of memory maps",
+    )
+    for flag in ("--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss"):
+        data.add_argument(flag, action="store_true", help="as in Megatron-LM (not in the key)")
+    data.add_argument(
+        "--no-create-attention-mask-in-dataloader",
+        dest="create_attention_mask_in_dataloader",
+        action="store_false",
+    )
+    data.add_argument("--allow-ambiguous-pad-tokens", action="store_true")
+    for flag in ("--dataloader-fast-cache-load", "--dataloader-defer-npy-index-mmap"):
+        data.add_argument(
+            flag,
+            action="store_true",
+            help="ignored by `index build`, as by prepare_cache.py: a build writes the cache",
+        )
     data.add_argument(
         "--no-extra-token", action="store_true", help="add_extra_token_to_sequence=False"
     )
@@ -139,6 +207,17 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
         help="build the datasets of the phase --iteration is in",
     )
     budget.add_argument("--iteration", type=int, default=0, help="the iteration resumed at")
+    budget.add_argument(
+        "--rampup-batch-size",
+        type=int,
+        nargs=3,
+        metavar=("START", "INCREMENT", "SAMPLES"),
+        help="deprecated and ignored at the seed commit (use --step-batch-size-schedule)",
+    )
+    if layout:
+        _layout_arguments(parser)
+    else:
+        parser.set_defaults(**LAYOUT_DEFAULTS)
 
     tokenizer = add_tokenizer_arguments(
         parser,
@@ -182,13 +261,31 @@ def _sizes(args: argparse.Namespace) -> list[int | None]:
         if len(counts) > len(Split):
             raise ValueError(f"--samples takes at most 3 counts, got {args.samples!r}")
         return counts + [None] * (len(Split) - len(counts))
-    if args.global_batch_size is None:
+    if args.rampup_batch_size is not None:
+        warnings.warn(
+            "--rampup-batch-size is deprecated and ignored (as at the seed commit); use "
+            "--step-batch-size-schedule",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    global_batch_size = args.global_batch_size
+    if args.micro_batch_size is not None:
+        per_step = args.micro_batch_size * data_parallel_size(args)
+        if global_batch_size is None:
+            global_batch_size = per_step
+        elif global_batch_size % per_step:
+            raise ValueError(
+                f"--global-batch-size {global_batch_size} is not a multiple of "
+                f"--micro-batch-size x data-parallel size ({per_step})"
+            )
+    if global_batch_size is None:
         raise ValueError(
-            "give --samples, or --global-batch-size with --train-iters or --train-samples"
+            "give --samples, or --global-batch-size (or --micro-batch-size) with --train-iters "
+            "or --train-samples"
         )
     return list(
         get_train_valid_test_num_samples(
-            args.global_batch_size,
+            global_batch_size,
             train_iters=args.train_iters,
             train_samples=args.train_samples,
             eval_interval=args.eval_interval,
@@ -206,6 +303,23 @@ def _sizes(args: argparse.Namespace) -> list[int | None]:
             iteration=args.iteration,
         )
     )
+
+
+def data_parallel_size(args: argparse.Namespace) -> int:
+    """The job's data-parallel size: its world size (``--prepare-cache-world-size``, else
+    ``$WORLD_SIZE``, else 1) over tensor x pipeline x context parallel sizes."""
+    world = args.prepare_cache_world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    model = (
+        args.tensor_model_parallel_size
+        * args.pipeline_model_parallel_size
+        * args.context_parallel_size
+    )
+    if world % model:
+        raise ValueError(
+            f"world size {world} is not a multiple of tensor x pipeline x context parallel "
+            f"sizes ({model})"
+        )
+    return world // model
 
 
 def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer | SFTTokenizer:
@@ -238,7 +352,7 @@ def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer | SFTTokenizer:
 def build_datasets(args: argparse.Namespace) -> list[Any]:
     """The datasets ``args`` describe, built (or loaded from the cache)."""
     blend, blend_per_split = blends_of(args)
-    cls = DATASETS.get(args.dataset)
+    cls = MockGPTDataset if args.mock_data else DATASETS.get(args.dataset)
     if blend is None and blend_per_split is None and not issubclass(cls, MockGPTDataset):
         raise ValueError(
             "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
@@ -258,15 +372,31 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         num_dataset_builder_threads=args.num_dataset_builder_threads,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         path_to_cache=args.cache_dir,
+        mmap_bin_files=args.mmap_bin_files,
         tokenizer=_tokenizer(args),
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        eod_mask_loss=args.eod_mask_loss,
+        create_attention_mask=args.create_attention_mask_in_dataloader,
+        allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
+        object_storage_cache_path=args.object_storage_cache_path,
+        sequences_per_dataset=_sequences_per_dataset(args.per_dataset_sequences_path),
+        data_parallel_size=data_parallel_size(args),
+        sequence_parallel_size=args.tensor_model_parallel_size * args.sequence_parallel,
+        hybrid_context_parallel=args.hybrid_context_parallel,
         add_extra_token_to_sequence=not args.no_extra_token,
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
         **(_sft_settings(args) if sft else {}),
     )
     return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
+
+
+def _sequences_per_dataset(path: str | None) -> dict[str, Any] | None:
+    """The counts in ``--per-dataset-sequences-path``, if given."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
 
 
 def _sft_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -283,7 +413,7 @@ class DatasetProvider:
     ``megaindex.datasets`` plugin (``--dataset``), from Megatron-LM's flags."""
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
-        _dataset_arguments(parser)
+        _dataset_arguments(parser, layout=False)
 
     def build(self, args: argparse.Namespace) -> list[Any]:
         return build_datasets(args)
@@ -378,6 +508,9 @@ class IndexCommand:
 
     def _build(self, args: argparse.Namespace) -> int:
         start = time.perf_counter()
+        for flag in ("dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap"):
+            if vars(args)[flag]:  # taken, and set aside as prepare_cache.py does
+                print(f"> ignoring --{flag.replace('_', '-')} during cache preparation")
         datasets = build_datasets(args)
         for split, dataset in zip(Split, datasets, strict=True):
             if dataset is not None:

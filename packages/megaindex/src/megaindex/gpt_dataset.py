@@ -36,6 +36,7 @@ from megaindex.corpus_header import check_counts, check_token_dtype, expected_co
 from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
+from megaindex.megatron_log import log_gpt_tables
 from megaindex.sample import SampleMaker
 from megaindex.tables import CachedTables, TableSource
 from megaindex.utils import Split
@@ -98,6 +99,14 @@ class GPTDataset(MegatronDataset):
             fast_load=config.fast_cache_load,
             stale_cache=config.stale_cache,
         )
+        if not self.tables.deferred:
+            log_gpt_tables(
+                type(self).__name__,
+                index_split.name,
+                self.tables.source,
+                self.tables["sample_index"].shape[0] - 1,
+                self.recipe.plan.num_epochs if self.tables.source.kind != "cache" else None,
+            )
         self._token_windows = window_reader(
             indexed_dataset,
             self.tables,

@@ -14,14 +14,19 @@ import operator
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy
 import torch
 
+from megafmt import IndexedDataset
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.utils import Split
+
+#: what a mid-level dataset reads from (megatron-core's alias): an ``IndexedDataset`` or any
+#: other iterable its ``build_low_level_dataset`` returns
+LowLevelDataset = IndexedDataset | Iterable
 
 #: the pad id used when the tokenizer has none (or one that collides with another special token)
 PAD_TOKEN_ID = -1

@@ -4,7 +4,8 @@
 What the tables are made of is the dataset's :class:`TableRecipe`; how they are kept is the
 same for both:
 
-* ``path_to_cache`` unset (and no default place): built in memory, with megatron-core's warning.
+* ``path_to_cache`` unset (and no default place): built in memory (the dataset logs
+  megatron-core's warning).
 * ``defer_npy_index_mmap``: nothing is read until a table is first used, then the cached files
   are mapped (megatron-core's lazy mode); the dataset's length comes from the recipe meanwhile.
 * ``fast_cache_load``: the cached files are mapped without any check, the tables' checksums
@@ -20,7 +21,6 @@ same for both:
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,8 +42,6 @@ from megaindex.cache import (
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.memory import check_fits, table_bytes
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -123,8 +121,7 @@ class CachedTables:
                 )
             self.source = TableSource("deferred", entry)
         elif entry is None:
-            self.source = TableSource("memory", None)
-            logger.warning("index tables are not cached: path_to_cache is None")
+            self.source = TableSource("memory", None)  # the dataset logs megatron-core's warning
             self._tables = self._build()
         elif fast_load:
             self.source = TableSource("cache", entry)

@@ -1,4 +1,5 @@
-"""Small shared pieces with megatron-core's names: the split enum and weight normalisation."""
+"""Small shared pieces with megatron-core's names: the split enum, weight normalisation, and
+``compile_helpers`` for scripts that call it before building datasets."""
 
 from __future__ import annotations
 
@@ -32,3 +33,13 @@ def normalize(weights: list[float]) -> list[float]:
     """``weights`` scaled to sum to 1 (computed as megatron-core does, to the last bit)."""
     array = numpy.array(weights, dtype=numpy.float64)
     return (array / numpy.sum(array)).tolist()
+
+
+def compile_helpers() -> None:
+    """megatron-core compiles its C++ index builders here, at run time. megaindex's are built
+    when the package is installed and never compiled at run time: this loads the builders the
+    environment chooses (:mod:`megaindex.backends`), so a script that calls it first still fails
+    early, naming the cause, when ``MEGAINDEX_BACKEND=cpp`` asks for a missing extension."""
+    from megaindex.backends import implementation
+
+    implementation()

@@ -1,6 +1,7 @@
 """Storage readers for ``.bin`` files, chosen by name from the ``megafmt.readers`` plugins.
 
-Shipped: ``mmap`` (the default for local files) and ``file`` (positional reads with retries).
+Shipped: ``mmap`` (the default for local files), ``file`` (positional reads with retries),
+``fsspec`` (object storage, any fsspec URL) and ``msc`` (``msc://`` URLs, multi-storage-client).
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def is_url(path: str) -> bool:
 
 
 def default_reader_name(path: str, mmap: bool = True) -> str:
-    """The reader megatron-core would use: ``fsspec`` for URLs, else ``mmap`` or ``file``."""
+    """The reader megatron-core would use: ``msc`` for ``msc://`` URLs, ``fsspec`` for other
+    URLs, else ``mmap`` or ``file``."""
+    if path.startswith("msc://"):
+        return "msc"
     if is_url(path):
         return "fsspec"
     return "mmap" if mmap else "file"
