@@ -112,6 +112,7 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     budget = parser.add_argument_group("sample budget (Megatron-LM's flags, or --samples)")
     budget.add_argument(
         "--samples",
+        type=sample_counts,
         metavar="TRAIN[,VALID[,TEST]]",
         help="samples per split; an empty count builds one epoch",
     )
@@ -131,12 +132,14 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     )
     budget.add_argument(
         "--phase-transition-iterations",
-        type=int,
+        type=positive_int,
         nargs="+",
         metavar="ITER",
         help="build the datasets of the phase --iteration is in",
     )
-    budget.add_argument("--iteration", type=int, default=0, help="the iteration resumed at")
+    budget.add_argument(
+        "--iteration", type=non_negative_int, default=0, help="the iteration resumed at"
+    )
 
     tokenizer = parser.add_argument_group("tokenizer identity (it is part of the cache key)")
     choice = tokenizer.add_mutually_exclusive_group(required=True)
@@ -170,12 +173,17 @@ def _dataset_arguments(parser: argparse.ArgumentParser) -> None:
     add_fim_arguments(parser)
 
 
+def sample_counts(text: str) -> list[int | None]:
+    """``--samples TRAIN[,VALID[,TEST]]``: counts >= 0, an empty one None (one epoch)."""
+    counts = [non_negative_int(c) if c.strip() else None for c in text.split(",")]
+    if len(counts) > len(Split):
+        raise argparse.ArgumentTypeError(f"expected at most 3 counts, got {text!r}")
+    return counts + [None] * (len(Split) - len(counts))
+
+
 def _sizes(args: argparse.Namespace) -> list[int | None]:
     if args.samples is not None:
-        counts: list[int | None] = [int(c) if c.strip() else None for c in args.samples.split(",")]
-        if len(counts) > len(Split):
-            raise ValueError(f"--samples takes at most 3 counts, got {args.samples!r}")
-        return counts + [None] * (len(Split) - len(counts))
+        return args.samples
     if args.global_batch_size is None:
         raise ValueError(
             "give --samples, or --global-batch-size with --train-iters or --train-samples"

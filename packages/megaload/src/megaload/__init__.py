@@ -13,11 +13,13 @@ from megaload.batch_sampler import SAMPLERS, BatchSampler, SamplerFactory, build
 from megaload.config import DataLoaderConfig
 from megaload.errors import (
     BackfillError,
+    LoaderStateError,
     MegaloadError,
     NoDataError,
     ResumeError,
     SamplerError,
     SamplerPluginError,
+    SamplerTypeError,
     SimulationError,
 )
 from megaload.iterators import RerunDataIterator, cyclic_iter
@@ -40,6 +42,7 @@ __all__ = [
     "BackfillError",
     "BatchSampler",
     "DataLoaderConfig",
+    "LoaderStateError",
     "MegaloadError",
     "MegatronDataLoader",
     "MegatronFullValidationSampler",
@@ -51,6 +54,7 @@ __all__ = [
     "SamplerError",
     "SamplerFactory",
     "SamplerPluginError",
+    "SamplerTypeError",
     "SimulationError",
     "__version__",
     "backfilled_consumed",
