@@ -136,7 +136,7 @@ def test_available_memory_reads_the_kernel_figures():
 
 
 BLEND_CASES = [  # (the weights of a blend of the corpus repeated; the message)
-    ([math.nan], "blend: the weight of 'C' is nan"),
+    ([math.nan, 1.0], "blend: the weight of 'C' is nan"),
     ([math.inf, 1.0], "blend: the weight of 'C' is inf"),
     ([-1.0, 2.0], "blend: the weight of 'C' is -1.0"),
     ([0.0, 0.0], r"blend: the weights \[0.0, 0.0\] are all zero"),

@@ -244,11 +244,12 @@ class BlendedMegatronDatasetBuilder:
         """The datasets of ``splits`` for one blend: a mid-level dataset per prefix, and a
         BlendedDataset over them unless the blend is a single unweighted prefix. ``name`` is
         the config field the blend comes from, for the errors."""
+        if len(prefixes) == 1 and (weights is None or self.config.blend_per_split is not None):
+            # a split's own single corpus: its weight is not read (as in megatron-core)
+            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
         check_blend_weights(name, prefixes, weights)
         if weights is not None:
             weights = normalize(weights)
-        if len(prefixes) == 1 and (weights is None or self.config.blend_per_split is not None):
-            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
         if weights is None:
             targets = None
             buffers: list[list[int | None]] = [[None] * len(Split) for _ in prefixes]
