@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from megafmt import write_manifest
 from megafmt.cli.main import main
 from megafmt.testing import write_corpus
 from megaindex import (
@@ -40,6 +41,11 @@ SIMULATE = [
 CASES = [
     ([*SIMULATE, "--micro-batch-size", "2", "--dp", "0"], "--dp", "an integer >= 1, got 0"),
     ([*SIMULATE, "--micro-batch-size", "x"], "--micro-batch-size", "an integer, got 'x'"),
+    (
+        [*SIMULATE, "--micro-batch-size", "2", "--resume-at", "12.7"],
+        "--resume-at",
+        "an integer, got '12.7'",
+    ),
     (["dist", "demo", "--tp", "0"], "--tp", "an integer >= 1, got 0"),
     (["dist", "demo", "--seq-length", "-3"], "--seq-length", "an integer >= 1, got -3"),
     (
@@ -214,3 +220,11 @@ def test_a_vocabulary_smaller_than_the_corpus_ids_is_refused_naming_both(tmp_pat
     with pytest.raises(TokenRangeError, match=r"vocab_size is 101 \(ids 0 to 100, its EOD"):
         train.__getitems__([0, 1])
     assert len(build(config(tmp_path, 8))[0][0]["tokens"]) == 8  # a vocabulary that holds them
+    # mega preprocess's manifest names the vocabulary the corpus was made with: one larger than
+    # the tokenizer's keeps the check; one within it (its ids all below) spares every sample it
+    corpus = small.blend[0][0]
+    write_manifest(corpus, {"tokenizer": {"vocab_size": 1001}})
+    with pytest.raises(TokenRangeError):
+        build(small)[0][0]
+    write_manifest(corpus, {"tokenizer": {"vocab_size": 101}})
+    assert build(small)[0][0]["tokens"].max() > 100  # trusted, as the manifest says

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy
 
-from megafmt import IndexedDataset
+from megafmt import IndexedDataset, MegafmtError, read_manifest
 from megafmt.protocols import (
     CollatedBatch,
     PrefetchingSource,
@@ -128,9 +128,14 @@ class GPTDataset(MegatronDataset):
         vocab_size, eod = config.vocab_size, getattr(config.tokenizer, "eod", None)
         limit = None if vocab_size is None else max(vocab_size, eod + 1 if eod else 0)
         dtype = self._token_dtype
-        if dtype is None or dtype.kind not in "iu" or numpy.iinfo(dtype).max < (limit or 0):
-            limit = None
-        self._vocab_limit = limit
+        checked = (
+            limit is not None
+            and dtype is not None
+            and dtype.kind in "iu"
+            and numpy.iinfo(dtype).max >= limit
+            and not _made_within(_path_prefix(indexed_dataset), limit)
+        )
+        self._vocab_limit = limit if checked else None
 
     # ---- megatron-core's API -----------------------------------------------------------------
 
@@ -346,6 +351,19 @@ class GPTDataset(MegatronDataset):
             self.index_split.name,
             self.recipe.names,
         )
+
+
+def _made_within(prefix: str | None, limit: int) -> bool:
+    """Whether ``mega preprocess`` made the corpus at ``prefix`` (its manifest says so) with a
+    tokenizer of at most ``limit`` ids: then no id of it reaches ``limit``, and samples need no
+    check (a local corpus without a manifest, or one in object storage, is checked)."""
+    if prefix is None or is_url(prefix):
+        return False
+    try:
+        made = (read_manifest(prefix) or {}).get("tokenizer", {}).get("vocab_size")
+    except MegafmtError:
+        return False
+    return isinstance(made, int) and made <= limit
 
 
 def _path_prefix(source: TokenSource) -> str | None:
