@@ -101,6 +101,8 @@ class LoadCommand:
             for rank in range(args.dp)
         ]
         if phases is not None:
+            if args.dry_run_resume is not None:
+                raise SimulationError("--dry-run-resume does not take --phases: use --resume-at")
             recorded = [(first, SampleIds(dataset)) for first, dataset in phases]
             phased = [PhasedDataLoader(recorded, args.resume_at, c) for c in configs]
             return _simulate(args, [_phase_stream(loader) for loader in phased], micro_batches)
