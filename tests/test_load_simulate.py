@@ -40,18 +40,22 @@ def simulate(tmp_path, *extra):
     )
 
 
-def test_interrupted_and_resumed_runs_read_the_same_batches(tmp_path, capsys):
+def hashes_of_a_stop_and_resume(tmp_path, run, stop: int) -> dict[str, list[str]]:
+    """The hash logs of 6 steps in one run ("whole") and of the same steps stopped after
+    ``stop`` ("first") and resumed there ("rest"); 8 samples a step."""
     for name, extra in (
         ("whole", ["--steps", "6"]),
-        ("first", ["--steps", "3"]),
-        ("rest", ["--steps", "3", "--resume-at", "24"]),
+        ("first", ["--steps", str(stop)]),
+        ("rest", ["--steps", str(6 - stop), "--resume-at", str(8 * stop)]),
     ):
-        assert simulate(tmp_path, *extra, "--hash-log", str(tmp_path / name)) == 0
-    whole = (tmp_path / "whole").read_text().split()
-    assert len(whole) == 6
-    assert (tmp_path / "first").read_text().split() + (
-        tmp_path / "rest"
-    ).read_text().split() == whole
+        assert run(tmp_path, *extra, "--hash-log", str(tmp_path / name)) == 0
+    return {name: (tmp_path / name).read_text().split() for name in ("whole", "first", "rest")}
+
+
+def test_interrupted_and_resumed_runs_read_the_same_batches(tmp_path, capsys):
+    hashes = hashes_of_a_stop_and_resume(tmp_path, simulate, 3)
+    assert len(hashes["whole"]) == 6
+    assert hashes["first"] + hashes["rest"] == hashes["whole"]
     assert "disjoint and covering" in capsys.readouterr().out
 
 
@@ -118,3 +122,33 @@ def test_hybrid_cp_prints_each_rank_s_sub_sequences_and_groups(tmp_path, capsys)
             dealt.setdefault(name, []).append(size)
     assert sorted(dealt) == sorted(expected)
     assert all(len(sizes) == int(sizes[0]) for sizes in dealt.values())
+
+
+def phased(tmp_path, *extra):
+    corpus = write_corpus(str(tmp_path / "other"), seed=1, longest=40)
+    first = str(tmp_path / "corpus")
+    return simulate(
+        tmp_path,
+        "--phases",
+        f"0:0.3 {first} 0.7 {corpus}",
+        f"3:{corpus}",
+        "--samples",  # the last phase ends at 200; a weighted blend's splits need sizes
+        "200,0,0",
+        *extra,
+    )
+
+
+def test_phases_print_what_each_rank_receives_and_resume_inside_a_phase(tmp_path, capsys):
+    hashes = hashes_of_a_stop_and_resume(tmp_path, phased, 4)  # phase 1 starts at step 3
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    whole = lines[:24]  # 6 steps x 2 ranks x 2 micro-batches
+    assert whole[0] == "step 0 rank 0 phase 0: samples [0, 1] loss tokens [16, 16]"
+    assert whole[12] == "step 3 rank 0 phase 1: samples [0, 1] loss tokens [16, 16]"
+    assert [line.split(":")[0] for line in whole[:4]] == [
+        "step 0 rank 0 phase 0",
+        "step 0 rank 0 phase 0",
+        "step 0 rank 1 phase 0",
+        "step 0 rank 1 phase 0",
+    ]
+    assert len(hashes["whole"]) == 6 and len(set(hashes["whole"])) == 6
+    assert hashes["first"] + hashes["rest"] == hashes["whole"]

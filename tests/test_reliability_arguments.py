@@ -4,15 +4,23 @@ before they are allocated, naming the settings that size them."""
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
+from megafmt import write_manifest
 from megafmt.cli.main import main
 from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
+    ConfigError,
     GPTDataset,
     GPTDatasetConfig,
     IndexBuildError,
+    TokenRangeError,
+    get_blend_and_blend_per_split,
+    get_train_valid_test_num_samples,
     memory,
 )
 from megaindex.tokenizer import IdentifiedTokenizer
@@ -33,6 +41,11 @@ SIMULATE = [
 CASES = [
     ([*SIMULATE, "--micro-batch-size", "2", "--dp", "0"], "--dp", "an integer >= 1, got 0"),
     ([*SIMULATE, "--micro-batch-size", "x"], "--micro-batch-size", "an integer, got 'x'"),
+    (
+        [*SIMULATE, "--micro-batch-size", "2", "--resume-at", "12.7"],
+        "--resume-at",
+        "an integer, got '12.7'",
+    ),
     (["dist", "demo", "--tp", "0"], "--tp", "an integer >= 1, got 0"),
     (["dist", "demo", "--seq-length", "-3"], "--seq-length", "an integer >= 1, got -3"),
     (
@@ -75,17 +88,20 @@ def test_bad_command_line_arguments_are_named(capsys, argv, argument, what):
 
 def config(tmp_path, sequence_length: int, **overrides) -> GPTDatasetConfig:
     corpus = write_corpus(str(tmp_path / "corpus"))
+    fields = {
+        "blend": ([corpus], None),
+        "split": "90,8,2",
+        "tokenizer": IdentifiedTokenizer.null(1000),
+        **overrides,
+    }
     return GPTDatasetConfig(
         random_seed=1234,
         sequence_length=sequence_length,
-        blend=([corpus], None),
-        split="90,8,2",
-        tokenizer=IdentifiedTokenizer.null(1000),
         path_to_cache=str(tmp_path / "cache"),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
-        **overrides,
+        **fields,
     )
 
 
@@ -123,3 +139,92 @@ def test_the_estimate_is_checked_against_what_is_available(tmp_path, monkeypatch
 def test_available_memory_reads_the_kernel_figures():
     available = memory.available_memory()
     assert available is None or available > 0
+
+
+BLEND_CASES = [  # (the weights of a blend of the corpus repeated; the message)
+    ([math.nan, 1.0], "blend: the weight of 'C' is nan"),
+    ([math.inf, 1.0], "blend: the weight of 'C' is inf"),
+    ([-1.0, 2.0], "blend: the weight of 'C' is -1.0"),
+    ([0.0, 0.0], r"blend: the weights \[0.0, 0.0\] are all zero"),
+    ([], "blend holds no prefix"),
+]
+
+
+@pytest.mark.parametrize(("weights", "message"), BLEND_CASES, ids=[c[1][:24] for c in BLEND_CASES])
+def test_bad_blend_weights_name_the_field_and_value(tmp_path, weights, message):
+    corpus = config(tmp_path, 8).blend[0][0]
+    blend = ([corpus] * len(weights), weights or None)
+    for fields, field in (
+        ({"blend": blend}, "blend"),
+        ({"blend": None, "split": None, "blend_per_split": [blend, None, None]}, "train"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            build(config(tmp_path, 8, **fields))
+        assert isinstance(caught.value, AssertionError)  # megatron-core asserts there
+        expected = message.replace("'C'", repr(corpus))
+        if field == "train":
+            expected = expected.replace("blend", r"blend_per_split\[train\]", 1)
+        assert re.search(expected, str(caught.value))
+
+
+@pytest.mark.parametrize(
+    ("items", "argument"),
+    [
+        (["nan", "c"], "--data-path: the weight of 'c' is nan"),
+        (["inf", "c", "1", "d"], "--data-path: the weight of 'c' is inf"),
+        (["0", "c", "0", "d"], "--data-path: the weights .* are all zero"),
+    ],
+)
+def test_bad_data_path_weights_name_the_flag(capsys, items, argument):
+    assert main(["index", "build", "--data-path", *items, "--seq-length", "8", *INDEX]) != 0
+    assert re.search(argument, capsys.readouterr().err)
+
+
+def test_per_split_weights_name_their_flag():
+    with pytest.raises(ConfigError, match="--valid-data-path: the weight of 'v' is nan"):
+        get_blend_and_blend_per_split(train_data_path=["t"], valid_data_path=["nan", "v"])
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [
+        ({"train_iters": -5}, "train_iters must be an integer >= 0, got -5"),
+        ({"train_samples": -5}, "train_samples must be an integer >= 0, got -5"),
+        ({"train_iters": 5, "eval_interval": 2, "eval_iters": -1}, "eval_iters must be an"),
+        ({"train_iters": 5, "eval_interval": 0, "eval_iters": 1}, "eval_interval must be an"),
+    ],
+)
+def test_negative_sample_budgets_are_refused(counts, message):
+    with pytest.raises(ConfigError, match=message):
+        get_train_valid_test_num_samples(4, **counts)
+
+
+def test_negative_split_sizes_are_refused(tmp_path):
+    for sizes, name in (([-5, 10, 10], r"sizes\[0\] \(the train"), ([5, 10, -1], r"sizes\[2\]")):
+        with pytest.raises(ConfigError, match=name + r".* expected an integer >= 0"):
+            BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config(tmp_path, 8))
+
+
+def test_negative_sample_counts_on_the_command_line(capsys):
+    argv = ["index", "build", "--data-path", "c", "--seq-length", "8", *INDEX, "--samples"]
+    with pytest.raises(SystemExit):
+        main([*argv, "10,-3,0"])
+    assert "argument --samples: expected an integer >= 0, got -3" in capsys.readouterr().err
+
+
+def test_a_vocabulary_smaller_than_the_corpus_ids_is_refused_naming_both(tmp_path):
+    small = config(tmp_path, 8, tokenizer=IdentifiedTokenizer.null(100))  # ids up to 1000
+    train = build(small)[0]
+    with pytest.raises(TokenRangeError, match=r"\.bin: sample 0 of the train split holds token"):
+        train[0]
+    with pytest.raises(TokenRangeError, match=r"vocab_size is 101 \(ids 0 to 100, its EOD"):
+        train.__getitems__([0, 1])
+    assert len(build(config(tmp_path, 8))[0][0]["tokens"]) == 8  # a vocabulary that holds them
+    # mega preprocess's manifest names the vocabulary the corpus was made with: one larger than
+    # the tokenizer's keeps the check; one within it (its ids all below) spares every sample it
+    corpus = small.blend[0][0]
+    write_manifest(corpus, {"tokenizer": {"vocab_size": 1001}})
+    with pytest.raises(TokenRangeError):
+        build(small)[0][0]
+    write_manifest(corpus, {"tokenizer": {"vocab_size": 101}})
+    assert build(small)[0][0]["tokens"].max() > 100  # trusted, as the manifest says

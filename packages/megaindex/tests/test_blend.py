@@ -34,10 +34,13 @@ def test_blend_forms(items, expected):
             r"item 3 \('code'\) should be the weight of 'math': "
             r"item 1 \('0.5'\) is a weight",
         ),
-        (["-1", "web", "2", "code"], "the weight of 'web' is -1; weights must be >= 0"),
+        (
+            ["-1", "web", "2", "code"],
+            "--data-path: the weight of 'web' is -1; weights must be finite numbers >= 0",
+        ),
         (["0", "web", "0", "code"], "are all zero"),
         (["1", "web", "code"], "odd number of items .* '1' looks like a weight"),
-        ([], "the data path is empty"),
+        ([], "--data-path is empty"),
     ],
 )
 def test_blend_mistakes_name_the_item(items, message):

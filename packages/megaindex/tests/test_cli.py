@@ -13,6 +13,7 @@ from megaindex import (
     StepBatchSizeSchedule,
     get_train_valid_test_num_samples,
 )
+from megaindex.phases import PhaseSchedule, build_phase_datasets
 
 
 def dataset_args(corpus, cache):
@@ -307,3 +308,31 @@ def test_megatron_tokenizer_flags_name_the_job_s_tokenizer(corpus, tmp_path, cap
     capsys.readouterr()
     assert main([*base, "--cache-dir", str(tmp_path / "c")]) != 0
     assert "give the job's tokenizer: --tokenizer-type" in capsys.readouterr().err
+
+
+def test_inspect_shows_a_phase_schedule(corpus, tmp_path, capsys, make_config):
+    other = write_corpus(str(tmp_path / "other"), documents=150, seed=5)
+    cache = str(tmp_path / "cache")
+    phases = ["--phases", f"0:0.25 {corpus} 0.75 {other}", f"3:{other}"]
+    budget = ["--global-batch-size", "8", "--train-iters", "6"]
+    args = ["--seq-length", "16", "--split", "1", "--null-tokenizer", "1000"]
+    assert main(["index", "build", *args, "--cache-dir", cache, *phases, *budget]) == 0
+    assert "phase from iteration 3:" in capsys.readouterr().out
+    assert main(["index", "inspect", cache, *phases, f"5:{corpus}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"phase 0 from iteration 0: 0.25 {corpus} 0.75 {other}"
+    # the phases' datasets as the API builds them: 24 samples each (3 iterations of 8)
+    config = make_config(blend=([corpus], None), split="1", sequence_length=16)
+    schedule = PhaseSchedule.parse(phases[1:])
+    (blend, *_), (single, *_) = build_phase_datasets(GPTDataset, schedule, config, 8, 48, [0, 0])
+    drawn = numpy.bincount(blend.dataset_index, minlength=2)
+    assert lines[1].startswith(f"  {len(blend)} samples, {len(blend) * 16} tokens")
+    assert [int(line.split()[2]) for line in lines[3:5]] == drawn.tolist()
+    epochs = (24 * 16 + 1) / single.epoch_plan.tokens_per_epoch
+    assert lines[5] == f"phase 1 from iteration 3: {other}"
+    assert lines[6].startswith("  24 samples, 384 tokens")
+    assert lines[8].split()[1:] == ["1.0000", "24", f"{epochs:.3f}"]
+    assert lines[-1] == "  not in the cache: build it with mega index build --phases"
+    assert main(["index", "inspect", cache, *phases, "--json"]) == 0
+    reported = json.loads(capsys.readouterr().out)
+    assert [phase["samples"] for phase in reported] == [len(blend), 24]

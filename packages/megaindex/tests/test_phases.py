@@ -20,3 +20,15 @@ def test_each_phase_holds_the_samples_of_its_iterations() -> None:
 def test_a_schedule_starts_at_zero_and_increases(starts: list[int]) -> None:
     with pytest.raises(ConfigError, match="phases start at iteration 0"):
         PhaseSchedule(tuple(Phase(start) for start in starts))
+
+
+def test_a_schedule_reads_from_the_phases_flag() -> None:
+    schedule = PhaseSchedule.parse(["0:0.3 web 0.7 code", "40:code"])
+    assert schedule.phases == (
+        Phase(0, blend=(["web", "code"], [0.3, 0.7])),
+        Phase(40, blend=(["code"], None)),
+    )
+    with pytest.raises(ConfigError, match="--phases item 'x:web': expected START:DATA_PATH"):
+        PhaseSchedule.parse(["x:web"])
+    with pytest.raises(ConfigError, match=r"--phases item '0:nan web': the weight of 'web' is nan"):
+        PhaseSchedule.parse(["0:nan web"])

@@ -30,6 +30,7 @@ from megaindex.errors import (
     SequenceCountError,
     StaleCacheError,
     TokenDtypeError,
+    TokenRangeError,
 )
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
@@ -74,6 +75,7 @@ __all__ = [
     "StaleCacheError",
     "StepBatchSizeSchedule",
     "TokenDtypeError",
+    "TokenRangeError",
     "__version__",
     "backend",
     "build_blending_indices",

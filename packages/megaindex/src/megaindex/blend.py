@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 Blend = tuple[list[str], list[float] | None]
 
+#: the splits a per-split blend names, in order
+SPLITS = ("train", "valid", "test")
 #: the split Megatron-LM falls back to when only a data path is given
 LEGACY_DEFAULT_SPLIT = "969, 30, 1"
 
@@ -36,20 +39,23 @@ def _weight(item: str) -> float | None:
         return None
 
 
-def get_blend_from_list(blend: Sequence[str] | None) -> Blend | None:
+def get_blend_from_list(
+    blend: Sequence[str] | None, *, argument: str = "--data-path"
+) -> Blend | None:
     """``["30", "a", "70", "b"]`` -> ``(["a", "b"], [30.0, 70.0])``; ``["a", "b"]`` ->
-    ``(["a", "b"], None)`` (weights from sizes); a single prefix -> ``(["a"], None)``."""
+    ``(["a", "b"], None)`` (weights from sizes); a single prefix -> ``(["a"], None)``.
+    ``argument`` names the flag the list comes from in the errors."""
     if blend is None:
         return None
     items = list(blend)
     if not items:
-        raise ConfigError("the data path is empty: give a prefix, or weight/prefix pairs")
+        raise ConfigError(f"{argument} is empty: give a prefix, or weight/prefix pairs")
     if len(items) % 2 == 1:
         weights = [_weight(item) for item in items]
         if all(w is not None for w in weights) or any(w is not None for w in weights[0::2]):
             numbers = [item for item, w in zip(items, weights, strict=True) if w is not None]
             raise ConfigError(
-                f"the data path has an odd number of items ({len(items)}), so it must be a list "
+                f"{argument} has an odd number of items ({len(items)}), so it must be a list "
                 f"of prefixes, but {numbers[0]!r} looks like a weight: give weight/prefix pairs"
             )
         return [item.strip() for item in items], None
@@ -61,14 +67,20 @@ def get_blend_from_list(blend: Sequence[str] | None) -> Blend | None:
         if weight is None:
             first = next(i for i, w in enumerate(weights) if w is not None)
             raise ConfigError(
-                f"data path item {2 * position + 1} ({raw!r}) should be the weight of "
+                f"{argument} item {2 * position + 1} ({raw!r}) should be the weight of "
                 f"{prefix!r}: item {2 * first + 1} ({pairs[first][0]!r}) is a weight, so every "
                 "odd item must be one"
             )
-        if weight < 0 or weight != weight:
-            raise ConfigError(f"the weight of {prefix!r} is {raw}; weights must be >= 0")
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ConfigError(
+                f"{argument}: the weight of {prefix!r} is {raw}; weights must be finite numbers "
+                ">= 0"
+            )
     if sum(weights) <= 0:
-        raise ConfigError(f"the weights {[raw for raw, _ in pairs]} are all zero")
+        raise ConfigError(
+            f"{argument}: the weights {[raw for raw, _ in pairs]} are all zero; at least one "
+            "must be above 0"
+        )
     return [prefix.strip() for _, prefix in pairs], weights
 
 
@@ -99,7 +111,11 @@ def get_blend_and_blend_per_split(
     if uses_blend:
         if data_path is not None and data_args_path is not None:
             raise ConfigError("give --data-path or --data-args-path, not both")
-        return get_blend_from_list(_words(data_args_path) if data_args_path else data_path), None
+        if data_args_path is not None:
+            return get_blend_from_list(
+                _words(data_args_path), argument=f"--data-args-path {data_args_path}"
+            ), None
+        return get_blend_from_list(data_path), None
     if not uses_per_split:
         return None, None
     if per_split_data_args_path is not None:
@@ -108,7 +124,7 @@ def get_blend_and_blend_per_split(
                 by_split = json.load(stream)
         except (OSError, ValueError) as error:
             raise ConfigError(f"cannot read {per_split_data_args_path}: {error}") from error
-        missing = [name for name in ("train", "valid", "test") if name not in by_split]
+        missing = [name for name in SPLITS if name not in by_split]
         if missing:
             raise ConfigError(
                 f"{per_split_data_args_path} has no {', '.join(missing)} entry; "
@@ -116,9 +132,17 @@ def get_blend_and_blend_per_split(
             )
         per_split = [
             by_split[name].split() if isinstance(by_split[name], str) else by_split[name]
-            for name in ("train", "valid", "test")
+            for name in SPLITS
         ]
-    return None, [get_blend_from_list(blend) for blend in per_split]
+    sources = (
+        [f"--per-split-data-args-path {per_split_data_args_path} [{name!r}]" for name in SPLITS]
+        if per_split_data_args_path is not None
+        else [f"--{name}-data-path" for name in SPLITS]
+    )
+    return None, [
+        get_blend_from_list(blend, argument=source)
+        for blend, source in zip(per_split, sources, strict=True)
+    ]
 
 
 def default_split(split: str | None, blend: Blend | None) -> str | None:

@@ -144,8 +144,19 @@ def get_train_valid_test_num_samples(
     iteration: int = 0,
 ) -> tuple[int, int | None, int]:
     """``(train, valid, test)`` sample counts for ``BlendedMegatronDatasetBuilder``."""
-    if global_batch_size is None or global_batch_size < 1:
-        raise ConfigError(f"global_batch_size must be positive, got {global_batch_size}")
+    for name, value, least in (
+        ("global_batch_size", global_batch_size, 1),
+        ("train_iters", train_iters, 0),
+        ("train_samples", train_samples, 0),
+        ("eval_interval", eval_interval, 1),
+        ("eval_iters", eval_iters, 0),
+        ("eval_global_batch_size", eval_global_batch_size, 1),
+        ("iteration", iteration, 0),
+    ):
+        if (value is not None or name == "global_batch_size") and not (
+            isinstance(value, int) and value >= least
+        ):
+            raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
     if train_iters is None:
         if train_samples is None:
             raise ConfigError("give train_iters or train_samples")

@@ -72,6 +72,28 @@ def _get_size_per_split_per_dataset(
     ]
 
 
+def check_blend_weights(
+    name: str, prefixes: Sequence[str], weights: Sequence[float] | None
+) -> None:
+    """Refuse, naming the field ``name``, a blend of no prefix, or weights that are not finite
+    numbers >= 0 with at least one above 0 (megatron-core's builder fails an assert there,
+    after normalising them to NaN or a negative share)."""
+    if not prefixes:
+        raise ConfigError(f"{name} holds no prefix: give at least one dataset prefix")
+    if weights is None:
+        return
+    for prefix, weight in zip(prefixes, weights, strict=False):
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ConfigError(
+                f"{name}: the weight of {prefix!r} is {weight!r}; weights must be finite "
+                "numbers >= 0"
+            )
+    if not any(weight > 0 for weight in weights):
+        raise ConfigError(
+            f"{name}: the weights {list(weights)} are all zero; at least one must be above 0"
+        )
+
+
 class BlendedMegatronDatasetBuilder:
     """Builds the train, valid and test datasets of ``config`` with ``cls``.
 
@@ -94,6 +116,12 @@ class BlendedMegatronDatasetBuilder:
             raise ConfigError(
                 f"sizes must hold one entry per split (train, valid, test), got {sizes}"
             )
+        for split, size in zip(Split, sizes, strict=True):
+            if size is not None and not (isinstance(size, int | numpy.integer) and size >= 0):
+                raise ConfigError(
+                    f"sizes[{split.value}] (the {split.name} split's sample count) is {size!r}; "
+                    "expected an integer >= 0, or None for one epoch"
+                )
         self.cls = cls
         self.sizes = sizes
         self.is_built_on_rank = is_built_on_rank
@@ -177,7 +205,7 @@ class BlendedMegatronDatasetBuilder:
         if self.config.blend:
             prefixes, weights = self.config.blend
             return self._build_blend(
-                prefixes, weights, self.config.split_matrix, self.sizes, list(Split)
+                prefixes, weights, self.config.split_matrix, self.sizes, list(Split), "blend"
             )
         datasets: list[Any] = [None] * len(Split)
         for split in Split:
@@ -199,9 +227,9 @@ class BlendedMegatronDatasetBuilder:
                     for prefix in prefixes
                 ]
                 continue
-            datasets[split.value] = self._build_blend(prefixes, weights, only_this, sizes, [split])[
-                split.value
-            ]
+            name = f"blend_per_split[{split.name}]"
+            built = self._build_blend(prefixes, weights, only_this, sizes, [split], name)
+            datasets[split.value] = built[split.value]
         return datasets
 
     def _build_blend(
@@ -211,13 +239,17 @@ class BlendedMegatronDatasetBuilder:
         split: Bookends,
         sizes: list[int | None],
         splits: list[Split],
+        name: str,
     ) -> list[Any]:
         """The datasets of ``splits`` for one blend: a mid-level dataset per prefix, and a
-        BlendedDataset over them unless the blend is a single unweighted prefix."""
+        BlendedDataset over them unless the blend is a single unweighted prefix. ``name`` is
+        the config field the blend comes from, for the errors."""
+        if len(prefixes) == 1 and (weights is None or self.config.blend_per_split is not None):
+            # a split's own single corpus: its weight is not read (as in megatron-core)
+            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
+        check_blend_weights(name, prefixes, weights)
         if weights is not None:
             weights = normalize(weights)
-        if len(prefixes) == 1 and (weights is None or self.config.blend_per_split is not None):
-            return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
         if weights is None:
             targets = None
             buffers: list[list[int | None]] = [[None] * len(Split) for _ in prefixes]

@@ -37,6 +37,8 @@ from megaindex.fim_cli import add_fim_arguments, fim_fields
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.mock import MockGPTDataset
+from megaindex.phase_report import describe_phases, phase_reports
+from megaindex.phases import PhaseSchedule, build_phase_datasets
 from megaindex.plugins import DATASETS
 from megaindex.sft_dataset import SFTDataset, SFTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
@@ -182,6 +184,7 @@ def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> 
     budget = parser.add_argument_group("sample budget (Megatron-LM's flags, or --samples)")
     budget.add_argument(
         "--samples",
+        type=sample_counts,
         metavar="TRAIN[,VALID[,TEST]]",
         help="samples per split; an empty count builds one epoch",
     )
@@ -201,12 +204,21 @@ def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> 
     )
     budget.add_argument(
         "--phase-transition-iterations",
-        type=int,
+        type=positive_int,
         nargs="+",
         metavar="ITER",
         help="build the datasets of the phase --iteration is in",
     )
-    budget.add_argument("--iteration", type=int, default=0, help="the iteration resumed at")
+    budget.add_argument(
+        "--phases",
+        nargs="+",
+        metavar="START:DATA_PATH",
+        help="a mid-training schedule, e.g. '0:0.3 web 0.7 code' '4000:code': each phase's "
+        "first iteration and blend (build and simulate every phase; inspect shows them)",
+    )
+    budget.add_argument(
+        "--iteration", type=non_negative_int, default=0, help="the iteration resumed at"
+    )
     budget.add_argument(
         "--rampup-batch-size",
         type=int,
@@ -255,12 +267,17 @@ def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> 
     add_fim_arguments(parser)
 
 
+def sample_counts(text: str) -> list[int | None]:
+    """``--samples TRAIN[,VALID[,TEST]]``: counts >= 0, an empty one None (one epoch)."""
+    counts = [non_negative_int(c) if c.strip() else None for c in text.split(",")]
+    if len(counts) > len(Split):
+        raise argparse.ArgumentTypeError(f"expected at most 3 counts, got {text!r}")
+    return counts + [None] * (len(Split) - len(counts))
+
+
 def _sizes(args: argparse.Namespace) -> list[int | None]:
     if args.samples is not None:
-        counts: list[int | None] = [int(c) if c.strip() else None for c in args.samples.split(",")]
-        if len(counts) > len(Split):
-            raise ValueError(f"--samples takes at most 3 counts, got {args.samples!r}")
-        return counts + [None] * (len(Split) - len(counts))
+        return args.samples
     if args.rampup_batch_size is not None:
         warnings.warn(
             "--rampup-batch-size is deprecated and ignored (as at the seed commit); use "
@@ -357,10 +374,35 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         raise ValueError(
             "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
         )
+    config = _dataset_config(args, cls, blend, blend_per_split)
+    return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
+
+
+def build_phases(args: argparse.Namespace) -> list[tuple[int, list[Any]]]:
+    """``(first iteration, [train, valid, test])`` of every phase of ``--phases``, built (or
+    loaded from the cache) before the run, each sized as its launch sizes it; the last phase
+    ends at the run's training samples (``--train-samples``, or ``--train-iters`` batches)."""
+    schedule = PhaseSchedule.parse(args.phases)
+    if args.phase_transition_iterations or args.global_batch_size is None:
+        raise ValueError(
+            "--phases takes the transitions from its items and needs --global-batch-size "
+            "(without --phase-transition-iterations)"
+        )
+    train, *eval_sizes = _sizes(args)
+    if train is None:
+        raise ValueError("--phases needs the run's training samples: --train-samples or iters")
+    cls = DATASETS.get(args.dataset)
+    config = _dataset_config(args, cls, schedule.phases[0].blend, None)
+    built = build_phase_datasets(cls, schedule, config, args.global_batch_size, train, eval_sizes)
+    return list(zip(schedule.starts, built, strict=True))
+
+
+def _dataset_config(args: argparse.Namespace, cls: Any, blend: Any, blend_per_split: Any) -> Any:
+    """The dataset configuration of ``args`` for ``cls`` over ``blend`` or ``blend_per_split``."""
     sft = issubclass(cls, SFTDataset)
     fim = issubclass(cls, GPTFIMDataset)
     config_class = SFTDatasetConfig if sft else GPTFIMDatasetConfig if fim else GPTDatasetConfig
-    config = config_class(
+    return config_class(
         **(fim_fields(args) if fim else {}),
         random_seed=args.seed,
         sequence_length=args.seq_length,
@@ -388,7 +430,6 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
         **(_sft_settings(args) if sft else {}),
     )
-    return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
 
 
 def _sequences_per_dataset(path: str | None) -> dict[str, Any] | None:
@@ -417,6 +458,13 @@ class DatasetProvider:
 
     def build(self, args: argparse.Namespace) -> list[Any]:
         return build_datasets(args)
+
+    def build_phases(self, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
+        """``(first iteration, training dataset)`` of each phase of ``--phases``, or None
+        without it (megaload's ``PhasedProvider``)."""
+        if not args.phases:
+            return None
+        return [(first, datasets[Split.train.value]) for first, datasets in build_phases(args)]
 
 
 def _report_built(split: Split, dataset: Any, indent: str = "") -> str:
@@ -490,6 +538,13 @@ class IndexCommand:
         )
         inspect.add_argument("--plot", metavar="PNG", help="plot blend shares (needs matplotlib)")
         inspect.add_argument("--json", action="store_true", help="print JSON")
+        inspect.add_argument(
+            "--phases",
+            nargs="+",
+            metavar="START:DATA_PATH",
+            help="show this schedule's phases (as mega index build --phases built them): "
+            "per phase its blend, samples, tokens and each corpus's epochs",
+        )
         explain = commands.add_parser("explain", help="which documents a sample is cut from")
         _dataset_arguments(explain)
         explain.add_argument("--sample", type=int, required=True, help="sample number")
@@ -511,15 +566,25 @@ class IndexCommand:
         for flag in ("dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap"):
             if vars(args)[flag]:  # taken, and set aside as prepare_cache.py does
                 print(f"> ignoring --{flag.replace('_', '-')} during cache preparation")
-        datasets = build_datasets(args)
-        for split, dataset in zip(Split, datasets, strict=True):
-            if dataset is not None:
-                print(_report_built(split, dataset))
+        phases = build_phases(args) if args.phases else [(None, build_datasets(args))]
+        for first, datasets in phases:
+            if first is not None:
+                print(f"phase from iteration {first}:")
+            for split, dataset in zip(Split, datasets, strict=True):
+                if dataset is not None:
+                    print(_report_built(split, dataset))
         print(f"done in {time.perf_counter() - start:.2f} s")
         return 0
 
     def _inspect(self, args: argparse.Namespace) -> int:
         reports = inspect_cache(args.cache_dir, args.first)
+        if args.phases:
+            phases = phase_reports(PhaseSchedule.parse(args.phases), reports)
+            if args.json:
+                print(json.dumps([asdict(phase) for phase in phases], indent=2))
+            else:
+                print("\n".join(describe_phases(phases)))
+            return 0
         if args.plot:
             _plot(reports, args.plot)
         if args.json:

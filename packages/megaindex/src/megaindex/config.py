@@ -200,6 +200,11 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     """When a cached index was built from a corpus that changed since: "rebuild" it with a
     warning that says what changed, or "error"."""
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The tokenizer's vocabulary size, when it states one (token ids are below it)."""
+        return getattr(self.tokenizer, "vocab_size", None)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tokenizer is None:
@@ -212,7 +217,7 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
                 f"stale_cache must be one of {', '.join(STALE_CACHE_CHOICES)}, got "
                 f"{self.stale_cache!r}"
             )
-        vocab_size = getattr(self.tokenizer, "vocab_size", None)
+        vocab_size = self.vocab_size
         self.token_dtype_code = (
             None
             if vocab_size is None

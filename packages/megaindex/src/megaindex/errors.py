@@ -51,6 +51,12 @@ class TokenDtypeError(MegaindexError, TypeError):
     (megatron-core's cast to int64 raises a ``TypeError`` there too)."""
 
 
+class TokenRangeError(MegaindexError, ValueError):
+    """A sample holds a token id at or above the tokenizer's ``vocab_size``: the corpus was
+    tokenized with another vocabulary (megatron-core reads it, and the model fails or learns
+    from rows of its padded embedding)."""
+
+
 class CacheError(MegaindexError, OSError):
     """The index cache cannot be written, or is missing where it must exist."""
 

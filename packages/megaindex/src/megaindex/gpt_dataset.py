@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy
 
-from megafmt import IndexedDataset
+from megafmt import IndexedDataset, MegafmtError, read_manifest
 from megafmt.protocols import (
     CollatedBatch,
     PrefetchingSource,
@@ -33,7 +33,7 @@ from megafmt.shared import confined_path, default_cache_dir, is_url, url_compone
 from megaindex.cache import CacheEntry
 from megaindex.config import GPTDatasetConfig
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
-from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError
+from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError, TokenRangeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.megatron_log import log_gpt_tables
@@ -131,6 +131,20 @@ class GPTDataset(MegatronDataset):
             if isinstance(indexed_dataset, IndexedDataset)
             else None
         )
+        #: the ids each read sample must stay below: the tokenizer's vocab_size, or past its
+        #: EOD id where that lies above (None: the tokenizer states no size, or every id the
+        #: corpus dtype holds is below it)
+        vocab_size, eod = config.vocab_size, getattr(config.tokenizer, "eod", None)
+        limit = None if vocab_size is None else max(vocab_size, eod + 1 if eod else 0)
+        dtype = self._token_dtype
+        checked = (
+            limit is not None
+            and dtype is not None
+            and dtype.kind in "iu"
+            and numpy.iinfo(dtype).max >= limit
+            and not _made_within(_path_prefix(indexed_dataset), limit)
+        )
+        self._vocab_limit = limit if checked else None
 
     # ---- megatron-core's API -----------------------------------------------------------------
 
@@ -230,6 +244,8 @@ class GPTDataset(MegatronDataset):
             if isinstance(error, IndexError) and any(idx >= len(self) for idx in samples):
                 raise  # a sample the dataset does not have: the caller's index, as numpy's
             raise self._read_error(samples, error) from error
+        if self._vocab_limit is not None and len(samples) and out.max() >= self._vocab_limit:
+            self._refuse_out_of_vocabulary(samples, out)
         if self.shapes_samples:
             for row, idx in enumerate(samples):
                 out[row] = self.shape_sample(idx, out[row])
@@ -256,6 +272,20 @@ class GPTDataset(MegatronDataset):
         return SampleReadError(
             f"{corpus}: reading sample {failing} of the {self.index_split.name} split "
             f"(documents {documents}) failed: {error}"
+        )
+
+    def _refuse_out_of_vocabulary(self, samples: list[int], out: numpy.ndarray) -> None:
+        """Raise naming the corpus, the first sample of ``out`` holding an id the tokenizer's
+        vocabulary does not have, that id and the vocabulary size: the model's embedding has
+        no row for it (a device-side assert on a GPU, or silently wrong rows of a padded one)."""
+        row = int(numpy.argmax(out.max(axis=1) >= self._vocab_limit))
+        top = int(out[row].max())
+        corpus = _path_prefix(self.dataset) or self.dataset_path
+        raise TokenRangeError(
+            f"{corpus}.bin: sample {samples[row]} of the {self.index_split.name} split holds "
+            f"token id {top}, but the tokenizer's vocab_size is {self.config.vocab_size} (ids 0 "
+            f"to {self._vocab_limit - 1}, its EOD id included): the corpus was tokenized with "
+            "another, larger vocabulary"
         )
 
     def _check_token_dtype(self) -> None:
@@ -330,6 +360,19 @@ class GPTDataset(MegatronDataset):
             self.index_split.name,
             self.recipe.names,
         )
+
+
+def _made_within(prefix: str | None, limit: int) -> bool:
+    """Whether ``mega preprocess`` made the corpus at ``prefix`` (its manifest says so) with a
+    tokenizer of at most ``limit`` ids: then no id of it reaches ``limit``, and samples need no
+    check (a local corpus without a manifest, or one in object storage, is checked)."""
+    if prefix is None or is_url(prefix):
+        return False
+    try:
+        made = (read_manifest(prefix) or {}).get("tokenizer", {}).get("vocab_size")
+    except MegafmtError:
+        return False
+    return isinstance(made, int) and made <= limit
 
 
 def _path_prefix(source: TokenSource) -> str | None:

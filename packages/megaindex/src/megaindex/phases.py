@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megaindex.blend import Blend
+from megaindex.blend import Blend, get_blend_from_list
 from megaindex.budget import samples_in_phase
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.config import BlendedMegatronDatasetConfig
@@ -44,6 +44,23 @@ class PhaseSchedule:
             raise ConfigError(
                 f"phases start at iteration 0 and at increasing iterations after it, found {starts}"
             )
+
+    @classmethod
+    def parse(cls, items: Sequence[str]) -> PhaseSchedule:
+        """``["0:0.3 web 0.7 code", "4000:code"]``: each phase as ``START:DATA_PATH``, its
+        first iteration and its ``--data-path`` words (``mega index`` and ``mega load
+        simulate``'s ``--phases``)."""
+        phases = []
+        for item in items:
+            start, colon, words = item.partition(":")
+            if not colon or not start.strip().isdigit():
+                raise ConfigError(
+                    f"--phases item {item!r}: expected START:DATA_PATH, the phase's first "
+                    "iteration (an integer >= 0), a colon and its --data-path words"
+                )
+            blend = get_blend_from_list(words.split(), argument=f"--phases item {item!r}")
+            phases.append(Phase(int(start), blend=blend))
+        return cls(tuple(phases))
 
     @property
     def starts(self) -> list[int]:

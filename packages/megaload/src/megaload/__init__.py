@@ -19,11 +19,13 @@ from megaload.batch_sampler import (
 from megaload.config import DataLoaderConfig
 from megaload.errors import (
     BackfillError,
+    LoaderStateError,
     MegaloadError,
     NoDataError,
     ResumeError,
     SamplerError,
     SamplerPluginError,
+    SamplerTypeError,
     SchedulingError,
     SimulationError,
 )
@@ -52,6 +54,7 @@ __all__ = [
     "DataLoaderConfig",
     "GlobalBatchSampler",
     "HybridCPMegatronPretrainingSampler",
+    "LoaderStateError",
     "MegaloadError",
     "MegatronDataLoader",
     "MegatronFullValidationSampler",
@@ -63,6 +66,7 @@ __all__ = [
     "SamplerError",
     "SamplerFactory",
     "SamplerPluginError",
+    "SamplerTypeError",
     "SchedulingError",
     "SimulationError",
     "__version__",

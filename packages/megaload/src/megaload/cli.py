@@ -12,7 +12,8 @@ import argparse
 import contextlib
 import hashlib
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
 
 from megafmt.shared import Progress, Registry, non_negative_int, positive_int
 from megaload.accounting import num_micro_batches
@@ -22,6 +23,7 @@ from megaload.errors import SimulationError
 from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
 from megaload.hybrid_cp_simulate import add_arguments, simulate_hybrid_cp
 from megaload.loader import build_pretraining_data_loader
+from megaload.phases import PhasedDataLoader
 
 PROVIDERS: Registry[Any] = Registry(
     "megaload.datasets",
@@ -55,11 +57,15 @@ class LoadCommand:
         simulate.add_argument("--no-data-sharding", action="store_true")
         simulate.add_argument("--num-workers", type=non_negative_int, default=0)
         simulate.add_argument(
-            "--resume-at", type=int, default=0, metavar="S", help="start at consumed sample S"
+            "--resume-at",
+            type=non_negative_int,
+            default=0,
+            metavar="S",
+            help="start at consumed sample S",
         )
         simulate.add_argument(
             "--dry-run-resume",
-            type=int,
+            type=non_negative_int,
             metavar="S",
             help="print what a resume at S reads first on each rank, and stop",
         )
@@ -84,25 +90,35 @@ class LoadCommand:
             raise SimulationError("mega load simulate needs --global-batch-size")
         if args.hybrid_cp is not None:
             args.dataloader_type = HYBRID_CP_SAMPLER
-        dataset = PROVIDERS.get(args.provider)().build(args)[0]
+        provider = PROVIDERS.get(args.provider)()
+        phases = provider.build_phases(args) if isinstance(provider, PhasedProvider) else None
         micro_batches = num_micro_batches(args.global_batch_size, args.micro_batch_size, args.dp)
-        loaders = [
-            build_pretraining_data_loader(
-                dataset,
-                args.dry_run_resume if args.dry_run_resume is not None else args.resume_at,
-                DataLoaderConfig(
-                    micro_batch_size=args.micro_batch_size,
-                    global_batch_size=args.global_batch_size,
-                    dataloader_type=args.dataloader_type,
-                    data_parallel_rank=rank,
-                    data_parallel_size=args.dp,
-                    data_sharding=not args.no_data_sharding,
-                    num_workers=args.num_workers,
-                    pin_memory=False,
-                ),
+        configs = [
+            DataLoaderConfig(
+                micro_batch_size=args.micro_batch_size,
+                global_batch_size=args.global_batch_size,
+                dataloader_type=args.dataloader_type,
+                data_parallel_rank=rank,
+                data_parallel_size=args.dp,
+                data_sharding=not args.no_data_sharding,
+                num_workers=args.num_workers,
+                pin_memory=False,
             )
             for rank in range(args.dp)
         ]
+        if phases is not None:
+            if args.dry_run_resume is not None:
+                raise SimulationError("--dry-run-resume does not take --phases: use --resume-at")
+            if args.hybrid_cp is not None:
+                raise SimulationError(
+                    "--hybrid-cp and --phases do not combine: simulate each phase with --data-path"
+                )
+            recorded = [(first, SampleIds(dataset)) for first, dataset in phases]
+            phased = [PhasedDataLoader(recorded, args.resume_at, c) for c in configs]
+            return _simulate(args, [_phase_stream(loader) for loader in phased], micro_batches)
+        dataset = provider.build(args)[0]
+        start = args.dry_run_resume if args.dry_run_resume is not None else args.resume_at
+        loaders = [build_pretraining_data_loader(dataset, start, c) for c in configs]
         if args.dry_run_resume is not None:
             for rank, loader in enumerate(loaders):
                 first = next(iter(loader.batch_sampler), None)
@@ -113,12 +129,46 @@ class LoadCommand:
             return 0
         if args.hybrid_cp is not None:
             return simulate_hybrid_cp(args, loaders)
-        return _simulate(args, loaders, micro_batches)
+        streams = [
+            ((ids, batch, None) for ids, batch in zip(loader.batch_sampler, loader, strict=False))
+            for loader in loaders
+        ]
+        return _simulate(args, streams, micro_batches)
 
 
-def _simulate(args: argparse.Namespace, loaders: list[Any], micro_batches: int) -> int:
-    samplers = [iter(loader.batch_sampler) for loader in loaders]
-    streams = [iter(loader) for loader in loaders]
+@runtime_checkable
+class PhasedProvider(Protocol):
+    """A dataset provider that also builds a mid-training schedule's datasets."""
+
+    def build_phases(self, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
+        """``(first iteration, training dataset)`` of each phase the arguments give, or None
+        when they give no schedule."""
+        ...
+
+
+class SampleIds:
+    """A dataset whose samples also carry their index (``sample_id``): what the simulation of
+    a phased run prints, as the phases' loaders pick the samples themselves."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        return {**self.dataset[idx], "sample_id": idx}
+
+
+def _phase_stream(loader: PhasedDataLoader) -> Iterator[tuple[list[int], Any, int]]:
+    """``(sample ids, batch, phase)`` of each micro-batch of a phased loader."""
+    for batch in loader:
+        yield batch["sample_id"].tolist(), batch, loader.phase
+
+
+def _simulate(args: argparse.Namespace, streams: list[Iterator[Any]], micro_batches: int) -> int:
+    """Run ``streams`` (one per rank, of ``(sample ids, batch, phase or None)``) step by step,
+    checking each global batch; with phases, print what each rank receives."""
     log = open(args.hash_log, "w") if args.hash_log else None  # noqa: SIM115
     tokens = 0
     start = time.perf_counter()
@@ -126,14 +176,17 @@ def _simulate(args: argparse.Namespace, loaders: list[Any], micro_batches: int) 
         for step in range(args.steps):
             digest = hashlib.sha256()
             indices: list[Any] = []
-            for rank in range(len(loaders)):
+            for rank in range(len(streams)):
                 for _ in range(micro_batches):
                     try:
-                        sampled = next(samplers[rank])
-                        batch = next(streams[rank])
+                        sampled, batch, phase = next(streams[rank])
                     except StopIteration:
                         print(f"the data ends during step {step} (rank {rank})")
                         return _summary(args, step, tokens, start, log)
+                    if phase is not None:
+                        lengths = batch["loss_mask"].sum(-1).long().tolist()
+                        print(f"step {step} rank {rank} phase {phase}: samples {sampled} "
+                              f"loss tokens {lengths}")  # fmt: skip
                     indices += sampled
                     digest.update(batch["tokens"].numpy().tobytes())
                     tokens += batch["tokens"].numel()

@@ -24,6 +24,16 @@ class ResumeError(SamplerError):
     layout the sampler's resume rules refuse."""
 
 
+class LoaderStateError(ResumeError):
+    """A saved loader state is malformed: a key is missing, or holds a value of the wrong type
+    or an unknown version (the message names the key, the value and what is allowed)."""
+
+
+class SamplerTypeError(SamplerError, TypeError):
+    """A count given to a sampler or loader is not an integer (``consumed_samples=12.7``);
+    a ``TypeError`` too, as Megatron-LM's samplers fail with one there."""
+
+
 class BackfillError(ResumeError, AssertionError):
     """A checkpoint's missing consumed-sample counts cannot be inferred (a sample-based run);
     an ``AssertionError`` too, as Megatron-LM asserts there."""

@@ -29,8 +29,22 @@ from torch.utils.data import DataLoader
 
 from megafmt.protocols import DescribedDataset, PlannedPrefetch, split_name
 from megaload.batch_sampler import GlobalBatchSampler, Reshardable, build_batch_sampler
+from megaload.checks import (
+    COUNT,
+    FLAG,
+    INTEGER,
+    MAPPING,
+    OPTIONAL_INTEGER,
+    OPTIONAL_POSITIVE,
+    OPTIONAL_TEXT,
+    POSITIVE,
+    TEXT,
+    Kind,
+    check_count,
+    check_state,
+)
 from megaload.config import EXTERNAL, DataLoaderConfig
-from megaload.errors import ResumeError
+from megaload.errors import LoaderStateError, ResumeError
 from megaload.planned import PlannedBatchSampler
 from megaload.shared_batches import Collate, SlotReader, available
 
@@ -39,15 +53,43 @@ logger = logging.getLogger(__name__)
 #: 2: the sampler's own resume fields moved under ``sampler_state``; 3: the ``layout``,
 #: ``options`` and ``dataset_digest`` that define the order (1 and 2 are still read)
 STATE_VERSION = 3
-#: the configuration fields of the layout, which a re-shard may change
-LAYOUT_FIELDS = (
-    "micro_batch_size",
-    "global_batch_size",
-    "data_parallel_size",
-    "data_parallel_rank",
-)
-#: the sampler options that define the order, which no resume may change
-OPTION_FIELDS = ("data_sharding", "drop_last", "pad_last_batch", "balanced", "seed")
+
+#: the keys of a saved state of each version, and their kinds
+STATE_SCHEMAS: dict[int, dict[str, Kind]] = {
+    1: {"consumed_samples": COUNT, "total_samples": COUNT},
+    2: {
+        "sampler": TEXT,
+        "consumed_samples": COUNT,
+        "total_samples": COUNT,
+        "sampler_state": MAPPING,
+    },
+    STATE_VERSION: {
+        "sampler": TEXT,
+        "consumed_samples": COUNT,
+        "total_samples": COUNT,
+        "dataset_digest": OPTIONAL_TEXT,
+        "layout": MAPPING,
+        "options": MAPPING,
+        "sampler_state": MAPPING,
+    },
+}
+#: the configuration fields of the layout, which a re-shard may change, and their kinds
+LAYOUT_SCHEMA: dict[str, Kind] = {
+    "micro_batch_size": POSITIVE,
+    "global_batch_size": OPTIONAL_POSITIVE,
+    "data_parallel_size": POSITIVE,
+    "data_parallel_rank": COUNT,
+}
+#: the sampler options that define the order, which no resume may change, and their kinds
+OPTIONS_SCHEMA: dict[str, Kind] = {
+    "data_sharding": FLAG,
+    "drop_last": FLAG,
+    "pad_last_batch": FLAG,
+    "balanced": FLAG,
+    "seed": OPTIONAL_INTEGER,
+}
+LAYOUT_FIELDS = tuple(LAYOUT_SCHEMA)
+OPTION_FIELDS = tuple(OPTIONS_SCHEMA)
 
 
 def dataset_digest(dataset: Any) -> str | None:
@@ -82,7 +124,7 @@ class MegatronDataLoader:
     def __init__(self, dataset: Any, consumed_samples: int, config: DataLoaderConfig) -> None:
         self.dataset = dataset
         self.config = config.for_split(split_name(dataset))
-        self.consumed_samples = consumed_samples
+        self.consumed_samples = check_count("consumed_samples", consumed_samples)
         #: hand each batch with the one its worker reads next (e.g. a corpus in object storage)
         self.plans_prefetch = isinstance(dataset, PlannedPrefetch) and dataset.prefetches
         self.loader = self._build(consumed_samples)
@@ -153,14 +195,7 @@ class MegatronDataLoader:
         it; with ``reshard=True`` the layout (micro-batch, global batch and data-parallel size
         and rank) may differ where the sampler continues exactly, from a point its ``reshard``
         gives (in this layout's count, which ``state_dict()`` records from then on)."""
-        if state.get("version") == 1:
-            state = self._upgraded_from_1(state)
-        if state.get("version") == 2:
-            state = self._upgraded_from_2(state)
-        if state.get("version") != STATE_VERSION:
-            raise ResumeError(
-                f"loader state version {state.get('version')!r} is not {STATE_VERSION}"
-            )
+        state = self._checked(state)
         self._check_same_data(state)
         for field in OPTION_FIELDS:
             self._check_field(state["options"], field, "the samples would come in another order")
@@ -185,6 +220,25 @@ class MegatronDataLoader:
             self.batch_sampler.check_resume(state["sampler_state"])
         self.consumed_samples = consumed
         self.loader = self._build(self.consumed_samples)
+
+    def _checked(self, state: Any) -> Mapping[str, Any]:
+        """``state`` as a version-3 state, after checking that it holds every key its version
+        has, each of its kind (:class:`~megaload.errors.LoaderStateError` names the key)."""
+        check_state(state, {"version": INTEGER}, "loader state")
+        version = state["version"]
+        if version not in STATE_SCHEMAS:
+            raise LoaderStateError(
+                f"loader state['version'] is {version!r}; expected one of "
+                f"{', '.join(map(str, STATE_SCHEMAS))} (this loader writes {STATE_VERSION})"
+            )
+        check_state(state, STATE_SCHEMAS[version], "loader state")
+        if version == 1:
+            state = self._upgraded_from_1(state)
+        if version <= 2:
+            state = self._upgraded_from_2(state)
+        check_state(state["layout"], LAYOUT_SCHEMA, "loader state['layout']")
+        check_state(state["options"], OPTIONS_SCHEMA, "loader state['options']")
+        return state
 
     def _check_same_data(self, state: Mapping[str, Any]) -> None:
         if state["total_samples"] != len(self.dataset):

@@ -23,12 +23,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from megaload.accounting import consumed_in_phase, num_micro_batches
+from megaload.checks import COUNT, COUNTS, INTEGER, MAPPING, check_count, check_state
 from megaload.config import DataLoaderConfig
-from megaload.errors import ResumeError, SamplerError
+from megaload.errors import LoaderStateError, ResumeError, SamplerError
 from megaload.loader import MegatronDataLoader
 
 #: the version of ``PhasedDataLoader.state_dict``
 PHASED_STATE_VERSION = 1
+#: the keys of its state, and their kinds
+PHASED_STATE_SCHEMA = {
+    "version": INTEGER,
+    "phase_starts": COUNTS,
+    "phase": COUNT,
+    "taken_in_phase": COUNT,
+    "loader": MAPPING,
+}
 
 
 class PhasedDataLoader:
@@ -54,6 +63,7 @@ class PhasedDataLoader:
         self.micro_batches_per_iteration = num_micro_batches(
             config.global_batch_size, config.micro_batch_size, config.data_parallel_size
         )
+        consumed_samples = check_count("consumed_samples", consumed_samples)
         iteration, leftover = divmod(consumed_samples, config.global_batch_size)
         if leftover:
             raise ResumeError(
@@ -119,15 +129,21 @@ class PhasedDataLoader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the same phase, its loader at the saved sample."""
-        if state.get("version") != PHASED_STATE_VERSION:
-            raise ResumeError(
-                f"phased loader state version {state.get('version')!r} is not "
+        check_state(state, PHASED_STATE_SCHEMA, "phased loader state")
+        if state["version"] != PHASED_STATE_VERSION:
+            raise LoaderStateError(
+                f"phased loader state['version'] is {state['version']!r}; expected "
                 f"{PHASED_STATE_VERSION}"
             )
         if list(state["phase_starts"]) != self.starts:
             raise ResumeError(
                 f"the state was saved with phases starting at {state['phase_starts']}, this "
                 f"loader's start at {self.starts}"
+            )
+        if state["phase"] >= len(self.starts):
+            raise LoaderStateError(
+                f"phased loader state['phase'] is {state['phase']}; this loader has phases 0 to "
+                f"{len(self.starts) - 1}"
             )
         self.phase = int(state["phase"])
         self.taken_in_phase = int(state["taken_in_phase"])

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from megafmt.protocols import EpochAware
+from megaload.checks import COUNT, FLAG, OPTIONAL_INTEGER, POSITIVE, check_count, check_state
 from megaload.errors import ResumeError, SamplerError
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def _check_layout(
 
 
 def _check_consumed(consumed_samples: int, total_samples: int) -> None:
-    if not 0 <= consumed_samples <= total_samples:
+    if check_count("consumed_samples", consumed_samples) > total_samples:
         raise SamplerError(
             f"consumed_samples {consumed_samples} is outside the dataset's 0..{total_samples}"
         )
@@ -155,6 +156,18 @@ class MegatronPretrainingSampler(_ResumesAnywhere):
             yield share
 
 
+#: the kinds of the values of ``MegatronPretrainingRandomSampler.resume_state()``
+RANDOM_SAMPLER_STATE = {
+    "data_sharding": FLAG,
+    "seed": OPTIONAL_INTEGER,
+    "balanced": FLAG,
+    "micro_batch_size": POSITIVE,
+    "data_parallel_size": POSITIVE,
+    "epoch_samples": POSITIVE,
+    "permutation_size": COUNT,
+}
+
+
 class MegatronPretrainingRandomSampler:
     """Random, epoch after epoch: each epoch a new permutation (seeded by the epoch), either
     within each rank's bucket of the data (``data_sharding``) or over all of it."""
@@ -180,8 +193,7 @@ class MegatronPretrainingRandomSampler:
                 f"micro_batch_size {micro_batch_size} x data_parallel_size {data_parallel_size}"
                 f" = {width}"
             )
-        if consumed_samples < 0:
-            raise SamplerError(f"consumed_samples must be >= 0, got {consumed_samples}")
+        check_count("consumed_samples", consumed_samples)
         self.dataset = dataset
         self.total_samples = total_samples
         self.consumed_samples = consumed_samples
@@ -266,12 +278,7 @@ class MegatronPretrainingRandomSampler:
         """This sampler's ``resume_state()``, after refusing a ``saved`` one of another sampler
         or another order (``data_sharding``, ``seed``, ``balanced``)."""
         mine = self.resume_state()
-        missing = [field for field in mine if field not in saved]
-        if missing:
-            raise ResumeError(
-                f"the saved sampler state lacks {', '.join(missing)}: it was not saved by the "
-                "cyclic sampler"
-            )
+        check_state(saved, RANDOM_SAMPLER_STATE, "the saved cyclic sampler state")
         for field in ("data_sharding", "seed", "balanced"):
             if saved[field] != mine[field]:
                 raise ResumeError(
