@@ -20,6 +20,8 @@ def test_explain_shows_an_sft_pack_with_its_segments_and_loss_decoded(tmp_path, 
     write_sft_jsonl(path, 12, seed=1, conversations=3)
     args = ["--dataset", "sft", "--data-path", path, "--seq-length", "64", "--split", "100,0,0"]
     args += ["--sft-tokenizer", tokenizer, "--samples", "20", "--context-parallel-size", "2"]
+    # one replica of CP 2; SFT packs take no attention mask (Megatron asserts so too)
+    args += ["--prepare-cache-world-size", "2", "--no-create-attention-mask-in-dataloader"]
     assert main(["index", "explain", *args, "--sample", "13"]) == 0
     shown = capsys.readouterr().out.splitlines()
     assert (

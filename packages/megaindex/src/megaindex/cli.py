@@ -334,7 +334,7 @@ def data_parallel_size(args: argparse.Namespace) -> int:
     if world % model:
         raise ValueError(
             f"world size {world} is not a multiple of tensor x pipeline x context parallel "
-            f"sizes ({model})"
+            f"sizes ({model}): give the job's --prepare-cache-world-size (or $WORLD_SIZE)"
         )
     return world // model
 
