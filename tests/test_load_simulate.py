@@ -80,6 +80,7 @@ def simulate_hybrid_cp(tmp_path, *extra):
     write_sft_jsonl(path, 30, seed=1, conversations=3)
     data = ["--dataset", "sft", "--data-path", path, "--seq-length", "256", "--split", "100,0,0"]
     data += ["--sft-tokenizer", tokenizer, "--samples", "40", "--cache-dir", str(tmp_path / "c")]
+    data += ["--no-create-attention-mask-in-dataloader"]  # packed: Megatron's default is on
     layout = ["--global-batch-size", "4", "--micro-batch-size", "1", "--dp", "2", "--cp", "2"]
     return main(["load", "simulate", *data, *layout, "--hybrid-cp", "64", *extra])
 
@@ -122,6 +123,27 @@ def test_hybrid_cp_prints_each_rank_s_sub_sequences_and_groups(tmp_path, capsys)
             dealt.setdefault(name, []).append(size)
     assert sorted(dealt) == sorted(expected)
     assert all(len(sizes) == int(sizes[0]) for sizes in dealt.values())
+
+
+def test_hybrid_cp_with_phases_deals_each_phase_s_samples_and_resumes_across(tmp_path, capsys):
+    other = str(tmp_path / "other.jsonl")
+    write_sft_jsonl(other, 30, seed=2, conversations=3)
+    phases = ["--phases", f"0:{tmp_path / 'chat.jsonl'}", f"2:{other}", "--hash-log"]
+    assert simulate_hybrid_cp(tmp_path, "--steps", "4", *phases, str(tmp_path / "all")) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step")]
+    # a run resumed in phase 0 crosses into phase 1 as the whole run does
+    rest = ["--steps", "3", "--resume-at", "4", *phases, str(tmp_path / "rest")]
+    assert simulate_hybrid_cp(tmp_path, *rest) == 0
+    whole = (tmp_path / "all").read_text().split()
+    assert len(whole) == 4 and (tmp_path / "rest").read_text().split() == whole[1:]
+    steps = {}
+    for line in lines:
+        step, phase, work = line.split()[1], line.split()[3], line.split(": ", 1)[1]
+        steps.setdefault(step, set()).add(phase)
+        # phase 1 reads its own dataset from its first sample: samples 0-3 at step 2
+        names = {item.split()[0].split(".")[0] for item in work.split("; ")}
+        assert names <= ({"0", "1", "2", "3"} if step in ("0", "2") else {"4", "5", "6", "7"})
+    assert steps == {"0": {"0"}, "1": {"0"}, "2": {"1"}, "3": {"1"}}
 
 
 def phased(tmp_path, *extra):

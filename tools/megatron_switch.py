@@ -12,7 +12,9 @@ Edits, in the checkout (the seed commit's layout, e03878b5f):
   becomes ``from megaload.megatron import build_pretraining_data_loader`` (training.py imports
   it from there);
 - ``megatron/training/training.py``: ``def cyclic_iter`` becomes
-  ``from megaload.megatron import cyclic_iter``.
+  ``from megaload.megatron import cyclic_iter``, and where it imports hybrid context
+  parallelism's ``HybridCPDataLoaderWrapper`` from ``megatron.core.datasets.data_schedule``
+  (the seed commit does), the import comes from ``megadist.megatron``.
 
 Definitions are found with ``ast``, so formatting does not matter; a file already switched is
 left alone. Prints the unified diff of each file it changes; ``--check`` prints it and writes
@@ -25,17 +27,19 @@ import argparse
 import ast
 import difflib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
 @dataclass(frozen=True)
 class Switch:
-    """One file's edits: definitions replaced by an import, import lines rewritten."""
+    """One file's edits: definitions replaced by an import, import lines rewritten (those of
+    ``imports_if_present`` only where the file has them: a checkout may predate them)."""
 
     path: str
     definitions: dict[str, str]
     imports: dict[str, str]
+    imports_if_present: dict[str, str] = field(default_factory=dict)
 
 
 LOADER_IMPORT = "from megaload.megatron import build_pretraining_data_loader"
@@ -60,6 +64,11 @@ SWITCHES = (
         "megatron/training/training.py",
         {"cyclic_iter": "from megaload.megatron import cyclic_iter"},
         {},
+        {
+            "from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper": (
+                "from megadist.megatron import HybridCPDataLoaderWrapper"
+            )
+        },
     ),
 )
 
@@ -89,6 +98,8 @@ def switched_text(path: Path, switch: Switch) -> str:
             result = result.replace(old, new)
         elif new not in result:
             raise SwitchError(f"{path}: no line '{old}' to switch")
+    for old, new in switch.imports_if_present.items():
+        result = result.replace(old, new)
     return result
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import sys
 import types
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from megadist.spawn import run_distributed
 pytestmark = [pytest.mark.compat]
 
 SEEDSIDE = Path(__file__).parent / "seedside"
+sys.path.insert(0, str(SEEDSIDE))
+from seed_loader import IndexDataset  # noqa: E402  (seedside/ is put on the path first)
+
 SEQ = 64
 
 
@@ -107,6 +111,53 @@ def test_the_sampler_yields_the_seed_commit_s_global_batch_shares(seed_ranks) ->
         )
         first = next(iter(build_pretraining_data_loader(range(length), consumed, config)))
         assert first == expected_first(consumed, micro, dp, global_batch)
+
+
+def test_eval_loaders_read_the_seed_commit_s_eval_global_batches(seed_ranks) -> None:
+    """Validation and test loaders with hybrid CP: a rank's share of a whole
+    ``eval_global_batch_size`` batch of ``eval_micro_batch_size`` micro-batches, as the seed
+    commit's build_pretraining_data_loader reads them (its own arguments, its own sampler)."""
+    from megaindex import Split
+    from megaload import DataLoaderConfig, SamplerError, build_pretraining_data_loader
+
+    rng = random.Random(1414)
+    for case in range(8):
+        micro, dp = rng.choice([1, 2]), rng.choice([1, 2, 4])
+        eval_micro = rng.choice([micro, micro + 1, 3])
+        settings = {
+            "dataloader_type": "single",
+            "hybrid_context_parallel": True,
+            "micro_batch_size": micro,
+            "global_batch_size": micro * dp * 2,
+            "eval_micro_batch_size": eval_micro,
+            "eval_global_batch_size": eval_micro * dp * rng.choice([1, 3]),
+            "full_validation": rng.random() < 0.25,
+            "data_sharding": True,
+            "num_workers": 0,
+            "exit_signal_handler": False,
+        }
+        split = rng.choice([Split.valid, Split.test, Split.valid, Split.train])
+        length = rng.randint(settings["eval_global_batch_size"], 80)
+        args = types.SimpleNamespace(**settings)
+        for rank in range(dp):
+            expected = seed_ranks[3].call(
+                "seed_loader:batches", length, split, 0, settings, rank, dp, 40
+            )
+            config = DataLoaderConfig.from_megatron_args(
+                args, data_parallel_rank=rank, data_parallel_size=dp
+            )
+            loader = build_pretraining_data_loader(IndexDataset(length, split), 0, config)
+            got = [list(b) for b in itertools.islice(loader.batch_sampler, 40)]
+            assert expected and got == expected, (case, settings, split, rank)
+    # without eval_global_batch_size, a different evaluation micro-batch has no step to read
+    config = DataLoaderConfig(
+        micro_batch_size=1,
+        global_batch_size=4,
+        eval_micro_batch_size=2,
+        dataloader_type="hybrid_cp",
+    )
+    with pytest.raises(SamplerError, match="eval_global_batch_size"):
+        build_pretraining_data_loader(IndexDataset(8, Split.valid), 0, config)
 
 
 def expected_first(consumed: int, micro: int, dp: int, global_batch: int) -> list[int]:
@@ -246,6 +297,24 @@ def ours_run(cases: list) -> list:
     return answers
 
 
+def assert_same_steps(mine: list, expected: list, where: str) -> None:
+    """A wrapper's steps, schedule and sub-sequences received, equal to the seed's."""
+    for step, ((schedule, got), (seed_schedule, seed_got)) in enumerate(
+        zip(mine, expected, strict=True)
+    ):
+        assert schedule == seed_schedule, (where, step)
+        assert (got is None) == (seed_got is None), (where, step)
+        if got is None:
+            continue
+        assert list(got) == list(seed_got), (where, step)
+        for gid in got:
+            assert list(got[gid]) == list(seed_got[gid]), (where, step, gid)
+            for key in got[gid]:
+                numpy.testing.assert_array_equal(
+                    got[gid][key], seed_got[gid][key], err_msg=f"{where} {step} {gid}"
+                )
+
+
 def assert_same_share(mine: dict, theirs: dict, where: str) -> None:
     for key in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen"):
         numpy.testing.assert_array_equal(mine[key], theirs[key], err_msg=f"{where} {key}")
@@ -269,26 +338,17 @@ def test_ranks_receive_the_seed_commit_s_sub_sequences_groups_and_shares(
         cases.append(wrapper_case(rng, tp, cp, world))
         cases.append(get_batch_case(rng, tp, cp, world))
     ours = run_distributed(ours_run, world, cases, timeout=300)
-    theirs = call_on_ranks(seed_ranks[:world], "seed_hybrid_cp:hybrid_run", cases)
+    # the last wrapper case once more, by training.py's switched wrapper (megadist.megatron's)
+    switched = ("switched_wrapper", *cases[-2][1:])
+    theirs = call_on_ranks(seed_ranks[:world], "seed_hybrid_cp:hybrid_run", [*cases, switched])
+    for rank in range(world):
+        assert_same_steps(theirs[rank][-1], theirs[rank][-3], f"rank {rank}, switched wrapper")
     for rank in range(world):
         for index, case in enumerate(cases):
             where = f"rank {rank}, case {index} ({case[0]}, tp {case[1]}, cp {case[2]})"
             mine, expected = ours[rank][index], theirs[rank][index]
             if case[0] == "wrapper":
-                for step, ((schedule, got), (seed_schedule, seed_got)) in enumerate(
-                    zip(mine, expected, strict=True)
-                ):
-                    assert schedule == seed_schedule, (where, step)
-                    assert (got is None) == (seed_got is None), (where, step)
-                    if got is None:
-                        continue
-                    assert list(got) == list(seed_got), (where, step)
-                    for gid in got:
-                        assert list(got[gid]) == list(seed_got[gid]), (where, step, gid)
-                        for key in got[gid]:
-                            numpy.testing.assert_array_equal(
-                                got[gid][key], seed_got[gid][key], err_msg=f"{where} {step} {gid}"
-                            )
+                assert_same_steps(mine, expected, where)
             else:
                 for step, (share, seed_share) in enumerate(zip(mine, expected, strict=True)):
                     assert_same_share(share, seed_share, f"{where}, micro-batch {step}")

@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.compat, pytest.mark.distributed]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from megatron_switch import apply  # noqa: E402  (tools/ is put on the path first)
+from megatron_switch import SWITCHES, apply, switched_text  # noqa: E402  (tools/ is put on the path first)
 
 STEPS = 3
 
@@ -167,3 +167,29 @@ def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
     assert seed_files and seed_files == our_files
     for name in seed_files:
         assert (seed_cache / name).read_bytes() == (our_cache / name).read_bytes(), name
+
+
+def test_training_py_s_hybrid_cp_wrapper_comes_from_megadist(
+    checkouts: dict[str, Path], tmp_path: Path
+) -> None:
+    """The switched training.py imports megadist.megatron's HybridCPDataLoaderWrapper (its use
+    is left as it is); a training.py without the import (an older checkout) still switches.
+    The wrapper's samples under Megatron's groups: test_hybrid_cp_compat.py."""
+    from megadist import HybridCPDataLoaderWrapper, megatron
+
+    old = "from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper\n"
+    new = "from megadist.megatron import HybridCPDataLoaderWrapper\n"
+    use = "iter(HybridCPDataLoaderWrapper(train_data_iterator, config))"
+    seed = (checkouts["seed"] / "megatron/training/training.py").read_text()
+    switched = (checkouts["switched"] / "megatron/training/training.py").read_text()
+    assert old in seed and new not in seed
+    assert new in switched and old not in switched
+    assert use in seed and use in switched
+    added = set(switched.splitlines(keepends=True)) - set(seed.splitlines(keepends=True))
+    assert added == {new, "from megaload.megatron import cyclic_iter\n"}
+    assert issubclass(megatron.HybridCPDataLoaderWrapper, HybridCPDataLoaderWrapper)
+    training = next(s for s in SWITCHES if s.path.endswith("training.py"))
+    older = tmp_path / "training.py"
+    older.write_text("import os\n\n\ndef cyclic_iter(iterable):\n    yield from iterable\n")
+    expected = "import os\n\n\nfrom megaload.megatron import cyclic_iter\n"
+    assert switched_text(older, training) == expected

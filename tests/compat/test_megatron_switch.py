@@ -174,12 +174,13 @@ def test_our_split_is_megatron_s_split_for_megatron_s_code(seed) -> None:
 
 def loader_settings(rng: random.Random) -> dict:
     micro = rng.choice([1, 2, 3])
-    return {
+    eval_micro = rng.choice([micro, micro + 1])
+    return {  # as Megatron-LM's parser accepts them: whole micro-batches per step
         "dataloader_type": rng.choice(["single", "cyclic"]),
         "micro_batch_size": micro,
         "global_batch_size": micro * 4,
-        "eval_micro_batch_size": rng.choice([micro, micro + 1]),
-        "eval_global_batch_size": micro * 4,
+        "eval_micro_batch_size": eval_micro,
+        "eval_global_batch_size": eval_micro * 4,
         "full_validation": rng.random() < 0.3,
         "hybrid_context_parallel": False,
         "data_sharding": rng.random() < 0.5,

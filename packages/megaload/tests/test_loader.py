@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -104,6 +105,25 @@ def test_validation_uses_eval_batch_size_and_full_validation():
     loader = build_pretraining_data_loader(Numbers(5, "valid"), 0, full)
     assert loader.config.dataloader_type == "full_validation"
     assert firsts(loader) == [[1], [3]]
+
+
+def test_eval_loaders_take_the_eval_global_batch_size():
+    config = DataLoaderConfig(
+        micro_batch_size=2,
+        global_batch_size=8,
+        eval_micro_batch_size=3,
+        eval_global_batch_size=12,
+        data_parallel_size=2,
+    )
+    assert config.for_split("valid").global_batch_size == 12
+    assert config.for_split("test").micro_batch_size == 3
+    assert config.for_split("train") is config
+    # without it, the training step's where the micro-batch is the same, else none
+    same = DataLoaderConfig(micro_batch_size=2, global_batch_size=8, eval_micro_batch_size=2)
+    assert same.for_split("valid").global_batch_size == 8
+    assert replace(config, eval_global_batch_size=None).for_split("test").global_batch_size is None
+    with pytest.raises(SamplerError, match="eval_global_batch_size 10 is not a multiple of "):
+        replace(config, eval_global_batch_size=10).for_split("valid")
 
 
 @pytest.mark.parametrize("workers", [0, 2])

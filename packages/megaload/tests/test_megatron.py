@@ -32,6 +32,7 @@ def test_the_config_carries_megatron_s_arguments() -> None:
         global_batch_size=8,
         dataloader_type="single",  # Megatron-LM's parser turns None into 'single'
         eval_micro_batch_size=3,
+        eval_global_batch_size=8,  # missing from the arguments: the training step's
         data_parallel_rank=1,
         data_parallel_size=2,
         num_workers=0,

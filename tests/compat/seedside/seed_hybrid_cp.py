@@ -84,7 +84,9 @@ def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
     ``hybrid_context_parallel``): ``("wrapper", tp, cp, max_len, steps)`` gives, per step,
     the wrapper's schedule and the sub-sequences this rank receives (``steps[s][dp_rank]`` is a
     DP rank's list of packed samples); ``("get_batch", tp, cp, micro_batches)`` gives this
-    rank's get_batch share of each micro-batch (fed on TP rank 0)."""
+    rank's get_batch share of each micro-batch (fed on TP rank 0). ``("switched_wrapper",
+    ...)`` is a wrapper case run by megadist.megatron's wrapper (the one-line switch of
+    training.py) on the same Megatron groups."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
@@ -102,7 +104,7 @@ def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
                 hybrid_context_parallel=True,
             )
             tp_rank = mpu.get_tensor_model_parallel_rank()
-            if kind == "wrapper":
+            if kind in ("wrapper", "switched_wrapper"):
                 max_len, steps = rest
                 dp_rank = mpu.get_data_parallel_rank()
                 loaded = [
@@ -110,7 +112,16 @@ def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
                     for step in steps
                 ]
                 config = types.SimpleNamespace(max_seqlen_per_dp_cp_rank=max_len)
-                wrapper = HybridCPDataLoaderWrapper(iter(loaded) if tp_rank == 0 else None, config)
+                source = iter(loaded) if tp_rank == 0 else None
+                if kind == "wrapper":
+                    wrapper = HybridCPDataLoaderWrapper(source, config)
+                else:
+                    from megadist import megatron as switched
+
+                    args = types.SimpleNamespace(
+                        micro_batch_size=1, seq_length=max_len, hybrid_context_parallel=True
+                    )
+                    wrapper = switched.HybridCPDataLoaderWrapper(source, config, args=args)
                 taken = []
                 for _ in steps:
                     received, schedule = next(wrapper)

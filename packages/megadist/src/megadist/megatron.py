@@ -17,13 +17,19 @@ arguments; the tensor- and context-parallel groups, the pipeline rank and size a
 pipeline size from ``megatron.core.parallel_state``, and with ``hybrid_context_parallel`` its
 data-parallel groups (with and without CP) and hybrid DPxCP groups. Megatron must be importable
 (this module imports nothing of it until called).
+
+``HybridCPDataLoaderWrapper(data_iterator, config)`` is training.py's wrapper of the same name
+(``megatron.core.datasets.data_schedule``), signature for signature: megadist's
+:class:`~megadist.hybrid_cp_loader.HybridCPDataLoaderWrapper` on the groups of
+``topology_from_megatron``, with the model configuration's ``max_seqlen_per_dp_cp_rank``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from megadist import hybrid_cp_loader
 from megadist.errors import TopologyError
 from megadist.get_batch import get_batch as _get_batch
 from megadist.layout import hybrid_block_sizes
@@ -127,3 +133,35 @@ def get_batch(
     the list of its ten ``BATCH_KEYS``, alphabetical (keys this rank does not hold are None)."""
     topology = topology_from_megatron(vp_stage, args)
     return list(_get_batch(data_iterator, topology, vp_stage=vp_stage))
+
+
+class HybridCPModelConfig(Protocol):
+    """What the wrapper reads of Megatron's model configuration (``TransformerConfig``)."""
+
+    max_seqlen_per_dp_cp_rank: int
+
+
+class HybridCPDataLoaderWrapper(hybrid_cp_loader.HybridCPDataLoaderWrapper):
+    """Megatron-LM's ``HybridCPDataLoaderWrapper(data_iterator, config)``: megadist's wrapper
+    on this rank's groups from Megatron's ``parallel_state`` (its arguments need
+    ``hybrid_context_parallel``), dealing at most ``config.max_seqlen_per_dp_cp_rank`` tokens
+    of a sequence to a rank. Megatron's ``pg_collection`` is not read: the groups come from
+    ``parallel_state``, as they do when training.py passes none."""
+
+    def __init__(
+        self,
+        data_iterator: Iterator[list[Mapping[str, Any]]] | None,
+        config: HybridCPModelConfig,
+        pg_collection: Any = None,
+        *,
+        args: Any | None = None,
+    ) -> None:
+        if pg_collection is not None:
+            raise TopologyError(
+                "megadist.megatron.HybridCPDataLoaderWrapper takes its groups from Megatron's "
+                "parallel_state; got a pg_collection, which it would not read: pass none, or "
+                "use megadist.HybridCPDataLoaderWrapper with a BatchTopology"
+            )
+        super().__init__(
+            data_iterator, topology_from_megatron(args=args), config.max_seqlen_per_dp_cp_rank
+        )

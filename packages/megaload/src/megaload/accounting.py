@@ -12,14 +12,16 @@ def samples_per_step(micro_batch_size: int, data_parallel_size: int, num_micro_b
 
 
 def num_micro_batches(
-    global_batch_size: int, micro_batch_size: int, data_parallel_size: int
+    global_batch_size: int, micro_batch_size: int, data_parallel_size: int, *, prefix: str = ""
 ) -> int:
-    """Micro-batches per step on each rank."""
+    """Micro-batches per step on each rank; ``prefix`` names the batch sizes in the error
+    (``"eval_"`` for the evaluation loaders')."""
     per_micro_step = micro_batch_size * data_parallel_size
     if global_batch_size % per_micro_step:
         raise SamplerError(
-            f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
-            f"{micro_batch_size} x data_parallel_size {data_parallel_size}"
+            f"{prefix}global_batch_size {global_batch_size} is not a multiple of "
+            f"{prefix}micro_batch_size {micro_batch_size} x data_parallel_size "
+            f"{data_parallel_size}"
         )
     return global_batch_size // per_micro_step
 

@@ -21,7 +21,12 @@ from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig
 from megaload.errors import SimulationError
 from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
-from megaload.hybrid_cp_simulate import add_arguments, simulate_hybrid_cp
+from megaload.hybrid_cp_simulate import (
+    add_arguments,
+    loader_shares,
+    phased_shares,
+    simulate_hybrid_cp,
+)
 from megaload.loader import build_pretraining_data_loader
 from megaload.phases import PhasedDataLoader
 
@@ -109,12 +114,10 @@ class LoadCommand:
         if phases is not None:
             if args.dry_run_resume is not None:
                 raise SimulationError("--dry-run-resume does not take --phases: use --resume-at")
-            if args.hybrid_cp is not None:
-                raise SimulationError(
-                    "--hybrid-cp and --phases do not combine: simulate each phase with --data-path"
-                )
             recorded = [(first, SampleIds(dataset)) for first, dataset in phases]
             phased = [PhasedDataLoader(recorded, args.resume_at, c) for c in configs]
+            if args.hybrid_cp is not None:
+                return simulate_hybrid_cp(args, [phased_shares(loader) for loader in phased])
             return _simulate(args, [_phase_stream(loader) for loader in phased], micro_batches)
         dataset = provider.build(args)[0]
         start = args.dry_run_resume if args.dry_run_resume is not None else args.resume_at
@@ -128,7 +131,7 @@ class LoadCommand:
                 )
             return 0
         if args.hybrid_cp is not None:
-            return simulate_hybrid_cp(args, loaders)
+            return simulate_hybrid_cp(args, [loader_shares(loader) for loader in loaders])
         streams = [
             ((ids, batch, None) for ids, batch in zip(loader.batch_sampler, loader, strict=False))
             for loader in loaders

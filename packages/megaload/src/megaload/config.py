@@ -34,6 +34,11 @@ class DataLoaderConfig:
     eval_micro_batch_size: int | None = None
     """Micro-batch size of the validation and test loaders (default: micro_batch_size)."""
 
+    eval_global_batch_size: int | None = None
+    """Samples per validation or test step across all ranks (Megatron's
+    ``--eval-global-batch-size``; default: global_batch_size, where the evaluation micro-batch
+    is the training one). The ``hybrid_cp`` sampler reads a whole one per step."""
+
     data_parallel_rank: int = 0
     data_parallel_size: int = 1
 
@@ -107,9 +112,11 @@ class DataLoaderConfig:
         """This configuration as a loader of ``split`` (``"train"``, ``"valid"``, ``"test"`` or
         None) applies it, by Megatron-LM's rules: validation and test batches hold
         ``eval_micro_batch_size`` samples, and with ``full_validation`` the validation split
-        is read by the ``full_validation`` sampler, one sample per rank per batch. The training
-        step's ``global_batch_size`` does not describe those batches: it is None there. A split
-        of another name is refused: guessing would read it with the wrong sampler."""
+        is read by the ``full_validation`` sampler, one sample per rank per batch. Their
+        ``global_batch_size`` is ``eval_global_batch_size``; without it, the training step's
+        where the micro-batch is the same (Megatron-LM's parser defaults it so), else None (no
+        step of the training's size describes those batches); under ``full_validation`` None.
+        A split of another name is refused: guessing would read it with the wrong sampler."""
         if split not in (None, "train", "valid", "test"):
             raise SamplerError(
                 f"the dataset declares split {split!r}; megaload knows 'train', 'valid' and "
@@ -118,15 +125,25 @@ class DataLoaderConfig:
         if split not in ("valid", "test"):
             return self
         if self.full_validation and split == "valid":
-            kind, micro = FULL_VALIDATION, 1
+            kind, micro, step = FULL_VALIDATION, 1, None
         else:
             kind, micro = self.dataloader_type, self.eval_micro_batch_size or self.micro_batch_size
-        if (kind, micro) == (self.dataloader_type, self.micro_batch_size):
+            step = self.eval_global_batch_size
+            if step is None and micro == self.micro_batch_size:
+                step = self.global_batch_size
+        if (kind, micro, step) == (
+            self.dataloader_type,
+            self.micro_batch_size,
+            self.global_batch_size,
+        ):
             return self
+        if step is not None:
+            num_micro_batches(step, micro, self.data_parallel_size, prefix="eval_")
         return replace(
             self,
             dataloader_type=kind,
             micro_batch_size=micro,
             eval_micro_batch_size=None,
-            global_batch_size=None,
+            global_batch_size=step,
+            eval_global_batch_size=None,
         )

@@ -57,11 +57,14 @@ class HybridCPMegatronPretrainingSampler(MegatronPretrainingSampler):
     def from_config(
         cls, dataset: Sized, consumed_samples: int, config: DataLoaderConfig
     ) -> HybridCPMegatronPretrainingSampler:
-        """The ``hybrid_cp`` plugin's factory; it needs ``config.global_batch_size``."""
+        """The ``hybrid_cp`` plugin's factory; it needs ``config.global_batch_size`` (for a
+        validation or test loader, the configuration's ``eval_global_batch_size``)."""
         if config.global_batch_size is None:
             raise SamplerError(
                 "the hybrid_cp sampler reads a whole global batch per step and needs "
-                "global_batch_size (Megatron's --global-batch-size)"
+                "global_batch_size (Megatron's --global-batch-size), or for a validation or "
+                "test loader whose micro-batch differs from training's, eval_global_batch_size "
+                "(--eval-global-batch-size)"
             )
         return cls(
             len(dataset),

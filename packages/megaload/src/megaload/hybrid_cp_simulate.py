@@ -7,8 +7,10 @@ numbered in DP-rank order as the loader wrapper numbers them, and dealt to the `
 ``--cp`` ranks by the balancing scheduler (:mod:`megaload.hybrid_cp_schedule`) with at most N
 tokens of a sequence per rank. Printed per step, group and rank: each sub-sequence the rank
 trains on as ``SAMPLE.PIECE`` (the dataset index and the sub-sequence's place in that packed
-sample), its length, and the CP group of ranks that shares it. ``--hash-log`` writes one hash
-of each step's assignment (without its step number, so a resumed run's steps compare).
+sample), its length, and the CP group of ranks that shares it. With ``--phases`` the ranks
+read through the phased loader, and each line names the phase whose dataset SAMPLE indexes.
+``--hash-log`` writes one hash of each step's assignment (without its step number, so a
+resumed run's steps compare).
 """
 
 from __future__ import annotations
@@ -90,23 +92,42 @@ def format_step(table: list, cp: int) -> list[str]:
     return lines
 
 
-def simulate_hybrid_cp(args: argparse.Namespace, loaders: list[Any]) -> int:
-    """Print the assignment of ``args.steps`` steps, hash each into ``args.hash_log``."""
+Share = list[tuple[int, Mapping[str, Any]]]
+
+
+def loader_shares(loader: Any) -> Iterator[tuple[Share, None]]:
+    """Each step's (index, sample) pairs of a ``hybrid_cp`` loader, and no phase."""
+    for indices, samples in zip(loader.batch_sampler, loader, strict=False):
+        yield list(zip(indices, samples, strict=True)), None
+
+
+def phased_shares(loader: Any) -> Iterator[tuple[Share, int]]:
+    """Each step's (index, sample) pairs of a phased ``hybrid_cp`` loader over datasets whose
+    samples carry their index (``sample_id``), and the phase they come from."""
+    for samples in loader:
+        yield [(int(sample["sample_id"]), sample) for sample in samples], loader.phase
+
+
+def simulate_hybrid_cp(
+    args: argparse.Namespace, streams: list[Iterator[tuple[Share, int | None]]]
+) -> int:
+    """Print the assignment of ``args.steps`` steps of ``streams`` (one per DP rank, of a step's
+    share and its phase: :func:`loader_shares`, :func:`phased_shares`), hash each into
+    ``args.hash_log``."""
     scheduler = BalancedCPScheduler(args.hybrid_cp, args.dp * args.cp)
-    streams: list[Iterator[Any]] = [iter(loader) for loader in loaders]
-    samplers = [iter(loader.batch_sampler) for loader in loaders]
     log = open(args.hash_log, "w") if args.hash_log else None  # noqa: SIM115
     try:
         for step in range(args.steps):
             try:
-                shares = [
-                    list(zip(next(sampler), next(stream), strict=True))
-                    for sampler, stream in zip(samplers, streams, strict=True)
-                ]
+                shares, phases = zip(*[next(stream) for stream in streams], strict=True)
             except StopIteration:
                 print(f"the data ends during step {step}")
                 break
-            lines = format_step(step_assignment(shares, scheduler), args.cp)
+            if len(set(phases)) != 1:
+                raise SimulationError(f"step {step}: the ranks read phases {list(phases)}")
+            lines = format_step(step_assignment(list(shares), scheduler), args.cp)
+            if phases[0] is not None:
+                lines = [f"phase {phases[0]} {line}" for line in lines]
             print("\n".join(f"step {step} {line}" for line in lines))
             if log is not None:
                 log.write(hashlib.sha256("\n".join(lines).encode()).hexdigest() + "\n")

@@ -13,7 +13,8 @@ in training.py switches the loaders. :func:`data_loader_config` is the
 
 Read from the arguments: ``micro_batch_size``, ``global_batch_size``, ``dataloader_type``
 (None is ``single``, as Megatron-LM's parser sets it), ``eval_micro_batch_size``,
-``num_workers``, ``data_sharding``, ``full_validation``. Not carried over: the worker's
+``eval_global_batch_size`` (where it is missing, ``global_batch_size``, as Megatron-LM's loader
+reads it), ``num_workers``, ``data_sharding``, ``full_validation``. Not carried over: the worker's
 ``exit_signal_handler`` (megaload's workers close GPU descriptors as Megatron's do, and leave
 signals to the main process). With ``hybrid_context_parallel`` the ``single`` training loader
 becomes the ``hybrid_cp`` sampler's (a rank's share of a whole global batch, uncollated), as
@@ -82,11 +83,13 @@ def data_loader_config(
         dataloader_type = HYBRID_CP_SAMPLER
     if data_parallel_rank is None or data_parallel_size is None:
         data_parallel_rank, data_parallel_size = _data_parallel_place()
+    global_batch_size = getattr(args, "global_batch_size", None)
     return DataLoaderConfig(
         micro_batch_size=args.micro_batch_size,
-        global_batch_size=getattr(args, "global_batch_size", None),
+        global_batch_size=global_batch_size,
         dataloader_type=dataloader_type,
         eval_micro_batch_size=getattr(args, "eval_micro_batch_size", None),
+        eval_global_batch_size=getattr(args, "eval_global_batch_size", global_batch_size),
         data_parallel_rank=data_parallel_rank,
         data_parallel_size=data_parallel_size,
         num_workers=getattr(args, "num_workers", 2),

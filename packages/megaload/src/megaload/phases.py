@@ -7,8 +7,9 @@ Each phase is a dataset built for that phase's samples (megaindex's
 ``get_train_valid_test_num_samples`` with the transitions and the phase's first iteration),
 read from its own first sample: phase ``p`` covers iterations ``[T_p, T_{p+1})``, each
 iteration ``global_batch_size / (micro_batch_size x data_parallel_size)`` micro-batches on
-every rank. So the batches equal the restart-based run's, batch for batch, and the run needs
-no restart. Every phase's loader is made when this one is (the datasets are built before the
+every rank (one batch under the ``hybrid_cp`` sampler: the rank's share of the global
+batch). So the batches equal the restart-based run's, batch for batch, and the run needs no
+restart. Every phase's loader is made when this one is (the datasets are built before the
 run starts), so a transition never waits for an index build.
 
 ``state_dict`` records the phase and that phase's loader state; ``load_state_dict`` resumes in
@@ -26,6 +27,7 @@ from megaload.accounting import consumed_in_phase, num_micro_batches
 from megaload.checks import COUNT, COUNTS, INTEGER, MAPPING, check_count, check_state
 from megaload.config import DataLoaderConfig
 from megaload.errors import LoaderStateError, ResumeError, SamplerError
+from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
 from megaload.loader import MegatronDataLoader
 
 #: the version of ``PhasedDataLoader.state_dict``
@@ -60,8 +62,13 @@ class PhasedDataLoader:
             raise SamplerError("phases need global_batch_size: it turns iterations into samples")
         self.config = config
         self.starts = starts
-        self.micro_batches_per_iteration = num_micro_batches(
+        micro_batches = num_micro_batches(
             config.global_batch_size, config.micro_batch_size, config.data_parallel_size
+        )
+        #: loader batches per iteration on each rank: its micro-batches, or one under the
+        #: ``hybrid_cp`` sampler, whose batch is the rank's share of a whole global batch
+        self.batches_per_iteration = (
+            1 if config.dataloader_type == HYBRID_CP_SAMPLER else micro_batches
         )
         consumed_samples = check_count("consumed_samples", consumed_samples)
         iteration, leftover = divmod(consumed_samples, config.global_batch_size)
@@ -75,8 +82,8 @@ class PhasedDataLoader:
             MegatronDataLoader(dataset, self._start_in(index, iteration), config)
             for index, (_, dataset) in enumerate(phases)
         ]
-        #: micro-batches this rank has read of the current phase
-        self.taken_in_phase = (iteration - starts[self.phase]) * self.micro_batches_per_iteration
+        #: batches this rank has read of the current phase
+        self.taken_in_phase = (iteration - starts[self.phase]) * self.batches_per_iteration
 
     def _phase_at(self, iteration: int) -> int:
         return max(index for index, start in enumerate(self.starts) if start <= iteration)
@@ -90,11 +97,11 @@ class PhasedDataLoader:
             self.starts[1:],
         )  # fmt: skip
 
-    def _phase_micro_batches(self, phase: int) -> int | None:
-        """Micro-batches phase ``phase`` gives each rank (None: the last, unbounded)."""
+    def _phase_batches(self, phase: int) -> int | None:
+        """Batches phase ``phase`` gives each rank (None: the last, unbounded)."""
         if phase + 1 == len(self.starts):
             return None
-        return (self.starts[phase + 1] - self.starts[phase]) * self.micro_batches_per_iteration
+        return (self.starts[phase + 1] - self.starts[phase]) * self.batches_per_iteration
 
     @property
     def consumed_samples(self) -> int:
@@ -105,7 +112,7 @@ class PhasedDataLoader:
     def __iter__(self) -> Iterator[Any]:
         while True:
             loader = self.loaders[self.phase]
-            limit = self._phase_micro_batches(self.phase)
+            limit = self._phase_batches(self.phase)
             if limit is None or self.taken_in_phase < limit:
                 for batch in loader:
                     self.taken_in_phase += 1
