@@ -71,6 +71,7 @@ BENCHMARKS = (
     ),
     Benchmark("fim", ("seed",), "--samples 200", "--samples 5 --documents 50 --seq-length 256"),
     Benchmark("sft_jsonl", ("seed-datasets",), "--size-mb 200", "--size-mb 1"),
+    Benchmark("scale", ("seed",), "--scale 1", "--scale 1e-5 --hit-processes 1"),
 )
 
 
