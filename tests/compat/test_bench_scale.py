@@ -5,7 +5,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "bench" / "bench_scale.py"
+BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench"
+SCRIPT = BENCH / "bench_scale.py"
+sys.path.insert(0, str(BENCH))
+import benchreport  # noqa: E402
 
 
 def load_bench():
@@ -16,13 +19,18 @@ def load_bench():
     return module
 
 
-def test_both_sides_build_identical_tables_at_a_minute_scale(tmp_path):
+def test_both_sides_build_identical_tables_at_a_minute_scale(tmp_path, capsys):
     bench = load_bench()
-    results = bench.run(scale=1e-5, workdir=tmp_path, hit_processes=0)
+    results = bench.run(scale=1e-5, workdir=tmp_path / "work", hit_processes=0)
     splits = {split for split, _ in results["tables"]}
     assert splits == {"train", "valid", "test"}
     assert len(results["tables"]) == 9
     assert results["build"]["seed"]["samples"] == results["build"]["megaindex"]["samples"]
     assert bench.tables_identical(results)
-    rows = bench.results_rows(results)
-    assert all("DIFFERENT" not in row[3] for row in rows)
+    rows_file = tmp_path / "rows.jsonl"
+    bench.report_results(benchreport.Report("scale", "seed", rows_file), results)
+    rows = benchreport.read_rows(rows_file)
+    assert [row.unit for row in rows] == ["s", "MiB", "MiB"]
+    assert all(row.ours > 0 and row.theirs > 0 and "scale 1e-05" in row.conditions for row in rows)
+    printed = capsys.readouterr().out
+    assert "DIFFERENT" not in printed and "all tables identical: True" in printed

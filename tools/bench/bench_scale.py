@@ -1,6 +1,7 @@
 """The walkthrough's 7B configuration (section 8) at full size: megaindex against the seed.
 
     .venv/bin/python tools/bench/bench_scale.py [--scale 1.0] [--workdir build/bench_scale]
+        [--hit-processes 8] [--rows FILE]
 
 The corpus: 146.5M documents (x ``--scale``) of lognormal lengths with a mean of about 2048
 tokens, int32 tokens (a 128,256-token vocabulary), so about 300G tokens. Only the ``.idx`` is
@@ -19,12 +20,12 @@ moment (each already imported; the time from the common start until the last one
 datasets).
 
 Everything goes to ``--workdir`` (default ``build/bench_scale``) and is deleted at the end
-unless ``--keep``. ``results_rows`` returns the printed rows, for a report module.
+unless ``--keep``. Every figure goes through ``benchreport`` (``--rows`` for ``run_all.py``'s
+table); the sample counts and the tables' identity are printed as notes.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -35,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import benchreport
 import numpy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +55,8 @@ EVAL_ITERS = 100
 TABLES = ("document_index", "sample_index", "shuffle_index")
 SPLITS = ("train", "valid", "test")
 SIDES = ("seed", "megaindex")
+#: the one reference: the seed commit's code, entered by the seed side's own process
+REFERENCES = ("seed",)
 HIT_PROCESSES = 8
 CHUNK = 1 << 24  # index entries per write
 
@@ -330,77 +334,65 @@ def compare_tables(caches: dict[str, Path]) -> dict[tuple[str, str], dict]:
     return compared
 
 
-def results_rows(results: dict) -> list[tuple[str, str, str, str]]:
-    """The benchmark's rows, ``(measure, seed, megaindex, ratio or note)``, for any printer."""
+def conditions_of(results: dict) -> str:
+    """What a figure of this run was measured on, for the table."""
+    plan = results["plan"]
+    return (
+        f"walkthrough section 8 at scale {results['scale']:g}: {plan.documents:,} documents, "
+        f"{results['tokens'] / 1e9:.1f}G int32 tokens, samples (train, valid, test) "
+        f"{plan.sizes} of {SEQUENCE_LENGTH}, split {SPLIT}, fresh process per side"
+    )
+
+
+#: (figure, field of a side's answer, unit): the build's figures and the cache-hit start-up's
+BUILD_FIGURES = (
+    ("build seconds, 3 splits (target >= 3x)", "seconds", "s"),
+    ("peak RSS of the building process (target >= 2x)", "peak_mib", "MiB"),
+    ("peak RSS of the build above the imports", "above_mib", "MiB"),
+)
+HIT_FIGURES = (
+    ("cache-hit start-up, until the last process holds its datasets", "wall", "s"),
+    ("cache-hit start-up, the slowest process's own open", "slowest", "s"),
+    ("cache-hit start-up, peak RSS of one opening process", "peak_mib", "MiB"),
+)
+
+
+def compare_figures(
+    report: benchreport.Report, figures: tuple, ours: dict, seed: dict, conditions: str
+) -> None:
+    """Each of ``figures`` (lower is better), ours against the seed's."""
+    for figure, field, unit in figures:
+        report.compare(
+            figure, ours=ours[field], theirs=seed[field], unit=unit, conditions=conditions
+        )
+
+
+def report_results(report: benchreport.Report, results: dict) -> None:
+    """Every figure of ``results`` through ``report``: the timings and peaks against the seed's,
+    the sample counts and the tables' identity as notes."""
     seed, ours = results["build"]["seed"], results["build"]["megaindex"]
-    seed_above = seed["peak_mib"] - seed["baseline_mib"]
-    ours_above = ours["peak_mib"] - ours["baseline_mib"]
-    rows = [
-        (
-            "build seconds (3 splits)",
-            f"{seed['seconds']:.1f}",
-            f"{ours['seconds']:.1f}",
-            f"{seed['seconds'] / ours['seconds']:.2f}x faster (target >= 3x)",
-        ),
-        (
-            "peak RSS of the process (MiB)",
-            f"{seed['peak_mib']:.0f}",
-            f"{ours['peak_mib']:.0f}",
-            f"{ours['peak_mib'] / seed['peak_mib']:.2f}x of the seed's (target <= 0.5x)",
-        ),
-        (
-            "peak RSS above the imports (MiB)",
-            f"{seed_above:.0f}",
-            f"{ours_above:.0f}",
-            f"{ours_above / seed_above:.2f}x",
-        ),
-        (
-            "samples (train, valid, test)",
-            str(seed["samples"]),
-            str(ours["samples"]),
-            "equal" if seed["samples"] == ours["samples"] else "DIFFERENT",
-        ),
-    ]
+    conditions = conditions_of(results)
+    report.heading(f"index build of 3 splits: {conditions}")
+    for side in (seed, ours):
+        side["above_mib"] = side["peak_mib"] - side["baseline_mib"]
+    compare_figures(report, BUILD_FIGURES, ours, seed, conditions)
+    same = "equal" if seed["samples"] == ours["samples"] else "DIFFERENT"
+    report.note(f"samples (train, valid, test): seed {seed['samples']}, ours {ours['samples']}")
+    report.note(f"sample counts {same}")
     for (split, table), entry in results["tables"].items():
-        same = entry["seed"] is not None and entry["seed"] == entry["megaindex"]
+        identical = entry["seed"] is not None and entry["seed"] == entry["megaindex"]
+        note = "identical (sha256, same file name)" if identical else "DIFFERENT"
         estimate = results["plan"].estimates().get(table) if split == "train" else None
-        note = "identical (sha256, same file name)" if same else "DIFFERENT"
         if estimate is not None:
             note += f"; walkthrough's estimate {estimate / 1e6:.1f} MB"
         size = f"{entry['nbytes'] / 1e6:.1f} MB {entry['dtype']}{list(entry['shape'])}"
-        rows.append((f"{split} {table}", size, size if same else "-", note))
+        report.note(f"{split} {table}: {size}: {note}")
+    report.note(f"all tables identical: {tables_identical(results)}")
     if not results["hits"]:
-        return rows
+        return
     seed_hit, ours_hit = results["hits"]["seed"], results["hits"]["megaindex"]
-    count = results["hit_processes"]
-    rows += [
-        (
-            f"cache-hit start-up, {count} processes at once (s)",
-            f"{seed_hit['wall']:.2f}",
-            f"{ours_hit['wall']:.2f}",
-            f"{seed_hit['wall'] / ours_hit['wall']:.2f}x faster",
-        ),
-        (
-            "  slowest process's own open (s)",
-            f"{seed_hit['slowest']:.2f}",
-            f"{ours_hit['slowest']:.2f}",
-            f"{seed_hit['slowest'] / ours_hit['slowest']:.2f}x",
-        ),
-        (
-            "  peak RSS of one opening process (MiB)",
-            f"{seed_hit['peak_mib']:.0f}",
-            f"{ours_hit['peak_mib']:.0f}",
-            "",
-        ),
-    ]
-    return rows
-
-
-def print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    header = ("measure", "seed e03878b5f", "megaindex", "ratio / note")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    hit_conditions = f"{conditions}; {results['hit_processes']} processes open the cache at once"
+    compare_figures(report, HIT_FIGURES, ours_hit, seed_hit, hit_conditions)
 
 
 def available_gib() -> float:
@@ -412,7 +404,7 @@ def available_gib() -> float:
 
 
 def run(scale: float, workdir: Path, hit_processes: int = HIT_PROCESSES) -> dict:
-    """The whole benchmark in ``workdir``; returns what ``results_rows`` turns into rows."""
+    """The whole benchmark in ``workdir``; returns what ``report_results`` states."""
     plan = Plan.at_scale(scale)
     workdir.mkdir(parents=True, exist_ok=True)
     prefix = workdir / "corpus"
@@ -423,7 +415,7 @@ def run(scale: float, workdir: Path, hit_processes: int = HIT_PROCESSES) -> dict
     )
     tokens = write_corpus(prefix, plan.documents)
     caches = {side: workdir / f"cache_{side}" for side in SIDES}
-    results: dict = {"plan": plan, "tokens": tokens, "build": {}, "hits": {}}
+    results: dict = {"scale": scale, "plan": plan, "tokens": tokens, "build": {}, "hits": {}}
     identity = None  # the seed's tokenizer's, once it has built (it builds first)
     for side in SIDES:
         progress(f"{side}: building the tables ({available_gib():.1f} GiB available)")
@@ -455,7 +447,7 @@ def main() -> None:
         sizes_list = [int(size) for size in sizes.split(",")]
         child(side, prefix, cache, sizes_list, mode == "wait", json.loads(identity))
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchreport.parser(__doc__, choices=REFERENCES)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the full size")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
     parser.add_argument(
@@ -463,20 +455,14 @@ def main() -> None:
     )
     parser.add_argument("--keep", action="store_true", help="keep the corpus and the caches")
     args = parser.parse_args()
+    report = benchreport.Report("scale", args.reference, args.rows)
     shutil.rmtree(args.workdir, ignore_errors=True)
     try:
         results = run(args.scale, args.workdir, args.hit_processes)
     finally:
         if not args.keep:
             shutil.rmtree(args.workdir, ignore_errors=True)
-    plan = results["plan"]
-    print(
-        f"walkthrough section 8 at scale {args.scale}: {plan.documents:,} documents, "
-        f"{results['tokens'] / 1e9:.1f}G int32 tokens, {plan.train_iters:,} x {GLOBAL_BATCH} "
-        f"samples of {SEQUENCE_LENGTH}, sizes {plan.sizes}"
-    )
-    print_table(results_rows(results))
-    print(f"all tables identical: {tables_identical(results)}")
+    report_results(report, results)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ here as they run; each appends its figures (benchreport.Row) to a rows file, and
 docs/benchmarks.md. Every figure a script states is in the table, unfavourable ones included.
 
 The sizes here are the ones ``make bench`` uses, chosen so the whole run takes about half an
-hour on a 2-core machine (each script's own defaults are larger); ``--quick`` runs the smallest
+hour on a 2-core machine, plus about 6 minutes for bench_scale's full size, the one that
+matters there (each other script's own defaults are larger); ``--quick`` runs the smallest
 sizes, a smoke test of the scripts and the table, whose figures say little.
 """
 
@@ -71,6 +72,7 @@ BENCHMARKS = (
     ),
     Benchmark("fim", ("seed",), "--samples 200", "--samples 5 --documents 50 --seq-length 256"),
     Benchmark("sft_jsonl", ("seed-datasets",), "--size-mb 200", "--size-mb 1"),
+    Benchmark("scale", ("seed",), "--scale 1", "--scale 1e-5 --hit-processes 1"),
 )
 
 

@@ -10,6 +10,7 @@ from megaindex.gpt_index import (
     build_document_index,
     build_gpt_index_tables,
     build_shuffle_index,
+    consecutive,
     plan_epochs,
 )
 
@@ -95,3 +96,24 @@ def test_tables_follow_the_plan():
     assert tables.document_index.shape == (30,)
     assert tables.sample_index.shape == (34, 2)
     assert sorted(tables.shuffle_index.tolist()) == list(range(33))
+
+
+@pytest.mark.parametrize(
+    "indices, expected",
+    [
+        (numpy.arange(5, 5 + 3 * (1 << 20) + 7, dtype=numpy.int32), True),  # over several chunks
+        (numpy.array([7], dtype=numpy.int32), True),
+        (numpy.array([], dtype=numpy.int32), False),
+        (numpy.array([0, 2, 1, 3], dtype=numpy.int32), False),  # right ends, wrong order
+        (numpy.array([0, 1, 1, 3], dtype=numpy.int32), False),
+        (numpy.array([3, 4, 6], dtype=numpy.int32), False),
+    ],
+)
+def test_consecutive_indices_are_recognised_without_a_full_size_temporary(indices, expected):
+    assert consecutive(indices) is expected
+
+
+def test_a_disorder_in_a_later_chunk_is_found():
+    indices = numpy.arange(3 * (1 << 20), dtype=numpy.int32)
+    indices[[(2 << 20) + 5, (2 << 20) + 6]] = indices[[(2 << 20) + 6, (2 << 20) + 5]]
+    assert consecutive(indices) is False

@@ -40,6 +40,20 @@ def test_a_table_damaged_inside_its_valid_range_is_rebuilt(make_config):
     numpy.testing.assert_array_equal(rebuilt.shuffle_index, expected)
 
 
+def test_built_tables_are_served_from_the_files_just_saved(make_config):
+    """After a build the process keeps no private copy of the tables: each is mapped read-only
+    from its cache file, as a cache hit maps it, with the same bytes."""
+    config = make_config()
+    train = build(config)
+    assert train.index_source.kind == "built"
+    for name in ("document_index", "sample_index", "shuffle_index"):
+        table = getattr(train, name)
+        assert not table.flags.owndata and not table.flags.writeable  # a read-only mapping
+        saved = numpy.load(f"{cache_base(config, train)}-{name}.npy")
+        assert table.dtype == saved.dtype and table.shape == saved.shape
+        numpy.testing.assert_array_equal(table, saved)
+
+
 def test_fast_cache_load_skips_the_table_checksum(make_config):
     """Documented: fast_cache_load trusts the cache, as megatron-core does."""
     per_split = dict(
@@ -49,10 +63,11 @@ def test_fast_cache_load_skips_the_table_checksum(make_config):
     train = build(config)
     path = cache_base(config, train) + "-shuffle_index.npy"
     table = numpy.load(path)
+    built_fourth = int(table[4])  # read first: the built dataset maps the file it saved
     table[[3, 4]] = table[[4, 3]]
     numpy.save(path, table)
     fast = build(make_config(fast_cache_load=True, **per_split))
-    assert fast.index_source.kind == "cache" and fast.shuffle_index[3] == train.shuffle_index[4]
+    assert fast.index_source.kind == "cache" and fast.shuffle_index[3] == built_fourth
 
 
 def test_sidecar_records_a_checksum_of_every_table(make_config):

@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 #: the last epoch is shuffled separately when it yields fewer than this share of an epoch
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
+#: entries of a split's indices checked at a time (a few MB: the temporaries stay in cache)
+CONSECUTIVE_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,20 @@ def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray | N
     fast_cache_load, where the builder skips computing the split)."""
     if indices is None:
         return int(sequence_lengths.sum(dtype=numpy.int64))
-    if len(indices) and numpy.all(numpy.diff(indices) == 1):  # a split: sum a slice, no copy
+    if consecutive(indices):  # a split: sum a slice, no copy
         return int(sequence_lengths[indices[0] : indices[-1] + 1].sum(dtype=numpy.int64))
     return int(numpy.sum(sequence_lengths[indices], dtype=numpy.int64))
+
+
+def consecutive(indices: numpy.ndarray) -> bool:
+    """Whether ``indices`` are ``first, first + 1, ...`` (a split's, as the builder makes them):
+    the ends first, then in chunks, so no temporary the size of a 142M-entry split is made."""
+    if not len(indices) or int(indices[-1]) - int(indices[0]) != len(indices) - 1:
+        return False
+    return all(
+        numpy.all(numpy.diff(indices[start : start + CONSECUTIVE_CHUNK + 1]) == 1)
+        for start in range(0, len(indices), CONSECUTIVE_CHUNK)
+    )
 
 
 def plan_epochs(
@@ -158,12 +171,8 @@ def build_gpt_index_tables(
     seconds["document_index"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    lengths = sequence_lengths
-    if len(document_index) * 2 > len(sequence_lengths):
-        lengths = numpy.array(sequence_lengths)  # read densely: one sequential pass beats paging
-        release_pages(sequence_lengths)  # the copy serves: the mapped pages need not stay
     sample_index = build_sample_idx(
-        lengths,
+        sequence_lengths,  # read in place (the walk prefetches): a copy would double the memory
         document_index,
         sequence_length,
         plan.num_epochs,
@@ -171,6 +180,7 @@ def build_gpt_index_tables(
         drop_last_partial_sequence,
         add_extra_token,
     )
+    release_pages(sequence_lengths)  # read: a mapped corpus's pages need not stay resident
     seconds["sample_index"] = time.perf_counter() - start
 
     start = time.perf_counter()

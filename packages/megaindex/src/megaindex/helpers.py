@@ -97,7 +97,10 @@ def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> Non
 def sample_index_dtype(sizes: numpy.ndarray, num_documents: int) -> type:
     """The sample index dtype for a stream of ``num_documents`` documents of these ``sizes``:
     int32 when every position and offset fits it, else int64 (megatron-core's choice)."""
-    largest = max(num_documents, int(sizes.max()) if len(sizes) else 0)
+    if sizes.dtype.kind in "iu" and numpy.iinfo(sizes.dtype).max <= INT32_MAX:
+        largest = num_documents  # the dtype bounds every size: no pass over a corpus's sizes
+    else:
+        largest = max(num_documents, int(sizes.max()) if len(sizes) else 0)
     return numpy.int32 if largest <= INT32_MAX else numpy.int64
 
 
