@@ -1,21 +1,28 @@
 """mega preprocess against Megatron's way of preprocessing, in one run, on the same input.
 
     .venv/bin/python tools/bench/bench_preprocess.py [--size-mb 200] [--workers 2]
-        [--reference megatron-core|seed] [--rows FILE]
+        [--tokenizer huggingface|tiktoken] [--rounds 1] [--reference megatron-core|seed]
+        [--rows FILE]
 
 Writes a jsonl of ``--size-mb`` MB of synthetic text and trains a byte-level BPE
-tokenizer.json on part of it (offline, a few seconds). The baseline is Megatron's tool as it
-works: with ``--reference seed``, the seed commit's own tools/preprocess_data.py (its ``main``,
-in this process); with ``megatron-core`` (whose wheel does not ship the tool), the same steps
-from the wheel's pieces: ``multiprocessing.Pool.imap`` over lines with megatron-core's
-HuggingFaceTokenizer built in each worker, one document encoded per call, one ``add_document``
-per document (tools/compat/megatron_preprocess.py). Then ``mega preprocess`` with the same
-flags and worker count. Prints tokens/s of each, the ratio, and whether the outputs are
-byte-identical. Files go to ``build/bench/preprocess`` and are deleted.
+tokenizer.json on part of it (offline, a few seconds); ``--tokenizer tiktoken`` turns its
+tokens into a tiktoken vocabulary (the 256 bytes, then the merged tokens in id order), which
+needs ``--reference seed`` (megatron-core's tool steps here are HuggingFace's). With
+``--rounds N`` the two sides run N times each, alternating, on a machine whose load changes:
+the ratio of each round is printed and the median round is reported.
+
+The baseline is Megatron's tool as it works: with ``--reference seed``, the seed commit's own
+tools/preprocess_data.py (its ``main``, in this process); with ``megatron-core`` (whose wheel
+does not ship the tool), the same steps from the wheel's pieces: ``multiprocessing.Pool.imap``
+over lines with megatron-core's HuggingFaceTokenizer built in each worker, one document encoded
+per call, one ``add_document`` per document (tools/compat/megatron_preprocess.py). Then ``mega
+preprocess`` with the same flags and worker count. Prints tokens/s of each, the ratio, and
+whether the outputs are byte-identical. Files go to ``build/bench/preprocess`` and are deleted.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import filecmp
 import importlib
@@ -79,7 +86,38 @@ def train_tokenizer(directory: Path, sample: Path, vocab_size: int) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def reference_tool(options: TokenizerOptions, source: Path, prefix: Path, workers: int):
+def byte_level_bytes() -> dict[str, int]:
+    """The byte each character of a byte-level BPE token stands for (GPT-2's mapping: the
+    printable bytes as themselves, the others as the characters from 256 on)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+def write_tiktoken_vocab(directory: Path) -> TokenizerOptions:
+    """The trained tokenizer.json's BPE tokens as Megatron's tiktoken JSON vocabulary."""
+    model = json.loads((directory / "tokenizer.json").read_text())["model"]["vocab"]
+    to_byte = byte_level_bytes()
+    merged = [
+        bytes(to_byte[c] for c in token)
+        for token, _ in sorted(model.items(), key=lambda item: item[1])
+        if len(token) > 1 and all(c in to_byte for c in token)
+    ]
+    ranks = [bytes([b]) for b in range(256)] + merged
+    entries = [
+        {"rank": i, "token_bytes": base64.b64encode(t).decode(), "token_str": ""}
+        for i, t in enumerate(ranks)
+    ]
+    (directory / "tiktoken.json").write_text(json.dumps(entries))
+    return TokenizerOptions(model=str(directory / "tiktoken.json"), vocab_size=len(ranks) + 1000)
+
+
+TOKENIZER_TYPES = {"huggingface": "HuggingFaceTokenizer", "tiktoken": "TikTokenizer"}
+
+
+def reference_tool(
+    tokenizer_type: str, options: TokenizerOptions, source: Path, prefix: Path, workers: int
+):
     """A function that runs the reference's preprocessing of ``source`` into ``prefix`` (its
     imports done now, so they are not timed) and returns the text key's output prefix."""
     if REFERENCE == "seed":
@@ -88,8 +126,9 @@ def reference_tool(options: TokenizerOptions, source: Path, prefix: Path, worker
             "preprocess_data.py",
             f"--input={source}",
             f"--output-prefix={prefix}",
-            "--tokenizer-type=HuggingFaceTokenizer",
+            f"--tokenizer-type={tokenizer_type}",
             f"--tokenizer-model={options.model}",
+            *([f"--vocab-size={options.vocab_size}"] if options.vocab_size else []),
             f"--workers={workers}",
             "--append-eod",
             f"--log-interval={10**9}",
@@ -106,7 +145,7 @@ def reference_tool(options: TokenizerOptions, source: Path, prefix: Path, worker
     sys.path.insert(0, str(ROOT / "tools" / "compat"))
     from megatron_preprocess import megatron_tool_pool, tokenizer_args
 
-    arguments = tokenizer_args("HuggingFaceTokenizer", options)
+    arguments = tokenizer_args(tokenizer_type, options)
     return lambda: megatron_tool_pool(arguments, str(source), str(prefix), ["text"], True, workers)[
         "text"
     ]
@@ -117,7 +156,12 @@ def main() -> None:
     parser.add_argument("--size-mb", type=float, default=200)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--tokenizer", choices=sorted(TOKENIZER_TYPES), default="huggingface")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    if args.tokenizer == "tiktoken" and REFERENCE != "seed":
+        parser.error("--tokenizer tiktoken needs --reference seed")
+    tokenizer_type = TOKENIZER_TYPES[args.tokenizer]
     work = ROOT / "build" / "bench" / "preprocess"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -126,35 +170,51 @@ def main() -> None:
         lines = make_input(source, args.size_mb)
         train_tokenizer(work, source, args.vocab_size)
         options = TokenizerOptions(model=str(work))
+        described = f"HuggingFace byte-level BPE, vocab {args.vocab_size}"
+        if args.tokenizer == "tiktoken":
+            options = write_tiktoken_vocab(work)
+            described = f"tiktoken (the same BPE tokens), vocab {options.vocab_size}"
         conditions = (
             f"jsonl, {lines:,} documents, {source.stat().st_size / 1e6:.3g} MB, "
-            f"{args.workers} workers, HuggingFace byte-level BPE, vocab {args.vocab_size}, "
-            "--append-eod"
+            f"{args.workers} workers, {described}, --append-eod"
         )
         report = benchreport.Report("preprocess", REFERENCE, args.rows)
         report.heading(f"preprocess: {conditions}")
-        (work / "reference").mkdir()
-        run_reference = reference_tool(options, source, work / "reference" / "out", args.workers)
-        start = time.perf_counter()
-        theirs = run_reference()
-        reference_seconds = time.perf_counter() - start
-
-        start = time.perf_counter()
-        ours = preprocess(
-            PreprocessConfig(
-                input=str(source),
-                output_prefix=str(work / "megafmt" / "out"),
-                tokenizer_type="HuggingFaceTokenizer",
-                tokenizer_options=options,
-                append_eod=True,
-                workers=args.workers,
-                log_interval=10**9,
+        run_reference = reference_tool(
+            tokenizer_type, options, source, work / "reference" / "out", args.workers
+        )
+        config = PreprocessConfig(
+            input=str(source),
+            output_prefix=str(work / "megafmt" / "out"),
+            tokenizer_type=tokenizer_type,
+            tokenizer_options=options,
+            append_eod=True,
+            workers=args.workers,
+            log_interval=10**9,
+        )
+        rounds = []  # (reference seconds, our seconds, identical)
+        for _ in range(args.rounds):
+            for side in ("reference", "megafmt"):
+                shutil.rmtree(work / side, ignore_errors=True)
+                (work / side).mkdir()
+            start = time.perf_counter()
+            theirs = run_reference()
+            reference_seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            ours = preprocess(config).outputs["text"]
+            our_seconds = time.perf_counter() - start
+            same = all(filecmp.cmp(ours + s, theirs + s, shallow=False) for s in (".bin", ".idx"))
+            rounds.append((reference_seconds, our_seconds, same))
+            print(
+                f"round {len(rounds)}: reference {reference_seconds:.1f} s, megafmt "
+                f"{our_seconds:.1f} s, ratio {reference_seconds / our_seconds:.2f}x, "
+                f"byte-identical: {'yes' if same else 'NO'}",
+                flush=True,
             )
-        ).outputs["text"]
-        our_seconds = time.perf_counter() - start
-
+        reference_seconds, our_seconds, _ = sorted(rounds, key=lambda r: r[0] / r[1])[
+            len(rounds) // 2
+        ]
         tokens = int(IndexedDataset(ours).sequence_lengths.sum())
-        same = all(filecmp.cmp(ours + s, theirs + s, shallow=False) for s in (".bin", ".idx"))
         report.compare(
             "preprocess throughput",
             ours=tokens / our_seconds / 1e6,
@@ -163,10 +223,12 @@ def main() -> None:
             higher_is_better=True,
             conditions=conditions,
         )
+        ratios = ", ".join(f"{r / o:.2f}x" for r, o, _ in rounds)
         report.note(
             f"{tokens:,} tokens; {source.stat().st_size / our_seconds / 1e6:.1f} MB/s ours, "
-            f"{source.stat().st_size / reference_seconds / 1e6:.1f} MB/s the reference's; "
-            f"outputs byte-identical: {'yes' if same else 'NO'}"
+            f"{source.stat().st_size / reference_seconds / 1e6:.1f} MB/s the reference's "
+            f"(the median of {len(rounds)} alternating rounds: {ratios}); outputs "
+            f"byte-identical: {'yes' if all(same for *_, same in rounds) else 'NO'}"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
