@@ -174,3 +174,12 @@ def test_phases_print_what_each_rank_receives_and_resume_inside_a_phase(tmp_path
     ]
     assert len(hashes["whole"]) == 6 and len(set(hashes["whole"])) == 6
     assert hashes["first"] + hashes["rest"] == hashes["whole"]
+
+
+def test_hybrid_cp_flags_are_refused_where_they_would_be_ignored(tmp_path, capsys):
+    """--hybrid-cp brings its own sampler (Megatron's, for the 'single' type only), and --cp
+    means nothing without it: both are errors naming the flags, not silently dropped."""
+    assert simulate(tmp_path, "--hybrid-cp", "64", "--dataloader-type", "cyclic") == 1
+    assert "found --dataloader-type cyclic" in capsys.readouterr().err
+    assert simulate(tmp_path, "--cp", "2") == 1
+    assert "--cp 2 takes effect with --hybrid-cp only" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy
 import pytest
 
 from megafmt import write_manifest
@@ -228,3 +229,17 @@ def test_a_vocabulary_smaller_than_the_corpus_ids_is_refused_naming_both(tmp_pat
         build(small)[0][0]
     write_manifest(corpus, {"tokenizer": {"vocab_size": 101}})
     assert build(small)[0][0]["tokens"].max() > 100  # trusted, as the manifest says
+
+
+def test_a_blend_with_one_weight_per_prefix_missing_names_both_counts(tmp_path):
+    corpus = config(tmp_path, 8).blend[0][0]
+    with pytest.raises(ConfigError, match="blend has 2 prefixes but 1 weights"):
+        build(config(tmp_path, 8, blend=([corpus, corpus], [1.0])))
+
+
+def test_budget_counts_take_numpy_integers_and_refuse_booleans():
+    assert get_train_valid_test_num_samples(
+        4, train_iters=numpy.int64(5), eval_interval=2, eval_iters=1
+    ) == get_train_valid_test_num_samples(4, train_iters=5, eval_interval=2, eval_iters=1)
+    with pytest.raises(ConfigError, match="train_iters must be an integer >= 0, got True"):
+        get_train_valid_test_num_samples(4, train_iters=True)

@@ -34,3 +34,17 @@ def test_both_sides_build_identical_tables_at_a_minute_scale(tmp_path, capsys):
     assert all(row.ours > 0 and row.theirs > 0 and "scale 1e-05" in row.conditions for row in rows)
     printed = capsys.readouterr().out
     assert "DIFFERENT" not in printed and "all tables identical: True" in printed
+
+
+def test_a_folder_it_did_not_make_is_refused_not_wiped(tmp_path, monkeypatch):
+    bench = load_bench()
+    kept = tmp_path / "mine.txt"
+    kept.write_text("data")
+    monkeypatch.setattr(sys, "argv", ["bench_scale.py", "--workdir", str(tmp_path)])
+    try:
+        bench.main()
+    except SystemExit as refused:
+        assert "not empty and not made by bench_scale.py" in str(refused)
+    else:
+        raise AssertionError("bench_scale.py ran in a folder it did not make")
+    assert kept.read_text() == "data"

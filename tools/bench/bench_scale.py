@@ -456,7 +456,12 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the corpus and the caches")
     args = parser.parse_args()
     report = benchreport.Report("scale", args.reference, args.rows)
+    marker = args.workdir / ".bench_scale"  # only a folder this script made is ever deleted
+    if args.workdir.exists() and any(args.workdir.iterdir()) and not marker.exists():
+        raise SystemExit(f"--workdir {args.workdir}: not empty and not made by bench_scale.py")
     shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    marker.touch()
     try:
         results = run(args.scale, args.workdir, args.hit_processes)
     finally:

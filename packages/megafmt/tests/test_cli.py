@@ -156,3 +156,19 @@ def test_merge_takes_merge_datasets_flags(make_corpus, tmp_path, capsys):
             assert a.read() == b.read()
     status, _, err = mega(capsys, "merge")
     assert status == 1 and "needs an output and inputs" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--ray-address", "127.0.0.1:1"], "--ray-address take effect with --ray only"),
+        (["--sft", "--ray"], "--ray and --find-optimal-num-workers preprocess plain text only"),
+    ],
+)
+def test_preprocess_refuses_flags_it_would_ignore(tmp_path, extra, message):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a"}\n')
+    args = ["preprocess", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    with pytest.raises(SystemExit, match=message):
+        main([*args, "--tokenizer-type", "NullTokenizer", "--vocab-size", "10", *extra])
+    assert not list(tmp_path.glob("out*"))

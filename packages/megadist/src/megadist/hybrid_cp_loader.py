@@ -132,6 +132,12 @@ class HybridCPDataLoaderWrapper:
         padded[: len(lengths)] = torch.tensor(lengths, dtype=torch.int32)
         rows = collectives.all_gather(padded, group, "DP").tolist()
         everyone = [length for row, n in zip(rows, counts, strict=True) for length in row[:n]]
+        empty = [rank for rank, n in enumerate(counts) if n == 0]
+        if empty:  # every rank sees the counts, so every rank raises (none waits in a collective)
+            raise BatchError(
+                f"DP ranks {empty} have no non-empty sub-sequence in their share of the global "
+                "batch; the seed commit cannot route that either"
+            )
         offsets = [0, *itertools.accumulate(counts)][:-1]
         return everyone, offsets
 
@@ -147,11 +153,6 @@ class HybridCPDataLoaderWrapper:
         schedule: Schedule,
         offsets: list[int],
     ) -> SubSequences:
-        if not pieces:
-            raise BatchError(
-                f"DP rank {dist.get_rank(self.groups.dp_group)} has no non-empty sub-sequence in "
-                "its share of the global batch; the seed commit cannot route that either"
-            )
         dealt = [
             sorted(itertools.chain.from_iterable(g[r] for g in schedule))
             for r in range(self.total_ranks)
@@ -172,7 +173,11 @@ class HybridCPDataLoaderWrapper:
         result: SubSequences = {gid: {} for gid in arriving}
         for key, first in pieces[0].items():
             parts = [pieces[gid - mine.start][key] for gid in order]
-            sent = torch.cat(parts).to(self.device) if parts else first.new_empty(0)
+            sent = (
+                torch.cat(parts).to(self.device)
+                if parts
+                else torch.empty(0, dtype=first.dtype, device=self.device)
+            )
             received = torch.empty(sum(received_sizes), dtype=sent.dtype, device=self.device)
             collectives.all_to_all(
                 received,

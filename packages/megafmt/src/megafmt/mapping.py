@@ -93,7 +93,7 @@ def release_pages(view: numpy.ndarray) -> None:
     last = (start + view.nbytes) // _PAGE * _PAGE
     if last <= first:
         return
-    for address, size in _MAPPINGS.items():
+    for address, size in list(_MAPPINGS.items()):  # finalizers may pop entries meanwhile
         if address <= first and last <= address + size:
             _LIBC.madvise(first, last - first, _MADV_DONTNEED)
             return

@@ -68,7 +68,10 @@ class _IndexWriter:
     ) -> None:
         """Write the whole index; ``sequence_modes`` only for multimodal corpora."""
         if self.idx_writer is None:
-            raise ValueError(f"{self.idx_path}: _IndexWriter.write is called inside its `with`")
+            raise ValueError(
+                f"{self.idx_path}: _IndexWriter.write must be called inside its `with` block; "
+                "it was called outside"
+            )
         self._writer.write(
             self.idx_writer,
             numpy.asarray(list(sequence_lengths)),

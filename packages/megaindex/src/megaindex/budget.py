@@ -17,6 +17,7 @@ consumed so far.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from megaindex.errors import ConfigError
@@ -154,7 +155,7 @@ def get_train_valid_test_num_samples(
         ("iteration", iteration, 0),
     ):
         if (value is not None or name == "global_batch_size") and not (
-            isinstance(value, int) and value >= least
+            isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
         ):
             raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
     if train_iters is None:

@@ -82,7 +82,7 @@ def check_blend_weights(
         raise ConfigError(f"{name} holds no prefix: give at least one dataset prefix")
     if weights is None:
         return
-    for prefix, weight in zip(prefixes, weights, strict=False):
+    for prefix, weight in zip(prefixes, weights, strict=True):
         if not (math.isfinite(weight) and weight >= 0):
             raise ConfigError(
                 f"{name}: the weight of {prefix!r} is {weight!r}; weights must be finite "

@@ -383,6 +383,8 @@ def build_phases(args: argparse.Namespace) -> list[tuple[int, list[Any]]]:
     loaded from the cache) before the run, each sized as its launch sizes it; the last phase
     ends at the run's training samples (``--train-samples``, or ``--train-iters`` batches)."""
     schedule = PhaseSchedule.parse(args.phases)
+    if args.mock_data:
+        raise ValueError("--phases gives each phase's data: it does not take --mock-data")
     if args.phase_transition_iterations or args.global_batch_size is None:
         raise ValueError(
             "--phases takes the transitions from its items and needs --global-batch-size "

@@ -18,7 +18,7 @@ import itertools
 import logging
 import re
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy
 
@@ -28,6 +28,22 @@ from megaindex.utils import Split, normalize
 logger = logging.getLogger(__name__)
 
 STALE_CACHE_CHOICES = ("rebuild", "error")
+
+
+@runtime_checkable
+class SizedVocabulary(Protocol):
+    """A tokenizer that states its vocabulary size (Megatron's do): every id is below it."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+@runtime_checkable
+class EndOfDocument(Protocol):
+    """A tokenizer that states its end-of-document id (Megatron's do)."""
+
+    @property
+    def eod(self) -> int: ...
 
 
 @dataclass
@@ -203,7 +219,7 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     @property
     def vocab_size(self) -> int | None:
         """The tokenizer's vocabulary size, when it states one (token ids are below it)."""
-        return getattr(self.tokenizer, "vocab_size", None)
+        return self.tokenizer.vocab_size if isinstance(self.tokenizer, SizedVocabulary) else None
 
     def __post_init__(self) -> None:
         super().__post_init__()

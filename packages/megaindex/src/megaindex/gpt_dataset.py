@@ -31,7 +31,7 @@ from megafmt.protocols import (
 )
 from megafmt.shared import confined_path, default_cache_dir, is_url, url_components
 from megaindex.cache import CacheEntry
-from megaindex.config import GPTDatasetConfig
+from megaindex.config import EndOfDocument, GPTDatasetConfig
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
 from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError, TokenRangeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
@@ -134,7 +134,8 @@ class GPTDataset(MegatronDataset):
         #: the ids each read sample must stay below: the tokenizer's vocab_size, or past its
         #: EOD id where that lies above (None: the tokenizer states no size, or every id the
         #: corpus dtype holds is below it)
-        vocab_size, eod = config.vocab_size, getattr(config.tokenizer, "eod", None)
+        vocab_size = config.vocab_size
+        eod = config.tokenizer.eod if isinstance(config.tokenizer, EndOfDocument) else None
         limit = None if vocab_size is None else max(vocab_size, eod + 1 if eod else 0)
         dtype = self._token_dtype
         checked = (

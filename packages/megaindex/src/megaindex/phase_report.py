@@ -99,7 +99,9 @@ def describe_phases(phases: list[PhaseReport]) -> list[str]:
     for number, phase in enumerate(phases):
         prefixes, weights = phase.blend
         blend = " ".join(
-            prefixes if weights is None else [f"{w:g} {p}" for w, p in zip(weights, prefixes)]  # noqa: B905
+            prefixes
+            if weights is None
+            else [f"{w:g} {p}" for w, p in zip(weights, prefixes, strict=True)]
         )
         lines.append(f"phase {number} from iteration {phase.start_iteration}: {blend}")
         if phase.base is None:

@@ -94,7 +94,14 @@ class LoadCommand:
         if args.global_batch_size is None:
             raise SimulationError("mega load simulate needs --global-batch-size")
         if args.hybrid_cp is not None:
+            if args.dataloader_type != "single":
+                raise SimulationError(
+                    f"--hybrid-cp samples with its own sampler, as Megatron does for the "
+                    f"'single' type only; found --dataloader-type {args.dataloader_type}"
+                )
             args.dataloader_type = HYBRID_CP_SAMPLER
+        elif args.cp != 1:
+            raise SimulationError(f"--cp {args.cp} takes effect with --hybrid-cp only")
         provider = PROVIDERS.get(args.provider)()
         phases = provider.build_phases(args) if isinstance(provider, PhasedProvider) else None
         micro_batches = num_micro_batches(args.global_batch_size, args.micro_batch_size, args.dp)

@@ -3,10 +3,11 @@
 Every flag of the tool at the seed commit is taken with its meaning (the tokenizer flags are
 shared with ``mega index build``: megafmt.cli.tokenizer_flags), and megatron-core 0.16.1's
 spellings too; ``--tokenizer-type HuggingFaceTokenizer`` and the other Megatron names are aliases
-of the tokenizer plugins. Flags that cannot change a token here are accepted and recorded:
-``--tokenizer-hf-no-use-fast`` (the tokenizers package is the fast implementation),
-``--trust-remote-code`` (no code is fetched or run), ``--chat-template``, ``--padded-vocab-size``,
-``--no-pad-vocab-size`` and ``--vocab-extra-ids`` (they size the model, not the data).
+of the tokenizer plugins. Flags that cannot change a token here are accepted and enter the
+tokenizer's identity, as at the seed commit: ``--tokenizer-hf-no-use-fast`` (the tokenizers
+package is the fast implementation), ``--trust-remote-code`` (no code is fetched or run) and
+``--chat-template``; ``--padded-vocab-size``, ``--no-pad-vocab-size`` and ``--vocab-extra-ids``
+are accepted and ignored, as the tool ignores them (they size the model, not the data).
 """
 
 from __future__ import annotations
@@ -93,7 +94,13 @@ class PreprocessCommand:
         add_ray_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
+        on_ray = ray_options(args)
         if args.sft or args.tokenizer_type == "SFTTokenizer":
+            if on_ray is not None or args.find_optimal_num_workers:
+                raise SystemExit(
+                    "mega preprocess --sft: --ray and --find-optimal-num-workers preprocess "
+                    "plain text only"
+                )
             if not args.tokenizer_model:
                 raise SystemExit("mega preprocess --sft needs --tokenizer-model (a folder)")
             preprocess_sft(
@@ -122,7 +129,6 @@ class PreprocessCommand:
             log_interval=args.log_interval,
             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
         )
-        on_ray = ray_options(args)
         if args.find_optimal_num_workers and on_ray is not None:
             raise SystemExit(
                 "mega preprocess: --find-optimal-num-workers times local workers; "

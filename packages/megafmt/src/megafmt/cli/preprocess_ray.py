@@ -37,6 +37,16 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
 def ray_options(args: argparse.Namespace) -> RayOptions | None:
     """The options of a Ray run, or None without ``--ray``."""
     if not args.ray:
+        given = [
+            flag
+            for flag, value in (
+                ("--ray-address", args.ray_address),
+                ("--ray-storage", args.ray_storage),
+            )
+            if value is not None
+        ]
+        if given:
+            raise SystemExit(f"mega preprocess: {' and '.join(given)} take effect with --ray only")
         return None
     return RayOptions(
         address=args.ray_address, storage=args.ray_storage, shard_bytes=args.ray_shard_mb << 20

@@ -229,15 +229,17 @@ def preprocess_on_ray(
     tokenizer = load_checked_tokenizer(config)
     shards = plan_shards(inputs, options.shard_bytes)
     storage = options.storage or config.output_prefix + ".shards"
+    if "://" not in storage:  # the tasks' working folders are not the driver's
+        storage = os.path.abspath(storage)
     fs, base = fsspec.core.url_to_fs(storage)
     # this run's own folder: nothing else under the storage is ever touched
     name = f"{os.path.basename(config.output_prefix)}-{uuid.uuid4().hex[:12]}"
     root = f"{base.rstrip('/')}/{name}"
-    fs.makedirs(root, exist_ok=True)
     run_storage = f"{storage.rstrip('/')}/{name}"
-    _connect(ray, options.address, config.workers)
+    _connect(ray, options.address, config.workers)  # before any folder: a failure leaves none
     progress = new_progress(config, stream)
     try:
+        fs.makedirs(root, exist_ok=True)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         task = ray.remote(num_cpus=options.cpus_per_task, max_retries=TASK_RETRIES)(tokenize_shard)
         shard_config = dataclasses.replace(config, workers=options.cpus_per_task)
@@ -297,7 +299,7 @@ def preprocess_on_ray(
         ray.shutdown()
         if fs.exists(root):
             fs.rm(root, recursive=True)
-        if options.storage is None and not fs.ls(base, detail=False):
+        if options.storage is None and fs.exists(base) and not fs.ls(base, detail=False):
             fs.rmdir(base)  # the default folder, named after the output, is this run's too
     progress.close(summary.describe())
     return summary
