@@ -89,3 +89,19 @@ def test_a_missing_library_is_named(tmp_path, monkeypatch, name, package):
     model.write_text("")
     with pytest.raises(PluginError, match=f"needs the '{package}' package: pip install {package}"):
         load_tokenizer(name, TokenizerOptions(model=str(model)))
+
+
+def test_a_plugin_missing_a_protocol_member_is_a_plugin_error_naming_it(monkeypatch):
+    class NoPad:
+        name, vocab_size, eod, fingerprint = "nopad", 10, 9, "sha256:0"
+
+        @classmethod
+        def from_options(cls, options):
+            return cls()
+
+        def encode_batch(self, texts):
+            return [[1] for _ in texts]
+
+    monkeypatch.setattr(TOKENIZERS, "get", lambda name: NoPad)
+    with pytest.raises(PluginError, match=r"the nopad tokenizer plugin built a .*NoPad.*lacks pad"):
+        load_tokenizer("nopad", TokenizerOptions())

@@ -89,18 +89,20 @@ def all_to_all(
 
 @contextmanager
 def counting_collectives() -> Iterator[list[tuple[str, int]]]:
-    """Within the block, every ``torch.distributed`` broadcast, all-reduce and all-gather of this
-    process appends (its name, the byte size of this rank's tensor) to the yielded list."""
+    """Within the block, every ``torch.distributed`` broadcast, all-reduce, all-gather and
+    all-to-all of this process appends (its name, the byte size of this rank's tensor: the one it
+    sends, for the last two) to the yielded list."""
     calls: list[tuple[str, int]] = []
     originals = {
         "broadcast": dist.broadcast,
         "all_reduce": dist.all_reduce,
         "all_gather": dist.all_gather,
+        "all_to_all_single": dist.all_to_all_single,
     }
 
     def counting(name: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            tensor = args[1] if name == "all_gather" else args[0]
+            tensor = args[1] if name in ("all_gather", "all_to_all_single") else args[0]
             calls.append((name, tensor.numel() * tensor.element_size()))
             return originals[name](*args, **kwargs)
 

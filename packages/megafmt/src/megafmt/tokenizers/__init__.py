@@ -39,7 +39,16 @@ def plugin_name(tokenizer_type: str) -> str:
 
 def load_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> Tokenizer:
     """Build the tokenizer ``tokenizer_type`` names from ``options``."""
-    return TOKENIZERS.get(plugin_name(tokenizer_type)).from_options(options)
+    name = plugin_name(tokenizer_type)
+    tokenizer = TOKENIZERS.get(name).from_options(options)
+    if not isinstance(tokenizer, Tokenizer):  # a third-party plugin missing a member
+        members = (*Tokenizer.__annotations__, "encode_batch")
+        missing = [member for member in members if not hasattr(tokenizer, member)]
+        raise PluginError(
+            f"the {name} tokenizer plugin built a {type(tokenizer).__qualname__}, which lacks "
+            f"{', '.join(missing)} of megafmt.tokenizers.Tokenizer"
+        )
+    return tokenizer
 
 
 def load_text_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> TextTokenizer:

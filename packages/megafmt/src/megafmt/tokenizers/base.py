@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from megafmt.errors import MissingFileError, PluginError
 
@@ -94,6 +94,7 @@ class TokenizerOptions:
         return self._or_default(self.use_fast)
 
 
+@runtime_checkable
 class Tokenizer(Protocol):
     """A tokenizer as preprocessing sees it."""
 
