@@ -30,7 +30,7 @@ import numpy
 from megaindex import distributed
 from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset
-from megaindex.config import BlendedMegatronDatasetConfig
+from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.plugins import DATASETS
@@ -56,7 +56,9 @@ RANK_LOCAL_FIELDS = frozenset(
 def _identity(value: Any) -> Any:
     """How a config value that JSON cannot hold is compared: by its ``unique_identifiers``
     (tokenizers), else by its type (never by its address, which differs between ranks)."""
-    return getattr(value, "unique_identifiers", type(value).__qualname__)
+    if isinstance(value, UniquelyIdentified):
+        return value.unique_identifiers
+    return type(value).__qualname__
 
 
 def _get_size_per_split_per_dataset(

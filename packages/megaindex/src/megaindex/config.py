@@ -39,6 +39,14 @@ class SizedVocabulary(Protocol):
 
 
 @runtime_checkable
+class UniquelyIdentified(Protocol):
+    """An object a dataset's description holds by its identifiers (Megatron's tokenizers)."""
+
+    @property
+    def unique_identifiers(self) -> Any: ...
+
+
+@runtime_checkable
 class EndOfDocument(Protocol):
     """A tokenizer that states its end-of-document id (Megatron's do)."""
 
