@@ -8,7 +8,7 @@ setup:
 	$(PYTHON) tools/venvs.py full
 
 demo: setup
-	.venv/bin/python tools/demo.py
+	.venv/bin/mega demo --output build/demo
 
 # Each package's own tests run in a venv holding only that package and what it declares, so a
 # dependency missing from a pyproject.toml fails here. Then the cross-package and compatibility

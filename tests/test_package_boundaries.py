@@ -7,8 +7,15 @@ from pathlib import Path
 import pytest
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
-#: megafmt.sft: the SDK's supervised fine-tuning data (jsonl index, SFT tokenizer), public
-MEGAFMT_MODULES_FOR_SIBLINGS = {"megafmt", "megafmt.protocols", "megafmt.shared", "megafmt.sft"}
+#: megafmt.sft: the SDK's supervised fine-tuning data (jsonl index, SFT tokenizer), public;
+#: megafmt.demo: what the stages of `mega demo` share, public for every package's stages
+MEGAFMT_MODULES_FOR_SIBLINGS = {
+    "megafmt",
+    "megafmt.protocols",
+    "megafmt.shared",
+    "megafmt.sft",
+    "megafmt.demo",
+}
 FORBIDDEN = {"megaload": {"megaindex", "megadist"}, "megadist": {"megaindex", "megaload"}}
 
 
