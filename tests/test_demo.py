@@ -13,10 +13,10 @@ import pytest
 MEGA = str(Path(sys.executable).parent / "mega")
 
 
-def tour(tmp_path: Path, *flags: str) -> dict:
-    summary_path = tmp_path / "summary.json"
+def tour(folder: Path, *flags: str) -> dict:
+    summary_path = folder / "summary.json"
     subprocess.run(
-        [MEGA, "demo", "--size", "small", "--output", str(tmp_path / "demo"),
+        [MEGA, "demo", "--size", "small", "--output", str(folder / "demo"),
          "--summary", str(summary_path), *flags],
         check=True,
         timeout=600,
@@ -24,8 +24,15 @@ def tour(tmp_path: Path, *flags: str) -> dict:
     return json.loads(summary_path.read_text())
 
 
-def test_the_demo_tours_every_stage_and_its_checks_hold(tmp_path: Path) -> None:
-    summary = tour(tmp_path)
+@pytest.fixture(scope="module")
+def default_tour(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The tour on its default corpora (one run shared by the tests of this module)."""
+    folder = tmp_path_factory.mktemp("tour")
+    return folder, tour(folder)
+
+
+def test_the_demo_tours_every_stage_and_its_checks_hold(default_tour: tuple[Path, dict]) -> None:
+    _, summary = default_tour
     facts = summary["facts"]
     assert facts["samples (train / valid / test)"] == [400, 40, 20]
     assert facts["blend weights asked"] == pytest.approx([0.6, 0.4])
@@ -49,13 +56,13 @@ def test_the_demo_tours_every_stage_and_its_checks_hold(tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
-def test_the_demo_tours_a_users_own_corpora(tmp_path: Path) -> None:
+def test_the_demo_tours_a_users_own_corpora(default_tour: tuple[Path, dict]) -> None:
     """The first tour's corpora and tokenizer given back as a user's --data-path: the same
     splits, read from the cache the first tour built (the names are the same)."""
-    tour(tmp_path)
-    made = tmp_path / "demo"
+    folder, _ = default_tour
+    made = folder / "demo"
     summary = tour(
-        tmp_path,
+        folder,
         "--data-path", "0.6", str(made / "topics_text_document"),
         "0.4", str(made / "docstrings_text_document"),
         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(made / "tokenizer"),
@@ -69,3 +76,23 @@ def test_the_demo_tours_a_users_own_corpora(tmp_path: Path) -> None:
         "resume gave the same samples": True,
         "get_batch: every rank's share right": True,
     }  # no text to look a decoded sample up in
+
+
+def test_the_demo_tours_one_corpus_without_a_blend(
+    default_tour: tuple[Path, dict], tmp_path: Path
+) -> None:
+    """One prefix, no weight, the null tokenizer, no worker processes: a GPTDataset alone (its
+    samples carry no dataset_id), and nothing to decode."""
+    folder, _ = default_tour
+    summary = tour(
+        tmp_path,
+        "--data-path", str(folder / "demo" / "topics_text_document"),
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "2000", "--num-workers", "0",
+    )  # fmt: skip
+    facts = summary["facts"]
+    assert "blend weights realised" not in facts
+    assert facts["samples read (all ranks)"] == 2 * 12 * 4
+    assert summary["checks"] == {
+        "resume gave the same samples": True,
+        "get_batch: every rank's share right": True,
+    }

@@ -76,14 +76,13 @@ class LoaderStage:
         self._report(run)
 
     def _report(self, run: DemoRun) -> None:
-        ids = dataset_ids(run) if "dataset_id" in run.batches[0][0] else None
-        read = sum(len(batch["tokens"]) for batches in run.batches for batch in batches)
+        ids = dataset_ids(run)
         for source, corpus in enumerate(run.corpora):
-            corpus.samples_read = read if ids is None else int((ids == source).sum())
-        if ids is not None:
-            shares = [float((ids == source).mean()) for source in range(len(run.corpora))]
+            corpus.samples_read = int((ids == source).sum())
+        if len(run.corpora) > 1:
+            shares = [corpus.samples_read / len(ids) for corpus in run.corpora]
             run.facts["blend weights realised"] = shares
-            run.facts["samples read (all ranks)"] = read
+        run.facts["samples read (all ranks)"] = len(ids)
         seq_length = run.settings.seq_length
         for corpus in run.corpora:
             if corpus.tokens_per_epoch:
@@ -93,4 +92,5 @@ class LoaderStage:
                     f"{read_epochs:.4f}",
                 ]
         if run.loader_seconds:
-            run.facts["loader samples/s, start-up included"] = round(read / run.loader_seconds, 1)
+            rate = len(ids) / run.loader_seconds
+            run.facts["loader samples/s, start-up included"] = round(rate, 1)

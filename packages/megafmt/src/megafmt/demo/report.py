@@ -13,9 +13,16 @@ from megafmt.demo.run import DemoRun
 
 
 def dataset_ids(run: DemoRun, rank: int | None = None) -> numpy.ndarray:
-    """The blend member of every sample read, by data-parallel rank (all ranks when None)."""
+    """The blend member of every sample read, by data-parallel rank (all ranks when None); a
+    dataset that is no blend (one corpus) reads every sample from member 0."""
     ranks = run.batches if rank is None else run.batches[rank : rank + 1]
-    ids = [numpy.asarray(batch["dataset_id"]) for batches in ranks for batch in batches]
+    ids = [
+        numpy.asarray(batch["dataset_id"])
+        if "dataset_id" in batch
+        else numpy.zeros(len(batch["tokens"]), dtype=numpy.int64)
+        for batches in ranks
+        for batch in batches
+    ]
     return numpy.concatenate(ids) if ids else numpy.zeros(0, dtype=numpy.int64)
 
 
