@@ -43,6 +43,7 @@ def test_the_demo_tours_every_stage_and_its_checks_hold(default_tour: tuple[Path
     assert facts["samples read (all ranks)"] == 2 * 12 * 4
     assert facts["index tables (train / valid / test)"] == ["built"] * 3
     assert summary["checks"] == {
+        "every rank read the micro-batches asked": True,
         "resume gave the same samples": True,
         "get_batch: every rank's share right": True,
         "decoded sample is corpus text": True,
@@ -73,6 +74,7 @@ def test_the_demo_tours_a_users_own_corpora(default_tour: tuple[Path, dict]) -> 
     assert summary["facts"]["samples (train / valid / test)"] == [400, 40, 20]
     assert summary["facts"]["index tables (train / valid / test)"] == ["cache"] * 3
     assert summary["checks"] == {
+        "every rank read the micro-batches asked": True,
         "resume gave the same samples": True,
         "get_batch: every rank's share right": True,
     }  # no text to look a decoded sample up in
@@ -93,6 +95,29 @@ def test_the_demo_tours_one_corpus_without_a_blend(
     assert "blend weights realised" not in facts
     assert facts["samples read (all ranks)"] == 2 * 12 * 4
     assert summary["checks"] == {
+        "every rank read the micro-batches asked": True,
         "resume gave the same samples": True,
         "get_batch: every rank's share right": True,
     }
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--seq-length", "66"], "--seq-length 66: get_batch cuts each sequence into 2 x CP = 4"),
+        (["--split", "0,100,0"], "--split 0,100,0: the tour reads the training split"),
+        (["--steps", "1"], "--steps 1: the tour stops a loader half-way and resumes it"),
+    ],
+)
+def test_settings_a_stage_cannot_work_with_stop_the_tour_first(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    done = subprocess.run(
+        [MEGA, "demo", "--size", "small", "--output", str(tmp_path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert not (tmp_path / "topics.jsonl").exists()  # before any stage worked

@@ -36,7 +36,8 @@ def test_the_format_tour_runs_alone_and_names_the_missing_stages(
         ("loader", "megaload"),
         ("get_batch", "megadist"),
     ):
-        assert f"not installed: the {stage} (pip install {package}) stage" in out
+        hint = f"not installed: the {stage} stage: it is provided by {package}: pip install"
+        assert f"{hint} ./packages/{package}" in out
     # the corpora are real: as many documents as the jsonl lines, every one ending in EOD
     for name in ("topics", "docstrings"):
         lines = (folder / f"{name}.jsonl").read_text().splitlines()
@@ -65,7 +66,7 @@ def test_a_data_path_of_odd_length_is_refused(
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
     ])  # fmt: skip
     assert status == 1
-    assert "expected pairs of weight and prefix, found 3 items" in capsys.readouterr().err
+    assert "--data-path has an odd number of items (3)" in capsys.readouterr().err
 
 
 def test_the_tour_takes_the_users_jsonl(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""megadist's stage of ``mega demo``: the micro-batches the loader stage read go through
-``get_batch`` on 4 gloo ranks laid out TP=2 x CP=2, and every rank's share is checked against
-the zigzag split of the micro-batch its group read."""
+"""megadist's stage of ``mega demo``: the first micro-batches data-parallel rank 0 read in the
+loader stage go through ``get_batch`` on 4 gloo ranks laid out TP=2 x CP=2 (one data-parallel
+rank), and every rank's share is checked against the zigzag split of that micro-batch."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def held_on_rank(batches: list[dict[str, numpy.ndarray]], seq_length: int) -> di
 
 
 def _matches(held: Mapping[str, numpy.ndarray], expected: Mapping[str, Any]) -> bool:
-    return held.keys() <= expected.keys() and all(
+    """Every key of the micro-batch, with its zigzag share's shape and values."""
+    return held.keys() == expected.keys() and all(
         numpy.array_equal(value, numpy.asarray(expected[key])) for key, value in held.items()
     )
 
@@ -51,6 +52,14 @@ class GetBatchStage:
     title = "megadist: get_batch on TP=2 x CP=2 gloo ranks"
     order = 60
     needs: Sequence[str] = ("loader",)
+
+    def check(self, run: DemoRun) -> None:
+        if run.settings.seq_length % (2 * CP):
+            raise ValueError(
+                f"--seq-length {run.settings.seq_length}: get_batch cuts each sequence into "
+                f"2 x CP = {2 * CP} zigzag chunks on the tour's CP={CP} layout, so it must be a "
+                f"multiple of {2 * CP}"
+            )
 
     def run(self, run: DemoRun) -> None:
         batches = [
@@ -70,5 +79,8 @@ class GetBatchStage:
                 f"{key} {list(value.shape)}" for key, value in report["held"][0].items()
             )
             print(f"   rank {rank} ({report['where']}): {shapes}")
-        print(f"   every rank holds its zigzag share of its group's micro-batch: {right}")
+        print(
+            f"   {len(batches)} micro-batches of data-parallel rank 0 sent; every rank holds its "
+            f"zigzag share of each: {right}"
+        )
         run.checks["get_batch: every rank's share right"] = right

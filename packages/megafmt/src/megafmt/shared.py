@@ -2,8 +2,8 @@
 the format SDK: the plugin registry, progress reporting, atomic writes, read-only mappings,
 corpus fingerprints, checksums, URL helpers (``redact`` masks credentials in messages,
 ``confined_path`` keeps local copies inside their folder), tokenizers that decode, the identity
-Megatron's tokenizers report, argparse types and Megatron's tokenizer flags for the ``mega``
-commands.
+Megatron's tokenizers report, argparse types, and Megatron's ``--data-path`` words and
+tokenizer flags for the ``mega`` commands.
 
 Not part of the SDK's API (``megafmt``'s ``__all__``): it changes with those packages, and a
 user who reads, writes or checks corpora needs none of it. The data path's Protocols, which
@@ -11,6 +11,7 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 """
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
+from megafmt.blend_list import Blend, BlendListError, parse_blend_list
 from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.confinement import confined_path, url_components
@@ -31,6 +32,8 @@ from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer, load_token
 from megafmt.tokenizers.identity import megatron_identifiers
 
 __all__ = [
+    "Blend",
+    "BlendListError",
     "Progress",
     "RedactedMessage",
     "Registry",
@@ -50,6 +53,7 @@ __all__ = [
     "map_file",
     "megatron_identifiers",
     "non_negative_int",
+    "parse_blend_list",
     "partial_path",
     "positive_int",
     "redact",

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import warnings
 from collections.abc import Sequence
 
 from megafmt import IndexedDataset, read_manifest
+from megafmt.shared import Blend, BlendListError, parse_blend_list
 from megaindex.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-Blend = tuple[list[str], list[float] | None]
 
 #: the splits a per-split blend names, in order
 SPLITS = ("train", "valid", "test")
@@ -32,56 +30,18 @@ SPLITS = ("train", "valid", "test")
 LEGACY_DEFAULT_SPLIT = "969, 30, 1"
 
 
-def _weight(item: str) -> float | None:
-    try:
-        return float(item)
-    except ValueError:
-        return None
-
-
 def get_blend_from_list(
     blend: Sequence[str] | None, *, argument: str = "--data-path"
 ) -> Blend | None:
     """``["30", "a", "70", "b"]`` -> ``(["a", "b"], [30.0, 70.0])``; ``["a", "b"]`` ->
-    ``(["a", "b"], None)`` (weights from sizes); a single prefix -> ``(["a"], None)``.
-    ``argument`` names the flag the list comes from in the errors."""
+    ``(["a", "b"], None)`` (weights from sizes); a single prefix -> ``(["a"], None)``; None ->
+    None. ``argument`` names the flag the list comes from in the errors."""
     if blend is None:
         return None
-    items = list(blend)
-    if not items:
-        raise ConfigError(f"{argument} is empty: give a prefix, or weight/prefix pairs")
-    if len(items) % 2 == 1:
-        weights = [_weight(item) for item in items]
-        if all(w is not None for w in weights) or any(w is not None for w in weights[0::2]):
-            numbers = [item for item, w in zip(items, weights, strict=True) if w is not None]
-            raise ConfigError(
-                f"{argument} has an odd number of items ({len(items)}), so it must be a list "
-                f"of prefixes, but {numbers[0]!r} looks like a weight: give weight/prefix pairs"
-            )
-        return [item.strip() for item in items], None
-    pairs = list(zip(items[0::2], items[1::2], strict=True))
-    weights = [_weight(weight) for weight, _ in pairs]
-    if all(w is None for w in weights):
-        return [item.strip() for item in items], None
-    for position, ((raw, prefix), weight) in enumerate(zip(pairs, weights, strict=True)):
-        if weight is None:
-            first = next(i for i, w in enumerate(weights) if w is not None)
-            raise ConfigError(
-                f"{argument} item {2 * position + 1} ({raw!r}) should be the weight of "
-                f"{prefix!r}: item {2 * first + 1} ({pairs[first][0]!r}) is a weight, so every "
-                "odd item must be one"
-            )
-        if not (math.isfinite(weight) and weight >= 0):
-            raise ConfigError(
-                f"{argument}: the weight of {prefix!r} is {raw}; weights must be finite numbers "
-                ">= 0"
-            )
-    if sum(weights) <= 0:
-        raise ConfigError(
-            f"{argument}: the weights {[raw for raw, _ in pairs]} are all zero; at least one "
-            "must be above 0"
-        )
-    return [prefix.strip() for _, prefix in pairs], weights
+    try:
+        return parse_blend_list(blend, argument)
+    except BlendListError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _words(path: str) -> list[str]:

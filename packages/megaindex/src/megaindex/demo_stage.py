@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from megafmt.demo import DemoRun
-from megafmt.shared import TokenizerOptions
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.config import GPTDatasetConfig
@@ -21,12 +20,24 @@ class IndexStage:
     order = 40
     needs: Sequence[str] = ("preprocess",)
 
+    def check(self, run: DemoRun) -> None:
+        parts = run.settings.split.replace("/", ",").split(",")
+        try:
+            train = float(parts[0])
+        except ValueError:
+            raise ValueError(
+                f"--split {run.settings.split}: expected numbers such as 90,8,2"
+            ) from None
+        if not train > 0:
+            raise ValueError(
+                f"--split {run.settings.split}: the tour reads the training split, so its part "
+                f"(the first) must be above 0, found {parts[0]}"
+            )
+
     def run(self, run: DemoRun) -> None:
         settings = run.settings
         weights = [corpus.weight for corpus in run.corpora]
-        tokenizer = IdentifiedTokenizer.from_flags(
-            run.tokenizer_type or "bytes", run.tokenizer_options or TokenizerOptions()
-        )
+        tokenizer = IdentifiedTokenizer.from_flags(*run.tokenizer_flags())
         config = GPTDatasetConfig(
             random_seed=settings.seed,
             sequence_length=settings.seq_length,
@@ -44,7 +55,7 @@ class IndexStage:
         splits = BlendedMegatronDatasetBuilder(
             GPTDataset, list(settings.samples), lambda: True, config
         ).build()
-        run.datasets = [split for split in splits if split is not None]
+        run.datasets = list(splits)
         train = splits[0]
         members = train.datasets if isinstance(train, BlendedDataset) else [train]
         run.weights = (

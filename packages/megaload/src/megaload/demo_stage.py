@@ -40,9 +40,18 @@ class LoaderStage:
     order = 50
     needs: Sequence[str] = ("index",)
 
+    def check(self, run: DemoRun) -> None:
+        if run.settings.steps < 2:
+            raise ValueError(
+                f"--steps {run.settings.steps}: the tour stops a loader half-way and resumes it, "
+                "so it needs at least 2 micro-batches per rank"
+            )
+
     def run(self, run: DemoRun) -> None:
         settings = run.settings
         train = run.datasets[0]
+        if train is None:
+            raise ValueError(f"--split {settings.split}: the training split has no samples")
         ranks = settings.data_parallel_size
 
         def loader(rank: int) -> Any:
@@ -66,20 +75,23 @@ class LoaderStage:
         resumed = loader(0)
         resumed.load_state_dict(state)
         after = _take(resumed, settings.steps - half)
+        read = [len(batches) for batches in run.batches]
         same = _same(run.batches[0], before + after)
         print(
-            f"   {ranks} ranks x {settings.steps} micro-batches of {settings.micro_batch_size}, "
-            f"{settings.num_workers} workers each; rank 0 stopped after {half} and resumed from "
-            f"its state_dict: identical batches: {same}"
+            f"   {ranks} ranks read {' and '.join(map(str, read))} micro-batches of "
+            f"{settings.micro_batch_size} ({settings.steps} asked), {settings.num_workers} "
+            f"workers each; rank 0 stopped after {len(before)} and resumed from its state_dict: "
+            f"identical batches: {same}"
         )
-        run.checks["resume gave the same samples"] = same
+        run.checks["every rank read the micro-batches asked"] = read == [settings.steps] * ranks
+        run.checks["resume gave the same samples"] = same and len(before) == half
         self._report(run)
 
     def _report(self, run: DemoRun) -> None:
         ids = dataset_ids(run)
         for source, corpus in enumerate(run.corpora):
             corpus.samples_read = int((ids == source).sum())
-        if len(run.corpora) > 1:
+        if len(run.corpora) > 1 and len(ids):
             shares = [corpus.samples_read / len(ids) for corpus in run.corpora]
             run.facts["blend weights realised"] = shares
         run.facts["samples read (all ranks)"] = len(ids)
@@ -89,8 +101,8 @@ class LoaderStage:
                 read_epochs = corpus.samples_read * seq_length / corpus.tokens_per_epoch
                 run.facts[f"epochs of {corpus.name} (indexed / read)"] = [
                     corpus.epochs_indexed,
-                    f"{read_epochs:.4f}",
+                    round(read_epochs, 4),
                 ]
-        if run.loader_seconds:
+        if run.loader_seconds and len(ids):
             rate = len(ids) / run.loader_seconds
             run.facts["loader samples/s, start-up included"] = round(rate, 1)

@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from megafmt.cli.command import positive_int
+from megafmt.blend_list import parse_blend_list
+from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.demo.report import plot, render, summary
 from megafmt.demo.run import DemoCorpus, DemoRun, DemoSettings
@@ -27,30 +28,13 @@ SIZES = {
 }
 
 
-def _weight(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def corpora_from_data_path(items: list[str]) -> list[DemoCorpus]:
     """Megatron's ``--data-path``: prefixes, or pairs of weight and prefix."""
-    if _weight(items[0]) is None:
-        pairs = [(None, prefix) for prefix in items]
-    else:
-        if len(items) % 2:
-            raise ValueError(
-                f"--data-path: expected pairs of weight and prefix, found {len(items)} items"
-            )
-        pairs = [(_weight(items[i]), items[i + 1]) for i in range(0, len(items), 2)]
-        bad = [items[i] for i in range(0, len(items), 2) if _weight(items[i]) is None]
-        if bad:
-            raise ValueError(f"--data-path: expected a weight, found {bad[0]!r}")
-    names = unique_names([Path(prefix).name for _, prefix in pairs])
+    prefixes, weights = parse_blend_list(items, "--data-path")
+    names = unique_names([Path(prefix).name for prefix in prefixes])
     return [
-        DemoCorpus(name, prefix, weight)
-        for name, (weight, prefix) in zip(names, pairs, strict=True)
+        DemoCorpus(name, prefix, None if weights is None else weights[index])
+        for index, (name, prefix) in enumerate(zip(names, prefixes, strict=True))
     ]
 
 
@@ -96,7 +80,7 @@ class DemoCommand:
         parser.add_argument("--steps", type=positive_int, help="micro-batches per rank")
         parser.add_argument("--train-samples", type=positive_int)
         parser.add_argument("--seed", type=int, default=1234)
-        parser.add_argument("--num-workers", type=int, default=2)
+        parser.add_argument("--num-workers", type=non_negative_int, default=2)
         add_tokenizer_arguments(
             parser, None, "NullTokenizer: ids below it (default: a trained BPE of the tour's size)"
         )
@@ -105,12 +89,17 @@ class DemoCommand:
         size = SIZES[args.size]
         folder = Path(args.output).resolve()
         folder.mkdir(parents=True, exist_ok=True)
-        samples = args.train_samples or size["samples"]
+        micro_batch_size, steps = args.micro_batch_size, args.steps or size["steps"]
+        # as Megatron sizes the training split from its iterations: at least what is read
+        samples = max(
+            args.train_samples or size["samples"],
+            steps * micro_batch_size * DemoSettings.data_parallel_size,
+        )
         settings = DemoSettings(
             folder=folder,
             seq_length=args.seq_length or size["seq_length"],
-            micro_batch_size=args.micro_batch_size,
-            steps=args.steps or size["steps"],
+            micro_batch_size=micro_batch_size,
+            steps=steps,
             samples=(samples, max(1, samples // 10), max(1, samples // 20)),
             split=args.split,
             seed=args.seed,
@@ -137,7 +126,7 @@ class DemoCommand:
         print("\n== summary")
         print(render(report))
         for line in missing_stages():
-            print(f"  not installed: the {line} stage")
+            print(f"  not installed: the {line}")
         if args.summary:
             Path(args.summary).write_text(json.dumps(report, indent=2))
         failed = [name for name, passed in report["checks"].items() if not passed]

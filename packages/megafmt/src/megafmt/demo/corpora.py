@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from megafmt.errors import PluginError
@@ -59,19 +60,23 @@ def write_jsonl(path: Path, documents: list[str]) -> None:
             stream.write(json.dumps({"text": text}) + "\n")
 
 
-def read_jsonl_texts(path: Path, key: str = "text") -> list[str]:
-    """The ``key`` field of every line of a jsonl file (lines without it are left out)."""
-    texts = []
+def iter_jsonl_texts(path: Path, key: str = "text") -> Iterator[str]:
+    """The ``key`` field of every line of a jsonl file, streamed (lines without it are left
+    out)."""
     with open(path, encoding="utf-8") as stream:
-        for line in stream:
-            if line.strip():
-                value = json.loads(line).get(key)
-                if isinstance(value, str):
-                    texts.append(value)
-    return texts
+        for number, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} line {number}: expected a JSON object: {error}") from None
+            value = record.get(key) if isinstance(record, dict) else None
+            if isinstance(value, str):
+                yield value
 
 
-def train_tokenizer(documents: list[str], folder: Path, vocab_size: int) -> Path:
+def train_tokenizer(documents: Iterable[str], folder: Path, vocab_size: int) -> Path:
     """A byte-level BPE ``tokenizer.json`` trained on ``documents`` (offline, seconds), with a
     ``tokenizer_config.json`` naming its end-of-document token, as a HuggingFace folder has."""
     try:

@@ -3,14 +3,14 @@ and one sample (or document) decoded back to text."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy
 
 from megafmt.dataset import IndexedDataset
 from megafmt.demo.corpora import (
+    iter_jsonl_texts,
     library_docstrings,
-    read_jsonl_texts,
     reference_topics,
     train_tokenizer,
     write_jsonl,
@@ -24,6 +24,15 @@ from megafmt.verification import verify
 
 #: the default corpora's blend weights
 DEFAULT_WEIGHTS = (0.6, 0.4)
+#: the fewest characters of decoded text worth looking up in the corpus
+SHORTEST_PROBE = 8
+
+
+def _texts(run: DemoRun) -> Iterator[str]:
+    """The documents of every corpus the tour preprocesses, streamed from their jsonl."""
+    for corpus in run.corpora:
+        if corpus.source is not None:
+            yield from iter_jsonl_texts(corpus.source)
 
 
 class CorporaStage:
@@ -33,6 +42,11 @@ class CorporaStage:
     order = 10
     needs: Sequence[str] = ()
 
+    def check(self, run: DemoRun) -> None:
+        for corpus in run.corpora:
+            if corpus.source is not None and not corpus.source.is_file():
+                raise ValueError(f"--input {corpus.source}: expected a jsonl file, found none")
+
     def run(self, run: DemoRun) -> None:
         if not run.corpora:
             folder = run.settings.folder
@@ -41,17 +55,16 @@ class CorporaStage:
                 "docstrings": library_docstrings(run.settings.docstrings),
             }
             for (name, documents), weight in zip(texts.items(), DEFAULT_WEIGHTS, strict=True):
-                source = folder / f"{name}.jsonl"
-                write_jsonl(source, documents)
-                run.corpora.append(DemoCorpus(name, "", weight, source=source, texts=documents))
+                write_jsonl(folder / f"{name}.jsonl", documents)
+                run.corpora.append(DemoCorpus(name, "", weight, source=folder / f"{name}.jsonl"))
         for corpus in run.corpora:
-            if corpus.source is not None and corpus.texts is None:
-                corpus.texts = read_jsonl_texts(corpus.source)
-            if corpus.texts is None:
-                print(f"   {corpus.name}: preprocessed corpus {corpus.prefix}")
-            else:
-                size = sum(map(len, corpus.texts)) / 1e6
-                print(f"   {corpus.name}: {len(corpus.texts)} documents, {size:.2f} MB of text")
+            if corpus.source is None:
+                print(f"   {corpus.name}: the preprocessed corpus {corpus.prefix}")
+                continue
+            count, size = 0, 0
+            for text in iter_jsonl_texts(corpus.source):
+                count, size = count + 1, size + len(text)
+            print(f"   {corpus.name}: {count} documents, {size / 1e6:.2f} M characters of text")
 
 
 class TokenizerStage:
@@ -61,15 +74,22 @@ class TokenizerStage:
     order = 20
     needs: Sequence[str] = ("corpora",)
 
+    def check(self, run: DemoRun) -> None:
+        pass
+
     def run(self, run: DemoRun) -> None:
         if run.tokenizer_type is None:
-            documents = [text for corpus in run.corpora for text in corpus.texts or ()]
             vocab_size = run.settings.vocab_size
-            folder = train_tokenizer(documents, run.settings.folder / "tokenizer", vocab_size)
+            folder = train_tokenizer(_texts(run), run.settings.folder / "tokenizer", vocab_size)
             run.tokenizer_type = "HuggingFaceTokenizer"
             run.tokenizer_options = TokenizerOptions(model=str(folder))
             print(f"   trained a byte-level BPE of {vocab_size} tokens: {folder}")
-        tokenizer = load_tokenizer(run.tokenizer_type, run.tokenizer_options or TokenizerOptions())
+        tokenizer = load_tokenizer(*run.tokenizer_flags())
+        if tokenizer.eod is None:
+            raise ValueError(
+                f"--tokenizer-type {run.tokenizer_type}: the tour needs a tokenizer with an "
+                "end-of-document token (documents are separated by it), found none"
+            )
         run.eod = tokenizer.eod
         print(f"   {tokenizer.name}: vocabulary {tokenizer.vocab_size}, end of document {run.eod}")
 
@@ -81,24 +101,32 @@ class PreprocessStage:
     order = 30
     needs: Sequence[str] = ("tokenizer",)
 
+    def check(self, run: DemoRun) -> None:
+        pass
+
     def run(self, run: DemoRun) -> None:
+        tokenizer_type, options = run.tokenizer_flags()
         for corpus in run.corpora:
             if corpus.source is not None:
                 output = str(run.settings.folder / corpus.name)
                 config = PreprocessConfig(
                     input=str(corpus.source),
                     output_prefix=output,
-                    tokenizer_type=run.tokenizer_type or "bytes",
-                    tokenizer_options=run.tokenizer_options or TokenizerOptions(),
+                    tokenizer_type=tokenizer_type,
+                    tokenizer_options=options,
                     append_eod=True,
-                    workers=run.settings.num_workers,
+                    workers=max(1, run.settings.num_workers),
                 )
                 print(f"   mega preprocess {corpus.source} -> {output}")
                 preprocess(config)
                 corpus.prefix = output_prefix_of(output, "text", "document")
-            problems = verify(corpus.prefix)
+            given = "" if corpus.source is not None else "--data-path "
+            try:
+                problems = verify(corpus.prefix)
+            except OSError as error:
+                raise ValueError(f"{given}{corpus.prefix}: {error}") from error
             if problems:
-                raise MegafmtError(f"mega verify {corpus.prefix}: {problems[0]}")
+                raise MegafmtError(f"mega verify {given}{corpus.prefix}: {problems[0]}")
             corpus.lengths = numpy.asarray(IndexedDataset(corpus.prefix).sequence_lengths)
             print(
                 f"   mega verify {corpus.prefix}: well formed, {len(corpus.lengths)} documents, "
@@ -119,10 +147,11 @@ class DecodeStage:
     order = 70
     needs: Sequence[str] = ("preprocess",)
 
+    def check(self, run: DemoRun) -> None:
+        pass
+
     def run(self, run: DemoRun) -> None:
-        tokenizer = load_tokenizer(
-            run.tokenizer_type or "bytes", run.tokenizer_options or TokenizerOptions()
-        )
+        tokenizer = load_tokenizer(*run.tokenizer_flags())
         if not isinstance(tokenizer, TextTokenizer):
             print(f"   the {tokenizer.name} tokenizer cannot turn ids into text: nothing decoded")
             return
@@ -135,12 +164,12 @@ class DecodeStage:
         longest = max(_between(ids, run.eod), key=len)
         text = tokenizer.ids_to_text(longest)
         print(f"   {where}, its longest run of {len(longest)} tokens: {text[:300]!r}")
-        texts = [corpus.texts for corpus in run.corpora if corpus.texts is not None]
-        if texts:
-            probe = text[2:-2] if len(text) > 8 else text  # a window may cut a character
-            found = any(probe in document for documents in texts for document in documents)
-            print(f"   found in the corpus text: {found}")
-            run.checks["decoded sample is corpus text"] = found
+        if not any(corpus.source is not None for corpus in run.corpora):
+            return  # preprocessed corpora only: no text to look it up in
+        probe = text[2:-2]  # a window may cut a character at either end
+        found = len(probe) >= SHORTEST_PROBE and any(probe in doc for doc in _texts(run))
+        print(f"   found in the corpus text: {found}")
+        run.checks["decoded sample is corpus text"] = found
 
 
 def _between(ids: list[int], eod: int | None) -> list[list[int]]:

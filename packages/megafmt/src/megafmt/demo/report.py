@@ -71,7 +71,7 @@ def _shown(value: Any) -> str:
     if isinstance(value, list | tuple):
         return " / ".join(map(_shown, value))
     if isinstance(value, float):
-        return f"{value:.2f}"
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.4g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)

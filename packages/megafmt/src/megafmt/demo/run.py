@@ -51,9 +51,8 @@ class DemoCorpus:
     """Path prefix of its ``.bin``/``.idx``."""
     weight: float | None
     source: Path | None = None
-    """A jsonl file of its documents, when it is still to be preprocessed."""
-    texts: list[str] | None = None
-    """Its documents as text, when the tour wrote them (a decoded sample is looked up here)."""
+    """A jsonl file of its documents, when the tour preprocesses it (a decoded sample is
+    looked up in its text)."""
     lengths: numpy.ndarray | None = None
     """Tokens per document, once it is preprocessed and verified."""
     tokens_per_epoch: int | None = None
@@ -79,8 +78,8 @@ class DemoRun:
     tokenizer_type: str | None = None
     tokenizer_options: TokenizerOptions | None = None
     eod: int | None = None
-    datasets: list[TrainingSplits] = field(default_factory=list)
-    """The train, valid and test splits of the blend."""
+    datasets: list[TrainingSplits | None] = field(default_factory=list)
+    """The train, valid and test splits of the blend (None: a split of no samples)."""
     weights: list[float] | None = None
     """The blend's normalised weights, as the index stage built it."""
     batches: list[list[Mapping[str, Any]]] = field(default_factory=list)
@@ -93,6 +92,12 @@ class DemoRun:
     seconds: dict[str, float] = field(default_factory=dict)
     completed: list[str] = field(default_factory=list)
 
+    def tokenizer_flags(self) -> tuple[str, TokenizerOptions]:
+        """``--tokenizer-type`` and the options of the tour's tokenizer, once it has one."""
+        if self.tokenizer_type is None:
+            raise ValueError("the tour has no tokenizer yet: the tokenizer stage did not run")
+        return self.tokenizer_type, self.tokenizer_options or TokenizerOptions()
+
 
 class DemoStage(Protocol):
     """One stage of ``mega demo``: the entry point names a class, the tour instantiates it."""
@@ -103,6 +108,11 @@ class DemoStage(Protocol):
     """Where it runs in the tour (lower first)."""
     needs: Sequence[str]
     """Stages that must have completed first; without them it is skipped, and says why."""
+
+    def check(self, run: DemoRun) -> None:
+        """Refuse settings the stage cannot work with (a ``ValueError`` naming the flag, what
+        it needs and what it was given), before any stage of the tour starts."""
+        ...
 
     def run(self, run: DemoRun) -> None:
         """Do the stage's work on ``run``, printing what it shows."""
