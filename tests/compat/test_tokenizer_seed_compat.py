@@ -417,3 +417,21 @@ def test_a_cache_built_by_one_side_is_hit_by_the_other(seed_tok, files, tmp_path
         "seed_tokenizers:prepare_cache", [*MODEL, *common, "--data-cache-path", str(mine)]
     )
     assert cache_files(mine) == built
+
+
+def test_tiktoken_ids_equal_the_seed_s_with_and_without_special_tokens_in_the_text(seed_tok, files):
+    """Ours skips the search for special tokens in a text that lacks the character all of them
+    hold; seeded texts of words, brackets, whole and broken special tokens take both paths."""
+    rng = random.Random(17)
+    marked = [*WORDS, "<", ">", "<s>", "</s", "<pad>", "<SPECIAL_7>", "<SPECIAL_",
+              "<|endoftext|>", "|>", "<<>>", "s>", "<unk>"]  # fmt: skip
+    texts = []
+    for _ in range(300):
+        pieces = marked if rng.random() < 0.5 else [*WORDS, ">", "|>", "s>"]
+        words = (rng.choice(pieces) for _ in range(rng.randrange(0, 40)))
+        texts.append(rng.choice(["", " "]).join(words))
+    with_mark = sum("<" in text for text in texts)
+    assert 50 < with_mark < 250  # both paths taken often
+    for flags in flag_sets(files)["tiktoken"]:
+        mine = load_tokenizer(*parsed(flags)).encode_batch(texts)
+        assert mine == seed_tok.call("seed_tokenizers:tokenize", flags, texts), flags

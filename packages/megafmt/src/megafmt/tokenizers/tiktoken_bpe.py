@@ -62,17 +62,33 @@ def read_ranks(path: str) -> list[bytes]:
     return [token for _, token in ranked]
 
 
+def shared_character(tokens: Sequence[str]) -> str | None:
+    """A character every one of ``tokens`` holds (None if there is none): a text without it
+    holds none of them."""
+    common = set(tokens[0]) if tokens else set()
+    for token in tokens[1:]:
+        common &= set(token)
+    return min(common) if common else None
+
+
 class TikTokenTokenizer:
     name = "tiktoken"
 
     def __init__(
-        self, encoding: Any, vocab_size: int, eod: int, pad: int, fingerprint: str
+        self,
+        encoding: Any,
+        vocab_size: int,
+        eod: int,
+        pad: int,
+        fingerprint: str,
+        special_tokens: Sequence[str],
     ) -> None:
         self._encoding = encoding
         self.vocab_size = vocab_size
         self.eod = eod
         self.pad = pad
         self.fingerprint = fingerprint
+        self._special_mark = shared_character(special_tokens)
 
     @classmethod
     def from_options(cls, options: TokenizerOptions) -> TikTokenTokenizer:
@@ -112,7 +128,17 @@ class TikTokenTokenizer:
         )
         fingerprint = fingerprint_of(cls.name, [path], vocab_size, reserved, special, pattern)
         eod, pad = special.index(EOD_TOKEN), special.index("<pad>")
-        return cls(encoding, vocab_size, eod, pad, fingerprint)
+        return cls(encoding, vocab_size, eod, pad, fingerprint, special)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._encoding.encode_batch(list(texts), allowed_special="all")
+        """Megatron's ``encode(text, allowed_special="all")`` of each text. A text without the
+        character every special token holds can hold no special token, and for it that call
+        equals ``encode_ordinary``, which skips the search for the (by default 1000) special
+        tokens: several times faster on short documents."""
+        encoding, mark = self._encoding, self._special_mark
+        return [
+            encoding.encode_ordinary(text)
+            if mark is not None and mark not in text
+            else encoding.encode(text, allowed_special="all")
+            for text in texts
+        ]
