@@ -178,10 +178,8 @@ int64_t sample_count(int32_t num_epochs, int64_t tokens_per_epoch, int32_t seque
                                  drop_last_partial_sequence, add_extra_token);
 }
 
-// Run `step` on the MT19937 state (key, pos) without the GIL, writing the state back to key;
-// returns the new pos.
-template <typename Step>
-int with_legacy_state(Output<uint32_t> key, int pos, Step step) {
+template <typename T>
+int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
   if (key.shape(0) != megaindex::Mt19937::kSize || pos < 0 || pos > megaindex::Mt19937::kSize) {
     throw nb::value_error(("key must hold the 624 words of an MT19937 state and pos be in "
                            "0..624, got " +
@@ -193,25 +191,10 @@ int with_legacy_state(Output<uint32_t> key, int pos, Step step) {
     nb::gil_scoped_release release;
     std::copy(key.data(), key.data() + megaindex::Mt19937::kSize, state.key);
     state.pos = pos;
-    step(state);
+    megaindex::legacy_shuffle<T>(state, data.data(), static_cast<int64_t>(data.shape(0)));
     std::copy(state.key, state.key + megaindex::Mt19937::kSize, key.data());
   }
   return state.pos;
-}
-
-template <typename T>
-int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
-  return with_legacy_state(key, pos, [&](megaindex::Mt19937& state) {
-    megaindex::legacy_shuffle<T>(state, data.data(), static_cast<int64_t>(data.shape(0)));
-  });
-}
-
-int legacy_advance(Output<uint32_t> key, int pos, int64_t count) {
-  if (count < 0) {
-    throw nb::value_error(("count must be >= 0, got " + std::to_string(count)).c_str());
-  }
-  return with_legacy_state(
-      key, pos, [&](megaindex::Mt19937& state) { megaindex::legacy_advance(state, count); });
 }
 
 void check_blending_outputs(size_t dataset_index, size_t dataset_sample_index, size_t expected) {
@@ -480,9 +463,6 @@ NB_MODULE(_ext, m) {
         "data"_a.noconvert());
   m.def("legacy_shuffle", &legacy_shuffle<int64_t>, "key"_a.noconvert(), "pos"_a,
         "data"_a.noconvert());
-  m.def("legacy_advance", &legacy_advance, "key"_a.noconvert(), "pos"_a, "count"_a,
-        "Advance the MT19937 state (key, pos) by the draws a shuffle of count entries makes, "
-        "updating key; returns the new pos. See megaindex.helpers.advance_as_shuffle.");
   m.def("build_blending_indices", &build_blending_indices, "weights"_a.noconvert(),
         "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(),
         "See megaindex.helpers.build_blending_indices.");

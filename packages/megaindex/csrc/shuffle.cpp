@@ -95,12 +95,6 @@ void legacy_shuffle(Mt19937& state, T* data, int64_t n) {
   }
 }
 
-void legacy_advance(Mt19937& state, int64_t n) {
-  for (int64_t i = n - 1; i > 0; --i) {
-    interval(state, static_cast<uint64_t>(i));
-  }
-}
-
 template void legacy_shuffle<int32_t>(Mt19937&, int32_t*, int64_t);
 template void legacy_shuffle<uint32_t>(Mt19937&, uint32_t*, int64_t);
 template void legacy_shuffle<int64_t>(Mt19937&, int64_t*, int64_t);

@@ -25,10 +25,6 @@ struct Mt19937 {
 template <typename T>
 void legacy_shuffle(Mt19937& state, T* data, int64_t n);
 
-// Advance `state` by exactly the draws legacy_shuffle makes for n entries, without the swaps:
-// the state a later shuffle starts from is known before (and without) this one.
-void legacy_advance(Mt19937& state, int64_t n);
-
 extern template void legacy_shuffle<int32_t>(Mt19937&, int32_t*, int64_t);
 extern template void legacy_shuffle<uint32_t>(Mt19937&, uint32_t*, int64_t);
 extern template void legacy_shuffle<int64_t>(Mt19937&, int64_t*, int64_t);

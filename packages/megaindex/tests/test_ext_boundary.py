@@ -66,10 +66,6 @@ BINDINGS = {
         ],
         (4,),
     ),
-    "legacy_advance": (
-        lambda: [numpy.random.RandomState(0).get_state()[1], 0, 5],
-        (0,),
-    ),
     "legacy_shuffle": (
         lambda: [
             numpy.random.RandomState(0).get_state()[1],
@@ -195,8 +191,6 @@ def test_scalars_that_would_crash_or_read_outside_are_refused():
         ext.build_sample_index_int32(sizes, numpy.zeros(0, numpy.int32), 2, 1, 0)
     with pytest.raises(ValueError, match="num_samples >= 0"):
         ext.build_sample_index_int64(sizes, numpy.zeros(1, numpy.int32), 2, -5, 0)
-    with pytest.raises(ValueError, match="count must be >= 0, got -3"):
-        ext.legacy_advance(key, 0, -3)
 
 
 @pytest.mark.parametrize(
@@ -326,7 +320,6 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "build_sample_index_int64",
         "fill_document_causal_mask",
         "fill_sample_index",
-        "legacy_advance",
         "fim_assemble",
         "BlendGatherer.__init__",
         "BlendGatherer.gather",

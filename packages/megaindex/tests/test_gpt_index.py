@@ -13,9 +13,8 @@ from megaindex.gpt_index import (
     build_shuffle_index,
     consecutive,
     plan_epochs,
-    same_state,
 )
-from megaindex.helpers import advance_as_shuffle, build_sample_idx
+from megaindex.helpers import build_sample_idx
 
 TABLES = GPTTableRecipe.names
 
@@ -131,22 +130,6 @@ def each_backend(request, monkeypatch):
     backends.implementation.cache_clear()
     yield request.param
     backends.implementation.cache_clear()
-
-
-# 0 to 2 entries draw nothing; 2**16 + 3 spans many MT19937 blocks and bit masks
-@pytest.mark.parametrize("count", [0, 1, 2, 3, 5, 1000, (1 << 16) + 3])
-def test_advance_leaves_the_state_a_shuffle_leaves(each_backend, count):
-    for seed in range(3):
-        shuffled, advanced = numpy.random.RandomState(seed), numpy.random.RandomState(seed)
-        shuffled.shuffle(numpy.arange(count))
-        advance_as_shuffle(advanced, count)
-        assert same_state(shuffled, advanced)
-        assert shuffled.randint(1 << 30) == advanced.randint(1 << 30)
-
-
-def test_advance_refuses_a_negative_count():
-    with pytest.raises(ValueError, match="count must be an integer >= 0, got -1"):
-        advance_as_shuffle(numpy.random.RandomState(0), -1)
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -157,12 +157,6 @@ def legacy_shuffle(key: numpy.ndarray, pos: int, data: numpy.ndarray) -> int:
     return int(new_pos)
 
 
-def legacy_advance(key: numpy.ndarray, pos: int, count: int) -> int:
-    """The state (key, pos) advanced by the draws a shuffle of ``count`` entries makes (the
-    draws do not depend on the entries: a one-byte array stands in)."""
-    return legacy_shuffle(key, pos, numpy.empty(count, dtype=numpy.uint8))
-
-
 def fill_document_causal_mask(
     segment_start: numpy.ndarray, out: numpy.ndarray, threads: int
 ) -> None:

@@ -28,16 +28,9 @@ import numpy
 from megafmt.mapping import map_file
 from megafmt.protocols import TokenSource
 from megafmt.shared import release_pages
-from megaindex.backends import backend
 from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
-from megaindex.helpers import (
-    advance_as_shuffle,
-    build_sample_idx,
-    sample_count,
-    sample_index_dtype,
-    shuffle,
-)
+from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
 from megaindex.tables import BuiltTables
 
 logger = logging.getLogger(__name__)
@@ -173,9 +166,7 @@ def build_gpt_index_tables(
 ) -> GPTIndexTables:
     """All three tables for the split made of the sequences at ``indices``.
 
-    With the C++ backend the shuffle index is shuffled on a second thread while the document
-    index is shuffled and walked: its draws start where the document index's end, a state
-    found first by making those draws alone (:func:`~megaindex.helpers.advance_as_shuffle`).
+    The shuffle index is shuffled on a second thread while the document index is walked.
     With ``spill_directory``, a document index of at least ``spill_min_bytes`` (None:
     :data:`SPILL_MIN_BYTES`) is written to an unnamed file there once shuffled and walked
     through a read-only mapping whose pages are released behind the walk, so that it is not
@@ -190,16 +181,13 @@ def build_gpt_index_tables(
     total = table_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
     random_state = numpy.random.RandomState(random_seed)
+    document_index = build_document_index(
+        indices, plan.num_epochs, random_state, plan.separate_final_epoch
+    )
     with ThreadPoolExecutor(1, thread_name_prefix="megaindex-shuffle-index") as pool:
-        shuffle_job = None
-        if backend() == "cpp":  # its shuffles release the GIL: the two run side by side
-            parts = document_index_parts(len(indices), plan)
-            shuffle_job = pool.submit(
-                shuffle_index_after, parts, copy_state(random_state), first, total
-            )
-        document_index = build_document_index(
-            indices, plan.num_epochs, random_state, plan.separate_final_epoch
-        )
+        # its draws follow the document index's; the C++ shuffle releases the GIL, so it runs
+        # beside the walk
+        shuffle_job = pool.submit(timed_shuffle_index, first, total, random_state)
         smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
         if spill_directory is not None and document_index.nbytes >= smallest:
             document_index = spill(document_index, spill_directory)
@@ -224,17 +212,7 @@ def build_gpt_index_tables(
                 f"the sample index holds {sample_index.shape[0] - 1} samples, but the epoch plan "
                 f"counts {total}"
             )
-        if shuffle_job is None:
-            start = time.perf_counter()
-            shuffle_index = build_shuffle_index(first, total, random_state)
-            seconds["shuffle_index"] = time.perf_counter() - start
-        else:
-            shuffle_index, seconds["shuffle_index"], started_from = shuffle_job.result()
-            if not same_state(random_state, started_from):
-                raise IndexBuildError(
-                    "the random state after the document index's shuffle differs from the one "
-                    "its draws alone gave: the shuffle index would not be megatron-core's"
-                )
+        shuffle_index, seconds["shuffle_index"] = shuffle_job.result()
     logger.info(
         "built GPT index tables: %d samples, %d epochs (separate final epoch: %s) in %.2f s",
         total,
@@ -255,38 +233,13 @@ def table_sample_count(
     return expected_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
 
 
-def document_index_parts(documents: int, plan: EpochPlan) -> list[int]:
-    """The lengths of the document index's parts, shuffled one after the other."""
-    if plan.separate_final_epoch and plan.num_epochs > 1:
-        return [(plan.num_epochs - 1) * documents, documents]
-    return [plan.num_epochs * documents]
-
-
-def copy_state(random_state: numpy.random.RandomState) -> numpy.random.RandomState:
-    """A new RandomState in the state of ``random_state``."""
-    copy = numpy.random.RandomState()
-    copy.set_state(random_state.get_state())
-    return copy
-
-
-def shuffle_index_after(
-    parts: list[int], random_state: numpy.random.RandomState, num_samples: int, total_size: int
-) -> tuple[numpy.ndarray, float, numpy.random.RandomState]:
-    """:func:`build_shuffle_index` from the state ``random_state`` is in once arrays of
-    ``parts`` entries are shuffled one after the other (the draws alone are made); returns it,
-    the seconds it took, and (a copy of) the state it started from."""
+def timed_shuffle_index(
+    num_samples: int, total_size: int, random_state: numpy.random.RandomState
+) -> tuple[numpy.ndarray, float]:
+    """:func:`build_shuffle_index` and the seconds it took."""
     start = time.perf_counter()
-    for count in parts:
-        advance_as_shuffle(random_state, count)
-    started_from = copy_state(random_state)
     shuffle_index = build_shuffle_index(num_samples, total_size, random_state)
-    return shuffle_index, time.perf_counter() - start, started_from
-
-
-def same_state(one: numpy.random.RandomState, other: numpy.random.RandomState) -> bool:
-    """Whether two RandomStates will draw the same numbers."""
-    first, second = one.get_state(), other.get_state()
-    return bool(numpy.array_equal(first[1], second[1])) and first[2:] == second[2:]
+    return shuffle_index, time.perf_counter() - start
 
 
 def spill(array: numpy.ndarray, directory: str) -> numpy.ndarray:

@@ -91,23 +91,9 @@ def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> Non
     if len(array) < 2:
         random_state.shuffle(array)
         return
-    _run_on_state(random_state, lambda key, pos: implementation().legacy_shuffle(key, pos, array))
-
-
-def advance_as_shuffle(random_state: numpy.random.RandomState, count: int) -> None:
-    """Advance ``random_state`` to the state ``random_state.shuffle`` of ``count`` entries
-    leaves, without an array: the draws alone, several times faster than the shuffle. A shuffle
-    that comes after this one can so start (on another thread) before this one has run."""
-    count = _non_negative("count", count)
-    _run_on_state(random_state, lambda key, pos: implementation().legacy_advance(key, pos, count))
-
-
-def _run_on_state(random_state: numpy.random.RandomState, step: Any) -> None:
-    """Run ``step(key, pos)`` (it updates the uint32 key in place and returns the new pos) on
-    ``random_state``'s MT19937 state, and store the result back."""
     name, key, pos, has_gauss, cached_gaussian = random_state.get_state()
     key = numpy.array(key, dtype=numpy.uint32)
-    pos = step(key, int(pos))
+    pos = implementation().legacy_shuffle(key, int(pos), array)
     random_state.set_state((name, key, pos, has_gauss, cached_gaussian))
 
 
