@@ -163,6 +163,7 @@ def build_gpt_index_tables(
     add_extra_token: bool,
     spill_directory: str | None = None,
     spill_min_bytes: int | None = None,
+    plan: EpochPlan | None = None,
 ) -> GPTIndexTables:
     """All three tables for the split made of the sequences at ``indices``.
 
@@ -170,14 +171,19 @@ def build_gpt_index_tables(
     With ``spill_directory``, a document index of at least ``spill_min_bytes`` (None:
     :data:`SPILL_MIN_BYTES`) is written to an unnamed file there once shuffled and walked
     through a read-only mapping whose pages are released behind the walk, so that it is not
-    resident while the sample index is built."""
+    resident while the sample index is built. ``plan``: the epochs, if already planned for
+    these inputs (planning sums the split's lengths)."""
     if sequence_length < 1:
         raise IndexBuildError(f"sequence_length must be at least 1, got {sequence_length}")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    plan = plan_epochs(
-        tokens_per_epoch(sequence_lengths, indices), num_samples, sequence_length, add_extra_token
-    )
+    if plan is None:
+        plan = plan_epochs(
+            tokens_per_epoch(sequence_lengths, indices),
+            num_samples,
+            sequence_length,
+            add_extra_token,
+        )
     total = table_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
     random_state = numpy.random.RandomState(random_seed)
@@ -310,6 +316,7 @@ class GPTTableRecipe:
         return type(error)(f"{self.where}: {error}")
 
     def build(self) -> BuiltTables:
+        plan = self.plan  # located errors of its own
         try:
             tables = build_gpt_index_tables(
                 self.source.sequence_lengths,
@@ -320,6 +327,7 @@ class GPTTableRecipe:
                 self.drop_last_partial_sequence,
                 self.add_extra_token,
                 self.spill_directory,
+                plan=plan,
             )
         except IndexBuildError as error:
             raise self._located(error) from None
