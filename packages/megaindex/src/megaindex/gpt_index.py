@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy
 
-from megafmt.mapping import map_file
 from megafmt.protocols import TokenSource
-from megafmt.shared import release_pages
+from megafmt.shared import map_file, release_pages
 from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
