@@ -7,6 +7,7 @@ import os
 import numpy
 import pytest
 import torch
+from megatron.core.datasets import gpt_dataset as megatron_gpt_dataset
 from megatron.core.datasets import helpers as megatron_helpers
 from megatron.core.datasets.blended_megatron_dataset_builder import (
     BlendedMegatronDatasetBuilder as MegatronBuilder,
@@ -19,6 +20,7 @@ from torch.utils.data import default_collate
 
 import megaindex
 from megafmt.testing import VOCAB, write_corpus
+from megaindex import gpt_index
 from megaindex.tokenizer import IdentifiedTokenizer
 
 TABLES = ("document_index", "sample_index", "shuffle_index")
@@ -280,3 +282,66 @@ def test_builders_equal_on_random_inputs(seed):
         outputs.append((index, sample))
     numpy.testing.assert_array_equal(outputs[0][0], outputs[1][0])
     numpy.testing.assert_array_equal(outputs[0][1], outputs[1][1])
+
+
+@pytest.mark.parametrize("sizes,fields", [CONFIGS[0], CONFIGS[3]])
+def test_tables_equal_with_the_document_index_spilled(corpus, tmp_path, monkeypatch, sizes, fields):
+    """Every split's document index written to a file and walked through its mapping."""
+    monkeypatch.setattr(gpt_index, "SPILL_MIN_BYTES", 0)
+    spilled = []
+    spill = gpt_index.spill
+    monkeypatch.setattr(gpt_index, "spill", lambda *args: spilled.append(1) or spill(*args))
+    theirs, ours = build_both(corpus, str(tmp_path), sizes, **fields)
+    assert len(spilled) == 3  # one per split
+    for reference, mine in zip(theirs, ours, strict=True):
+        assert_same_tables(reference, mine)
+    # the same files as megatron-core's and our sidecars: no spilled file is left behind
+    ours_only = set(os.listdir(tmp_path / "ours")) - set(os.listdir(tmp_path / "megatron"))
+    assert all(name.endswith("-megaindex.json") for name in ours_only), ours_only
+
+
+def megatron_core_tables(lengths, documents, plan, sequence_length, seed, drop_last, extra):
+    """megatron-core's three tables from its own builders, in GPTDataset's order."""
+    random_state = numpy.random.RandomState(seed)
+    document_index = megatron_gpt_dataset._build_document_index(
+        documents, plan.num_epochs, random_state, plan.separate_final_epoch
+    )
+    sample_index = megatron_helpers.build_sample_idx(
+        lengths,
+        document_index,
+        sequence_length,
+        plan.num_epochs,
+        plan.tokens_per_epoch,
+        drop_last,
+        extra,
+    )
+    total = sample_index.shape[0] - 1
+    first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
+    shuffle_index = megatron_gpt_dataset._build_shuffle_index(first, total, random_state)
+    return document_index, sample_index, shuffle_index
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_gpt_tables_equal_megatron_cores_on_random_inputs(tmp_path, seed):
+    """Our tables (the shuffle index on a second thread, the document index spilled on even
+    seeds) against megatron-core's builders: one and many epochs, separate final epochs."""
+    rng = numpy.random.default_rng(1000 + seed)
+    documents = int(rng.integers(1, 5000))
+    lengths = rng.integers(1, 300, documents + 3).astype(numpy.int32)
+    indices = numpy.arange(3, 3 + documents, dtype=numpy.int32)
+    sequence_length = int(rng.integers(1, 500))
+    epochs = int(rng.integers(1, 5))
+    tokens = int(lengths[3:].sum())
+    num_samples = int(rng.integers(1, epochs * tokens // sequence_length + 2))
+    drop_last, extra = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
+    spill = str(tmp_path) if seed % 2 == 0 else None
+    ours = gpt_index.build_gpt_index_tables(
+        lengths, indices, num_samples, sequence_length, seed, drop_last, extra, spill, 0
+    )
+    expected = megatron_core_tables(
+        lengths, indices, ours.plan, sequence_length, seed, drop_last, extra
+    )
+    for name, reference in zip(TABLES, expected, strict=True):
+        mine = getattr(ours, name)
+        assert mine.dtype == reference.dtype, name
+        numpy.testing.assert_array_equal(mine, reference, err_msg=name)

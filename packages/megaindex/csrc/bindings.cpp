@@ -80,6 +80,18 @@ Array owned(std::unique_ptr<T[]> data, std::initializer_list<size_t> shape) {
   return Array(raw, shape, owner);
 }
 
+// An IndexError naming the document id the walk found outside `sizes`, if it stopped on one.
+void check_walk(megaindex::SampleIndexStatus status, const Input<int32_t>& sizes,
+                const Input<int32_t>& document_index, int64_t bad_position) {
+  if (status != megaindex::SampleIndexStatus::kOk) {
+    throw nb::index_error(("document_index[" + std::to_string(bad_position) + "] = " +
+                           std::to_string(document_index.data()[bad_position]) +
+                           " is not a document id: expected 0.." +
+                           std::to_string(static_cast<int64_t>(sizes.shape(0)) - 1))
+                              .c_str());
+  }
+}
+
 template <typename T>
 nb::ndarray<nb::numpy, T, nb::shape<-1, 2>> sample_index(Input<int32_t> sizes,
                                                      Input<int32_t> document_index,
@@ -106,14 +118,47 @@ nb::ndarray<nb::numpy, T, nb::shape<-1, 2>> sample_index(Input<int32_t> sizes,
         static_cast<int64_t>(document_index.shape(0)), sequence_length, num_samples,
         add_extra_token, data.get(), &bad_position);
   }
-  if (status != megaindex::SampleIndexStatus::kOk) {
-    throw nb::index_error(("document_index[" + std::to_string(bad_position) + "] = " +
-                           std::to_string(document_index.data()[bad_position]) +
-                           " is not a document id: expected 0.." +
-                           std::to_string(static_cast<int64_t>(sizes.shape(0)) - 1))
+  check_walk(status, sizes, document_index, bad_position);
+  return owned<nb::ndarray<nb::numpy, T, nb::shape<-1, 2>>>(std::move(data), {rows, 2});
+}
+
+template <typename T>
+void fill_sample_index(Input<int32_t> sizes, Input<int32_t> document_index,
+                       int32_t sequence_length, int32_t add_extra_token,
+                       nb::ndarray<T, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu> out,
+                       int64_t first_row, int64_t last_row) {
+  const int64_t rows = static_cast<int64_t>(out.shape(0));
+  const int64_t documents = static_cast<int64_t>(document_index.shape(0));
+  if (sequence_length < 1 || (add_extra_token != 0 && add_extra_token != 1) || first_row < 0 ||
+      first_row > last_row || last_row > rows) {
+    throw nb::value_error(("needs sequence_length >= 1, add_extra_token 0 or 1 and 0 <= "
+                           "first_row <= last_row <= " +
+                           std::to_string(rows) + " (out's rows); got " +
+                           std::to_string(sequence_length) + ", " +
+                           std::to_string(add_extra_token) + ", " + std::to_string(first_row) +
+                           ", " + std::to_string(last_row))
                               .c_str());
   }
-  return owned<nb::ndarray<nb::numpy, T, nb::shape<-1, 2>>>(std::move(data), {rows, 2});
+  if (first_row > 0 && first_row < last_row) {
+    const int64_t position = static_cast<int64_t>(out.data()[2 * (first_row - 1)]);
+    if (position < 0 || position >= documents) {
+      throw nb::index_error(("out[" + std::to_string(first_row - 1) + "] holds position " +
+                             std::to_string(position) + ", outside document_index's " +
+                             std::to_string(documents) + " entries")
+                                .c_str());
+    }
+  } else if (first_row == 0 && last_row > 1 && documents == 0) {
+    throw nb::value_error("document_index is empty");
+  }
+  int64_t bad_position = -1;
+  megaindex::SampleIndexStatus status;
+  {
+    nb::gil_scoped_release release;
+    status = megaindex::fill_sample_index<T>(
+        sizes.data(), static_cast<int64_t>(sizes.shape(0)), document_index.data(), documents,
+        sequence_length, add_extra_token, out.data(), first_row, last_row, &bad_position);
+  }
+  check_walk(status, sizes, document_index, bad_position);
 }
 
 int64_t sample_count(int32_t num_epochs, int64_t tokens_per_epoch, int32_t sequence_length,
@@ -401,6 +446,14 @@ NB_MODULE(_ext, m) {
   m.def("build_sample_index_int64", &sample_index<int64_t>, "sizes"_a.noconvert(),
         "document_index"_a.noconvert(), "sequence_length"_a, "num_samples"_a,
         "add_extra_token"_a, "The int64 sample index; see megaindex.helpers.build_sample_idx.");
+  m.def("fill_sample_index", &fill_sample_index<int32_t>, "sizes"_a.noconvert(),
+        "document_index"_a.noconvert(), "sequence_length"_a, "add_extra_token"_a,
+        "out"_a.noconvert(), "first_row"_a, "last_row"_a,
+        "Rows [first_row, last_row) of the sample index in out, resumed from the row before; "
+        "see megaindex.helpers.build_sample_idx.");
+  m.def("fill_sample_index", &fill_sample_index<int64_t>, "sizes"_a.noconvert(),
+        "document_index"_a.noconvert(), "sequence_length"_a, "add_extra_token"_a,
+        "out"_a.noconvert(), "first_row"_a, "last_row"_a);
   // one overload per index dtype; without conversion an array picks only its own
   m.def("legacy_shuffle", &legacy_shuffle<int32_t>, "key"_a.noconvert(), "pos"_a,
         "data"_a.noconvert(),

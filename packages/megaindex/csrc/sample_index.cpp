@@ -24,10 +24,10 @@ int64_t sample_count(int32_t num_epochs, int64_t tokens_per_epoch, int32_t seque
 }
 
 template <typename T>
-SampleIndexStatus build_sample_index(const int32_t* sizes, int64_t num_sizes,
-                                     const int32_t* document_index, int64_t num_documents,
-                                     int32_t sequence_length, int64_t num_samples,
-                                     int32_t add_extra_token, T* out, int64_t* bad_position) {
+SampleIndexStatus fill_sample_index(const int32_t* sizes, int64_t num_sizes,
+                                    const int32_t* document_index, int64_t num_documents,
+                                    int32_t sequence_length, int32_t add_extra_token, T* out,
+                                    int64_t first_row, int64_t last_row, int64_t* bad_position) {
   // The document id at a stream position, range-checked once per position visited.
   auto document_size = [&](int64_t position, int64_t* size) {
     const int32_t id = document_index[position];
@@ -49,14 +49,21 @@ SampleIndexStatus build_sample_index(const int32_t* sizes, int64_t num_sizes,
     }
   };
 
-  int64_t position = 0;  // position in document_index of the current document
-  int64_t offset = 0;    // token offset inside it
-  for (int64_t ahead = 0; ahead < kAhead; ++ahead) {
-    prefetch(ahead);
+  if (first_row == 0 && last_row > 0) {  // the first sample starts the stream
+    out[0] = 0;
+    out[1] = 0;
+    first_row = 1;
   }
-  out[0] = 0;
-  out[1] = 0;
-  for (int64_t row = 1; row <= num_samples; ++row) {
+  if (first_row >= last_row) {
+    return SampleIndexStatus::kOk;
+  }
+  // the row before holds where the walk stands: the document's position and the offset in it
+  int64_t position = static_cast<int64_t>(out[2 * (first_row - 1)]);
+  int64_t offset = static_cast<int64_t>(out[2 * (first_row - 1) + 1]);
+  for (int64_t ahead = 0; ahead < kAhead; ++ahead) {
+    prefetch(position + ahead);
+  }
+  for (int64_t row = first_row; row < last_row; ++row) {
     // Tokens this sample still needs, the shared extra token included.
     int64_t needed = static_cast<int64_t>(sequence_length) + add_extra_token;
     while (needed != 0) {
@@ -87,11 +94,26 @@ SampleIndexStatus build_sample_index(const int32_t* sizes, int64_t num_sizes,
   return SampleIndexStatus::kOk;
 }
 
+template <typename T>
+SampleIndexStatus build_sample_index(const int32_t* sizes, int64_t num_sizes,
+                                     const int32_t* document_index, int64_t num_documents,
+                                     int32_t sequence_length, int64_t num_samples,
+                                     int32_t add_extra_token, T* out, int64_t* bad_position) {
+  return fill_sample_index<T>(sizes, num_sizes, document_index, num_documents, sequence_length,
+                              add_extra_token, out, 0, num_samples + 1, bad_position);
+}
+
 template SampleIndexStatus build_sample_index<int32_t>(const int32_t*, int64_t, const int32_t*,
                                                        int64_t, int32_t, int64_t, int32_t,
                                                        int32_t*, int64_t*);
 template SampleIndexStatus build_sample_index<int64_t>(const int32_t*, int64_t, const int32_t*,
                                                        int64_t, int32_t, int64_t, int32_t,
                                                        int64_t*, int64_t*);
+template SampleIndexStatus fill_sample_index<int32_t>(const int32_t*, int64_t, const int32_t*,
+                                                      int64_t, int32_t, int32_t, int32_t*,
+                                                      int64_t, int64_t, int64_t*);
+template SampleIndexStatus fill_sample_index<int64_t>(const int32_t*, int64_t, const int32_t*,
+                                                      int64_t, int32_t, int32_t, int64_t*,
+                                                      int64_t, int64_t, int64_t*);
 
 }  // namespace megaindex

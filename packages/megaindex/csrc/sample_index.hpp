@@ -29,11 +29,28 @@ SampleIndexStatus build_sample_index(const int32_t* sizes, int64_t num_sizes,
                                      int32_t sequence_length, int64_t num_samples,
                                      int32_t add_extra_token, T* out, int64_t* bad_position);
 
+// Rows [first_row, last_row) of the same sample index, the walk resumed from row first_row - 1
+// (which must hold a position inside document_index); row 0 is (0, 0). Filling a large index a
+// slice of rows at a time lets the caller release the part of document_index walked so far.
+template <typename T>
+SampleIndexStatus fill_sample_index(const int32_t* sizes, int64_t num_sizes,
+                                    const int32_t* document_index, int64_t num_documents,
+                                    int32_t sequence_length, int32_t add_extra_token, T* out,
+                                    int64_t first_row, int64_t last_row, int64_t* bad_position);
+
 extern template SampleIndexStatus build_sample_index<int32_t>(
     const int32_t*, int64_t, const int32_t*, int64_t, int32_t, int64_t, int32_t, int32_t*,
     int64_t*);
 extern template SampleIndexStatus build_sample_index<int64_t>(
     const int32_t*, int64_t, const int32_t*, int64_t, int32_t, int64_t, int32_t, int64_t*,
     int64_t*);
+extern template SampleIndexStatus fill_sample_index<int32_t>(const int32_t*, int64_t,
+                                                             const int32_t*, int64_t, int32_t,
+                                                             int32_t, int32_t*, int64_t, int64_t,
+                                                             int64_t*);
+extern template SampleIndexStatus fill_sample_index<int64_t>(const int32_t*, int64_t,
+                                                             const int32_t*, int64_t, int32_t,
+                                                             int32_t, int64_t*, int64_t, int64_t,
+                                                             int64_t*);
 
 }  // namespace megaindex

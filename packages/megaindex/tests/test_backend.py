@@ -145,6 +145,18 @@ def test_shuffle_is_random_states_shuffle(seed, dtype, fresh_backend):
         assert ours.randint(0, 2**31, 5).tolist() == reference.randint(0, 2**31, 5).tolist()
 
 
+# the C++ shuffle draws 2**14 targets at a time: sizes on either side of a block's end
+@pytest.mark.parametrize("size", [2**14, 2**14 + 1, 2**14 + 2, 2 * 2**14 + 1, 3 * 2**14 - 1])
+def test_shuffle_is_random_states_shuffle_at_block_ends(size):
+    for seed in range(3):
+        reference, ours = numpy.random.RandomState(seed), numpy.random.RandomState(seed)
+        expected, shuffled = numpy.arange(size), numpy.arange(size)
+        reference.shuffle(expected)
+        helpers_module.shuffle(ours, shuffled)
+        numpy.testing.assert_array_equal(shuffled, expected)
+        assert ours.randint(0, 2**31) == reference.randint(0, 2**31)
+
+
 def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
     random_state = numpy.random.RandomState(0)
     with pytest.raises(ValueError, match=r"array must be C-contiguous, got strides \(16,\)"):

@@ -54,6 +54,18 @@ BINDINGS = {
         lambda: [numpy.array([3, 2], numpy.int32), numpy.zeros(2, numpy.int32), 2, 1, 0],
         (),
     ),
+    "fill_sample_index": (
+        lambda: [
+            numpy.array([3, 2], numpy.int32),
+            numpy.zeros(2, numpy.int32),
+            2,
+            0,
+            numpy.zeros((3, 2), numpy.int32),
+            0,
+            3,
+        ],
+        (4,),
+    ),
     "legacy_shuffle": (
         lambda: [
             numpy.random.RandomState(0).get_state()[1],
@@ -181,6 +193,39 @@ def test_scalars_that_would_crash_or_read_outside_are_refused():
         ext.build_sample_index_int64(sizes, numpy.zeros(1, numpy.int32), 2, -5, 0)
 
 
+@pytest.mark.parametrize(
+    "first_row, last_row, message",
+    [
+        (2, 1, "first_row <= last_row <= 4"),
+        (0, 5, r"last_row <= 4 \(out's rows\)"),
+        (-1, 2, "0 <= first_row"),
+    ],
+)
+def test_sample_index_rows_outside_out_are_refused(first_row, last_row, message):
+    out = numpy.zeros((4, 2), numpy.int64)
+    with pytest.raises(ValueError, match=message):
+        ext.fill_sample_index(
+            numpy.array([3], numpy.int32),
+            numpy.zeros(2, numpy.int32),
+            2,
+            0,
+            out,
+            first_row,
+            last_row,
+        )
+
+
+def test_a_walk_resumed_outside_the_document_index_is_refused():
+    sizes, document_index = numpy.array([3], numpy.int32), numpy.zeros(2, numpy.int32)
+    out = numpy.array([[0, 0], [2, 0], [0, 0]], numpy.int32)  # row 1: position 2 of 2
+    with pytest.raises(IndexError, match=r"out\[1\] holds position 2, outside .* 2 entries"):
+        ext.fill_sample_index(sizes, document_index, 2, 0, out, 2, 3)
+    with pytest.raises(ValueError, match="document_index is empty"):
+        ext.fill_sample_index(sizes, numpy.zeros(0, numpy.int32), 2, 0, out, 0, 3)
+    with pytest.raises(IndexError, match=r"document_index\[1\] = 5 is not a document id"):
+        ext.fill_sample_index(sizes, numpy.array([0, 5], numpy.int32), 2, 0, out, 0, 3)
+
+
 def test_gather_windows_shapes_are_checked():
     arguments = gather_arguments()
     arguments[8] = numpy.zeros((3, 10), numpy.int64)
@@ -274,6 +319,7 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "build_sample_index_int32",
         "build_sample_index_int64",
         "fill_document_causal_mask",
+        "fill_sample_index",
         "fim_assemble",
         "BlendGatherer.__init__",
         "BlendGatherer.gather",

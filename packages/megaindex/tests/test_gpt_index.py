@@ -3,16 +3,20 @@
 import numpy
 import pytest
 
-from megaindex import EmptySplitError, IndexBuildError
+from megaindex import EmptySplitError, IndexBuildError, backends, helpers
 from megaindex.gpt_index import (
     UINT32_SHUFFLE_LIMIT,
     EpochPlan,
+    GPTTableRecipe,
     build_document_index,
     build_gpt_index_tables,
     build_shuffle_index,
     consecutive,
     plan_epochs,
 )
+from megaindex.helpers import build_sample_idx
+
+TABLES = GPTTableRecipe.names
 
 
 def test_one_epoch_when_it_is_enough_or_no_count_is_given():
@@ -117,3 +121,87 @@ def test_a_disorder_in_a_later_chunk_is_found():
     indices = numpy.arange(3 * (1 << 20), dtype=numpy.int32)
     indices[[(2 << 20) + 5, (2 << 20) + 6]] = indices[[(2 << 20) + 6, (2 << 20) + 5]]
     assert consecutive(indices) is False
+
+
+@pytest.fixture(params=["cpp", "numpy"])
+def each_backend(request, monkeypatch):
+    """Run the test on the C++ extension and on the numpy fallback."""
+    monkeypatch.setenv("MEGAINDEX_BACKEND", request.param)
+    backends.implementation.cache_clear()
+    yield request.param
+    backends.implementation.cache_clear()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_sample_index_walked_in_steps_equals_the_whole_walk(each_backend, monkeypatch, seed):
+    rng = numpy.random.default_rng(seed)
+    documents = int(rng.integers(1, 60))
+    sizes = rng.integers(0, 30, documents).astype(numpy.int32)
+    stream = rng.permutation(numpy.tile(numpy.arange(documents, dtype=numpy.int32), 2))
+    sizes[stream[-1]] += 1  # a stream ending in an empty document is refused either way
+    length, extra = int(rng.integers(1, 12)), bool(rng.integers(0, 2))
+    drop_last = bool(rng.integers(0, 2))
+    args = (sizes, stream, length, 2, int(sizes.sum()), drop_last, extra)
+    whole = build_sample_idx(*args)
+    monkeypatch.setattr(helpers, "SAMPLE_INDEX_ROWS_PER_STEP", int(rng.integers(1, 5)))
+    positions: list[int] = []
+    stepped = build_sample_idx(*args, walked=positions.append)
+    assert stepped.dtype == whole.dtype
+    numpy.testing.assert_array_equal(stepped, whole)
+    assert positions == sorted(positions) and positions[-1] == whole[-1, 0]
+
+
+def reference_tables(lengths, documents, num_samples, sequence_length, seed, drop_last, extra):
+    """The three tables the plain way: RandomState.shuffle in megatron-core's order, one walk."""
+    plan = plan_epochs(int(lengths[documents].sum()), num_samples, sequence_length, extra)
+    random_state = numpy.random.RandomState(seed)
+    document_index = numpy.tile(documents, plan.num_epochs)
+    if plan.separate_final_epoch:
+        random_state.shuffle(document_index[: (plan.num_epochs - 1) * len(documents)])
+        random_state.shuffle(document_index[(plan.num_epochs - 1) * len(documents) :])
+    else:
+        random_state.shuffle(document_index)
+    epochs = (plan.num_epochs, plan.tokens_per_epoch)
+    sample_index = build_sample_idx(
+        lengths, document_index, sequence_length, *epochs, drop_last, extra
+    )
+    total = len(sample_index) - 1
+    first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
+    shuffle_index = numpy.arange(total, dtype=numpy.uint32)
+    random_state.shuffle(shuffle_index[:first])
+    random_state.shuffle(shuffle_index[first:])
+    return plan, document_index, sample_index, shuffle_index
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_tables_built_side_by_side_and_spilled_equal_the_plain_build(each_backend, tmp_path, seed):
+    rng = numpy.random.default_rng(seed)
+    documents = int(rng.integers(1, 3000))
+    lengths = rng.integers(1, 200, documents + 5).astype(numpy.int32)
+    indices = numpy.arange(5, 5 + documents, dtype=numpy.int32)
+    sequence_length = int(rng.integers(1, 300))
+    epochs = int(rng.integers(1, 5))  # many epochs, some with a separate final one
+    num_samples = int(rng.integers(0, epochs * int(lengths[5:].sum()) // sequence_length + 1))
+    drop_last, extra = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
+    args = (lengths, indices, num_samples, sequence_length, seed, drop_last, extra)
+    spill = seed % 2 == 0
+    tables = build_gpt_index_tables(
+        *args, spill_directory=str(tmp_path) if spill else None, spill_min_bytes=0
+    )
+    plan, *expected = reference_tables(*args)
+    assert tables.plan == plan
+    for name, reference in zip(TABLES, expected, strict=True):
+        found = getattr(tables, name)
+        assert found.dtype == reference.dtype, name
+        numpy.testing.assert_array_equal(found, reference, err_msg=name)
+    # a spilled document index is the file's read-only mapping, and leaves no file behind
+    assert tables.document_index.flags.writeable is not spill
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_small_document_index_is_not_spilled(tmp_path):
+    lengths = numpy.full(100, 7, dtype=numpy.int32)
+    tables = build_gpt_index_tables(
+        lengths, numpy.arange(100, dtype=numpy.int32), 50, 8, 0, True, True, str(tmp_path)
+    )
+    assert tables.document_index.flags.writeable  # under SPILL_MIN_BYTES: kept in memory

@@ -50,14 +50,57 @@ def _sample_index(
     return out
 
 
-def _checked_document_index(sizes: numpy.ndarray, document_index: numpy.ndarray) -> None:
+def _checked_document_index(
+    sizes: numpy.ndarray, document_index: numpy.ndarray, first: int = 0
+) -> None:
+    """Raise the walk's IndexError for an id outside ``sizes`` (``document_index`` starting at
+    position ``first`` of the whole)."""
     outside = numpy.flatnonzero((document_index < 0) | (document_index >= len(sizes)))
     if len(outside):
         position = int(outside[0])
         raise IndexError(
-            f"document_index[{position}] = {document_index[position]} is not a document id: "
-            f"expected 0..{len(sizes) - 1}"
+            f"document_index[{first + position}] = {document_index[position]} is not a "
+            f"document id: expected 0..{len(sizes) - 1}"
         )
+
+
+def fill_sample_index(
+    sizes, document_index, sequence_length, add_extra_token, out, first_row, last_row
+) -> None:
+    """Rows [first_row, last_row) of ``out``, the walk resumed from row first_row - 1: the
+    documents from there on are read in windows doubled until they hold every row's tokens."""
+    if first_row == 0 and last_row > 0:
+        out[0] = 0
+        first_row = 1
+    rows = last_row - first_row
+    if rows <= 0:
+        return
+    position, offset = (int(value) for value in out[first_row - 1])
+    if not 0 <= position < len(document_index):
+        raise IndexError(
+            f"out[{first_row - 1}] holds position {position}, outside document_index's "
+            f"{len(document_index)} entries"
+        )
+    # tokens from the start of document `position` to where the last row's sample ends
+    needed = offset + rows * sequence_length + add_extra_token
+    end = position + rows
+    while True:
+        end = min(end, len(document_index))
+        window = document_index[position:end]
+        _checked_document_index(sizes, window, position)
+        lengths = sizes[window].astype(numpy.int64)
+        ends = numpy.cumsum(lengths)
+        if ends[-1] >= needed or end == len(document_index):
+            break
+        end = position + 2 * (end - position)
+    starts = offset + numpy.arange(1, rows + 1, dtype=numpy.int64) * sequence_length
+    found = numpy.searchsorted(ends, starts + add_extra_token, side="left")
+    past_the_end = found >= len(lengths)
+    found[past_the_end] = len(lengths) - 1
+    within = starts - (ends[found] - lengths[found])
+    within[past_the_end] = lengths[-1] - add_extra_token
+    out[first_row:last_row, 0] = found + position
+    out[first_row:last_row, 1] = within
 
 
 def build_sample_index_int32(sizes, document_index, sequence_length, num_samples, add_extra_token):

@@ -31,6 +31,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -225,9 +226,13 @@ class IndexCache:
             for path in (*self.entry.files(), self.entry.sidecar_path):
                 for leftover in remove_stale_partials(path):
                     logger.info("removed %s, left by a build that was killed", leftover)
-            for table in self.entry.tables:
-                with atomic_write(self.entry.table_path(table)) as stream:
-                    numpy.save(stream, tables[table], allow_pickle=False)
+            # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB)
+            with ThreadPoolExecutor(len(self.entry.tables)) as pool:
+                list(
+                    pool.map(
+                        lambda table: self._write_table(table, tables[table]), self.entry.tables
+                    )
+                )
             if sidecar is not None:  # with the identity of each table file now in place
                 stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
                 sidecar = {**sidecar, "table_files": stats}
@@ -243,6 +248,10 @@ class IndexCache:
                 "path_to_cache (--data-cache-path) to a writable directory"
             ) from error
         logger.info("saved %s tables to %s", self.entry.base, directory)
+
+    def _write_table(self, table: str, array: numpy.ndarray) -> None:
+        with atomic_write(self.entry.table_path(table)) as stream:
+            numpy.save(stream, array, allow_pickle=False)
 
 
 def table_specs(tables: Mapping[str, numpy.ndarray]) -> dict[str, dict[str, Any]]:

@@ -80,6 +80,7 @@ class GPTDataset(MegatronDataset):
         )
         self._make_sample = SampleMaker(config, self._pad_token_id)
         self._window = config.sequence_length + int(config.add_extra_token_to_sequence)
+        entry = self._cache_entry()
         self.recipe = GPTTableRecipe(
             indexed_dataset,
             indexed_indices,
@@ -90,10 +91,11 @@ class GPTDataset(MegatronDataset):
             config.add_extra_token_to_sequence,
             None if config.mock else _path_prefix(indexed_dataset),
             f"{dataset_path or 'mock data'} ({index_split.name} split)",
+            None if entry is None else entry.directory,
         )
         self.tables = CachedTables(
             self.recipe,
-            self._cache_entry(),
+            entry,
             self.unique_description,
             defer=config.defer_npy_index_mmap,
             fast_load=config.fast_cache_load,
@@ -359,7 +361,7 @@ class GPTDataset(MegatronDataset):
             self.unique_description_hash,
             type(self).__name__,
             self.index_split.name,
-            self.recipe.names,
+            GPTTableRecipe.names,
         )
 
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy
 
 from megafmt.protocols import TokenSource
-from megafmt.shared import release_pages
+from megafmt.shared import map_file, release_pages
 from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
@@ -34,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: the last epoch is shuffled separately when it yields fewer than this share of an epoch
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
+#: the smallest document index written to a file before the walk (below, it stays in memory)
+SPILL_MIN_BYTES = 64 << 20
 #: entries of a split's indices checked at a time (a few MB: the temporaries stay in cache)
 CONSECUTIVE_CHUNK = 1 << 20
 
@@ -155,39 +160,64 @@ def build_gpt_index_tables(
     random_seed: int,
     drop_last_partial_sequence: bool,
     add_extra_token: bool,
+    spill_directory: str | None = None,
+    spill_min_bytes: int | None = None,
+    plan: EpochPlan | None = None,
 ) -> GPTIndexTables:
-    """All three tables for the split made of the sequences at ``indices``."""
+    """All three tables for the split made of the sequences at ``indices``.
+
+    The shuffle index is shuffled on a second thread while the document index is walked.
+    With ``spill_directory``, a document index of at least ``spill_min_bytes`` (None:
+    :data:`SPILL_MIN_BYTES`) is written to an unnamed file there once shuffled and walked
+    through a read-only mapping whose pages are released behind the walk, so that it is not
+    resident while the sample index is built. ``plan``: the epochs, if already planned for
+    these inputs (planning sums the split's lengths)."""
     if sequence_length < 1:
         raise IndexBuildError(f"sequence_length must be at least 1, got {sequence_length}")
     seconds: dict[str, float] = {}
     start = time.perf_counter()
-    plan = plan_epochs(
-        tokens_per_epoch(sequence_lengths, indices), num_samples, sequence_length, add_extra_token
-    )
+    if plan is None:
+        plan = plan_epochs(
+            tokens_per_epoch(sequence_lengths, indices),
+            num_samples,
+            sequence_length,
+            add_extra_token,
+        )
+    total = table_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
+    first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
     random_state = numpy.random.RandomState(random_seed)
     document_index = build_document_index(
         indices, plan.num_epochs, random_state, plan.separate_final_epoch
     )
-    seconds["document_index"] = time.perf_counter() - start
+    with ThreadPoolExecutor(1, thread_name_prefix="megaindex-shuffle-index") as pool:
+        # its draws follow the document index's; the C++ shuffle releases the GIL, so it runs
+        # beside the walk
+        shuffle_job = pool.submit(timed_shuffle_index, first, total, random_state)
+        smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
+        if spill_directory is not None and document_index.nbytes >= smallest:
+            document_index = spill(document_index, spill_directory)
+        seconds["document_index"] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    sample_index = build_sample_idx(
-        sequence_lengths,  # read in place (the walk prefetches): a copy would double the memory
-        document_index,
-        sequence_length,
-        plan.num_epochs,
-        plan.tokens_per_epoch,
-        drop_last_partial_sequence,
-        add_extra_token,
-    )
-    release_pages(sequence_lengths)  # read: a mapped corpus's pages need not stay resident
-    seconds["sample_index"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    total = sample_index.shape[0] - 1
-    first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
-    shuffle_index = build_shuffle_index(first, total, random_state)
-    seconds["shuffle_index"] = time.perf_counter() - start
+        start = time.perf_counter()
+        sample_index = build_sample_idx(
+            sequence_lengths,  # read in place (the walk prefetches): a copy would double memory
+            document_index,
+            sequence_length,
+            plan.num_epochs,
+            plan.tokens_per_epoch,
+            drop_last_partial_sequence,
+            add_extra_token,
+            walked=lambda position: release_pages(document_index[:position]),
+        )
+        release_pages(sequence_lengths)  # read: a mapped corpus's pages need not stay resident
+        release_pages(document_index)  # saved from the file, later: no need to keep it resident
+        seconds["sample_index"] = time.perf_counter() - start
+        if sample_index.shape[0] - 1 != total:
+            raise IndexBuildError(
+                f"the sample index holds {sample_index.shape[0] - 1} samples, but the epoch plan "
+                f"counts {total}"
+            )
+        shuffle_index, seconds["shuffle_index"] = shuffle_job.result()
     logger.info(
         "built GPT index tables: %d samples, %d epochs (separate final epoch: %s) in %.2f s",
         total,
@@ -196,6 +226,38 @@ def build_gpt_index_tables(
         sum(seconds.values()),
     )
     return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
+
+
+def table_sample_count(
+    plan: EpochPlan, sequence_length: int, drop_last_partial_sequence: bool, add_extra_token: bool
+) -> int:
+    """The samples the tables of ``plan`` hold: the sample index's rows minus one (none for an
+    empty split, whose sample index is one row)."""
+    if plan.tokens_per_epoch == 0:
+        return 0
+    return expected_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
+
+
+def timed_shuffle_index(
+    num_samples: int, total_size: int, random_state: numpy.random.RandomState
+) -> tuple[numpy.ndarray, float]:
+    """:func:`build_shuffle_index` and the seconds it took."""
+    start = time.perf_counter()
+    shuffle_index = build_shuffle_index(num_samples, total_size, random_state)
+    return shuffle_index, time.perf_counter() - start
+
+
+def spill(array: numpy.ndarray, directory: str) -> numpy.ndarray:
+    """``array`` written to an unnamed file in ``directory`` (made if missing) and mapped back
+    read-only: its pages belong to the page cache, which the walk can release behind it
+    (:func:`megafmt.shared.release_pages`); the file goes when the last view does."""
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory) as stream:
+        array.tofile(stream)
+        stream.flush()
+        where = os.path.join(directory, "(an unnamed file of the document index)")
+        data = map_file(where, stream.fileno(), array.nbytes)
+    return data.view(array.dtype).reshape(array.shape)
 
 
 def expected_sample_count(
@@ -229,6 +291,9 @@ class GPTTableRecipe:
     """The corpus's path prefix, fingerprinted in the sidecar (None for mock data)."""
     where: str
     """The corpus and split, for errors."""
+    spill_directory: str | None = None
+    """Where a large document index is written while the sample index is built (the cache's
+    folder: the same disk the tables go to); None keeps it in memory."""
 
     names = ("document_index", "sample_index", "shuffle_index")
 
@@ -250,6 +315,7 @@ class GPTTableRecipe:
         return type(error)(f"{self.where}: {error}")
 
     def build(self) -> BuiltTables:
+        plan = self.plan  # located errors of its own
         try:
             tables = build_gpt_index_tables(
                 self.source.sequence_lengths,
@@ -259,6 +325,8 @@ class GPTTableRecipe:
                 self.random_seed,
                 self.drop_last_partial_sequence,
                 self.add_extra_token,
+                self.spill_directory,
+                plan=plan,
             )
         except IndexBuildError as error:
             raise self._located(error) from None

@@ -23,6 +23,7 @@ refused, not converted. Outputs are always filled in place and must be exactly w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy
@@ -43,6 +44,8 @@ TOKEN_DTYPES = _dtypes(numpy.uint8, numpy.int8, numpy.int16, numpy.uint16, numpy
 #: megatron-core's sample index and shuffle index dtypes (the int64 ones for huge datasets)
 SAMPLE_INDEX_DTYPES = _dtypes(numpy.int32, numpy.int64)
 SHUFFLE_INDEX_DTYPES = _dtypes(numpy.uint32, numpy.int64)
+#: sample-index rows walked per step when the caller follows the walk (8 MB of int32 rows)
+SAMPLE_INDEX_ROWS_PER_STEP = 1 << 20
 #: what shuffle permutes: document indices (int32) and shuffle indices
 SHUFFLE_DTYPES = _dtypes(numpy.int32, numpy.uint32, numpy.int64)
 INT16 = _dtypes(numpy.int16)
@@ -139,10 +142,16 @@ def build_sample_idx(
     tokens_per_epoch: int,
     drop_last_partial_sequence: bool = True,
     add_extra_token_to_sequence: bool = True,
+    *,
+    walked: Callable[[int], None] | None = None,
 ) -> numpy.ndarray:
     """The 2-D sample index: row k holds (position in ``document_indices``, token offset) where
     sample k starts; row k + 1 where it ends. ``sizes`` are the token counts of each document
-    id, ``document_indices`` the document ids in stream order (all epochs)."""
+    id, ``document_indices`` the document ids in stream order (all epochs).
+
+    With ``walked``, the index is filled ``SAMPLE_INDEX_ROWS_PER_STEP`` rows at a time and
+    ``walked(position)`` called after each: ``document_indices`` before ``position`` is not
+    read again (a caller can release those pages of a mapped document index)."""
     sizes = _integers("sizes", sizes, numpy.int32)
     document_indices = _integers("document_indices", document_indices, numpy.int32)
     sequence_length = _positive("sequence_length", sequence_length)
@@ -159,12 +168,21 @@ def build_sample_idx(
     num_samples = sample_count(
         num_epochs, tokens_per_epoch, sequence_length, drop_last_partial_sequence, extra
     )
-    build = (
-        implementation().build_sample_index_int32
-        if dtype is numpy.int32
-        else (implementation().build_sample_index_int64)
-    )
-    sample_index = build(sizes, document_indices, sequence_length, num_samples, extra)
+    if walked is None:
+        build = (
+            implementation().build_sample_index_int32
+            if dtype is numpy.int32
+            else (implementation().build_sample_index_int64)
+        )
+        sample_index = build(sizes, document_indices, sequence_length, num_samples, extra)
+    else:
+        sample_index = numpy.empty((num_samples + 1, 2), dtype=dtype)
+        for first in range(0, num_samples + 1, SAMPLE_INDEX_ROWS_PER_STEP):
+            last = min(first + SAMPLE_INDEX_ROWS_PER_STEP, num_samples + 1)
+            implementation().fill_sample_index(
+                sizes, document_indices, sequence_length, extra, sample_index, first, last
+            )
+            walked(int(sample_index[last - 1, 0]))
     if sample_index[-1, 1] < 0:  # megatron-core fails the same build on an assert
         raise IndexBuildError(
             "the stream ends with an empty document, so the last partial sample would start at "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,6 +113,7 @@ class CachedTables:
         self.stale_cache = stale_cache
         self._tables: dict[str, numpy.ndarray] | None = None
         self._notes: dict[str, Any] = {}
+        self._corpus_fingerprint: dict[str, Any] | None = None  # taken while the tables build
         self._cache = None if entry is None else IndexCache(entry, description)
         if defer:
             if entry is None:
@@ -179,7 +181,12 @@ class CachedTables:
         except ValueError:  # inputs the build refuses itself, with its own message
             sizes, sizing = {}, ""
         check_fits(recipe.where, sizes, sizing)
-        built = recipe.build()
+        corpus = recipe.corpus if self._cache is not None else None
+        # the sidecar's fingerprint of the corpus (a pass over its .idx) is taken meanwhile
+        with ThreadPoolExecutor(1, thread_name_prefix="megaindex-fingerprint") as pool:
+            fingerprint = None if corpus is None else pool.submit(corpus_fingerprint, corpus)
+            built = recipe.build()
+            self._corpus_fingerprint = None if fingerprint is None else fingerprint.result()
         self.source.seconds.update(built.seconds)
         self._notes = built.notes
         return built.tables
@@ -190,7 +197,7 @@ class CachedTables:
             return None
         corpus = self.recipe.corpus
         return {
-            "corpus": None if corpus is None else corpus_fingerprint(corpus),
+            "corpus": None if corpus is None else self._corpus_fingerprint,
             "corpus_stat": None if corpus is None else corpus_stat(corpus),
             "config": settings,
             **self._notes,
