@@ -138,7 +138,7 @@ class IndexedDataset:
         self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
         if self._checked != checked and not was_checked(self.index.path, self._checked):
             check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
-            remember_checked(self.index.path, self._checked)
+            remember_checked(self.index.path, self._checked, self._checked[2])  # .idx ctime
         self._attach(bin_reader)
 
     def _open_reader(self) -> BinReader:

@@ -11,6 +11,7 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 """
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
+from megafmt.checked import remember_checked, was_checked
 from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.confinement import confined_path, url_components
@@ -54,7 +55,9 @@ __all__ = [
     "positive_int",
     "redact",
     "release_pages",
+    "remember_checked",
     "remove_stale_partials",
     "tokenizer_options",
     "url_components",
+    "was_checked",
 ]

@@ -17,8 +17,8 @@ names, so either implementation loads what the other built. What this module add
   nothing of its contents; the sidecar notices a corpus re-tokenized into the same path, and
   the checksums a table damaged inside its valid range (checked at load, at the speed the
   tables are read, for each table file that is not exactly the one saved: a write or a copy
-  gives it another identity; ``fast_cache_load`` and deferred mapping skip it, as they skip
-  every check).
+  gives it another identity, until this machine verified it once: :mod:`megaindex.verified`;
+  ``fast_cache_load`` and deferred mapping skip it, as they skip every check).
 * Temporary files of builds that were killed (their process is gone) are removed by the next
   build of the same entry.
 """

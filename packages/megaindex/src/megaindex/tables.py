@@ -12,9 +12,11 @@ same for both:
   included (megatron-core trusts them there too).
 * otherwise: the cache is loaded after its checks (the description, each table's dtype and
   shape, and where the recipe fingerprints its inputs, that they did not change since the
-  build and that each table's bytes still have the checksum recorded when it was saved), or
-  built on global rank 0 and saved (see :func:`megaindex.cache.load_or_build`); a damaged or
-  stale cache is rebuilt with a warning, or refused with ``stale_cache="error"``.
+  build and that each table's bytes still have the checksum recorded when it was saved; the
+  last two read nothing for files that are the very ones saved, or that this machine verified
+  before, :mod:`megaindex.verified`), or built on global rank 0 and saved (see
+  :func:`megaindex.cache.load_or_build`); a damaged or stale cache is rebuilt with a warning,
+  or refused with ``stale_cache="error"``.
 
 ``source`` says which of these happened, with timings, for ``mega index build`` and the logs.
 """
@@ -42,6 +44,7 @@ from megaindex.cache import (
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.memory import check_fits, table_bytes
+from megaindex.verified import cache_identity, remember_verified, was_verified
 
 
 @dataclass
@@ -205,7 +208,9 @@ class CachedTables:
         sidecar = None if settings is None else cache.read_sidecar()
         if sidecar is None:  # nothing recorded, or built by megatron-core: check the shapes
             return cache.load(self.recipe.expected_specs())
-        changes = self._changes(sidecar, settings)
+        identity = cache_identity(cache.entry, self.recipe.corpus)
+        verified = was_verified(cache.entry, identity)
+        changes = self._changes(sidecar, settings, verified)
         if changes:
             what = f"{cache.entry.sidecar_path}: the cache was built from other data: " + "; ".join(
                 changes
@@ -216,17 +221,25 @@ class CachedTables:
                 )
             raise DamagedCacheError(what)
         tables = cache.load(specs_from_sidecar(sidecar))
-        start = time.perf_counter()
-        check_checksums(cache.entry, tables, sidecar)
-        self.source.seconds["checksums"] = time.perf_counter() - start
+        if not verified:
+            start = time.perf_counter()
+            check_checksums(cache.entry, tables, sidecar)
+            self.source.seconds["checksums"] = time.perf_counter() - start
+            remember_verified(cache.entry, identity)
         return tables
 
-    def _changes(self, sidecar: Mapping[str, Any], settings: dict[str, Any]) -> list[str]:
-        """How the corpus and settings differ from those the sidecar recorded (empty: not)."""
+    def _changes(
+        self, sidecar: Mapping[str, Any], settings: dict[str, Any], verified: bool
+    ) -> list[str]:
+        """How the corpus and settings differ from those the sidecar recorded (empty: not).
+        The corpus is taken as recorded when this machine ``verified`` the cache with these very
+        files (:mod:`megaindex.verified`)."""
         corpus = self.recipe.corpus
-        stat = None if corpus is None else corpus_stat(corpus)
-        if sidecar.get("corpus_stat") == stat and sidecar.get("config") == settings:
-            return []  # the same files (two stat calls) and the same settings
+        same_files = verified or sidecar.get("corpus_stat") == (
+            None if corpus is None else corpus_stat(corpus)
+        )
+        if same_files and sidecar.get("config") == settings:
+            return []  # the same files (two stat calls, or a note) and the same settings
         # other stats: hash the contents (a copy of the same corpus is fine)
         current = {
             "corpus": None if corpus is None else corpus_fingerprint(corpus),
