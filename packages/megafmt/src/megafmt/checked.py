@@ -11,6 +11,10 @@ change time, so it is checked again; a file changed within the last second is no
 (a write in the same tick of the file system's clock would keep its change time). Failing to
 write the note (a read-only home) only means the next open scans again.
 
+Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
+check it one at a time (:func:`one_checker`, a lock beside the note): the first checks and
+writes the note, the others find it, so the machine reads the index once, not once per process.
+
 Other checks that read whole files keep their notes the same way, in a folder of their own
 (``kind``): megaindex remembers the index caches it verified in full (``verified``).
 """
@@ -21,7 +25,13 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each process checks
+    fcntl = None
 
 from megafmt.atomic import atomic_write
 from megafmt.fingerprint import file_identity, settled
@@ -63,3 +73,25 @@ def remember_checked(path: str, identity: Any, changed_ns: int, kind: str = CORP
         os.makedirs(os.path.dirname(note_path), exist_ok=True)
         with atomic_write(note_path) as stream:
             stream.write(json.dumps(note).encode())
+
+
+@contextlib.contextmanager
+def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
+    """Hold this machine's lock on the note of ``path`` while checking: a process that finds
+    the lock taken waits, then finds the note the holder wrote (look again with
+    :func:`was_checked`). Without a lock (a cache folder that cannot be written, no ``flock``)
+    nothing waits."""
+    lock_path = _note_path(path, kind) + ".lock"
+    try:
+        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or the process ends
+        yield
+    finally:
+        os.close(fd)
