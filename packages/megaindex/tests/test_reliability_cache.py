@@ -215,7 +215,7 @@ def test_a_copied_cache_is_verified_once_per_machine_and_damage_after_is_caught(
     first = build(make_config())
     assert first.index_source.kind == "cache" and "checksums" in first.index_source.seconds
     assert len(fingerprints) == 3  # one per split (the .idx is read once, then remembered)
-    assert len(list((tmp_path / "notes" / "verified").iterdir())) == 3
+    assert len(list((tmp_path / "notes" / "verified").glob("*.json"))) == 3
     second = build(make_config())
     assert second.index_source.kind == "cache" and "checksums" not in second.index_source.seconds
     assert len(fingerprints) == 3  # neither the .idx nor the tables were read again
@@ -229,3 +229,33 @@ def test_a_copied_cache_is_verified_once_per_machine_and_damage_after_is_caught(
         write_in_place_keeping_mtime(corpus + ".idx", swap_two_lengths)
         with pytest.raises(StaleCacheError, match=r"built from other data: corpus.idx_crc32: "):
             build(make_config(stale_cache="error"))
+
+
+def test_processes_loading_an_unnoted_copy_at_once_verify_it_once(
+    make_config, corpus, monkeypatch, tmp_path
+):
+    """While one process holds the lock on a copied cache's note (verifying it), another that
+    loads the cache waits, then finds the note and reads neither the tables nor the .idx."""
+    import threading
+
+    from megafmt import fingerprint
+    from megafmt.shared import one_checker
+    from megaindex import verified
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    built = build(make_config())
+    entry = built.index_source.cache_entry
+    for path in [corpus + ".idx", corpus + ".bin", *glob.glob(entry.path("*.npy"))]:
+        replace_with_copy(path)
+    time.sleep(0.05)
+    loaded = []
+    waiter = threading.Thread(target=lambda: loaded.append(build(make_config())))
+    with one_checker(entry.sidecar_path, verified.NOTES):  # the first process, verifying
+        waiter.start()
+        waiter.join(timeout=0.3)
+        assert waiter.is_alive() and not loaded  # waits for the lock
+        verified.remember_verified(entry, verified.cache_identity(entry, corpus))
+    waiter.join(timeout=10)
+    (train,) = loaded
+    assert train.index_source.kind == "cache" and "checksums" not in train.index_source.seconds

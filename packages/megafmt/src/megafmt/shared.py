@@ -11,7 +11,7 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 """
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
-from megafmt.checked import remember_checked, was_checked
+from megafmt.checked import one_checker, remember_checked, was_checked
 from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.confinement import confined_path, url_components
@@ -51,6 +51,7 @@ __all__ = [
     "map_file",
     "megatron_identifiers",
     "non_negative_int",
+    "one_checker",
     "partial_path",
     "positive_int",
     "redact",

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy
 
-from megafmt.shared import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.shared import corpus_fingerprint, corpus_stat, fingerprint_changes, one_checker
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
@@ -44,7 +44,7 @@ from megaindex.cache import (
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.memory import check_fits, table_bytes
-from megaindex.verified import cache_identity, remember_verified, was_verified
+from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
 
 
 @dataclass
@@ -208,8 +208,27 @@ class CachedTables:
         sidecar = None if settings is None else cache.read_sidecar()
         if sidecar is None:  # nothing recorded, or built by megatron-core: check the shapes
             return cache.load(self.recipe.expected_specs())
-        identity = cache_identity(cache.entry, self.recipe.corpus)
-        verified = was_verified(cache.entry, identity)
+        entry = cache.entry
+        identity = cache_identity(entry, self.recipe.corpus)
+        if was_verified(entry, identity):
+            return self._load_recorded(sidecar, settings, True, identity)
+        # processes loading it at once (the ranks of a node) verify it one at a time: the first
+        # reads the files and notes them, the others find its note
+        with one_checker(entry.sidecar_path, NOTES):
+            verified = was_verified(entry, identity)
+            return self._load_recorded(sidecar, settings, verified, identity)
+
+    def _load_recorded(
+        self,
+        sidecar: Mapping[str, Any],
+        settings: dict[str, Any],
+        verified: bool,
+        identity: dict[str, Any] | None,
+    ) -> dict[str, numpy.ndarray]:
+        """The tables of a cache with a sidecar, after comparing the corpus and settings with
+        what it recorded and each table with its checksum (the reads of both skipped when this
+        machine ``verified`` these files; else their ``identity`` is noted once they pass)."""
+        cache = self._cache
         changes = self._changes(sidecar, settings, verified)
         if changes:
             what = f"{cache.entry.sidecar_path}: the cache was built from other data: " + "; ".join(

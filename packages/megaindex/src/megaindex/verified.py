@@ -9,6 +9,8 @@ verified (the sidecar, the tables and the corpus's two files: size, modification
 times, inode and device, megafmt's ``file_identity``) is noted under megafmt's cache folder
 (``verified/``, per machine and user, as megafmt notes the corpora that passed their
 consistency check), and later loads skip those two checks while every identity is the same.
+Processes that load an unnoted cache at once (the ranks of a node) verify it one at a time,
+under megafmt's lock beside the note: the first reads and notes, the others find the note.
 
 What stays caught: any write to one of these files changes its change time, which no one can
 set back, so a table damaged or a corpus re-tokenized after the note no longer matches it and
