@@ -259,3 +259,18 @@ def test_processes_loading_an_unnoted_copy_at_once_verify_it_once(
     waiter.join(timeout=10)
     (train,) = loaded
     assert train.index_source.kind == "cache" and "checksums" not in train.index_source.seconds
+
+
+def test_a_cache_of_the_very_files_saved_needs_no_note_and_no_lock(
+    make_config, monkeypatch, tmp_path
+):
+    """Files that are exactly those the sidecar recorded are checked by their stats alone: the
+    load neither waits for the note's lock nor writes a note."""
+    from megafmt import fingerprint
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    build(make_config())
+    loaded = build(make_config())
+    assert loaded.index_source.kind == "cache" and "checksums" not in loaded.index_source.seconds
+    assert not (tmp_path / "notes" / "verified").exists()

@@ -36,6 +36,7 @@ from megaindex.cache import (
     DamagedCacheError,
     IndexCache,
     TableSpec,
+    changed_tables,
     check_checksums,
     load_or_build,
     specs_from_sidecar,
@@ -209,6 +210,9 @@ class CachedTables:
         if sidecar is None:  # nothing recorded, or built by megatron-core: check the shapes
             return cache.load(self.recipe.expected_specs())
         entry = cache.entry
+        if self._corpus_as_recorded(sidecar) and not changed_tables(entry, sidecar):
+            # the very files saved: the checks that read them have nothing to read
+            return self._load_recorded(sidecar, settings, True, None)
         identity = cache_identity(entry, self.recipe.corpus)
         if was_verified(entry, identity):
             return self._load_recorded(sidecar, settings, True, identity)
@@ -226,8 +230,9 @@ class CachedTables:
         identity: dict[str, Any] | None,
     ) -> dict[str, numpy.ndarray]:
         """The tables of a cache with a sidecar, after comparing the corpus and settings with
-        what it recorded and each table with its checksum (the reads of both skipped when this
-        machine ``verified`` these files; else their ``identity`` is noted once they pass)."""
+        what it recorded and each table with its checksum. ``verified``: the files are the very
+        ones saved, or ones this machine verified, and neither check reads them; else both run
+        and ``identity`` is noted once they pass."""
         cache = self._cache
         changes = self._changes(sidecar, settings, verified)
         if changes:
@@ -247,19 +252,20 @@ class CachedTables:
             remember_verified(cache.entry, identity)
         return tables
 
+    def _corpus_as_recorded(self, sidecar: Mapping[str, Any]) -> bool:
+        """Whether the corpus files have the stats the sidecar recorded (two ``stat`` calls)."""
+        corpus = self.recipe.corpus
+        return sidecar.get("corpus_stat") == (None if corpus is None else corpus_stat(corpus))
+
     def _changes(
         self, sidecar: Mapping[str, Any], settings: dict[str, Any], verified: bool
     ) -> list[str]:
         """How the corpus and settings differ from those the sidecar recorded (empty: not).
-        The corpus is taken as recorded when this machine ``verified`` the cache with these very
-        files (:mod:`megaindex.verified`)."""
-        corpus = self.recipe.corpus
-        same_files = verified or sidecar.get("corpus_stat") == (
-            None if corpus is None else corpus_stat(corpus)
-        )
-        if same_files and sidecar.get("config") == settings:
+        The corpus is taken as recorded when the cache is ``verified`` (:meth:`_load_recorded`)."""
+        if (verified or self._corpus_as_recorded(sidecar)) and sidecar.get("config") == settings:
             return []  # the same files (two stat calls, or a note) and the same settings
         # other stats: hash the contents (a copy of the same corpus is fine)
+        corpus = self.recipe.corpus
         current = {
             "corpus": None if corpus is None else corpus_fingerprint(corpus),
             "config": settings,
