@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "bench"))
 import benchreport  # noqa: E402
+import run_all  # noqa: E402
 
 HEADER = "| figure | ours | reference | ratio | conditions | date | machine |"
 
@@ -17,6 +18,20 @@ def test_the_ratio_says_how_many_times_better_ours_is():
     time = benchreport.Row("b", "build", 2.0, 6.0, "s", "ref", False, "")
     rate = benchreport.Row("b", "reads", 2.0, 6.0, "samples/s", "ref", True, "")
     assert (time.ratio, rate.ratio) == (3.0, 1 / 3)
+
+
+def test_a_figure_of_zero_makes_the_ratio_undefined_not_a_division_error():
+    rows = [
+        benchreport.Row("b", "rss above baseline", 0.0, 5.0, "MiB", "ref", False, ""),
+        benchreport.Row("b", "reads", 4.0, 0.0, "samples/s", "ref", True, ""),
+        benchreport.Row("b", "no reads", 0.0, 4.0, "samples/s", "ref", True, ""),
+    ]
+    assert [row.ratio for row in rows] == [None, None, 0.0]
+    assert [row.ratio_text for row in rows] == ["n/a", "n/a", "0.00x"]
+    ratios = [line.split(" | ")[3] for line in run_all.table(rows, "d", "m").splitlines()[2:]]
+    assert ratios == ["n/a", "n/a", "0.00x"]
+    report = benchreport.Report("b", "megatron-core", None)
+    assert report.compare("t", ours=0, theirs=1, unit="s").ratio_text == "n/a"
 
 
 def test_run_all_quick_writes_one_table_with_both_references(tmp_path):

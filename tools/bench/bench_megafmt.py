@@ -128,7 +128,7 @@ def bench_builder(
                 unit="s",
                 conditions=conditions,
             )
-            if clock == "CPU":
+            if clock == "CPU" and row.ratio is not None:
                 ratios.append(row.ratio)
     report.note(
         f"geometric mean of the {len(ratios)} CPU-time ratios, {dtype_name}: "

@@ -58,11 +58,20 @@ class Row:
     conditions: str
 
     @property
-    def ratio(self) -> float:
-        """How many times better ours is (above 1: ours is better, below 1: worse)."""
-        if self.higher_is_better:
-            return self.ours / self.theirs
-        return self.theirs / self.ours
+    def ratio(self) -> float | None:
+        """How many times better ours is (above 1: ours is better, below 1: worse); None when
+        it is undefined: the figure it would divide by is 0 (a time or a size too small to
+        measure, a rate of nothing)."""
+        top, bottom = (
+            (self.ours, self.theirs) if self.higher_is_better else (self.theirs, self.ours)
+        )
+        return None if bottom == 0 else top / bottom
+
+    @property
+    def ratio_text(self) -> str:
+        """The ratio as printed and tabulated: ``2.50x``, or ``n/a`` when it is undefined."""
+        ratio = self.ratio
+        return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
 def reference_label(name: str) -> str:
@@ -160,7 +169,7 @@ class Report:
         )
         print(
             f"{figure:<48} ours {row.ours:11.3f} {unit:<9} reference {row.theirs:11.3f} "
-            f"{unit:<9} ratio {row.ratio:6.2f}x",
+            f"{unit:<9} ratio {row.ratio_text:>7}",
             flush=True,
         )
         if self.rows is not None:

@@ -131,7 +131,7 @@ def table(rows: list[benchreport.Row], date: str, host: str) -> str:
                     f"{row.benchmark}: {row.figure}",
                     value(row.ours, row.unit),
                     f"{value(row.theirs, row.unit)} ({row.reference})",
-                    f"{row.ratio:.2f}x",
+                    row.ratio_text,
                     row.conditions,
                     date,
                     host,

@@ -208,13 +208,44 @@ def test_a_checked_corpus_is_remembered_until_its_index_changes(make_corpus, mon
     assert len(calls) == 1
 
 
+def test_processes_opening_an_unnoted_corpus_at_once_check_it_once(
+    make_corpus, monkeypatch, tmp_path
+):
+    """While one process holds the lock on a corpus's note (checking it), another that opens
+    the corpus waits, then finds the note and reads no index."""
+    import threading
+
+    from megafmt import checked, fingerprint
+    from megafmt import dataset as dataset_module
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    prefix = make_corpus(DOCUMENTS)
+    time.sleep(0.05)
+    calls = []
+    real = dataset_module.check_consistency
+    monkeypatch.setattr(dataset_module, "check_consistency", lambda *a: calls.append(a) or real(*a))
+    opened = []
+    waiter = threading.Thread(target=lambda: opened.append(IndexedDataset(prefix)))
+    idx = os.path.abspath(get_idx_path(prefix))
+    with checked.one_checker(idx):  # the first process, checking
+        waiter.start()
+        waiter.join(timeout=0.3)
+        assert waiter.is_alive() and not opened  # waits for the lock
+        size = os.path.getsize(get_bin_path(prefix))
+        checked.remember_checked(idx, checked.corpus_identity(idx, size), 0)
+    waiter.join(timeout=10)
+    assert len(opened) == 1 and calls == []  # the note the first one wrote: no scan
+
+
 def test_a_corpus_changed_in_the_last_second_is_not_remembered(make_corpus, monkeypatch, tmp_path):
     from megafmt import fingerprint
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     prefix = make_corpus(DOCUMENTS)
     IndexedDataset(prefix)
-    assert not (tmp_path / "cache" / "checked").exists()
+    notes = tmp_path / "cache" / "checked"
+    assert list(notes.glob("*.json")) == []  # (the lock beside the note is there)
     monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
     IndexedDataset(prefix)
-    assert len(list((tmp_path / "cache" / "checked").iterdir())) == 1
+    assert len(list(notes.glob("*.json"))) == 1

@@ -336,3 +336,29 @@ def test_inspect_shows_a_phase_schedule(corpus, tmp_path, capsys, make_config):
     assert main(["index", "inspect", cache, *phases, "--json"]) == 0
     reported = json.loads(capsys.readouterr().out)
     assert [phase["samples"] for phase in reported] == [len(blend), 24]
+
+
+@pytest.mark.parametrize("blended", [False, True], ids=["single", "blend"])
+def test_inspect_phases_names_a_description_without_sequence_length(
+    corpus, tmp_path, capsys, blended
+):
+    """A description megatron-core did not write (no sequence_length) is an error naming the
+    file and the field, not a KeyError or a TypeError."""
+    other = write_corpus(str(tmp_path / "other"), documents=150, seed=5)
+    cache = tmp_path / "cache"
+    phase = f"0:0.25 {corpus} 0.75 {other}" if blended else f"0:{other}"
+    budget = ["--global-batch-size", "8", "--train-iters", "2"]
+    args = ["--seq-length", "16", "--split", "1", "--null-tokenizer", "1000"]
+    assert (
+        main(["index", "build", *args, "--cache-dir", str(cache), "--phases", phase, *budget]) == 0
+    )
+    kind = "BlendedDataset" if blended else "GPTDataset"
+    (path,) = [p for p in cache.glob(f"*-{kind}-train-description.txt")]
+    described = json.loads(path.read_text())
+    del (described["datasets"][0] if blended else described)["sequence_length"]
+    path.write_text(json.dumps(described, indent=4))
+    capsys.readouterr()
+    assert main(["index", "inspect", str(cache), "--phases", phase]) != 0
+    error = capsys.readouterr().err
+    assert str(path) in error and "'sequence_length'" in error
+    assert ("in datasets[0]" in error) == blended

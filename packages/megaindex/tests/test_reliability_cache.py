@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import struct
 import time
 
@@ -93,11 +94,10 @@ def test_a_copied_cache_is_checksummed_and_used(make_config, tmp_path):
     assert copied.index_source.kind == "cache" and "checksums" in copied.index_source.seconds
 
 
-def test_a_corpus_rewritten_with_the_same_sizes_is_noticed(make_config, corpus):
-    build(make_config())
-    idx = corpus + ".idx"
-    status = os.stat(idx)
-    with open(idx, "r+b") as stream:  # two lengths swapped, the pointer between them moved
+def swap_two_lengths(idx: str) -> None:
+    """Rewrite the corpus's ``.idx`` in place as another consistent corpus of the same sizes:
+    two lengths swapped, the pointer between them moved."""
+    with open(idx, "r+b") as stream:
         code, count = struct.unpack("<BQ", stream.read(34)[17:26])
         itemsize = {4: 4, 8: 2}[code]
         stream.seek(34 + 4 * 150)
@@ -109,6 +109,13 @@ def test_a_corpus_rewritten_with_the_same_sizes_is_noticed(make_config, corpus):
         pointer = struct.unpack("<q", stream.read(8))[0]
         stream.seek(34 + 4 * count + 8 * 151)
         stream.write(struct.pack("<q", pointer + (second - first) * itemsize))
+
+
+def test_a_corpus_rewritten_with_the_same_sizes_is_noticed(make_config, corpus):
+    build(make_config())
+    idx = corpus + ".idx"
+    status = os.stat(idx)
+    swap_two_lengths(idx)
     os.utime(idx, ns=(status.st_atime_ns, status.st_mtime_ns + 1))
     with pytest.raises(StaleCacheError, match=r"built from other data: corpus.idx_crc32: "):
         build(make_config(stale_cache="error"))
@@ -153,3 +160,117 @@ def test_a_table_holding_pickled_objects_is_rebuilt_never_unpickled(make_config,
     assert not sign.exists()
     assert rebuilt.index_source.kind == "built"
     numpy.testing.assert_array_equal(rebuilt.shuffle_index, expected)
+
+
+def replace_with_copy(path: str) -> None:
+    """Put a copy of ``path`` in its place (another inode, the same bytes and times), as a copy
+    of a cache or corpus to another disk leaves it."""
+    shutil.copy2(path, path + ".copy")
+    os.replace(path + ".copy", path)
+
+
+def write_in_place_keeping_mtime(path: str, write) -> None:
+    """``write(path)`` in place, then set the modification time back (a tool that preserves
+    times): only the change time tells."""
+    status = os.stat(path)
+    time.sleep(0.05)  # a later tick of the file system's clock than any note
+    write(path)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def swap_two_samples(path: str) -> None:
+    table = numpy.load(path)
+    table[[3, 4]] = table[[4, 3]]
+    with open(path, "r+b") as stream:  # the same file: only the bytes of the two samples
+        stream.seek(os.path.getsize(path) - table.nbytes)
+        stream.write(table.tobytes())
+
+
+@pytest.mark.parametrize("damaged", ["table", "corpus"])
+def test_a_copied_cache_is_verified_once_per_machine_and_damage_after_is_caught(
+    make_config, corpus, monkeypatch, tmp_path, damaged
+):
+    """A cache and corpus that are copies (other inodes than the sidecar recorded) are verified
+    in full (checksums, corpus fingerprint) on their first load on this machine only; a write in
+    place after that, even one that sets the modification time back, is caught on the next load
+    exactly as without the note."""
+    from megafmt import fingerprint
+    from megaindex import tables as tables_module
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    fingerprints = []
+    real = tables_module.corpus_fingerprint
+    monkeypatch.setattr(
+        tables_module, "corpus_fingerprint", lambda p: fingerprints.append(p) or real(p)
+    )
+    config = make_config()
+    built = build(config)
+    expected = numpy.array(built.shuffle_index)
+    base = cache_base(config, built)
+    for path in [corpus + ".idx", corpus + ".bin", *glob.glob(base + "-*.npy")]:
+        replace_with_copy(path)
+    time.sleep(0.05)
+    fingerprints.clear()
+    first = build(make_config())
+    assert first.index_source.kind == "cache" and "checksums" in first.index_source.seconds
+    assert len(fingerprints) == 3  # one per split (the .idx is read once, then remembered)
+    assert len(list((tmp_path / "notes" / "verified").glob("*.json"))) == 3
+    second = build(make_config())
+    assert second.index_source.kind == "cache" and "checksums" not in second.index_source.seconds
+    assert len(fingerprints) == 3  # neither the .idx nor the tables were read again
+    if damaged == "table":
+        write_in_place_keeping_mtime(base + "-shuffle_index.npy", swap_two_samples)
+        with pytest.warns(UserWarning, match=r"shuffle_index.npy: checksum .* the table changed"):
+            rebuilt = build(make_config())
+        assert rebuilt.index_source.kind == "built"
+        numpy.testing.assert_array_equal(rebuilt.shuffle_index, expected)
+    else:
+        write_in_place_keeping_mtime(corpus + ".idx", swap_two_lengths)
+        with pytest.raises(StaleCacheError, match=r"built from other data: corpus.idx_crc32: "):
+            build(make_config(stale_cache="error"))
+
+
+def test_processes_loading_an_unnoted_copy_at_once_verify_it_once(
+    make_config, corpus, monkeypatch, tmp_path
+):
+    """While one process holds the lock on a copied cache's note (verifying it), another that
+    loads the cache waits, then finds the note and reads neither the tables nor the .idx."""
+    import threading
+
+    from megafmt import fingerprint
+    from megafmt.shared import one_checker
+    from megaindex import verified
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    built = build(make_config())
+    entry = built.index_source.cache_entry
+    for path in [corpus + ".idx", corpus + ".bin", *glob.glob(entry.path("*.npy"))]:
+        replace_with_copy(path)
+    time.sleep(0.05)
+    loaded = []
+    waiter = threading.Thread(target=lambda: loaded.append(build(make_config())))
+    with one_checker(entry.sidecar_path, verified.NOTES):  # the first process, verifying
+        waiter.start()
+        waiter.join(timeout=0.3)
+        assert waiter.is_alive() and not loaded  # waits for the lock
+        verified.remember_verified(entry, verified.cache_identity(entry, corpus))
+    waiter.join(timeout=10)
+    (train,) = loaded
+    assert train.index_source.kind == "cache" and "checksums" not in train.index_source.seconds
+
+
+def test_a_cache_of_the_very_files_saved_needs_no_note_and_no_lock(
+    make_config, monkeypatch, tmp_path
+):
+    """Files that are exactly those the sidecar recorded are checked by their stats alone: the
+    load neither waits for the note's lock nor writes a note."""
+    from megafmt import fingerprint
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    build(make_config())
+    loaded = build(make_config())
+    assert loaded.index_source.kind == "cache" and "checksums" not in loaded.index_source.seconds
+    assert not (tmp_path / "notes" / "verified").exists()

@@ -10,6 +10,13 @@ with the identity of its ``.idx`` (size, modification and change times, inode, d
 change time, so it is checked again; a file changed within the last second is not remembered
 (a write in the same tick of the file system's clock would keep its change time). Failing to
 write the note (a read-only home) only means the next open scans again.
+
+Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
+check it one at a time (:func:`one_checker`, a lock beside the note): the first checks and
+writes the note, the others find it, so the machine reads the index once, not once per process.
+
+Other checks that read whole files keep their notes the same way, in a folder of their own
+(``kind``): megaindex remembers the index caches it verified in full (``verified``).
 """
 
 from __future__ import annotations
@@ -18,15 +25,25 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock, each process checks
+    fcntl = None
 
 from megafmt.atomic import atomic_write
 from megafmt.fingerprint import file_identity, settled
 from megafmt.remote import default_cache_dir
 
+#: the notes of corpora that passed the consistency check at open
+CORPORA = "checked"
 
-def _note_path(idx_path: str) -> str:
-    digest = hashlib.sha256(os.path.abspath(idx_path).encode()).hexdigest()[:32]
-    return os.path.join(default_cache_dir(), "checked", f"{digest}.json")
+
+def _note_path(path: str, kind: str) -> str:
+    digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:32]
+    return os.path.join(default_cache_dir(), kind, f"{digest}.json")
 
 
 def corpus_identity(idx_path: str, bin_nbytes: int) -> list[int]:
@@ -35,23 +52,46 @@ def corpus_identity(idx_path: str, bin_nbytes: int) -> list[int]:
     return [*file_identity(idx_path), bin_nbytes]
 
 
-def was_checked(idx_path: str, identity: list[int]) -> bool:
-    """Whether the corpus with this ``.idx`` passed the check with exactly these files."""
+def was_checked(path: str, identity: Any, kind: str = CORPORA) -> bool:
+    """Whether the files named by ``path`` (a corpus's ``.idx``, or what ``kind`` notes) passed
+    the check with exactly this ``identity`` (JSON data)."""
     try:
-        with open(_note_path(idx_path), encoding="utf-8") as stream:
-            return json.load(stream) == {"idx": os.path.abspath(idx_path), "identity": identity}
+        with open(_note_path(path, kind), encoding="utf-8") as stream:
+            return json.load(stream) == {"path": os.path.abspath(path), "identity": identity}
     except (OSError, ValueError):
         return False
 
 
-def remember_checked(idx_path: str, identity: list[int]) -> None:
-    """Note that the corpus passed the check (unless its ``.idx`` changed in the last second,
-    or the note cannot be written)."""
-    if not settled(identity[2]):  # its change time
+def remember_checked(path: str, identity: Any, changed_ns: int, kind: str = CORPORA) -> None:
+    """Note that the files passed the check, unless the newest change time among them
+    (``changed_ns``) is in the last second, or the note cannot be written."""
+    if not settled(changed_ns):
         return
-    path = _note_path(idx_path)
-    note = {"idx": os.path.abspath(idx_path), "identity": identity}
+    note_path = _note_path(path, kind)
+    note = {"path": os.path.abspath(path), "identity": identity}
     with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_write(path) as stream:
+        os.makedirs(os.path.dirname(note_path), exist_ok=True)
+        with atomic_write(note_path) as stream:
             stream.write(json.dumps(note).encode())
+
+
+@contextlib.contextmanager
+def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
+    """Hold this machine's lock on the note of ``path`` while checking: a process that finds
+    the lock taken waits, then finds the note the holder wrote (look again with
+    :func:`was_checked`). Without a lock (a cache folder that cannot be written, no ``flock``)
+    nothing waits."""
+    lock_path = _note_path(path, kind) + ".lock"
+    try:
+        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or the process ends
+        yield
+    finally:
+        os.close(fd)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy
 
-from megafmt.checked import corpus_identity, remember_checked, was_checked
+from megafmt.checked import corpus_identity, one_checker, remember_checked, was_checked
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
@@ -137,8 +137,10 @@ class IndexedDataset:
         self._modes = self.index.sequence_modes
         self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
         if self._checked != checked and not was_checked(self.index.path, self._checked):
-            check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
-            remember_checked(self.index.path, self._checked)
+            with one_checker(self.index.path):  # the ranks of a node: one reads, one notes
+                if not was_checked(self.index.path, self._checked):
+                    check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
+                    remember_checked(self.index.path, self._checked, self._checked[2])  # .idx ctime
         self._attach(bin_reader)
 
     def _open_reader(self) -> BinReader:

@@ -12,6 +12,7 @@ third parties implement, are public, in :mod:`megafmt.protocols`.
 
 from megafmt.atomic import atomic_write, partial_path, remove_stale_partials
 from megafmt.blend_list import Blend, BlendListError, parse_blend_list
+from megafmt.checked import one_checker, remember_checked, was_checked
 from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.confinement import confined_path, url_components
@@ -53,12 +54,15 @@ __all__ = [
     "map_file",
     "megatron_identifiers",
     "non_negative_int",
+    "one_checker",
     "parse_blend_list",
     "partial_path",
     "positive_int",
     "redact",
     "release_pages",
+    "remember_checked",
     "remove_stale_partials",
     "tokenizer_options",
     "url_components",
+    "was_checked",
 ]

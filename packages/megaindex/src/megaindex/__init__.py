@@ -19,6 +19,7 @@ from megaindex.config import (
 )
 from megaindex.distributed import BarrierTimeoutError, ConfigMismatchError
 from megaindex.errors import (
+    CacheDescriptionError,
     CacheError,
     ConfigError,
     EmptySplitError,
@@ -52,6 +53,7 @@ __all__ = [
     "BlendedDataset",
     "BlendedMegatronDatasetBuilder",
     "BlendedMegatronDatasetConfig",
+    "CacheDescriptionError",
     "CacheError",
     "ConfigError",
     "ConfigMismatchError",

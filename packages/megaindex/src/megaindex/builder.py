@@ -347,7 +347,12 @@ class BlendedMegatronDatasetBuilder:
                         f"{dataset_path} holds {num_elements} sequences; document ids are int32 "
                         "in the index tables (as in megatron-core), so at most 2**31 - 1 fit"
                     )
-                indices = numpy.arange(begin, end, dtype=numpy.int32)
+                # a dataset of ours makes the array when it uses it (a cache hit does not)
+                indices = (
+                    range(begin, end)
+                    if issubclass(self.cls, MegatronDataset)
+                    else numpy.arange(begin, end, dtype=numpy.int32)
+                )
             datasets.append(
                 self.build_generic_dataset(
                     self.cls,

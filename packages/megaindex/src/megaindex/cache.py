@@ -17,8 +17,8 @@ names, so either implementation loads what the other built. What this module add
   nothing of its contents; the sidecar notices a corpus re-tokenized into the same path, and
   the checksums a table damaged inside its valid range (checked at load, at the speed the
   tables are read, for each table file that is not exactly the one saved: a write or a copy
-  gives it another identity; ``fast_cache_load`` and deferred mapping skip it, as they skip
-  every check).
+  gives it another identity, until this machine verified it once: :mod:`megaindex.verified`;
+  ``fast_cache_load`` and deferred mapping skip it, as they skip every check).
 * Temporary files of builds that were killed (their process is gone) are removed by the next
   build of the same entry.
 """
@@ -266,18 +266,25 @@ def table_checksums(tables: Mapping[str, numpy.ndarray]) -> dict[str, str]:
     }
 
 
+def changed_tables(entry: CacheEntry, sidecar: Mapping[str, Any]) -> list[str]:
+    """The tables with a recorded checksum whose file is not exactly the one saved (another
+    inode, size, modification or change time: a copy, or written to since)."""
+    recorded, saved_files = sidecar.get("checksums", {}), sidecar.get("table_files", {})
+    return [
+        name
+        for name in entry.tables
+        if name in recorded and saved_files.get(name) != file_identity(entry.table_path(name))
+    ]
+
+
 def check_checksums(
     entry: CacheEntry, tables: Mapping[str, numpy.ndarray], sidecar: Mapping[str, Any]
 ) -> None:
     """Raise :class:`DamagedCacheError` naming the first table whose bytes no longer have the
     checksum the sidecar recorded when it was saved. A table file that is exactly the one saved
-    (same inode, size, modification and change times: nothing wrote to it since) is not read."""
-    recorded, saved_files = sidecar.get("checksums", {}), sidecar.get("table_files", {})
-    changed = {
-        name: table
-        for name, table in tables.items()
-        if name in recorded and saved_files.get(name) != file_identity(entry.table_path(name))
-    }
+    (:func:`changed_tables`: nothing wrote to it since) is not read."""
+    recorded = sidecar.get("checksums", {})
+    changed = {name: tables[name] for name in changed_tables(entry, sidecar) if name in tables}
     for name, found in table_checksums(changed).items():
         if found != recorded[name]:
             raise DamagedCacheError(

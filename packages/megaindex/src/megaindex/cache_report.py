@@ -12,6 +12,7 @@ from typing import Any
 import numpy
 
 from megaindex.cache import CacheEntry, load_table, read_npy_header, read_sidecar
+from megaindex.errors import CacheDescriptionError
 from megaindex.megatron_dataset import describe
 
 DESCRIPTION_SUFFIX = "-description.txt"
@@ -47,6 +48,20 @@ class CacheReport:
     def dataset_index(self) -> numpy.ndarray:
         """A blend's ``dataset_index`` table (mapped, not read)."""
         return load_table(self.entry.table_path("dataset_index"), None)
+
+    def sequence_length(self, described: dict[str, Any], where: str = "") -> int:
+        """The ``sequence_length`` field of ``described`` (this entry's description, or the
+        part of it ``where`` names), which every description megatron-core writes holds; a
+        :class:`CacheDescriptionError` naming the file when it is missing or not a count."""
+        value = described.get("sequence_length")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        found = "it has none" if value is None else f"found {value!r}"
+        raise CacheDescriptionError(
+            f"{self.entry.description_path}: expected a positive integer field "
+            f"'sequence_length'{where} (every dataset description megatron-core writes has "
+            f"one), {found}; fields present: {', '.join(described) or 'none'}"
+        )
 
     @property
     def bytes_on_disk(self) -> int:
@@ -96,7 +111,8 @@ def _sources(report: CacheReport, first: int) -> list[SourceReport]:
         extra = int((sidecar.get("config") or {}).get("add_extra_token_to_sequence", True))
         epochs = None
         if plan:
-            tokens = int(counts_all[number]) * identifiers["sequence_length"] + extra
+            length = report.sequence_length(identifiers, f" in datasets[{number}]")
+            tokens = int(counts_all[number]) * length + extra
             epochs = tokens / plan["tokens_per_epoch"]
         sources.append(
             SourceReport(

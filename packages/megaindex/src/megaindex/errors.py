@@ -66,6 +66,11 @@ class MissingCacheError(CacheError, FileNotFoundError):
     cannot be read): build it once without them first."""
 
 
+class CacheDescriptionError(MegaindexError, ValueError):
+    """A cache entry's description file lacks a field a report of it needs (megatron-core
+    writes every field megaindex reads; a file written by other code may not)."""
+
+
 class StaleCacheError(MegaindexError, RuntimeError):
     """A cached index was built from a corpus that has changed since."""
 

@@ -66,7 +66,7 @@ class GPTDataset(MegatronDataset):
         self,
         indexed_dataset: TokenSource,
         dataset_path: str | None,
-        indexed_indices: numpy.ndarray | None,
+        indexed_indices: numpy.ndarray | range | None,
         num_samples: int | None,
         index_split: Split,
         config: GPTDatasetConfig,

@@ -31,6 +31,7 @@ from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
 from megaindex.tables import BuiltTables
+from megaindex.utils import index_array
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,13 @@ class GPTIndexTables:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray | None) -> int:
+def tokens_per_epoch(sequence_lengths: numpy.ndarray, indices: numpy.ndarray | range | None) -> int:
     """Tokens in one pass over the sequences at ``indices`` (None: all of them, as with
     fast_cache_load, where the builder skips computing the split)."""
     if indices is None:
         return int(sequence_lengths.sum(dtype=numpy.int64))
+    if isinstance(indices, range):  # a split as the builder gives it
+        return int(sequence_lengths[indices.start : indices.stop].sum(dtype=numpy.int64))
     if consecutive(indices):  # a split: sum a slice, no copy
         return int(sequence_lengths[indices[0] : indices[-1] + 1].sum(dtype=numpy.int64))
     return int(numpy.sum(sequence_lengths[indices], dtype=numpy.int64))
@@ -280,8 +283,9 @@ class GPTTableRecipe:
 
     source: TokenSource
     """The corpus (its ``sequence_lengths``)."""
-    indices: numpy.ndarray | None
-    """The split's sequences (None: all, as with fast_cache_load)."""
+    indices: numpy.ndarray | range | None
+    """The split's sequences (None: all, as with fast_cache_load; a range is made an array
+    only to build)."""
     num_samples: int | None
     sequence_length: int
     random_seed: int
@@ -319,7 +323,7 @@ class GPTTableRecipe:
         try:
             tables = build_gpt_index_tables(
                 self.source.sequence_lengths,
-                self.indices,
+                index_array(self.indices),
                 self.num_samples,
                 self.sequence_length,
                 self.random_seed,

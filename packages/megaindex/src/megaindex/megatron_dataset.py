@@ -22,7 +22,7 @@ import torch
 
 from megafmt import IndexedDataset
 from megaindex.config import BlendedMegatronDatasetConfig
-from megaindex.utils import Split
+from megaindex.utils import Split, index_array
 
 #: what a mid-level dataset reads from (megatron-core's alias): an ``IndexedDataset`` or any
 #: other iterable its ``build_low_level_dataset`` returns
@@ -98,7 +98,7 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
         self,
         dataset: Any,
         dataset_path: str | None,
-        indices: numpy.ndarray,
+        indices: numpy.ndarray | range | None,
         num_samples: int | None,
         index_split: Split,
         config: BlendedMegatronDatasetConfig,
@@ -119,6 +119,18 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
             self.unique_identifiers[attribute] = getattr(self.config, attribute)
         self.unique_description, self.unique_description_hash = describe(self.unique_identifiers)
         self._pad_token_id = self._choose_pad_token_id()
+
+    @property
+    def indices(self) -> numpy.ndarray | None:
+        """The low-level dataset's elements this dataset draws from (megatron-core's attribute,
+        an int32 array; None: all of them). A ``range`` given for them (the builder's splits)
+        becomes that array on first use, never on a cache hit that does not read it."""
+        self._indices = index_array(self._indices)
+        return self._indices
+
+    @indices.setter
+    def indices(self, indices: numpy.ndarray | range | None) -> None:
+        self._indices = indices
 
     def _choose_pad_token_id(self) -> int:
         try:

@@ -64,7 +64,7 @@ def _asked(report: CacheReport) -> int | None:
 def _single_source(report: CacheReport) -> SourceReport:
     """The one corpus of an unblended phase: the samples it was asked, and their epochs."""
     described, samples = report.description, _asked(report) or 0
-    tokens = samples * described["sequence_length"] + int(
+    tokens = samples * report.sequence_length(described) + int(
         described.get("add_extra_token_to_sequence", True)
     )
     epochs = tokens / report.plan["tokens_per_epoch"] if report.plan else None
@@ -85,10 +85,13 @@ def phase_reports(schedule: PhaseSchedule, reports: list[CacheReport]) -> list[P
             blended = report.description.get("class") == "BlendedDataset"
             found.base, found.samples = report.base, _asked(report)
             found.sources = report.sources if blended else [_single_source(report)]
-            length = (report.description["datasets"][0] if blended else report.description).get(
-                "sequence_length"
-            )
-            found.tokens = None if found.samples is None else found.samples * length
+            if found.samples is not None:
+                described, where = (
+                    (report.description["datasets"][0], " in datasets[0]")
+                    if blended
+                    else (report.description, "")
+                )
+                found.tokens = found.samples * report.sequence_length(described, where)
         phases.append(found)
     return phases
 

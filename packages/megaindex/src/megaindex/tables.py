@@ -12,9 +12,11 @@ same for both:
   included (megatron-core trusts them there too).
 * otherwise: the cache is loaded after its checks (the description, each table's dtype and
   shape, and where the recipe fingerprints its inputs, that they did not change since the
-  build and that each table's bytes still have the checksum recorded when it was saved), or
-  built on global rank 0 and saved (see :func:`megaindex.cache.load_or_build`); a damaged or
-  stale cache is rebuilt with a warning, or refused with ``stale_cache="error"``.
+  build and that each table's bytes still have the checksum recorded when it was saved; the
+  last two read nothing for files that are the very ones saved, or that this machine verified
+  before, :mod:`megaindex.verified`), or built on global rank 0 and saved (see
+  :func:`megaindex.cache.load_or_build`); a damaged or stale cache is rebuilt with a warning,
+  or refused with ``stale_cache="error"``.
 
 ``source`` says which of these happened, with timings, for ``mega index build`` and the logs.
 """
@@ -29,12 +31,13 @@ from typing import Any, Protocol
 
 import numpy
 
-from megafmt.shared import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.shared import corpus_fingerprint, corpus_stat, fingerprint_changes, one_checker
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
     IndexCache,
     TableSpec,
+    changed_tables,
     check_checksums,
     load_or_build,
     specs_from_sidecar,
@@ -43,6 +46,7 @@ from megaindex.cache import (
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.memory import check_fits, table_bytes
+from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
 
 
 @dataclass
@@ -212,7 +216,32 @@ class CachedTables:
         sidecar = None if settings is None else cache.read_sidecar()
         if sidecar is None:  # nothing recorded, or built by megatron-core: check the shapes
             return cache.load(self.recipe.expected_specs())
-        changes = self._changes(sidecar, settings)
+        entry = cache.entry
+        if self._corpus_as_recorded(sidecar) and not changed_tables(entry, sidecar):
+            # the very files saved: the checks that read them have nothing to read
+            return self._load_recorded(sidecar, settings, True, None)
+        identity = cache_identity(entry, self.recipe.corpus)
+        if was_verified(entry, identity):
+            return self._load_recorded(sidecar, settings, True, identity)
+        # processes loading it at once (the ranks of a node) verify it one at a time: the first
+        # reads the files and notes them, the others find its note
+        with one_checker(entry.sidecar_path, NOTES):
+            verified = was_verified(entry, identity)
+            return self._load_recorded(sidecar, settings, verified, identity)
+
+    def _load_recorded(
+        self,
+        sidecar: Mapping[str, Any],
+        settings: dict[str, Any],
+        verified: bool,
+        identity: dict[str, Any] | None,
+    ) -> dict[str, numpy.ndarray]:
+        """The tables of a cache with a sidecar, after comparing the corpus and settings with
+        what it recorded and each table with its checksum. ``verified``: the files are the very
+        ones saved, or ones this machine verified, and neither check reads them; else both run
+        and ``identity`` is noted once they pass."""
+        cache = self._cache
+        changes = self._changes(sidecar, settings, verified)
         if changes:
             what = f"{cache.entry.sidecar_path}: the cache was built from other data: " + "; ".join(
                 changes
@@ -223,18 +252,27 @@ class CachedTables:
                 )
             raise DamagedCacheError(what)
         tables = cache.load(specs_from_sidecar(sidecar))
-        start = time.perf_counter()
-        check_checksums(cache.entry, tables, sidecar)
-        self.source.seconds["checksums"] = time.perf_counter() - start
+        if not verified:
+            start = time.perf_counter()
+            check_checksums(cache.entry, tables, sidecar)
+            self.source.seconds["checksums"] = time.perf_counter() - start
+            remember_verified(cache.entry, identity)
         return tables
 
-    def _changes(self, sidecar: Mapping[str, Any], settings: dict[str, Any]) -> list[str]:
-        """How the corpus and settings differ from those the sidecar recorded (empty: not)."""
+    def _corpus_as_recorded(self, sidecar: Mapping[str, Any]) -> bool:
+        """Whether the corpus files have the stats the sidecar recorded (two ``stat`` calls)."""
         corpus = self.recipe.corpus
-        stat = None if corpus is None else corpus_stat(corpus)
-        if sidecar.get("corpus_stat") == stat and sidecar.get("config") == settings:
-            return []  # the same files (two stat calls) and the same settings
+        return sidecar.get("corpus_stat") == (None if corpus is None else corpus_stat(corpus))
+
+    def _changes(
+        self, sidecar: Mapping[str, Any], settings: dict[str, Any], verified: bool
+    ) -> list[str]:
+        """How the corpus and settings differ from those the sidecar recorded (empty: not).
+        The corpus is taken as recorded when the cache is ``verified`` (:meth:`_load_recorded`)."""
+        if (verified or self._corpus_as_recorded(sidecar)) and sidecar.get("config") == settings:
+            return []  # the same files (two stat calls, or a note) and the same settings
         # other stats: hash the contents (a copy of the same corpus is fine)
+        corpus = self.recipe.corpus
         current = {
             "corpus": None if corpus is None else corpus_fingerprint(corpus),
             "config": settings,
