@@ -227,7 +227,7 @@ class IndexCache:
                 for leftover in remove_stale_partials(path):
                     logger.info("removed %s, left by a build that was killed", leftover)
             # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB)
-            with ThreadPoolExecutor(len(self.entry.tables)) as pool:
+            with ThreadPoolExecutor(max(1, len(self.entry.tables))) as pool:
                 list(
                     pool.map(
                         lambda table: self._write_table(table, tables[table]), self.entry.tables
