@@ -233,7 +233,8 @@ def test_processes_opening_an_unnoted_corpus_at_once_check_it_once(
         waiter.join(timeout=0.3)
         assert waiter.is_alive() and not opened  # waits for the lock
         size = os.path.getsize(get_bin_path(prefix))
-        checked.remember_checked(idx, checked.corpus_identity(idx, size), 0)
+        identity = checked.corpus_identity(idx, size)
+        checked.remember_checked(idx, identity, 0, time.time_ns())
     waiter.join(timeout=10)
     assert len(opened) == 1 and calls == []  # the note the first one wrote: no scan
 

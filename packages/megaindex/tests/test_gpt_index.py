@@ -1,5 +1,7 @@
 """The epoch plan and the tables, on figures worked out by hand."""
 
+import tempfile
+
 import numpy
 import pytest
 
@@ -197,6 +199,28 @@ def test_tables_built_side_by_side_and_spilled_equal_the_plain_build(each_backen
     # a spilled document index is the file's read-only mapping, and leaves no file behind
     assert tables.document_index.flags.writeable is not spill
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_spill_that_cannot_be_written_keeps_the_document_index_in_memory(
+    tmp_path, monkeypatch, caplog
+):
+    """A cache folder that cannot be made (here under a file; read-only folders and full disks
+    fail alike) and a temporary folder that cannot either: the build still succeeds, with
+    the tables of the plain build, and says why it kept the document index in memory."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker / "tmp"))
+    lengths = numpy.full(300, 7, dtype=numpy.int32)
+    args = (lengths, numpy.arange(300, dtype=numpy.int32), 200, 8, 3, True, True)
+    with caplog.at_level("WARNING", logger="megaindex.gpt_index"):
+        tables = build_gpt_index_tables(
+            *args, spill_directory=str(blocker / "cache"), spill_min_bytes=0
+        )
+    assert tables.document_index.flags.writeable  # kept in memory
+    _, *expected = reference_tables(*args)
+    for name, reference in zip(TABLES, expected, strict=True):
+        numpy.testing.assert_array_equal(getattr(tables, name), reference, err_msg=name)
+    assert caplog.text.count("cannot be spilled") == 2
 
 
 def test_a_small_document_index_is_not_spilled(tmp_path):

@@ -255,7 +255,8 @@ def test_processes_loading_an_unnoted_copy_at_once_verify_it_once(
         waiter.start()
         waiter.join(timeout=0.3)
         assert waiter.is_alive() and not loaded  # waits for the lock
-        verified.remember_verified(entry, verified.cache_identity(entry, corpus))
+        taken = time.time_ns()
+        verified.remember_verified(entry, verified.cache_identity(entry, corpus), taken)
     waiter.join(timeout=10)
     (train,) = loaded
     assert train.index_source.kind == "cache" and "checksums" not in train.index_source.seconds

@@ -24,7 +24,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import platform
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,12 +40,20 @@ from megafmt.atomic import atomic_write
 from megafmt.fingerprint import file_identity, settled
 from megafmt.remote import default_cache_dir
 
+logger = logging.getLogger(__name__)
+
 #: the notes of corpora that passed the consistency check at open
 CORPORA = "checked"
+#: the longest a process waits for another to finish checking (a lock a dead node holds on a
+#: network file system may never be released): it then checks by itself
+LOCK_WAIT_SECONDS = 300.0
 
 
 def _note_path(path: str, kind: str) -> str:
-    digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:32]
+    """The note of ``path`` on this machine: a cache folder shared by several machines (a home
+    on a network file system) holds one note, and one lock, per machine."""
+    key = f"{platform.node()}\0{os.path.abspath(path)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return os.path.join(default_cache_dir(), kind, f"{digest}.json")
 
 
@@ -62,10 +73,13 @@ def was_checked(path: str, identity: Any, kind: str = CORPORA) -> bool:
         return False
 
 
-def remember_checked(path: str, identity: Any, changed_ns: int, kind: str = CORPORA) -> None:
+def remember_checked(
+    path: str, identity: Any, changed_ns: int, taken_ns: int, kind: str = CORPORA
+) -> None:
     """Note that the files passed the check, unless the newest change time among them
-    (``changed_ns``) is in the last second, or the note cannot be written."""
-    if not settled(changed_ns):
+    (``changed_ns``) was within a second of the moment the identity was taken (``taken_ns``,
+    :func:`time.time_ns` before the ``stat`` calls), or the note cannot be written."""
+    if not settled(changed_ns, taken_ns):
         return
     note_path = _note_path(path, kind)
     note = {"path": os.path.abspath(path), "identity": identity}
@@ -82,16 +96,39 @@ def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
     :func:`was_checked`). Without a lock (a cache folder that cannot be written, no ``flock``)
     nothing waits."""
     lock_path = _note_path(path, kind) + ".lock"
+    fd: int | None
     try:
         os.makedirs(os.path.dirname(lock_path), exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
+        fd = None
+    if fd is None:
         yield
         return
     try:
         if fcntl is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or the process ends
+            _lock(fd, lock_path, path)
         yield
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, lock_path: str, path: str) -> None:
+    """Take the lock, waiting at most :data:`LOCK_WAIT_SECONDS`; then go on without it."""
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "%s: another process has held %s for over %.0f s; checking without it",
+                    path,
+                    lock_path,
+                    LOCK_WAIT_SECONDS,
+                )
+                return
+            time.sleep(0.05)
+        except OSError:  # a file system without locks: each process checks
+            return

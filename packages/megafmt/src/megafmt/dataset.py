@@ -135,12 +135,14 @@ class IndexedDataset:
         self._lengths = self.index.sequence_lengths
         self._pointers = self.index.sequence_pointers
         self._modes = self.index.sequence_modes
+        taken = time.time_ns()
         self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
         if self._checked != checked and not was_checked(self.index.path, self._checked):
             with one_checker(self.index.path):  # the ranks of a node: one reads, one notes
                 if not was_checked(self.index.path, self._checked):
                     check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
-                    remember_checked(self.index.path, self._checked, self._checked[2])  # .idx ctime
+                    changed = self._checked[2]  # the .idx's change time
+                    remember_checked(self.index.path, self._checked, changed, taken)
         self._attach(bin_reader)
 
     def _open_reader(self) -> BinReader:

@@ -89,6 +89,7 @@ def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
             "bin_bytes": bin_bytes,
             "bin_hash": bin_hash,
         }
+    taken = time.time_ns()
     key = (os.path.abspath(path_prefix), *file_identity(idx_path), *file_identity(bin_path))
     if key in _fingerprints:
         return dict(_fingerprints[key])
@@ -100,7 +101,7 @@ def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
         "bin_bytes": bin_bytes,
         "bin_hash": bin_hash,
     }
-    if settled(key[3]) and settled(key[8]):  # the change times of both files
+    if settled(key[3], taken) and settled(key[8], taken):  # the change times of both files
         if len(_fingerprints) >= REMEMBERED_FINGERPRINTS:
             _fingerprints.pop(next(iter(_fingerprints)))
         _fingerprints[key] = dict(fingerprint)
@@ -122,10 +123,11 @@ def file_identity(path: str) -> list[int]:
     ]
 
 
-def settled(change_time_ns: int) -> bool:
-    """Whether a file whose change time is ``change_time_ns`` can be remembered by its identity:
-    it has not changed in the last ``SETTLED_SECONDS``."""
-    return time.time_ns() - change_time_ns >= SETTLED_SECONDS * 1e9
+def settled(change_time_ns: int, taken_ns: int) -> bool:
+    """Whether a file whose change time is ``change_time_ns`` can be remembered by the identity
+    taken at ``taken_ns``: it had not changed for ``SETTLED_SECONDS`` then (a write in the same
+    tick of the file system's clock keeps the change time)."""
+    return taken_ns - change_time_ns >= SETTLED_SECONDS * 1e9
 
 
 def corpus_stat(path_prefix: str) -> dict[str, list[int]]:

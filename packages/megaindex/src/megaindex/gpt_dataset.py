@@ -333,7 +333,7 @@ class GPTDataset(MegatronDataset):
         return text[0], numpy.array(self.sample_spans(idx)[0], dtype=numpy.int64)
 
     def _get_num_tokens_per_epoch(self) -> int:
-        return tokens_per_epoch(self.dataset.sequence_lengths, self.indices)
+        return tokens_per_epoch(self.dataset.sequence_lengths, self._indices)
 
     def _get_num_epochs(self, num_tokens_per_epoch: int) -> int:
         return plan_epochs(

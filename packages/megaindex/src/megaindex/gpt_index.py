@@ -251,16 +251,30 @@ def timed_shuffle_index(
 
 
 def spill(array: numpy.ndarray, directory: str) -> numpy.ndarray:
-    """``array`` written to an unnamed file in ``directory`` (made if missing) and mapped back
-    read-only: its pages belong to the page cache, which the walk can release behind it
-    (:func:`megafmt.shared.release_pages`); the file goes when the last view does."""
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.TemporaryFile(dir=directory) as stream:
-        array.tofile(stream)
-        stream.flush()
-        where = os.path.join(directory, "(an unnamed file of the document index)")
-        data = map_file(where, stream.fileno(), array.nbytes)
-    return data.view(array.dtype).reshape(array.shape)
+    """``array`` written to an unnamed file in ``directory`` (made if missing), or else in the
+    system's temporary folder, and mapped back read-only: its pages belong to the page cache,
+    which the walk can release behind it (:func:`megafmt.shared.release_pages`); the file goes
+    when the last view does. Where neither can hold it (a read-only cache folder, a full disk,
+    a file system without mappings), ``array`` itself: the spill saves memory, it is no
+    condition of the build."""
+    for folder in dict.fromkeys([directory, tempfile.gettempdir()]):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder) as stream:
+                array.tofile(stream)
+                stream.flush()
+                where = os.path.join(folder, "(an unnamed file of the document index)")
+                data = map_file(where, stream.fileno(), array.nbytes)
+            return data.view(array.dtype).reshape(array.shape)
+        except OSError as error:
+            logger.warning(
+                "the document index (%d bytes) cannot be spilled to %s (%s): trying elsewhere "
+                "or keeping it in memory",
+                array.nbytes,
+                folder,
+                error,
+            )
+    return array
 
 
 def expected_sample_count(

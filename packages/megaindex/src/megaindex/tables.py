@@ -219,15 +219,18 @@ class CachedTables:
         entry = cache.entry
         if self._corpus_as_recorded(sidecar) and not changed_tables(entry, sidecar):
             # the very files saved: the checks that read them have nothing to read
-            return self._load_recorded(sidecar, settings, True, None)
+            return self._load_recorded(sidecar, settings, True, None, 0)
+        taken = time.time_ns()
         identity = cache_identity(entry, self.recipe.corpus)
+        if identity is None:  # nothing to note (a corpus in object storage): no one to wait for
+            return self._load_recorded(sidecar, settings, False, None, taken)
         if was_verified(entry, identity):
-            return self._load_recorded(sidecar, settings, True, identity)
+            return self._load_recorded(sidecar, settings, True, identity, taken)
         # processes loading it at once (the ranks of a node) verify it one at a time: the first
         # reads the files and notes them, the others find its note
         with one_checker(entry.sidecar_path, NOTES):
             verified = was_verified(entry, identity)
-            return self._load_recorded(sidecar, settings, verified, identity)
+            return self._load_recorded(sidecar, settings, verified, identity, taken)
 
     def _load_recorded(
         self,
@@ -235,11 +238,12 @@ class CachedTables:
         settings: dict[str, Any],
         verified: bool,
         identity: dict[str, Any] | None,
+        taken_ns: int,
     ) -> dict[str, numpy.ndarray]:
         """The tables of a cache with a sidecar, after comparing the corpus and settings with
         what it recorded and each table with its checksum. ``verified``: the files are the very
         ones saved, or ones this machine verified, and neither check reads them; else both run
-        and ``identity`` is noted once they pass."""
+        and ``identity`` (taken at ``taken_ns``) is noted once they pass."""
         cache = self._cache
         changes = self._changes(sidecar, settings, verified)
         if changes:
@@ -256,7 +260,7 @@ class CachedTables:
             start = time.perf_counter()
             check_checksums(cache.entry, tables, sidecar)
             self.source.seconds["checksums"] = time.perf_counter() - start
-            remember_verified(cache.entry, identity)
+            remember_verified(cache.entry, identity, taken_ns)
         return tables
 
     def _corpus_as_recorded(self, sidecar: Mapping[str, Any]) -> bool:

@@ -54,9 +54,9 @@ def was_verified(entry: CacheEntry, identity: dict[str, Any] | None) -> bool:
     return identity is not None and was_checked(entry.sidecar_path, identity, NOTES)
 
 
-def remember_verified(entry: CacheEntry, identity: dict[str, Any] | None) -> None:
-    """Note that ``entry`` passed its full verification with these files (none changed in the
-    last second)."""
+def remember_verified(entry: CacheEntry, identity: dict[str, Any] | None, taken_ns: int) -> None:
+    """Note that ``entry`` passed its full verification with these files (none changed within
+    a second before ``taken_ns``, when their identities were taken)."""
     if identity is not None:
         newest = max(found[_CHANGE_TIME] for found in identity.values())
-        remember_checked(entry.sidecar_path, identity, newest, NOTES)
+        remember_checked(entry.sidecar_path, identity, newest, taken_ns, NOTES)

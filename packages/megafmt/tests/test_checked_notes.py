@@ -1,0 +1,62 @@
+"""The per-machine notes of checked files and the lock beside them: one note per machine in a
+shared cache folder, a bounded wait for a lock, and no stray context on errors."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from megafmt import checked
+
+
+@pytest.fixture
+def notes(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    target = tmp_path / "corpus.idx"
+    target.write_bytes(b"x")
+    return str(target)
+
+
+def test_machines_sharing_a_cache_folder_keep_notes_of_their_own(notes, monkeypatch):
+    identity = checked.corpus_identity(notes, 1)
+    taken = time.time_ns() + 10**10  # as if taken well after the file last changed
+    monkeypatch.setattr(checked.platform, "node", lambda: "node-a")
+    checked.remember_checked(notes, identity, identity[2], taken)
+    assert checked.was_checked(notes, identity)
+    monkeypatch.setattr(checked.platform, "node", lambda: "node-b")
+    assert not checked.was_checked(notes, identity)  # node-a's note is not node-b's
+
+
+def test_a_file_changed_within_a_second_of_its_identity_is_not_noted(notes):
+    identity = checked.corpus_identity(notes, 1)
+    checked.remember_checked(notes, identity, identity[2], identity[2] + 10**8)  # 0.1 s later
+    assert not checked.was_checked(notes, identity)
+
+
+def test_a_lock_held_too_long_is_given_up_with_a_warning(notes, monkeypatch, caplog):
+    monkeypatch.setattr(checked, "LOCK_WAIT_SECONDS", 0.3)
+    entered = []
+    with checked.one_checker(notes):  # a process that never lets go (a dead node's lock)
+        waiter = threading.Thread(target=lambda: entered.append(_enter(notes)))
+        with caplog.at_level(logging.WARNING, logger="megafmt.checked"):
+            waiter.start()
+            waiter.join(timeout=10)
+    assert entered == [True]
+    assert "checking without it" in caplog.text
+
+
+def _enter(path: str) -> bool:
+    with checked.one_checker(path):
+        return True
+
+
+def test_an_error_while_checking_without_a_lock_carries_no_lock_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(blocker / "notes"))  # no folder can be made here
+    with pytest.raises(ValueError) as caught, checked.one_checker(str(tmp_path / "c.idx")):
+        raise ValueError("the check failed")
+    assert caught.value.__context__ is None
