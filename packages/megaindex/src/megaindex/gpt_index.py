@@ -186,7 +186,9 @@ def build_gpt_index_tables(
             sequence_length,
             add_extra_token,
         )
-    total = table_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
+    total = expected_sample_count(
+        plan, sequence_length, drop_last_partial_sequence, add_extra_token
+    )
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
     random_state = numpy.random.RandomState(random_seed)
     document_index = build_document_index(
@@ -231,16 +233,6 @@ def build_gpt_index_tables(
     return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
 
 
-def table_sample_count(
-    plan: EpochPlan, sequence_length: int, drop_last_partial_sequence: bool, add_extra_token: bool
-) -> int:
-    """The samples the tables of ``plan`` hold: the sample index's rows minus one (none for an
-    empty split, whose sample index is one row)."""
-    if plan.tokens_per_epoch == 0:
-        return 0
-    return expected_sample_count(plan, sequence_length, drop_last_partial_sequence, add_extra_token)
-
-
 def timed_shuffle_index(
     num_samples: int, total_size: int, random_state: numpy.random.RandomState
 ) -> tuple[numpy.ndarray, float]:
@@ -280,7 +272,10 @@ def spill(array: numpy.ndarray, directory: str) -> numpy.ndarray:
 def expected_sample_count(
     plan: EpochPlan, sequence_length: int, drop_last_partial_sequence: bool, add_extra_token: bool
 ) -> int:
-    """The number of samples the tables of ``plan`` hold (without building them)."""
+    """The number of samples the tables of ``plan`` hold (without building them): the sample
+    index's rows minus one, none for an empty split (whose sample index is one row)."""
+    if plan.tokens_per_epoch == 0:
+        return 0
     return sample_count(
         plan.num_epochs,
         plan.tokens_per_epoch,
