@@ -229,3 +229,11 @@ def test_a_small_document_index_is_not_spilled(tmp_path):
         lengths, numpy.arange(100, dtype=numpy.int32), 50, 8, 0, True, True, str(tmp_path)
     )
     assert tables.document_index.flags.writeable  # under SPILL_MIN_BYTES: kept in memory
+
+
+def test_both_backends_refuse_an_empty_document_index_alike(each_backend):
+    out = numpy.zeros((3, 2), numpy.int32)
+    with pytest.raises(ValueError, match="document_index is empty"):
+        backends.implementation().fill_sample_index(
+            numpy.array([3], numpy.int32), numpy.zeros(0, numpy.int32), 2, 0, out, 0, 3
+        )

@@ -18,6 +18,7 @@ import numpy
 
 from megafmt.checked import corpus_identity, one_checker, remember_checked, was_checked
 from megafmt.errors import FormatError
+from megafmt.fingerprint import CHANGE_TIME
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.object_storage import is_msc_url
@@ -141,7 +142,7 @@ class IndexedDataset:
             with one_checker(self.index.path):  # the ranks of a node: one reads, one notes
                 if not was_checked(self.index.path, self._checked):
                     check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
-                    changed = self._checked[2]  # the .idx's change time
+                    changed = self._checked[CHANGE_TIME]  # the .idx's (its identity leads)
                     remember_checked(self.index.path, self._checked, changed, taken)
         self._attach(bin_reader)
 

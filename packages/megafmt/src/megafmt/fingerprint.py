@@ -90,7 +90,8 @@ def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
             "bin_hash": bin_hash,
         }
     taken = time.time_ns()
-    key = (os.path.abspath(path_prefix), *file_identity(idx_path), *file_identity(bin_path))
+    idx_identity, bin_identity = file_identity(idx_path), file_identity(bin_path)
+    key = (os.path.abspath(path_prefix), *idx_identity, *bin_identity)
     if key in _fingerprints:
         return dict(_fingerprints[key])
     idx_bytes, idx_crc = file_checksum(idx_path, "index file")
@@ -101,11 +102,15 @@ def corpus_fingerprint(path_prefix: str) -> dict[str, int | str]:
         "bin_bytes": bin_bytes,
         "bin_hash": bin_hash,
     }
-    if settled(key[3], taken) and settled(key[8], taken):  # the change times of both files
+    if settled(idx_identity[CHANGE_TIME], taken) and settled(bin_identity[CHANGE_TIME], taken):
         if len(_fingerprints) >= REMEMBERED_FINGERPRINTS:
             _fingerprints.pop(next(iter(_fingerprints)))
         _fingerprints[key] = dict(fingerprint)
     return fingerprint
+
+
+#: where a :func:`file_identity` holds the change time
+CHANGE_TIME = 2
 
 
 def file_identity(path: str) -> list[int]:

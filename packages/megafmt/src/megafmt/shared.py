@@ -17,6 +17,7 @@ from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.confinement import confined_path, url_components
 from megafmt.fingerprint import (
+    CHANGE_TIME,
     checksum,
     corpus_fingerprint,
     corpus_stat,
@@ -29,15 +30,17 @@ from megafmt.readers import is_url
 from megafmt.redaction import RedactedMessage, redact
 from megafmt.registry import Registry
 from megafmt.remote import default_cache_dir
-from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer, load_tokenizer
+from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_text_tokenizer, load_tokenizer
 from megafmt.tokenizers.identity import megatron_identifiers
 
 __all__ = [
+    "CHANGE_TIME",
     "Blend",
     "BlendListError",
     "Progress",
     "RedactedMessage",
     "Registry",
+    "Tokenizer",
     "TokenizerOptions",
     "add_tokenizer_arguments",
     "atomic_write",

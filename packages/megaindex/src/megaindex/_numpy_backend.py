@@ -69,6 +69,8 @@ def fill_sample_index(
 ) -> None:
     """Rows [first_row, last_row) of ``out``, the walk resumed from row first_row - 1: the
     documents from there on are read in windows doubled until they hold every row's tokens."""
+    if len(document_index) == 0:
+        raise ValueError("document_index is empty")
     if first_row == 0 and last_row > 0:
         out[0] = 0
         first_row = 1

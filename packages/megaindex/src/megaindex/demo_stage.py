@@ -37,7 +37,9 @@ class IndexStage:
     def run(self, run: DemoRun) -> None:
         settings = run.settings
         weights = [corpus.weight for corpus in run.corpora]
-        tokenizer = IdentifiedTokenizer.from_flags(*run.tokenizer_flags())
+        if run.tokenizer is None:
+            raise ValueError("the index stage needs the tokenizer the tokenizer stage loads")
+        tokenizer = IdentifiedTokenizer.of(run.tokenizer, *run.tokenizer_flags())
         config = GPTDatasetConfig(
             random_seed=settings.seed,
             sequence_length=settings.seq_length,

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from megafmt.protocols import TextTokenizer
-from megafmt.shared import TokenizerOptions, load_tokenizer, megatron_identifiers
+from megafmt.shared import Tokenizer, TokenizerOptions, load_tokenizer, megatron_identifiers
 
 #: megatron-core's NullTokenizer, as its unique_identifiers name it
 MEGATRON_NULL_TOKENIZER = "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer"
@@ -54,7 +54,14 @@ class IdentifiedTokenizer:
         and the rest, as ``mega preprocess`` and Megatron's tools take them): EOD, vocabulary
         size and pad from the tokenizer itself, identifiers as the ``options.compat`` release
         reports them. A cache built with it is the training job's cache."""
-        tokenizer = load_tokenizer(tokenizer_type, options)
+        return cls.of(load_tokenizer(tokenizer_type, options), tokenizer_type, options)
+
+    @classmethod
+    def of(
+        cls, tokenizer: Tokenizer, tokenizer_type: str, options: TokenizerOptions
+    ) -> IdentifiedTokenizer:
+        """The identity of ``tokenizer``, already built from these flags (see
+        :meth:`from_flags`)."""
         if tokenizer.eod is None:
             raise ValueError(f"the {tokenizer_type} tokenizer has no end-of-document token")
         return cls(

@@ -26,12 +26,11 @@ from __future__ import annotations
 from typing import Any
 
 from megafmt import get_bin_path, get_idx_path
-from megafmt.shared import file_identity, is_url, remember_checked, was_checked
+from megafmt.shared import CHANGE_TIME, file_identity, is_url, remember_checked, was_checked
 from megaindex.cache import CacheEntry
 
 #: megafmt's cache folder holds the notes in this folder
 NOTES = "verified"
-_CHANGE_TIME = 2  # in a file_identity
 
 
 def cache_identity(entry: CacheEntry, corpus: str | None) -> dict[str, Any] | None:
@@ -58,5 +57,5 @@ def remember_verified(entry: CacheEntry, identity: dict[str, Any] | None, taken_
     """Note that ``entry`` passed its full verification with these files (none changed within
     a second before ``taken_ns``, when their identities were taken)."""
     if identity is not None:
-        newest = max(found[_CHANGE_TIME] for found in identity.values())
+        newest = max(found[CHANGE_TIME] for found in identity.values())
         remember_checked(entry.sidecar_path, identity, newest, taken_ns, NOTES)

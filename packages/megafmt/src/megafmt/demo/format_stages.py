@@ -61,10 +61,8 @@ class CorporaStage:
             if corpus.source is None:
                 print(f"   {corpus.name}: the preprocessed corpus {corpus.prefix}")
                 continue
-            count, size = 0, 0
-            for text in iter_jsonl_texts(corpus.source):
-                count, size = count + 1, size + len(text)
-            print(f"   {corpus.name}: {count} documents, {size / 1e6:.2f} M characters of text")
+            size = corpus.source.stat().st_size / 1e6
+            print(f"   {corpus.name}: {corpus.source} ({size:.2f} MB of jsonl)")
 
 
 class TokenizerStage:
@@ -84,7 +82,7 @@ class TokenizerStage:
             run.tokenizer_type = "HuggingFaceTokenizer"
             run.tokenizer_options = TokenizerOptions(model=str(folder))
             print(f"   trained a byte-level BPE of {vocab_size} tokens: {folder}")
-        tokenizer = load_tokenizer(*run.tokenizer_flags())
+        tokenizer = run.tokenizer = load_tokenizer(*run.tokenizer_flags())
         if tokenizer.eod is None:
             raise ValueError(
                 f"--tokenizer-type {run.tokenizer_type}: the tour needs a tokenizer with an "
@@ -151,7 +149,7 @@ class DecodeStage:
         pass
 
     def run(self, run: DemoRun) -> None:
-        tokenizer = load_tokenizer(*run.tokenizer_flags())
+        tokenizer = run.tokenizer
         if not isinstance(tokenizer, TextTokenizer):
             print(f"   the {tokenizer.name} tokenizer cannot turn ids into text: nothing decoded")
             return

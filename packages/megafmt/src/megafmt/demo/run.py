@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy
 
-from megafmt.tokenizers import TokenizerOptions
+from megafmt.tokenizers import Tokenizer, TokenizerOptions
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ class DemoRun:
     corpora: list[DemoCorpus] = field(default_factory=list)
     tokenizer_type: str | None = None
     tokenizer_options: TokenizerOptions | None = None
+    tokenizer: Tokenizer | None = None
+    """The tokenizer the tokenizer stage loaded from ``tokenizer_type`` and its options."""
     eod: int | None = None
     datasets: list[TrainingSplits | None] = field(default_factory=list)
     """The train, valid and test splits of the blend (None: a split of no samples)."""
