@@ -26,6 +26,8 @@ import numpy
 
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
+from megafmt.tokenizers.huggingface_segments import JoinedEncoder, segment_plan
+from megafmt.tokenizers.segments import SegmentEncoder
 
 GPT2_EOD = "<|endoftext|>"
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
@@ -123,6 +125,12 @@ class HuggingFaceTokenizer:
         self.pad = None if pad_token is None else tokenizer.token_to_id(pad_token)
         self.fingerprint = fingerprint_of(self.name, files, eod_token, special, list(added_tokens))
         self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+        plan = segment_plan(tokenizer, special)
+        self._plan = plan
+        self._segments = None
+        if plan is not None:
+            library = import_library("tokenizers", self.name, "tokenizers")
+            self._segments = SegmentEncoder(JoinedEncoder(tokenizer, library))
 
     @classmethod
     def from_options(cls, options: TokenizerOptions) -> HuggingFaceTokenizer:
@@ -187,8 +195,16 @@ class HuggingFaceTokenizer:
         )
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        encodings = self._encode(list(texts), add_special_tokens=self._special)
-        return [encoding.ids for encoding in encodings]
+        """The ids of each text, by segments where that is proven for this tokenizer.json
+        (:mod:`megafmt.tokenizers.huggingface_segments`), else by the library whole."""
+        if self._segments is None:
+            encodings = self._encode(list(texts), add_special_tokens=self._special)
+            return [encoding.ids for encoding in encodings]
+        encoded = self._segments.encode_batch(texts)
+        prefix, suffix = list(self._plan.prefix), list(self._plan.suffix)
+        if prefix or suffix:
+            return [prefix + ids + suffix for ids in encoded]
+        return encoded
 
     # ---- Megatron's library tokenizer methods (megafmt.protocols.TextTokenizer) --------------
 
