@@ -16,7 +16,7 @@ import itertools
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +27,7 @@ from megafmt.errors import MegafmtError
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+from megafmt.tokenizers.base import ArrayTokenizer
 
 
 class BadLine(MegafmtError, ValueError):
@@ -94,6 +95,11 @@ class Encoder:
     def __init__(self, settings: EncodeSettings) -> None:
         self.settings = settings
         self.tokenizer = load_tokenizer(settings.tokenizer_type, settings.tokenizer_options)
+        self._encode_batch: Callable[[list[str]], Sequence[Sequence[int]]] = (
+            self.tokenizer.encode_batch_arrays
+            if isinstance(self.tokenizer, ArrayTokenizer)
+            else self.tokenizer.encode_batch
+        )
         self.dtype = numpy.dtype(settings.dtype)
         self._limits = (int(numpy.iinfo(self.dtype).min), int(numpy.iinfo(self.dtype).max))
         self._split = (
@@ -128,19 +134,21 @@ class Encoder:
                 )
         return sentences
 
-    def _tokenize(self, documents: list[dict[str, list[str]]]) -> dict[str, list[list[list[int]]]]:
+    def _tokenize(
+        self, documents: list[dict[str, list[str]]]
+    ) -> dict[str, list[list[Sequence[int]]]]:
         """For each key, each document's sentences as ids, in one tokenizer call per key."""
         result = {}
         for key in self.settings.json_keys:
-            flat = self.tokenizer.encode_batch([s for d in documents for s in d[key]])
+            flat = self._encode_batch([s for d in documents for s in d[key]])
             bounds = itertools.accumulate((len(d[key]) for d in documents), initial=0)
             result[key] = [flat[a:b] for a, b in itertools.pairwise(bounds)]
         return result
 
-    def _out_of_range(self, ids: list[list[int]]) -> str | None:
+    def _out_of_range(self, ids: list[Sequence[int]]) -> str | None:
         low, high = self._limits
         for sentence in ids:
-            if sentence and (min(sentence) < low or max(sentence) > high):
+            if len(sentence) and (min(sentence) < low or max(sentence) > high):
                 bad = next(i for i in sentence if not low <= i <= high)
                 return f"token id {bad} does not fit the output dtype {self.dtype.name}"
         return None
@@ -169,40 +177,53 @@ class Encoder:
             offsets = [offset for offset, _ in keep]
             documents = [document for _, document in keep]
             ids = self._tokenize(documents)
-        wrong = {}
-        for key in self.settings.json_keys:
-            for position, document_ids in enumerate(ids[key]):
-                reason = self._out_of_range(document_ids) if position not in wrong else None
-                if reason:
-                    wrong[position] = reason
-        if wrong:
+        try:
+            keys = {key: self._assemble(ids[key]) for key in self.settings.json_keys}
+            fit = all(self._fits(encoded.tokens) for encoded in keys.values())
+        except OverflowError:  # an id beyond 64 bits
+            fit = False
+        if not fit:
+            wrong = {}  # the documents holding an id the dtype cannot, and the first such id
+            for key in self.settings.json_keys:
+                for position, document_ids in enumerate(ids[key]):
+                    reason = self._out_of_range(document_ids) if position not in wrong else None
+                    if reason:
+                        wrong[position] = reason
             bad += [(chunk.first_line + offsets[p], reason) for p, reason in wrong.items()]
             offsets = [o for p, o in enumerate(offsets) if p not in wrong]
             ids = {k: [d for p, d in enumerate(v) if p not in wrong] for k, v in ids.items()}
+            keys = {key: self._assemble(ids[key]) for key in self.settings.json_keys}
         bad.sort()
-        keys = {key: self._assemble(ids[key]) for key in self.settings.json_keys}
+        for encoded in keys.values():
+            encoded.tokens = encoded.tokens.astype(self.dtype)
         return EncodedChunk(
             chunk.file, chunk.start, numpy.array(offsets, numpy.int64), keys, bad, chunk.nbytes
         )
 
-    def _assemble(self, documents: list[list[list[int]]]) -> EncodedKey:
+    def _fits(self, tokens: numpy.ndarray) -> bool:
+        """Whether every id of ``tokens`` fits the output dtype."""
+        low, high = self._limits
+        return tokens.size == 0 or (int(tokens.min()) >= low and int(tokens.max()) <= high)
+
+    def _assemble(self, documents: list[list[Sequence[int]]]) -> EncodedKey:
         eod = self.tokenizer.eod if self.settings.append_eod else None
-        pieces: list[list[int]] = []
+        pieces: list[Sequence[int]] = []
         lengths: list[int] = []
         per_document: list[int] = []
         for sentences in documents:
             before = len(lengths)
             for sentence in sentences:
-                if sentence:
+                if len(sentence):
                     pieces.append(sentence)
                     lengths.append(len(sentence))
             if eod is not None and len(lengths) > before:
                 pieces.append([eod])
                 lengths[-1] += 1
             per_document.append(len(lengths) - before)
-        total = sum(lengths)
-        tokens = numpy.fromiter(
-            itertools.chain.from_iterable(pieces), dtype=self.dtype, count=total
+        tokens = (
+            numpy.concatenate([numpy.asarray(piece, dtype=numpy.int64) for piece in pieces])
+            if pieces
+            else numpy.empty(0, dtype=numpy.int64)
         )
         return EncodedKey(
             tokens,

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+import numpy
+
 from megafmt.errors import MissingFileError, PluginError
 
 #: the two Megatron releases whose tokenizers differ: the seed commit (the default) and the
@@ -111,6 +113,16 @@ class Tokenizer(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """The ids of each text, special tokens not added (Megatron's ``tokenize``)."""
+        ...
+
+
+@runtime_checkable
+class ArrayTokenizer(Protocol):
+    """A tokenizer that can also give each text's ids as a numpy array: preprocessing then
+    never makes a Python int per token (the library's buffer becomes the array)."""
+
+    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
+        """The ids of each text, as ``encode_batch`` gives them, as 1-D integer arrays."""
         ...
 
 

@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
+
 from megafmt.errors import FormatError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
 from megafmt.tokenizers.segments import TEKKEN_PATTERN
@@ -128,14 +130,18 @@ class TikTokenTokenizer:
         return cls(encoding, vocab_size, eod, pad, fingerprint, special)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Megatron's ``encode(text, allowed_special="all")`` of each text. A text without the
-        character every special token holds can hold no special token, and for it that call
-        equals ``encode_ordinary``, which skips the search for the (by default 1000) special
-        tokens: several times faster on short documents."""
+        """Megatron's ``encode(text, allowed_special="all")`` of each text."""
+        return [ids.tolist() for ids in self.encode_batch_arrays(texts)]
+
+    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
+        """``encode_batch`` as arrays, straight from the library's buffer. A text without the
+        character every special token holds can hold no special token, and for it Megatron's
+        call equals one that allows none, which skips building the set of the (by default
+        1000) special tokens: several times faster on short documents."""
         encoding, mark = self._encoding, self._special_mark
         return [
-            encoding.encode_ordinary(text)
+            encoding.encode_to_numpy(text, disallowed_special=())
             if mark is not None and mark not in text
-            else encoding.encode(text, allowed_special="all")
+            else encoding.encode_to_numpy(text, allowed_special="all")
             for text in texts
         ]
