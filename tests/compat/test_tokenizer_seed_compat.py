@@ -34,6 +34,7 @@ from megafmt.cli.main import main
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.sft.testing import write_sft_tokenizer
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+from megafmt.tokenizers.base import ArrayTokenizer
 from megafmt.tokenizers.identity import megatron_identifiers
 from megaindex.tokenizer import IdentifiedTokenizer
 
@@ -433,5 +434,11 @@ def test_tiktoken_ids_equal_the_seed_s_with_and_without_special_tokens_in_the_te
     with_mark = sum("<" in text for text in texts)
     assert 50 < with_mark < 250  # both paths taken often
     for flags in flag_sets(files)["tiktoken"]:
-        mine = load_tokenizer(*parsed(flags)).encode_batch(texts)
-        assert mine == seed_tok.call("seed_tokenizers:tokenize", flags, texts), flags
+        tokenizer = load_tokenizer(*parsed(flags))
+        theirs = seed_tok.call("seed_tokenizers:tokenize", flags, texts)
+        assert tokenizer.encode_batch(texts) == theirs, flags
+        # preprocessing takes them as arrays, straight from the library's buffer
+        assert isinstance(tokenizer, ArrayTokenizer)
+        arrays = tokenizer.encode_batch_arrays(texts)
+        assert all(ids.ndim == 1 and ids.dtype.kind in "iu" for ids in arrays)
+        assert [ids.tolist() for ids in arrays] == theirs, flags

@@ -2,14 +2,23 @@
 
     .venv/bin/python tools/bench/bench_preprocess.py [--size-mb 200] [--workers 2]
         [--tokenizer huggingface|tiktoken] [--rounds 1] [--reference megatron-core|seed]
-        [--rows FILE]
+        [--corpora synthetic prose code] [--rows FILE]
 
-Writes a jsonl of ``--size-mb`` MB of synthetic text and trains a byte-level BPE
-tokenizer.json on part of it (offline, a few seconds); ``--tokenizer tiktoken`` turns its
-tokens into a tiktoken vocabulary (the 256 bytes, then the merged tokens in id order), which
-needs ``--reference seed`` (megatron-core's tool steps here are HuggingFace's). With
-``--rounds N`` the two sides run N times each, alternating, on a machine whose load changes:
-the ratio of each round is printed and the median round is reported.
+Each corpus is a jsonl of up to ``--size-mb`` MB, with a byte-level BPE tokenizer.json trained
+on part of it (offline, a few seconds):
+
+- ``synthetic``: documents of Zipf-distributed pseudo-words, one space between words (the most
+  repetitive text: what a tokenizer's caches like best);
+- ``prose``: English text that ships with Python, the language reference's help topics and the
+  standard library's docstrings (indented lines; about 2.5 MB, whatever ``--size-mb``);
+- ``code``: the standard library's own source files, one document each (indentation, long
+  identifiers, rarely repeated lines: the least favourable for word caches).
+
+``--tokenizer tiktoken`` turns the trained tokens into a tiktoken vocabulary (the 256 bytes,
+then the merged tokens in id order), which needs ``--reference seed`` (megatron-core's tool
+steps here are HuggingFace's). With ``--rounds N`` the two sides run N times each, alternating,
+on a machine whose load changes: the ratio of each round is printed and the median round is
+reported.
 
 The baseline is Megatron's tool as it works: with ``--reference seed``, the seed commit's own
 tools/preprocess_data.py (its ``main``, in this process); with ``megatron-core`` (whose wheel
@@ -22,7 +31,9 @@ whether the outputs are byte-identical. Files go to ``build/bench/preprocess`` a
 
 from __future__ import annotations
 
+import argparse
 import base64
+import bisect
 import contextlib
 import filecmp
 import importlib
@@ -30,8 +41,10 @@ import itertools
 import json
 import shutil
 import sys
+import sysconfig
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import benchreport
@@ -46,24 +59,59 @@ from megafmt.preprocess import PreprocessConfig, preprocess  # noqa: E402
 from megafmt.tokenizers import TokenizerOptions  # noqa: E402
 
 
-def make_input(path: Path, size_mb: float, seed: int = 0) -> int:
-    """Documents of Zipf-distributed pseudo-words, ~0.2-6 KB each; returns the line count."""
+def synthetic_documents(seed: int = 0) -> Iterator[str]:
+    """Documents of Zipf-distributed pseudo-words, ~0.2-6 KB each, 4000 distinct ones in turn."""
     rng = numpy.random.default_rng(seed)
     letters = numpy.array(list("abcdefghijklmnopqrstuvwxyzéü"))
     words = ["".join(rng.choice(letters, rng.integers(1, 10))) for _ in range(20000)]
     documents = []
-    for _ in range(4000):  # distinct documents, reused in turn
+    for _ in range(4000):
         ids = numpy.minimum(rng.zipf(1.2, rng.integers(40, 1000)), len(words)) - 1
         text = " ".join(words[i] for i in ids)
-        documents.append(json.dumps({"text": text.capitalize() + "."}) + "\n")
+        documents.append(text.capitalize() + ".")
+    return itertools.cycle(documents)
+
+
+def prose_documents() -> Iterator[str]:
+    """The language reference's help topics, then the standard library's docstrings."""
+    from megafmt.demo.corpora import library_docstrings, reference_topics
+
+    return itertools.chain(reference_topics(), library_docstrings(10**6))
+
+
+def code_documents() -> Iterator[str]:
+    """The standard library's source files, one document each, in path order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.rglob("*.py")):
+        try:
+            yield path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+
+
+CORPORA: dict[str, Callable[[], Iterator[str]]] = {
+    "synthetic": synthetic_documents,
+    "prose": prose_documents,
+    "code": code_documents,
+}
+
+
+def make_input(path: Path, size_mb: float, corpus: str = "synthetic") -> int:
+    """Up to ``size_mb`` MB of ``corpus`` as jsonl (less if it runs out); the line count."""
     lines, written, limit = 0, 0, size_mb * 1e6
     with open(path, "w", encoding="utf-8") as stream:
-        while written < limit:
-            line = documents[lines % len(documents)]
+        for text in CORPORA[corpus]():
+            if written >= limit:
+                break
+            line = json.dumps({"text": text}) + "\n"
             stream.write(line)
             written += len(line.encode())
             lines += 1
     return lines
+
+
+#: At most this many characters of a corpus train its tokenizer (the first 4000 documents).
+TRAINING_TEXT = 4_000_000
 
 
 def train_tokenizer(directory: Path, sample: Path, vocab_size: int) -> None:
@@ -80,6 +128,9 @@ def train_tokenizer(directory: Path, sample: Path, vocab_size: int) -> None:
     )
     with open(sample, encoding="utf-8") as stream:
         texts = [json.loads(line)["text"] for line in itertools.islice(stream, 4000)]
+    texts = texts[
+        : max(1, bisect.bisect(list(itertools.accumulate(map(len, texts))), TRAINING_TEXT))
+    ]
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.save(str(directory / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
@@ -151,23 +202,15 @@ def reference_tool(
     ]
 
 
-def main() -> None:
-    parser = benchreport.parser(__doc__)
-    parser.add_argument("--size-mb", type=float, default=200)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--vocab-size", type=int, default=8192)
-    parser.add_argument("--tokenizer", choices=sorted(TOKENIZER_TYPES), default="huggingface")
-    parser.add_argument("--rounds", type=int, default=1)
-    args = parser.parse_args()
-    if args.tokenizer == "tiktoken" and REFERENCE != "seed":
-        parser.error("--tokenizer tiktoken needs --reference seed")
+def bench_corpus(corpus: str, args: argparse.Namespace, report: benchreport.Report) -> None:
+    """The rounds of both sides on one corpus, and its figure."""
     tokenizer_type = TOKENIZER_TYPES[args.tokenizer]
     work = ROOT / "build" / "bench" / "preprocess"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
         source = work / "input.jsonl"
-        lines = make_input(source, args.size_mb)
+        lines = make_input(source, args.size_mb, corpus)
         train_tokenizer(work, source, args.vocab_size)
         options = TokenizerOptions(model=str(work))
         described = f"HuggingFace byte-level BPE, vocab {args.vocab_size}"
@@ -175,10 +218,9 @@ def main() -> None:
             options = write_tiktoken_vocab(work)
             described = f"tiktoken (the same BPE tokens), vocab {options.vocab_size}"
         conditions = (
-            f"jsonl, {lines:,} documents, {source.stat().st_size / 1e6:.3g} MB, "
+            f"{corpus} jsonl, {lines:,} documents, {source.stat().st_size / 1e6:.3g} MB, "
             f"{args.workers} workers, {described}, --append-eod"
         )
-        report = benchreport.Report("preprocess", REFERENCE, args.rows)
         report.heading(f"preprocess: {conditions}")
         run_reference = reference_tool(
             tokenizer_type, options, source, work / "reference" / "out", args.workers
@@ -216,7 +258,7 @@ def main() -> None:
         ]
         tokens = int(IndexedDataset(ours).sequence_lengths.sum())
         report.compare(
-            "preprocess throughput",
+            f"preprocess throughput, {corpus}",
             ours=tokens / our_seconds / 1e6,
             theirs=tokens / reference_seconds / 1e6,
             unit="M tokens/s",
@@ -232,6 +274,22 @@ def main() -> None:
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = benchreport.parser(__doc__)
+    parser.add_argument("--size-mb", type=float, default=200)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--tokenizer", choices=sorted(TOKENIZER_TYPES), default="huggingface")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--corpora", nargs="+", choices=sorted(CORPORA), default=list(CORPORA))
+    args = parser.parse_args()
+    if args.tokenizer == "tiktoken" and REFERENCE != "seed":
+        parser.error("--tokenizer tiktoken needs --reference seed")
+    report = benchreport.Report("preprocess", REFERENCE, args.rows)
+    for corpus in args.corpora:
+        bench_corpus(corpus, args, report)
 
 
 if __name__ == "__main__":
