@@ -406,3 +406,48 @@ def test_parquet_input_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # importing it raises ImportError
     with pytest.raises(PluginError, match=r"in\.parquet: .*needs pyarrow.*megafmt\[parquet\]"):
         run(tmp_path, str(tmp_path / "in.parquet"))
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "huggingface"])
+def test_a_lone_surrogate_is_a_bad_line_that_names_it(tmp_path, tokenizer):
+    """JSON can escape half of a surrogate pair, which is no UTF-8: the bytes tokenizer raises
+    ValueError on it, the tokenizers library TypeError; either way the line is named."""
+    settings = {}
+    if tokenizer == "huggingface":
+        tokenizers = pytest.importorskip("tokenizers")
+        vocab = {"h": 0, "e": 1, "l": 2, "o": 3, "w": 4, "r": 5, "d": 6, "Ġ": 7}
+        bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, []))
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.save(str(tmp_path / "tokenizer.json"))
+        settings = {
+            "tokenizer_type": "huggingface",
+            "tokenizer_options": TokenizerOptions(model=str(tmp_path)),
+        }
+    lines = ['{"text": "hello"}', '{"text": "caf\\ud83d world"}', '{"text": "world"}']
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    with pytest.raises(BadInputError, match=r"line 2: a lone surrogate U\+D83D at character 3"):
+        run(tmp_path, source, **settings)
+    summary = run(tmp_path, source, skip_bad_lines=True, **settings)
+    assert len(documents(summary.outputs["text"])) == 2
+    assert (
+        "in.jsonl:2 (a lone surrogate U+D83D at character 3 is not UTF-8)"
+        in (summary.first_skipped[0])
+    )
+
+
+def test_an_id_beyond_64_bits_is_a_bad_line_not_an_overflow(tmp_path):
+    lines = ['{"text": "1"}', '{"text": "3 99999999999999999999"}', '{"text": "2"}']
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    summary = run(tmp_path, source, skip_bad_lines=True, **NULL)
+    assert documents(summary.outputs["text"]) == [[[1]], [[2]]]
+    assert summary.first_skipped == [
+        f"{source}:2 (token id 99999999999999999999 does not fit the output dtype uint16)"
+    ]
+
+
+def test_an_end_of_document_id_the_dtype_cannot_hold_is_refused_before_any_work(tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1"}])
+    options = TokenizerOptions(vocab_size=100, null_eod_id=70000)
+    with pytest.raises(PluginError, match="end-of-document id 70000 does not fit uint16"):
+        run(tmp_path, source, append_eod=True, tokenizer_type="null", tokenizer_options=options)
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")

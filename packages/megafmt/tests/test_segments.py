@@ -5,15 +5,16 @@ characters where engines and Unicode versions disagree about whitespace."""
 import itertools
 import json
 import random
+import types
 
 import pytest
 
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
 from megafmt.tokenizers.huggingface_segments import (
-    SEPARATOR,
     JoinedEncoder,
     SegmentPlan,
     segment_plan,
+    separator_of,
 )
 from megafmt.tokenizers.segments import (
     GPT4O_PATTERN,
@@ -214,8 +215,9 @@ SHAPES = {
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_segments_give_the_ids_of_the_whole_text(shape):
     tokenizer = SHAPES[shape]()
-    assert segment_plan(tokenizer, add_special_tokens=False) == SegmentPlan()
-    segments = SegmentEncoder(JoinedEncoder(tokenizer, tokenizers), mostly_new=1.0)
+    plan = segment_plan(tokenizer, add_special_tokens=False)
+    assert (plan.prefix, plan.suffix, plan.separator) == ((), (), ("<eos>", 0))
+    segments = SegmentEncoder(JoinedEncoder(tokenizer, plan.separator), mostly_new=1.0)
     for seed in range(3):
         texts = random_texts(seed)
         whole = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -230,7 +232,7 @@ def test_a_template_puts_its_tokens_around_the_segments(tmp_path):
         [tokenizers.processors.ByteLevel(trim_offsets=False), template]
     )
     trained = tokenizer_of(split_then_bytes(LLAMA3_PATTERN), post_processor=processors)
-    assert segment_plan(trained, add_special_tokens=True) == SegmentPlan((1,), (0,))
+    assert segment_plan(trained, add_special_tokens=True) == SegmentPlan((1,), (0,), ("<eos>", 0))
     trained.save(str(tmp_path / "tokenizer.json"))
     # the plugin, with special tokens added as the seed commit adds them
     tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=str(tmp_path)))
@@ -271,17 +273,51 @@ def test_a_tokenizer_the_cut_is_not_proven_for_is_encoded_whole(why):
 def test_special_tokens_need_a_plain_template():
     roberta = tokenizers.processors.RobertaProcessing(("</s>", 0), ("<s>", 1))
     tokenizer = tokenizer_of(byte_level(), post_processor=roberta)
-    assert segment_plan(tokenizer, add_special_tokens=False) == SegmentPlan()
+    assert segment_plan(tokenizer, add_special_tokens=False).prefix == ()
     assert segment_plan(tokenizer, add_special_tokens=True) is None
 
 
 def test_joined_texts_come_back_apart_and_a_text_holding_the_separator_alone():
     tokenizer = SHAPES["gpt2"]()
-    joined = JoinedEncoder(tokenizer, tokenizers)
-    texts = random_texts(7, 2000)  # many groups of GROUP_CHARACTERS
+    texts = random_texts(7, 2000)  # many groups of GROUP_CHARACTERS; some hold "<eos>"
+    assert 0 < sum("<eos>" in text for text in texts) < len(texts) / 2
     alone = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    assert joined(texts) == alone
-    texts[5] += SEPARATOR
-    alone = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    assert joined(texts) == alone
-    assert joined([]) == []
+    for separator in (("<eos>", 0), None):  # joined by it, or one by one
+        assert JoinedEncoder(tokenizer, separator)(texts) == alone
+    assert JoinedEncoder(tokenizer, ("<eos>", 0))([]) == []
+
+
+def test_the_separator_is_a_raw_added_token_without_border_or_stripping():
+    def token(content, id, **flags):
+        return {"content": content, "id": id, "special": True, "normalized": False, **flags}
+
+    assert separator_of([]) is None
+    assert separator_of([token("<s>", 1), token("<|endoftext|>", 0)]) == ("<|endoftext|>", 0)
+    assert separator_of([token("<s>", 1), token("<pad>", 2, special=False)]) == ("<s>", 1)
+    refused = [
+        token("<s><s", 3),  # "<s" begins and ends it: a second one could overlap a join
+        token("aba", 4),
+        token("<mask>", 5, lstrip=True),
+        token("<x>", 6, single_word=True),
+        token("<y>", 7, normalized=True),
+        token("", 8),
+    ]
+    assert separator_of(refused) is None
+
+
+def test_a_group_the_library_did_not_keep_apart_is_encoded_text_by_text():
+    """Should the separator ever not come back where it was put, the group's texts are each
+    encoded alone by the library: never ids split at a wrong place."""
+    tokenizer = SHAPES["gpt2"]()
+    joined = JoinedEncoder(tokenizer, ("<eos>", 0))
+    library = joined._encode
+
+    def losing_a_separator(groups, add_special_tokens):
+        encodings = library(groups, add_special_tokens=add_special_tokens)
+        first = encodings[0].ids
+        broken = types.SimpleNamespace(ids=[i for i in first if i != 0])
+        return [broken, *encodings[1:]]
+
+    joined._encode = losing_a_separator
+    texts = random_texts(8, 600)
+    assert joined(texts) == [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]

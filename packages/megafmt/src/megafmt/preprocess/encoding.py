@@ -166,14 +166,14 @@ class Encoder:
                 bad.append((chunk.first_line + offset, str(error)))
         try:
             ids = self._tokenize(documents)
-        except ValueError:  # some text the tokenizer refuses: find which, one document at a time
+        except REFUSALS:  # some text the tokenizer refuses: find which, one document at a time
             keep = []
             for offset, document in zip(offsets, documents, strict=True):
                 try:
                     self._tokenize([document])
                     keep.append((offset, document))
-                except ValueError as error:
-                    bad.append((chunk.first_line + offset, str(error)))
+                except REFUSALS as error:
+                    bad.append((chunk.first_line + offset, _refusal(document, error)))
             offsets = [offset for offset, _ in keep]
             documents = [document for _, document in keep]
             ids = self._tokenize(documents)
@@ -221,7 +221,7 @@ class Encoder:
                 lengths[-1] += 1
             per_document.append(len(lengths) - before)
         tokens = (
-            numpy.concatenate([numpy.asarray(piece, dtype=numpy.int64) for piece in pieces])
+            numpy.concatenate([_as_int64(piece) for piece in pieces])
             if pieces
             else numpy.empty(0, dtype=numpy.int64)
         )
@@ -230,6 +230,32 @@ class Encoder:
             numpy.array(lengths, dtype=numpy.int32),
             numpy.array(per_document, dtype=numpy.int64),
         )
+
+
+#: What a tokenizer raises for a text it cannot take (a lone surrogate: not UTF-8, say)
+REFUSALS = (ValueError, TypeError)
+
+
+def _refusal(document: dict[str, list[str]], error: Exception) -> str:
+    """Why the tokenizer refused ``document``: its first lone surrogate, if it holds one (the
+    libraries' own messages do not say), else the library's message."""
+    for sentences in document.values():
+        for sentence in sentences:
+            try:
+                sentence.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                character = ord(sentence[bad.start])
+                return f"a lone surrogate U+{character:04X} at character {bad.start} is not UTF-8"
+    return str(error)
+
+
+def _as_int64(ids: Sequence[int]) -> numpy.ndarray:
+    """``ids`` as int64; OverflowError for an id beyond it (not a silent wrap)."""
+    if not isinstance(ids, numpy.ndarray):
+        return numpy.asarray(ids, dtype=numpy.int64)  # OverflowError by itself
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > numpy.iinfo(numpy.int64).max:
+        raise OverflowError(f"token id {int(ids.max())} is beyond 64 bits")
+    return ids.astype(numpy.int64, copy=False)
 
 
 _ENCODER: Encoder | None = None

@@ -167,6 +167,14 @@ def load_checked_tokenizer(config: PreprocessConfig) -> Tokenizer:
         raise PluginError(
             f"--append-eod: the {config.tokenizer_type} tokenizer has no end-of-document token"
         )
+    dtype = numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size))
+    limits = numpy.iinfo(dtype)
+    if config.append_eod and not limits.min <= tokenizer.eod <= limits.max:
+        raise PluginError(
+            f"--append-eod: the {config.tokenizer_type} tokenizer's end-of-document id "
+            f"{tokenizer.eod} does not fit {dtype.name}, the dtype of its vocabulary size "
+            f"{tokenizer.vocab_size}"
+        )
     if config.split_sentences:
         load_splitter(config.lang, config.keep_newlines)  # fail here, not in every worker
     return tokenizer

@@ -127,10 +127,9 @@ class HuggingFaceTokenizer:
         self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
         plan = segment_plan(tokenizer, special)
         self._plan = plan
-        self._segments = None
-        if plan is not None:
-            library = import_library("tokenizers", self.name, "tokenizers")
-            self._segments = SegmentEncoder(JoinedEncoder(tokenizer, library))
+        self._segments = (
+            None if plan is None else SegmentEncoder(JoinedEncoder(tokenizer, plan.separator))
+        )
 
     @classmethod
     def from_options(cls, options: TokenizerOptions) -> HuggingFaceTokenizer:

@@ -10,20 +10,22 @@ own description:
   space is added only at the start of the text or of a piece, where a segment starts too;
 - a BPE model without dropout: the model sees one piece at a time;
 - no added token that holds a space (a cut could fall inside it) or strips the whitespace on
-  its right (it would reach into the next segment), or holds the :data:`SEPARATOR`;
+  its right (it would reach into the next segment);
 - no truncation, no padding;
 - with special tokens added, a post-processor that adds none (``ByteLevel``), or a template for
   a single text with fixed tokens before and after it.
 
-The segments a process has not seen yet are encoded together: joined by a :data:`SEPARATOR`
-that a copy of the tokenizer holds as a special token, which the library splits the text at
-before any other stage, so each segment is encoded as if alone; the library's cost per text
-(about 13 us, as much as 25 characters of text) is then paid once per group of them.
+The segments a process has not seen yet are encoded together, joined by one of the
+tokenizer's own added tokens (:func:`separator_of`): the library splits a text at its added
+tokens before any other stage, so each segment is encoded as if alone, and the library's cost
+per text (about 13 us, as much as 25 characters of text) is paid once per group of them. A
+segment that holds the separator is encoded alone, and so is every segment of a group whose
+separators did not all come back (never seen: a longer added token could take one in).
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +34,6 @@ import numpy
 
 from megafmt.tokenizers.segments import GPT2_PATTERN, SEGMENTABLE_PATTERNS
 
-#: A private-use character: made a special token of a copy of the tokenizer, it keeps the
-#: segments encoded in one call apart.
-SEPARATOR = "\ue000"
 #: About how many characters of texts are joined into one: long enough that the library's cost
 #: per text is paid rarely, short enough to stay in the processor's caches (measured: 4 to 16 K
 #: characters encode 30% faster than one text each, and 10% faster than 64 K).
@@ -49,6 +48,8 @@ class SegmentPlan:
     """Ids the post-processor puts before the text's."""
     suffix: tuple[int, ...] = ()
     """Ids it puts after them."""
+    separator: tuple[str, int] | None = None
+    """The added token (and its id) that joins segments encoded together; None: one by one."""
 
 
 def _pattern(pre_tokenizer: dict[str, Any] | None) -> str | None:
@@ -102,6 +103,25 @@ def _template(post_processor: dict[str, Any] | None) -> SegmentPlan | None:
     return SegmentPlan(tuple(before), tuple(after)) if texts == 1 else None
 
 
+def separator_of(added_tokens: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """An added token that can join texts encoded together (and its id): matched on the raw
+    text, stripping nothing, and with no border (no proper prefix that is also a suffix), so
+    that where no text holds it, the joined string holds it exactly at the joins."""
+    usable = [
+        token
+        for token in added_tokens
+        if (content := token.get("content") or "")
+        and not any(token.get(flag) for flag in ("lstrip", "rstrip", "single_word"))
+        and not token.get("normalized")
+        and not any(content[:k] == content[-k:] for k in range(1, len(content)))
+    ]
+    if not usable:
+        return None
+    # a special token, the longest: the least likely to be in a text
+    best = max(usable, key=lambda token: (bool(token.get("special")), len(token["content"])))
+    return best["content"], int(best["id"])
+
+
 def segment_plan(tokenizer: Any, add_special_tokens: bool) -> SegmentPlan | None:
     """How ``tokenizer`` (a ``tokenizers.Tokenizer``) encodes a text from its segments, or
     None when that is not proven for it."""
@@ -114,48 +134,61 @@ def segment_plan(tokenizer: Any, add_special_tokens: bool) -> SegmentPlan | None
     model = config.get("model") or {}
     if model.get("type") != "BPE" or model.get("dropout"):
         return None
-    for token in config.get("added_tokens") or []:
-        content = token.get("content", " ")
-        if " " in content or SEPARATOR in content or token.get("rstrip"):
-            return None
+    added = config.get("added_tokens") or []
+    if any(" " in token.get("content", " ") or token.get("rstrip") for token in added):
+        return None
     if config.get("truncation") is not None or config.get("padding") is not None:
         return None
-    return _template(config.get("post_processor")) if add_special_tokens else SegmentPlan()
+    plan = _template(config.get("post_processor")) if add_special_tokens else SegmentPlan()
+    return None if plan is None else dataclasses.replace(plan, separator=separator_of(added))
 
 
 class JoinedEncoder:
     """Encodes a list of texts, each as if alone, in groups of about :data:`GROUP_CHARACTERS`
-    joined by the :data:`SEPARATOR` (see the module docstring)."""
+    joined by the plan's separator (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, library: Any) -> None:
+    def __init__(self, tokenizer: Any, separator: tuple[str, int] | None) -> None:
         self._tokenizer = tokenizer
-        joined = library.Tokenizer.from_str(tokenizer.to_str())
-        joined.add_special_tokens([library.AddedToken(SEPARATOR, special=True, normalized=False)])
-        self._separator = joined.token_to_id(SEPARATOR)
-        self._encode = getattr(joined, "encode_batch_fast", joined.encode_batch)
+        self._separator = separator
+        self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         """The ids of each of ``texts`` alone, no special tokens added."""
-        if any(SEPARATOR in text for text in texts):
-            return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
-        bounds = [0]
-        size = 0
-        for position, text in enumerate(texts, start=1):
-            size += len(text) + 1
-            if size >= GROUP_CHARACTERS:
-                bounds.append(position)
-                size = 0
-        if bounds[-1] != len(texts):
-            bounds.append(len(texts))
-        groups = [SEPARATOR.join(texts[a:b]) for a, b in itertools.pairwise(bounds)]
-        encoded: list[list[int]] = []
-        for encoding, (a, b) in zip(
-            self._encode(groups, add_special_tokens=False), itertools.pairwise(bounds), strict=True
-        ):
-            ids = encoding.ids
-            ends = numpy.flatnonzero(numpy.array(ids) == self._separator).tolist()
-            if len(ends) != b - a - 1:
-                raise AssertionError(f"{b - a} texts joined, {len(ends) + 1} came back")
-            starts = [0, *(end + 1 for end in ends)]
-            encoded += [ids[s:e] for s, e in zip(starts, [*ends, len(ids)], strict=True)]
-        return encoded
+        encoded: list[list[int] | None] = [None] * len(texts)
+        if self._separator is not None:
+            separator, separator_id = self._separator
+            plain = [position for position, text in enumerate(texts) if separator not in text]
+            groups = _groups(plain, [len(texts[position]) + 1 for position in plain])
+            joined = [separator.join(texts[position] for position in group) for group in groups]
+            for group, encoding in zip(
+                groups, self._encode(joined, add_special_tokens=False), strict=True
+            ):
+                ids = encoding.ids
+                ends = numpy.flatnonzero(numpy.array(ids) == separator_id).tolist()
+                if len(ends) != len(group) - 1:  # not kept apart: each alone, below
+                    continue
+                starts = [0, *(end + 1 for end in ends)]
+                for position, a, b in zip(group, starts, [*ends, len(ids)], strict=True):
+                    encoded[position] = ids[a:b]
+        alone = [position for position, ids in enumerate(encoded) if ids is None]
+        if alone:
+            encodings = self._encode([texts[p] for p in alone], add_special_tokens=False)
+            for position, encoding in zip(alone, encodings, strict=True):
+                encoded[position] = encoding.ids
+        return encoded  # type: ignore[return-value]
+
+
+def _groups(items: list[int], sizes: list[int]) -> list[list[int]]:
+    """``items`` in runs whose ``sizes`` add up to about :data:`GROUP_CHARACTERS`."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for item, size in zip(items, sizes, strict=True):
+        current.append(item)
+        total += size
+        if total >= GROUP_CHARACTERS:
+            groups.append(current)
+            current, total = [], 0
+    if current:
+        groups.append(current)
+    return groups

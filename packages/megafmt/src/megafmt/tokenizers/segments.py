@@ -66,8 +66,9 @@ _WHITESPACE_THEN_SPACE = re.compile(f"[\\s{FORMER_WHITESPACE}] ")
 _SPACE_AFTER_NON_WHITESPACE = re.compile(f"(?<=[^\\s{FORMER_WHITESPACE}]) ")
 
 #: How many first segments, and how many later ones, a process keeps the ids of; past it that
-#: cache starts again.
-CAPACITY = 1 << 18
+#: cache starts again (about 25 MiB each when full, for segments of 6 characters and 2 ids;
+#: a batch's own segments come on top).
+CAPACITY = 1 << 17
 #: Segments longer than this (characters) are encoded each time, not kept.
 LONGEST = 64
 #: A batch whose new segments hold more than this share of its characters may be encoded
@@ -111,6 +112,7 @@ class SegmentEncoder:
         """The ids of a text's first segment."""
         self._spaced: dict[str, list[int]] = {}
         """The ids of ``" " + key``: a later segment."""
+        self._interned: dict[int, int] = {}
         self._seconds_per_character: dict[bool, float] = {}
         """By segments (True) and whole (False): the last batch's time per character."""
         self._by_segments = True
@@ -146,7 +148,8 @@ class SegmentEncoder:
         new_spaced = self._missing(self._spaced, spaced)
         new = [*new_firsts, *(" " + segment for segment in new_spaced)]
         if new:
-            ids = self._encode(new)
+            intern = self._interned.setdefault  # one int object per id, however many segments
+            ids = [list(map(intern, sequence, sequence)) for sequence in self._encode(new)]
             count = len(new_firsts)
             self._first.update(zip(new_firsts, ids[:count], strict=True))
             self._spaced.update(zip(new_spaced, ids[count:], strict=True))
