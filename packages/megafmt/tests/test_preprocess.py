@@ -8,6 +8,7 @@ import gzip
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from megafmt import IndexedDataset, IndexedDatasetBuilder, read_manifest
 from megafmt.cli.main import main
 from megafmt.errors import PluginError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
+from megafmt.preprocess.encoding import Encoder, EncodeSettings
+from megafmt.preprocess.inputs import Chunk
 from megafmt.tokenizers import TokenizerOptions
 
 
@@ -425,14 +428,12 @@ def test_a_lone_surrogate_is_a_bad_line_that_names_it(tmp_path, tokenizer):
         }
     lines = ['{"text": "hello"}', '{"text": "caf\\ud83d world"}', '{"text": "world"}']
     source = write_jsonl(tmp_path / "in.jsonl", lines)
-    with pytest.raises(BadInputError, match=r"line 2: a lone surrogate U\+D83D at character 3"):
+    why = "key 'text' holds a lone surrogate U+D83D at character 3, which is not UTF-8"
+    with pytest.raises(BadInputError, match=re.escape(f"line 2: {why}")):
         run(tmp_path, source, **settings)
     summary = run(tmp_path, source, skip_bad_lines=True, **settings)
     assert len(documents(summary.outputs["text"])) == 2
-    assert (
-        "in.jsonl:2 (a lone surrogate U+D83D at character 3 is not UTF-8)"
-        in (summary.first_skipped[0])
-    )
+    assert summary.first_skipped == [f"{source}:2 ({why})"]
 
 
 def test_an_id_beyond_64_bits_is_a_bad_line_not_an_overflow(tmp_path):
@@ -451,3 +452,16 @@ def test_an_end_of_document_id_the_dtype_cannot_hold_is_refused_before_any_work(
     with pytest.raises(PluginError, match="end-of-document id 70000 does not fit uint16"):
         run(tmp_path, source, append_eod=True, tokenizer_type="null", tokenizer_options=options)
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
+def test_a_type_error_that_is_no_refused_text_stops_the_run(monkeypatch):
+    """A TypeError is a bad line only for a text that is not UTF-8; any other is a fault to
+    see, not a line to skip (with --skip-bad-lines it would empty the corpus)."""
+    encoder = Encoder(EncodeSettings("bytes", TokenizerOptions(), ("text",), False, "uint16"))
+
+    def broken(texts):
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(encoder, "_encode_batch", broken)
+    with pytest.raises(TypeError, match="a bug"):
+        encoder.encode(Chunk("in.jsonl", 1, 0, [b'{"text": "a"}'], 13))

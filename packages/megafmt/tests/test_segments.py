@@ -13,6 +13,7 @@ from megafmt.tokenizers import TokenizerOptions, load_tokenizer
 from megafmt.tokenizers.huggingface_segments import (
     JoinedEncoder,
     SegmentPlan,
+    producible_ids,
     segment_plan,
     separator_of,
 )
@@ -291,9 +292,11 @@ def test_the_separator_is_a_raw_added_token_without_border_or_stripping():
     def token(content, id, **flags):
         return {"content": content, "id": id, "special": True, "normalized": False, **flags}
 
-    assert separator_of([]) is None
-    assert separator_of([token("<s>", 1), token("<|endoftext|>", 0)]) == ("<|endoftext|>", 0)
-    assert separator_of([token("<s>", 1), token("<pad>", 2, special=False)]) == ("<s>", 1)
+    assert separator_of([], set()) is None
+    best = [token("<s>", 1), token("<|endoftext|>", 0)]
+    assert separator_of(best, {5, 6}) == ("<|endoftext|>", 0)
+    assert separator_of(best, {0}) == ("<s>", 1)  # an id the model gives text is no separator
+    assert separator_of([token("<s>", 1), token("<pad>", 2, special=False)], set()) == ("<s>", 1)
     refused = [
         token("<s><s", 3),  # "<s" begins and ends it: a second one could overlap a join
         token("aba", 4),
@@ -301,8 +304,31 @@ def test_the_separator_is_a_raw_added_token_without_border_or_stripping():
         token("<x>", 6, single_word=True),
         token("<y>", 7, normalized=True),
         token("", 8),
+        token("sep>", 9),  # a word character at an end: single_word tokens see it
+        token("<sep_", 10),
     ]
-    assert separator_of(refused) is None
+    assert separator_of(refused, set()) is None
+
+
+def test_the_ids_a_bpe_model_can_give_text_are_its_characters_and_merges():
+    model = {"vocab": {"a": 0, "b": 1, "ab": 2, "<s>": 3, "abb": 4}, "merges": ["a b", ["ab", "b"]]}
+    assert producible_ids(model) == {0, 1, 2, 4}
+    assert producible_ids(model | {"ignore_merges": True}) == {0, 1, 2, 3, 4}
+
+
+def test_joined_ids_hold_beside_single_word_tokens_and_model_ids_of_added_tokens():
+    """A single_word token beside the separator, and an added token that is also a byte-level
+    vocabulary string (its id the model's for "\\n"): found by a review, refused since."""
+    tokenizer = SHAPES["gpt2"]()
+    tokenizer.add_special_tokens([AddedToken("xyzsep", normalized=False)])
+    tokenizer.add_tokens([AddedToken("foo", single_word=True, normalized=False)])
+    tokenizer.add_special_tokens([AddedToken("Ċ", normalized=False)])  # the model's "\n"
+    tokenizer.add_tokens([AddedToken("qĊ", normalized=False)])
+    plan = segment_plan(tokenizer, add_special_tokens=False)
+    assert plan.separator == ("<eos>", 0)
+    texts = ["a", "foo", "foo", "b", "aq", "b", "x\ny", "c"] * 300
+    alone = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    assert JoinedEncoder(tokenizer, plan.separator)(texts) == alone
 
 
 def test_a_group_the_library_did_not_keep_apart_is_encoded_text_by_text():

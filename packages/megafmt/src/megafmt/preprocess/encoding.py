@@ -173,7 +173,10 @@ class Encoder:
                     self._tokenize([document])
                     keep.append((offset, document))
                 except REFUSALS as error:
-                    bad.append((chunk.first_line + offset, _refusal(document, error)))
+                    why = _refusal(document, error)
+                    if why is None:  # a TypeError, and no text the tokenizer could refuse
+                        raise
+                    bad.append((chunk.first_line + offset, why))
             offsets = [offset for offset, _ in keep]
             documents = [document for _, document in keep]
             ids = self._tokenize(documents)
@@ -232,21 +235,26 @@ class Encoder:
         )
 
 
-#: What a tokenizer raises for a text it cannot take (a lone surrogate: not UTF-8, say)
+#: What a tokenizer raises for a text it cannot take: ValueError (some text it refuses), or
+#: TypeError (the tokenizers library, for a text that is not UTF-8)
 REFUSALS = (ValueError, TypeError)
 
 
-def _refusal(document: dict[str, list[str]], error: Exception) -> str:
-    """Why the tokenizer refused ``document``: its first lone surrogate, if it holds one (the
-    libraries' own messages do not say), else the library's message."""
-    for sentences in document.values():
+def _refusal(document: dict[str, list[str]], error: Exception) -> str | None:
+    """Why the tokenizer refused ``document``: the first lone surrogate it holds (the
+    libraries' own messages do not say), else the library's message for a ValueError, else
+    None (a TypeError without one is a fault, not a bad line)."""
+    for key, sentences in document.items():
         for sentence in sentences:
             try:
                 sentence.encode("utf-8")
             except UnicodeEncodeError as bad:
                 character = ord(sentence[bad.start])
-                return f"a lone surrogate U+{character:04X} at character {bad.start} is not UTF-8"
-    return str(error)
+                return (
+                    f"key {key!r} holds a lone surrogate U+{character:04X} at character "
+                    f"{bad.start}, which is not UTF-8"
+                )
+    return str(error) if isinstance(error, ValueError) else None
 
 
 def _as_int64(ids: Sequence[int]) -> numpy.ndarray:

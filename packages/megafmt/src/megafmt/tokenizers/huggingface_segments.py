@@ -103,10 +103,13 @@ def _template(post_processor: dict[str, Any] | None) -> SegmentPlan | None:
     return SegmentPlan(tuple(before), tuple(after)) if texts == 1 else None
 
 
-def separator_of(added_tokens: list[dict[str, Any]]) -> tuple[str, int] | None:
+def separator_of(added_tokens: list[dict[str, Any]], model_ids: set[int]) -> tuple[str, int] | None:
     """An added token that can join texts encoded together (and its id): matched on the raw
-    text, stripping nothing, and with no border (no proper prefix that is also a suffix), so
-    that where no text holds it, the joined string holds it exactly at the joins."""
+    text, stripping nothing; with no border (no proper prefix that is also a suffix), so that
+    where no text holds it the joined string holds it exactly at the joins; with no letter,
+    digit or ``_`` at its ends, so that a ``single_word`` token beside it sees a word boundary
+    as at a text's end; and with an id the model never gives a piece of text (not one of
+    ``model_ids``)."""
     usable = [
         token
         for token in added_tokens
@@ -114,12 +117,37 @@ def separator_of(added_tokens: list[dict[str, Any]]) -> tuple[str, int] | None:
         and not any(token.get(flag) for flag in ("lstrip", "rstrip", "single_word"))
         and not token.get("normalized")
         and not any(content[:k] == content[-k:] for k in range(1, len(content)))
+        and not _word_character(content[0])
+        and not _word_character(content[-1])
+        and int(token["id"]) not in model_ids
     ]
     if not usable:
         return None
     # a special token, the longest: the least likely to be in a text
     best = max(usable, key=lambda token: (bool(token.get("special")), len(token["content"])))
     return best["content"], int(best["id"])
+
+
+def producible_ids(model: dict[str, Any]) -> set[int]:
+    """The ids a BPE model can give a piece of text: its single characters and what its merges
+    make (every id, where a whole piece in the vocabulary skips the merges, or where prefixes
+    and suffixes join in). A token of the vocabulary that no merge makes (a special token the
+    trainer put there) it never gives."""
+    vocab: dict[str, int] = model.get("vocab") or {}
+    if any(
+        model.get(key)
+        for key in ("ignore_merges", "continuing_subword_prefix", "end_of_word_suffix")
+    ):
+        return set(vocab.values())
+    merged = {
+        "".join(merge.split(" ") if isinstance(merge, str) else merge)
+        for merge in model.get("merges") or []
+    }
+    return {id for token, id in vocab.items() if len(token) == 1 or token in merged}
+
+
+def _word_character(character: str) -> bool:
+    return character.isalnum() or character == "_"
 
 
 def segment_plan(tokenizer: Any, add_special_tokens: bool) -> SegmentPlan | None:
@@ -140,7 +168,8 @@ def segment_plan(tokenizer: Any, add_special_tokens: bool) -> SegmentPlan | None
     if config.get("truncation") is not None or config.get("padding") is not None:
         return None
     plan = _template(config.get("post_processor")) if add_special_tokens else SegmentPlan()
-    return None if plan is None else dataclasses.replace(plan, separator=separator_of(added))
+    separator = separator_of(added, producible_ids(model))
+    return None if plan is None else dataclasses.replace(plan, separator=separator)
 
 
 class JoinedEncoder:
