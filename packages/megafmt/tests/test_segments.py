@@ -218,7 +218,7 @@ def test_segments_give_the_ids_of_the_whole_text(shape):
     tokenizer = SHAPES[shape]()
     plan = segment_plan(tokenizer, add_special_tokens=False)
     assert (plan.prefix, plan.suffix, plan.separator) == ((), (), ("<eos>", 0))
-    segments = SegmentEncoder(JoinedEncoder(tokenizer, plan.separator), mostly_new=1.0)
+    segments = SegmentEncoder(JoinedEncoder(tokenizer.encode_batch, plan.separator), mostly_new=1.0)
     for seed in range(3):
         texts = random_texts(seed)
         whole = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -284,8 +284,8 @@ def test_joined_texts_come_back_apart_and_a_text_holding_the_separator_alone():
     assert 0 < sum("<eos>" in text for text in texts) < len(texts) / 2
     alone = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
     for separator in (("<eos>", 0), None):  # joined by it, or one by one
-        assert JoinedEncoder(tokenizer, separator)(texts) == alone
-    assert JoinedEncoder(tokenizer, ("<eos>", 0))([]) == []
+        assert JoinedEncoder(tokenizer.encode_batch, separator)(texts) == alone
+    assert JoinedEncoder(tokenizer.encode_batch, ("<eos>", 0))([]) == []
 
 
 def test_the_separator_is_a_raw_added_token_without_border_or_stripping():
@@ -328,22 +328,25 @@ def test_joined_ids_hold_beside_single_word_tokens_and_model_ids_of_added_tokens
     assert plan.separator == ("<eos>", 0)
     texts = ["a", "foo", "foo", "b", "aq", "b", "x\ny", "c"] * 300
     alone = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    assert JoinedEncoder(tokenizer, plan.separator)(texts) == alone
+    assert JoinedEncoder(tokenizer.encode_batch, plan.separator)(texts) == alone
 
 
 def test_a_group_the_library_did_not_keep_apart_is_encoded_text_by_text():
     """Should the separator ever not come back where it was put, the group's texts are each
     encoded alone by the library: never ids split at a wrong place."""
     tokenizer = SHAPES["gpt2"]()
-    joined = JoinedEncoder(tokenizer, ("<eos>", 0))
-    library = joined._encode
+    calls = []
 
-    def losing_a_separator(groups, add_special_tokens):
-        encodings = library(groups, add_special_tokens=add_special_tokens)
-        first = encodings[0].ids
-        broken = types.SimpleNamespace(ids=[i for i in first if i != 0])
+    def losing_a_separator(texts, add_special_tokens):
+        """The library, but the first joined group loses its separators."""
+        calls.append(len(texts))
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        if len(calls) > 1:
+            return encodings
+        broken = types.SimpleNamespace(ids=[i for i in encodings[0].ids if i != 0])
         return [broken, *encodings[1:]]
 
-    joined._encode = losing_a_separator
     texts = random_texts(8, 600)
+    joined = JoinedEncoder(losing_a_separator, ("<eos>", 0))
     assert joined(texts) == [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    assert len(calls) == 2  # the joined groups, then the lost group's texts one by one

@@ -128,7 +128,7 @@ class HuggingFaceTokenizer:
         plan = segment_plan(tokenizer, special)
         self._plan = plan
         self._segments = (
-            None if plan is None else SegmentEncoder(JoinedEncoder(tokenizer, plan.separator))
+            None if plan is None else SegmentEncoder(JoinedEncoder(self._encode, plan.separator))
         )
 
     @classmethod

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,10 +177,11 @@ class JoinedEncoder:
     """Encodes a list of texts, each as if alone, in groups of about :data:`GROUP_CHARACTERS`
     joined by the plan's separator (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, separator: tuple[str, int] | None) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self, encode: Callable[..., list[Any]], separator: tuple[str, int] | None) -> None:
+        """``encode``: the library's batch encoding (``Tokenizer.encode_batch_fast``, or
+        ``encode_batch`` where the library has no fast one)."""
+        self._encode = encode
         self._separator = separator
-        self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         """The ids of each of ``texts`` alone, no special tokens added."""
