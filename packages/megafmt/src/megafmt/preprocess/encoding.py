@@ -167,19 +167,17 @@ class Encoder:
         try:
             ids = self._tokenize(documents)
         except REFUSALS:  # some text the tokenizer refuses: find which, one document at a time
-            keep = []
+            kept = []  # (offset, the document's ids per key)
             for offset, document in zip(offsets, documents, strict=True):
                 try:
-                    self._tokenize([document])
-                    keep.append((offset, document))
+                    kept.append((offset, self._tokenize([document])))
                 except REFUSALS as error:
                     why = _refusal(document, error)
                     if why is None:  # a TypeError, and no text the tokenizer could refuse
                         raise
                     bad.append((chunk.first_line + offset, why))
-            offsets = [offset for offset, _ in keep]
-            documents = [document for _, document in keep]
-            ids = self._tokenize(documents)
+            offsets = [offset for offset, _ in kept]
+            ids = {key: [alone[key][0] for _, alone in kept] for key in self.settings.json_keys}
         try:
             keys = {key: self._assemble(ids[key]) for key in self.settings.json_keys}
             fit = all(self._fits(encoded.tokens) for encoded in keys.values())

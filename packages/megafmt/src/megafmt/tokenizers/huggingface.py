@@ -17,6 +17,7 @@ special tokens are the ones the config files declare (named, plus ``extra_specia
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ import numpy
 
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
-from megafmt.tokenizers.huggingface_segments import JoinedEncoder, segment_plan
+from megafmt.tokenizers.huggingface_segments import JoinedEncoder, SegmentPlan, segment_plan
 from megafmt.tokenizers.segments import SegmentEncoder
 
 GPT2_EOD = "<|endoftext|>"
@@ -125,11 +126,6 @@ class HuggingFaceTokenizer:
         self.pad = None if pad_token is None else tokenizer.token_to_id(pad_token)
         self.fingerprint = fingerprint_of(self.name, files, eod_token, special, list(added_tokens))
         self._encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-        plan = segment_plan(tokenizer, special)
-        self._plan = plan
-        self._segments = (
-            None if plan is None else SegmentEncoder(JoinedEncoder(self._encode, plan.separator))
-        )
 
     @classmethod
     def from_options(cls, options: TokenizerOptions) -> HuggingFaceTokenizer:
@@ -199,11 +195,22 @@ class HuggingFaceTokenizer:
         if self._segments is None:
             encodings = self._encode(list(texts), add_special_tokens=self._special)
             return [encoding.ids for encoding in encodings]
-        encoded = self._segments.encode_batch(texts)
-        prefix, suffix = list(self._plan.prefix), list(self._plan.suffix)
+        plan, segments = self._segments
+        encoded = segments.encode_batch(texts)
+        prefix, suffix = list(plan.prefix), list(plan.suffix)
         if prefix or suffix:
             return [prefix + ids + suffix for ids in encoded]
         return encoded
+
+    @functools.cached_property
+    def _segments(self) -> tuple[SegmentPlan, SegmentEncoder] | None:
+        """The plan and the encoder by segments, or None: made on the first batch, so that a
+        tokenizer loaded for something else (decoding, FIM) does not read its whole
+        description (megabytes of JSON for a large vocabulary)."""
+        plan = segment_plan(self._tokenizer, self._special)
+        if plan is None:
+            return None
+        return plan, SegmentEncoder(JoinedEncoder(self._encode, plan.separator))
 
     # ---- Megatron's library tokenizer methods (megafmt.protocols.TextTokenizer) --------------
 
