@@ -30,7 +30,8 @@ PACKAGES = ROOT / "packages"
 CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
 TEST_REQUIREMENTS = ROOT / "requirements" / "test.txt"
 SOURCE_PARTS = ("pyproject.toml", "CMakeLists.txt", "README.md", "src", "csrc")
-#: what every package's build reads outside its own folder: the one version, the build hooks
+#: what every package's build reads from outside its own folder, through the links there
+#: (VERSION, pinned_dependencies.py; each sdist carries copies): the one version, the build hooks
 SHARED_BUILD_INPUTS = (ROOT / "VERSION", ROOT / "tools" / "build")
 
 

@@ -1,0 +1,1 @@
+../../tools/build/pinned_dependencies.py
