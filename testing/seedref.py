@@ -47,8 +47,17 @@ DEFAULT_ARCHIVE = REPO_ROOT.parent / "shared" / "reference" / f"{SOURCE_NAME}.ta
 EXTRACT_ROOT = REPO_ROOT / "build" / "seed"
 
 
+#: set (to 1) where a missing archive must fail the tests that need it instead of skipping them:
+#: CI, which always has it
+REQUIRE_SEED_VARIABLE = "MEGA_REQUIRE_SEED"
+
+
 class SeedReferenceMissing(RuntimeError):
-    """The seed commit's archive is not where the harness looks for it."""
+    """The seed commit's code cannot be run here: its archive, or what its environment needs."""
+
+
+class SeedArchiveMissing(SeedReferenceMissing):
+    """The seed commit's source archive is not where the harness looks for it."""
 
 
 class SeedRaised(Exception):
@@ -68,11 +77,28 @@ class SeedRaised(Exception):
 def archive_path() -> Path:
     path = Path(os.environ.get("MEGATRON_SEED_ARCHIVE", DEFAULT_ARCHIVE))
     if not path.is_file():
-        raise SeedReferenceMissing(
-            f"the seed commit's source archive {path} does not exist; set MEGATRON_SEED_ARCHIVE "
-            "to megatron-lm-e03878b5f.tar.gz (see ../shared/reference/README.md)"
-        )
+        raise SeedArchiveMissing(missing_archive_message(path))
     return path
+
+
+def missing_archive_message(path: Path) -> str:
+    return (
+        f"the seed commit's source archive {path} does not exist; set MEGATRON_SEED_ARCHIVE "
+        f"to {SOURCE_NAME}.tar.gz (Megatron-LM at commit {SEED_COMMIT})"
+    )
+
+
+def seed_unavailable() -> str | None:
+    """Why the seed commit's code cannot run here (its archive is missing), or None when it can.
+    Where ``MEGA_REQUIRE_SEED`` is set the answer is always None, so whatever needs the seed
+    runs and fails loudly."""
+    if os.environ.get(REQUIRE_SEED_VARIABLE):
+        return None
+    try:
+        archive_path()
+    except SeedArchiveMissing as missing:
+        return str(missing)
+    return None
 
 
 def _installed_helpers() -> tuple[Path, Path]:

@@ -2,15 +2,19 @@
 references, lands in one markdown table. (Timing figures are not checked: benchmarks print
 ratios, tests assert behaviour.)"""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "bench"))
 import benchreport  # noqa: E402
 import run_all  # noqa: E402
 
+RUN_ALL = (sys.executable, str(ROOT / "tools" / "bench" / "run_all.py"))
 HEADER = "| figure | ours | reference | ratio | conditions | date | machine |"
 
 
@@ -34,6 +38,7 @@ def test_a_figure_of_zero_makes_the_ratio_undefined_not_a_division_error():
     assert report.compare("t", ours=0, theirs=1, unit="s").ratio_text == "n/a"
 
 
+@pytest.mark.seed
 def test_run_all_quick_writes_one_table_with_both_references(tmp_path):
     output = tmp_path / "benchmarks.md"
     done = subprocess.run(
@@ -78,3 +83,22 @@ def test_run_all_refuses_an_unknown_benchmark():
         timeout=60,
     )
     assert done.returncode == 2 and "unknown benchmark(s) ['nonsense']" in done.stderr
+
+
+def test_run_all_without_the_seed_archive_says_what_it_left_out(tmp_path):
+    output = tmp_path / "benchmarks.md"
+    environment = {**os.environ, "MEGATRON_SEED_ARCHIVE": str(tmp_path / "absent.tar.gz")}
+    environment.pop("MEGA_REQUIRE_SEED", None)
+    done = subprocess.run(
+        [*RUN_ALL, "--only", "fim", "--quick", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = "the seed commit's reference (bench_fim): the seed commit's source archive"
+    assert f"skipping {said}" in done.stdout and "absent.tar.gz" in done.stdout
+    text = output.read_text(encoding="utf-8")
+    assert f"**Not measured in this run:** {said}" in text
+    assert text.rstrip().endswith(HEADER.rstrip() + "\n|---|---|---|---|---|---|---|")

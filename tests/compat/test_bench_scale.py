@@ -5,6 +5,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "tools" / "bench"
 SCRIPT = BENCH / "bench_scale.py"
 sys.path.insert(0, str(BENCH))
@@ -19,6 +21,7 @@ def load_bench():
     return module
 
 
+@pytest.mark.seed
 def test_both_sides_build_identical_tables_at_a_minute_scale(tmp_path, capsys):
     bench = load_bench()
     results = bench.run(scale=1e-5, workdir=tmp_path / "work", hit_processes=0)

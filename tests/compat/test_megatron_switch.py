@@ -43,6 +43,7 @@ def seed_batch_keys() -> list[str]:
     return ast.literal_eval(assignment.value)
 
 
+@pytest.mark.seed
 def test_batch_keys_are_the_seed_commit_s_in_its_order() -> None:
     from megadist import BATCH_KEYS, Batch
 
@@ -100,6 +101,7 @@ def switched_rank(tp: int, cp: int, pp: int) -> dict:
 
 
 @pytest.mark.parametrize(("tp", "cp", "pp"), [(2, 2, 1), (2, 1, 2)])
+@pytest.mark.seed
 def test_switched_get_batch_returns_the_seed_commit_s_ten_values_per_rank(
     tp: int, cp: int, pp: int
 ) -> None:
@@ -144,6 +146,7 @@ def switched_hybrid_rank() -> dict:
         mpu.destroy_model_parallel()
 
 
+@pytest.mark.seed
 def test_switched_get_batch_splits_over_megatron_s_hybrid_cp_groups() -> None:
     full = loader_batch()["tokens"][:1]
     for rank, report in enumerate(run_distributed(switched_hybrid_rank, 4)):

@@ -83,6 +83,7 @@ def seed_shares(batches: list[dict]) -> list[list[dict]]:
             worker.close()
 
 
+@pytest.mark.seed
 def test_tp2_cp2_sft_shares_equal_the_seed_s_get_batch(tmp_path):
     batches = sft_batches(tmp_path)
     assert any(len(b["cu_seqlens"][0]) > 2 for b in batches)  # several packed conversations

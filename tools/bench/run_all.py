@@ -32,6 +32,9 @@ from pathlib import Path
 import benchreport
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "testing"))
+from seedref import seed_unavailable  # noqa: E402  (test support, beside the benchmarks)
+
 DEFAULT_OUTPUT = ROOT / "docs" / "benchmarks.md"
 BOTH = ("megatron-core", "seed")
 
@@ -143,9 +146,13 @@ def table(rows: list[benchreport.Row], date: str, host: str) -> str:
 
 
 def document(
-    rows: list[benchreport.Row], quick: bool, load: tuple[float, ...], seconds: float
+    rows: list[benchreport.Row],
+    quick: bool,
+    load: tuple[float, ...],
+    seconds: float,
+    left_out: str = "",
 ) -> str:
-    """The whole markdown file: what was run, how to read it, the table."""
+    """The whole markdown file: what was run, how to read it, what was left out, the table."""
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     host = machine()
     size = "`--quick` (smoke-test sizes: these figures say little)" if quick else "`make bench`"
@@ -165,7 +172,9 @@ def document(
         "megatron.training.utils, which needs CUDA, so megadist replays its protocol; the SFT "
         "jsonl reader of the seed commit is `datasets.load_dataset`). Every figure the scripts "
         "state is listed, unfavourable ones included; see each script's docstring in "
-        "`tools/bench/` for what it measures.\n\n" + table(rows, date, host)
+        "`tools/bench/` for what it measures.\n\n"
+        + (f"**Not measured in this run:** {left_out}.\n\n" if left_out else "")
+        + table(rows, date, host)
     )
 
 
@@ -190,23 +199,32 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; available: {', '.join(known)}")
     references = {name for name in args.references.split(",") if name}
+    runs = [
+        (known[name], reference)
+        for name in wanted
+        for reference in known[name].references
+        if not references or reference in references
+    ]
+    left_out = ""
+    missing_seed = seed_unavailable()
+    if missing_seed and any(reference == "seed" for _, reference in runs):
+        skipped = [f"bench_{b.name}" for b, reference in runs if reference == "seed"]
+        runs = [(b, reference) for b, reference in runs if reference != "seed"]
+        left_out = f"the seed commit's reference ({', '.join(skipped)}): {missing_seed}"
+        print(f"skipping {left_out}", flush=True)
     load = os.getloadavg()
     start = time.perf_counter()
     durations = []
     with tempfile.TemporaryDirectory(prefix="bench_rows") as folder:
         rows_file = Path(folder) / "rows.jsonl"
         rows_file.touch()
-        for name in wanted:
-            benchmark = known[name]
-            for reference in benchmark.references:
-                if references and reference not in references:
-                    continue
-                seconds = run_benchmark(benchmark, reference, args.quick, rows_file)
-                durations.append((f"bench_{name} against {reference}", seconds))
+        for benchmark, reference in runs:
+            seconds = run_benchmark(benchmark, reference, args.quick, rows_file)
+            durations.append((f"bench_{benchmark.name} against {reference}", seconds))
         rows = benchreport.read_rows(rows_file)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(
-        document(rows, args.quick, load, time.perf_counter() - start), encoding="utf-8"
+        document(rows, args.quick, load, time.perf_counter() - start, left_out), encoding="utf-8"
     )
     print(f"\n{len(rows)} figures written to {args.output}")
     for what, seconds in durations:
