@@ -6,34 +6,39 @@ group, pruned to what the rank's pipeline stage needs, and a context-parallel pa
 """
 
 from importlib.metadata import version
+from typing import TYPE_CHECKING
 
-from megadist.broadcast import PROTOCOLS, broadcast_batch
-from megadist.errors import (
-    AgreementError,
-    BatchError,
-    CollectiveError,
-    MegadistError,
-    PartitionError,
-    SourceError,
-    TopologyError,
-)
-from megadist.get_batch import get_batch
-from megadist.hybrid_cp import (
-    HYBRID_CP_SCHEDULERS,
-    HybridCPScheduler,
-    HybridCPSchedulerFactory,
-    hybrid_split,
-)
-from megadist.hybrid_cp_loader import HybridCPDataLoaderWrapper, cp_sizes
-from megadist.keys import BATCH_KEYS, METADATA_KEYS, Batch
-from megadist.layout import DEFAULT_TIMEOUT, ParallelLayout, build_parallel_groups
-from megadist.partition import (
-    CP_PARTITIONERS,
-    thd_partitioned_indices,
-    thd_split,
-    zigzag_split,
-)
-from megadist.topology import BatchTopology, HybridCPGroups, PipelinePosition, device_for_group
+from megafmt.lazy_exports import lazy_exports
+
+# the exports, each imported when first used (megafmt.lazy_exports): no torch at import
+if TYPE_CHECKING:
+    from megadist.broadcast import PROTOCOLS, broadcast_batch
+    from megadist.errors import (
+        AgreementError,
+        BatchError,
+        CollectiveError,
+        MegadistError,
+        PartitionError,
+        SourceError,
+        TopologyError,
+    )
+    from megadist.get_batch import get_batch
+    from megadist.hybrid_cp import (
+        HYBRID_CP_SCHEDULERS,
+        HybridCPScheduler,
+        HybridCPSchedulerFactory,
+        hybrid_split,
+    )
+    from megadist.hybrid_cp_loader import HybridCPDataLoaderWrapper, cp_sizes
+    from megadist.keys import BATCH_KEYS, METADATA_KEYS, Batch
+    from megadist.layout import DEFAULT_TIMEOUT, ParallelLayout, build_parallel_groups
+    from megadist.partition import (
+        CP_PARTITIONERS,
+        thd_partitioned_indices,
+        thd_split,
+        zigzag_split,
+    )
+    from megadist.topology import BatchTopology, HybridCPGroups, PipelinePosition, device_for_group
 
 __version__ = version("megadist")
 
@@ -70,3 +75,5 @@ __all__ = [
     "thd_split",
     "zigzag_split",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)

@@ -55,8 +55,6 @@ def _rank_report(options: dict[str, Any]) -> list[str]:
 
 
 class DistCommand:
-    help = "show how get_batch spreads a micro-batch over tensor, context and pipeline ranks"
-
     def configure(self, parser: argparse.ArgumentParser) -> None:
         commands = parser.add_subparsers(dest="dist_command", metavar="SUBCOMMAND", required=True)
         demo = commands.add_parser("demo", help="spawn gloo ranks and print what each holds")

@@ -5,45 +5,50 @@ same configuration gives the same samples in the same order, sharing index cache
 """
 
 from importlib.metadata import version
+from typing import TYPE_CHECKING
 
-from megaindex.backends import BackendError, backend
-from megaindex.blend import get_blend_and_blend_per_split, get_blend_from_list
-from megaindex.blended_dataset import BlendedDataset
-from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
-from megaindex.builder import BlendedMegatronDatasetBuilder
-from megaindex.config import (
-    BlendedMegatronDatasetConfig,
-    GPTDatasetConfig,
-    convert_split_vector_to_split_matrix,
-    parse_and_normalize_split,
-)
-from megaindex.distributed import BarrierTimeoutError, ConfigMismatchError
-from megaindex.errors import (
-    CacheDescriptionError,
-    CacheError,
-    ConfigError,
-    EmptySplitError,
-    IndexBuildError,
-    MegaindexError,
-    MissingCacheError,
-    MissingSequenceCountError,
-    SampleReadError,
-    SequenceCountError,
-    StaleCacheError,
-    TokenDtypeError,
-    TokenRangeError,
-)
-from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
-from megaindex.gpt_dataset import GPTDataset
-from megaindex.helpers import (
-    build_blending_indices,
-    build_exhaustive_blending_indices,
-    build_sample_idx,
-)
-from megaindex.megatron_dataset import MegatronDataset
-from megaindex.mock import MockGPTDataset, MockGPTLowLevelDataset
-from megaindex.sft_dataset import SFTDataset, SFTDatasetConfig
-from megaindex.utils import Split
+from megafmt.lazy_exports import lazy_exports
+
+# the exports, each imported when first used (megafmt.lazy_exports): no torch at import
+if TYPE_CHECKING:
+    from megaindex.backends import BackendError, backend
+    from megaindex.blend import get_blend_and_blend_per_split, get_blend_from_list
+    from megaindex.blended_dataset import BlendedDataset
+    from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
+    from megaindex.builder import BlendedMegatronDatasetBuilder
+    from megaindex.config import (
+        BlendedMegatronDatasetConfig,
+        GPTDatasetConfig,
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+    from megaindex.distributed import BarrierTimeoutError, ConfigMismatchError
+    from megaindex.errors import (
+        CacheDescriptionError,
+        CacheError,
+        ConfigError,
+        EmptySplitError,
+        IndexBuildError,
+        MegaindexError,
+        MissingCacheError,
+        MissingSequenceCountError,
+        SampleReadError,
+        SequenceCountError,
+        StaleCacheError,
+        TokenDtypeError,
+        TokenRangeError,
+    )
+    from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
+    from megaindex.gpt_dataset import GPTDataset
+    from megaindex.helpers import (
+        build_blending_indices,
+        build_exhaustive_blending_indices,
+        build_sample_idx,
+    )
+    from megaindex.megatron_dataset import MegatronDataset
+    from megaindex.mock import MockGPTDataset, MockGPTLowLevelDataset
+    from megaindex.sft_dataset import SFTDataset, SFTDatasetConfig
+    from megaindex.utils import Split
 
 __version__ = version("megaindex")
 
@@ -89,3 +94,5 @@ __all__ = [
     "get_train_valid_test_num_samples",
     "parse_and_normalize_split",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, __file__, __all__)

@@ -524,8 +524,6 @@ def _plot(reports: list, path: str) -> None:
 
 
 class IndexCommand:
-    help = "build, inspect and explain GPTDataset index caches"
-
     def configure(self, parser: argparse.ArgumentParser) -> None:
         commands = parser.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
         build = commands.add_parser("build", help="build the index cache before a job starts")

@@ -38,8 +38,6 @@ def sequences_per_dataset(prefixes: Sequence[str]) -> dict[str, tuple[int, int]]
 
 
 class SequencesCommand:
-    help = "write the per-dataset sequences JSON of a blend (build_sequences_per_dataset.py)"
-
     def configure(self, parser: argparse.ArgumentParser) -> None:
         data_path_arguments(parser)
         parser.add_argument(

@@ -39,8 +39,6 @@ PROVIDERS: Registry[Any] = Registry(
 
 
 class LoadCommand:
-    help = "simulate data-parallel loading: disjointness, coverage, resume, throughput"
-
     def configure(self, parser: argparse.ArgumentParser) -> None:
         commands = parser.add_subparsers(dest="load_command", metavar="SUBCOMMAND", required=True)
         commands.add_parser("samplers", help="list the samplers --dataloader-type can name")

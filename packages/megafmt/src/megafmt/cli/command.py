@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,6 +24,24 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int:
         """Do the work; the return value is the exit status."""
         ...
+
+
+class DeferredCommand:
+    """A command declared by its help line alone; the class ``implementation`` names
+    (``module:Class``, a ``Command`` without the help line) is imported when the command is
+    chosen. ``mega --help`` lists every command without importing what they need to run (torch,
+    for most): a package's ``mega.commands`` entry point names a subclass that sets both."""
+
+    help: str
+    implementation: str
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        module, _, name = self.implementation.partition(":")
+        self._command = getattr(importlib.import_module(module), name)()
+        self._command.configure(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return self._command.run(args)
 
 
 #: ``--multimodal`` choices: require the modes section, forbid it, or follow the file

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 from megafmt.cli.command import Command
 from megafmt.errors import MegafmtError, PluginError
@@ -23,16 +23,32 @@ COMMANDS: Registry[type[Command]] = Registry(
 )
 
 
+#: the project's packages, released together under one version
+PACKAGES = ("megafmt", "megaindex", "megaload", "megadist")
+
+
+def versions() -> str:
+    """``mega --version``: each of the project's packages and its installed version."""
+    lines = []
+    for package in PACKAGES:
+        try:
+            lines.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            lines.append(f"{package} (not installed)")
+    return "\n".join(lines)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The ``mega`` parser with a subparser for every installed command, or for ``only``: a
-    command's plugin is imported to configure it, and some import torch, which ``mega info``
-    should not wait for."""
+    """The ``mega`` parser: with ``only``, that command's subparser, configured (its plugin
+    imports what it needs, torch for some); without, every installed command by its help line
+    alone, which is all ``mega --help`` shows, so it waits for no command's imports."""
     parser = argparse.ArgumentParser(
         prog="mega",
-        description="Megatron-compatible data pipeline tools. Commands come from the installed "
+        description="Megatron-compatible data pipeline tools. Commands come from the installed\n"
         "packages (megafmt, megaindex, megaload, megadist).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"megafmt {version('megafmt')}")
+    parser.add_argument("--version", action="version", version=versions())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS.available() if only is None else [only]:
         try:
@@ -42,7 +58,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             sub.set_defaults(handler=None, unavailable=str(error))
             continue
         sub = commands.add_parser(name, help=command.help, description=command.help)
-        command.configure(sub)
+        if name == only:
+            command.configure(sub)
         sub.set_defaults(handler=command.run)
     return parser
 
