@@ -72,7 +72,9 @@ def _rank_two_skips_the_builder(prefix, cache):
 def test_a_rank_that_skips_the_builder_is_named_instead_of_hanging(corpus, tmp_path):
     start = time.monotonic()
     with pytest.raises(RuntimeError) as caught:
-        run_distributed(_rank_two_skips_the_builder, 3, corpus, str(tmp_path / "cache"), timeout=90)
+        run_distributed(
+            _rank_two_skips_the_builder, 3, corpus, str(tmp_path / "cache"), timeout=300
+        )
     report = str(caught.value)
     for rank in (0, 1):
         assert f"rank {rank}:" in report
@@ -95,7 +97,7 @@ def test_ranks_given_different_configs_fail_together_before_using_a_cache(corpus
     overrides = [{}, {"random_seed": 99, "sequence_length": 16, "path_to_cache": None}]
     start = time.monotonic()
     with pytest.raises(RuntimeError) as caught:
-        run_distributed(_build_with_rank_overrides, 2, corpus, str(cache), overrides, timeout=90)
+        run_distributed(_build_with_rank_overrides, 2, corpus, str(cache), overrides, timeout=300)
     report = str(caught.value)
     print(f"{time.monotonic() - start:.1f} s\n{report}")  # the errors, shown with -s
     assert report.count("ConfigMismatchError: rank") == 2
@@ -125,7 +127,7 @@ def _rank_zero_builds_slowly(prefix, cache):
 @pytest.mark.distributed
 def test_a_barrier_timeout_names_the_rank_still_building_and_what_it_builds(corpus, tmp_path):
     with pytest.raises(RuntimeError) as caught:
-        run_distributed(_rank_zero_builds_slowly, 2, corpus, str(tmp_path / "cache"), timeout=90)
+        run_distributed(_rank_zero_builds_slowly, 2, corpus, str(tmp_path / "cache"), timeout=300)
     report = str(caught.value)
     print(report)  # the errors, shown with -s
     assert "BarrierTimeoutError: rank 1 waited 2 s at a dataset-building barrier for ranks [0]" in (

@@ -69,13 +69,16 @@ def run_distributed(
     function: Callable[..., Any],
     world_size: int,
     *args: Any,
-    timeout: float = 120.0,
-    group_timeout: float = 60.0,
+    timeout: float = 600.0,
+    group_timeout: float = 300.0,
 ) -> list[Any]:
     """``function(*args)`` on ``world_size`` spawned ranks; the result of each rank, in order.
 
     Raises ``RuntimeError`` with the traceback of every rank that failed, and ``TimeoutError``
-    naming the ranks still running after ``timeout`` seconds (they are killed).
+    naming the ranks still running after ``timeout`` seconds without a result (they are
+    killed). ``group_timeout`` is the gloo group's. Both only bound a hang: the defaults leave
+    room for a loaded machine, where starting a rank and importing torch alone can take a
+    minute.
     """
     module = sys.modules[function.__module__]
     where = (function.__module__, os.path.abspath(module.__file__), function.__qualname__)
