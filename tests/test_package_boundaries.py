@@ -8,13 +8,17 @@ import pytest
 
 PACKAGES = Path(__file__).resolve().parents[1] / "packages"
 #: megafmt.sft: the SDK's supervised fine-tuning data (jsonl index, SFT tokenizer), public;
-#: megafmt.demo: what the stages of `mega demo` share, public for every package's stages
+#: megafmt.demo: what the stages of `mega demo` share, public for every package's stages;
+#: megafmt.cli.command: what a `mega.commands` plugin is (DeferredCommand among it);
+#: megafmt.lazy_exports: a package's exports imported when first used
 MEGAFMT_MODULES_FOR_SIBLINGS = {
     "megafmt",
     "megafmt.protocols",
     "megafmt.shared",
     "megafmt.sft",
     "megafmt.demo",
+    "megafmt.cli.command",
+    "megafmt.lazy_exports",
 }
 FORBIDDEN = {"megaload": {"megaindex", "megadist"}, "megadist": {"megaindex", "megaload"}}
 

@@ -38,10 +38,10 @@ def test_a_failing_rank_is_reported_with_its_traceback():
 
 @pytest.mark.distributed
 def test_a_hanging_rank_is_named_and_killed():
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish within 10"):
-        run_distributed(_rank_one_never_returns, 2, timeout=10)
-    assert time.monotonic() - start < 60
+    # rank 1 sleeps 600 s: returning at all shows it was killed. The bound leaves rank 0 a
+    # minute to start and import torch on a loaded machine.
+    with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish within 60"):
+        run_distributed(_rank_one_never_returns, 2, timeout=60)
 
 
 _IN_FLIGHT = []
