@@ -68,8 +68,9 @@ def declared_dependencies(package: str) -> list[str]:
     if "dependencies" not in project.get("dynamic", []):
         return list(project.get("dependencies", []))
     tool = config["tool"]
-    if "scikit-build" in tool:
-        return tool["scikit-build"]["metadata"]["dependencies"]["result"]
+    if "dynamic-metadata" in tool:  # scikit-build-core's providers
+        (entry,) = [e for e in tool["dynamic-metadata"] if e["field"] == "dependencies"]
+        return entry["result"]
     return tool["hatch"]["metadata"]["hooks"]["custom"]["dependencies"]
 
 
