@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 #: Ray's switch between one-machine (loopback) and multi-node addressing
 LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: where Ray keeps what outlives a node (the address of the latest cluster, in ``ray/``):
+#: ``/tmp`` unless set, and Ray expects ``/tmp/ray`` to exist there
+RAY_TMPDIR = "RAY_TMPDIR"
 
 
 @dataclass
@@ -44,9 +47,13 @@ def loopback_cluster(workers: int = 2, start_timeout: float = 60.0) -> Iterator[
 
     # Ray rewrites 127.0.0.1 to the machine's address where it expects multi-node clusters;
     # this keeps every address on loopback (drivers started from here inherit it)
-    saved = os.environ.get(LOOPBACK_ONLY)
+    saved = {name: os.environ.get(name) for name in (LOOPBACK_ONLY, RAY_TMPDIR)}
     os.environ[LOOPBACK_ONLY] = "0"
     temp_dir = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths have a length limit
+    # the cluster's files, those Ray keeps outside a node's folder too, stay in this folder,
+    # which is made here (a machine where Ray never ran has no /tmp/ray)
+    os.environ[RAY_TMPDIR] = temp_dir
+    os.makedirs(os.path.join(temp_dir, "ray"))
     common = dict(node_ip_address="127.0.0.1", temp_dir=temp_dir, include_dashboard=False)
     started = time.monotonic()
     cluster = Cluster(
@@ -60,10 +67,11 @@ def loopback_cluster(workers: int = 2, start_timeout: float = 60.0) -> Iterator[
     finally:
         cluster.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
-        if saved is None:
-            os.environ.pop(LOOPBACK_ONLY, None)
-        else:
-            os.environ[LOOPBACK_ONLY] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _parent_and_title(pid: int) -> tuple[int, str]:
