@@ -2,7 +2,8 @@
 PYTHON ?= python3
 PACKAGES := $(shell $(PYTHON) tools/venvs.py list)
 
-.PHONY: setup demo test lint test-packages test-cross fuzz bench clean $(addprefix test-,$(PACKAGES))
+.PHONY: setup demo test checks lint test-packages test-cross release docs fuzz bench clean \
+	$(addprefix test-,$(PACKAGES))
 
 setup:
 	$(PYTHON) tools/venvs.py full
@@ -12,8 +13,14 @@ demo: setup
 
 # Each package's own tests run in a venv holding only that package and what it declares, so a
 # dependency missing from a pyproject.toml fails here. Then the cross-package and compatibility
-# tests run in the full venv. pytest's exit status 5 (no tests collected) fails the target.
-test: lint test-packages test-cross
+# tests run in the full venv, the four packages are built and installed as a user installs them
+# (release), and the docs are built. pytest's exit status 5 (no tests collected) fails the
+# target. Every check runs even when an earlier one failed (--keep-going); any failure fails
+# `make test`.
+test:
+	$(MAKE) --keep-going checks
+
+checks: lint test-packages test-cross release docs
 
 lint: setup
 	.venv/bin/ruff check packages tests tools testing
@@ -28,6 +35,17 @@ $(addprefix test-,$(PACKAGES)): test-%:
 
 test-cross: setup
 	.venv/bin/python -m pytest tests
+
+# sdists and wheels of the four packages, built the standard way, installed into fresh venvs
+# (megafmt alone, without torch; all four) and smoke-tested there
+release: setup
+	.venv/bin/python tools/release_check.py
+
+# the documentation site (mkdocs-material, the API reference from the docstrings) in build/site;
+# a warning fails it
+docs: setup
+	.venv/bin/python -m pip install --quiet -c requirements/constraints.txt -r requirements/docs.txt
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 # The dataset fuzz test, larger: FUZZ_COUNT cases from seed FUZZ_START, each built by megaindex,
 # megatron-core 0.16.1 and the seed commit (CI runs 24 from 0, and the regression seeds).
