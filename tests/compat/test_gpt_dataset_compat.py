@@ -145,6 +145,47 @@ def test_samples_equal_under_every_flag(corpus, tmp_path, flags):
     assert_same_samples(theirs[1], ours[1], [0, padded])
 
 
+class NoPadTokenizer(NullTokenizer):
+    """A tokenizer without a pad token: its ``pad`` is None (as a HuggingFace tokenizer's is)."""
+
+    @property
+    def pad(self):
+        return None
+
+
+def padded_valid_sample(datasets):
+    """The position of the valid split's partial (padded) last sample in its served order."""
+    order = numpy.asarray(datasets[1].shuffle_index)
+    return int(numpy.flatnonzero(order == len(datasets[1]) - 1)[0])
+
+
+def test_samples_equal_with_a_tokenizer_without_pad(corpus, tmp_path):
+    """megatron-core (the seed's GPTDataset, the same file) keeps a pad of None and masks
+    nothing: our samples equal its own wherever it makes them."""
+    fields = dict(drop_last_partial_validation_sequence=False)
+    theirs, ours = build_both(corpus, str(tmp_path), [200, 20, 5], NoPadTokenizer(VOCAB), **fields)
+    padded = padded_valid_sample(theirs)
+    assert_same_samples(theirs[0], ours[0], [*range(25), None])
+    unpadded = [idx for idx in range(len(theirs[1])) if idx != padded]
+    assert_same_samples(theirs[1], ours[1], [*unpadded, None])
+
+
+@pytest.mark.parametrize("extra", [True, False], ids=["padded-window", "no-extra-token"])
+def test_a_tokenizer_without_pad_pads_where_megatron_raises(corpus, tmp_path, extra):
+    """Where megatron-core raises a TypeError (it would pad a window, or set the last label,
+    with None), ours pads with -1 as megatron-core does for a tokenizer that has no ``pad``."""
+    fields = dict(drop_last_partial_validation_sequence=False, add_extra_token_to_sequence=extra)
+    no_pad, ours = build_both(
+        corpus, str(tmp_path / "none"), [200, 20, 5], NoPadTokenizer(VOCAB), **fields
+    )
+    padded = padded_valid_sample(no_pad)
+    with pytest.raises(TypeError):
+        no_pad[1][padded]
+    assert ours[1]._pad_token_id == -1
+    without_attribute, _ = build_both(corpus, str(tmp_path / "absent"), [200, 20, 5], **fields)
+    assert_same_samples(without_attribute[1], ours[1], [0, padded])
+
+
 def file_states(directory):
     return {
         name: (

@@ -133,9 +133,18 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
         self._indices = indices
 
     def _choose_pad_token_id(self) -> int:
+        """The id windows are padded with and masked at: the tokenizer's pad, or
+        :data:`PAD_TOKEN_ID` when it has none or that id is another special token's.
+
+        A pad of None (a HuggingFace tokenizer without a pad token) counts as none. megatron-core
+        keeps None: its samples equal ours wherever it makes them (no id equals None, none of a
+        corpus equals -1), and it raises a TypeError where it would pad a window or set the last
+        label (a partial validation sample, ``add_extra_token_to_sequence`` off)."""
         try:
             pad = self.config.tokenizer.pad
         except Exception:
+            return PAD_TOKEN_ID
+        if pad is None:
             return PAD_TOKEN_ID
         if pad not in _special_tokens(self.config.tokenizer):
             return pad
