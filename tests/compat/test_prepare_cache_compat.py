@@ -4,7 +4,9 @@ records Megatron writes (build and hit) written alike, through Megatron's logger
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,11 +28,22 @@ def seed(shared_seed):
 
 
 VOCAB = 1000
-#: flags Megatron-LM's argument validation requires of any job; no data flag among them
+#: a training job's model and training flags: those Megatron-LM's argument validation requires
+#: of any job, and others a job's command line has; none shapes the cache
 MODEL_FLAGS = [
     "--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "2",
-    "--max-position-embeddings", "32",
+    "--max-position-embeddings", "32", "--ffn-hidden-size", "16", "--swiglu",
+    "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights",
+    "--lr", "0.0001", "--min-lr", "1e-05", "--weight-decay", "0.1", "--clip-grad", "1.0",
+    "--log-interval", "5", "--save-interval", "1000", "--use-mcore-models",
 ]  # fmt: skip
+#: prepare_cache.py's flags ``mega index build`` leaves unrecognised: the tool refuses them, or
+#: validation rejects them (deprecated), or they change the data (an argparse error, never
+#: a silent difference)
+REFUSED_FLAGS = {
+    "--encoder-seq-length", "--decoder-seq-length", "--batch-size", "--model-parallel-size",
+    "--fim-data", "--sft", "--yaml-cfg",
+}  # fmt: skip
 #: megaindex's own notes beside the cache (not a Megatron file)
 OUR_SIDECAR = "-megaindex.json"
 
@@ -93,8 +106,8 @@ def test_mega_index_build_takes_prepare_cache_s_flags(
     seed_built, summary = seed.call("seed_names:prepare_cache", seed_flags)
     assert summary["global_batch_size"] == 8 and summary["data_parallel_size"] == 4
     tokenizer = tokenizer_flags(theirs)
-    with pytest.warns(DeprecationWarning, match="rampup"):
-        our_built = mega_index_build(data_flags(corpora, ours, variant), tokenizer)
+    with pytest.warns(DeprecationWarning, match="rampup"):  # the tool's whole command line
+        our_built = mega_index_build([*data_flags(corpora, ours, variant), *MODEL_FLAGS], tokenizer)
     # the same files, byte for byte
     assert cache_files(ours) == cache_files(theirs)
     # the same records for the build, and for a hit on each side's own cache
@@ -112,6 +125,32 @@ def test_mega_index_build_takes_prepare_cache_s_flags(
     seed_flags_ours += ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB)]
     hit_ours, _ = seed.call("seed_names:prepare_cache", seed_flags_ours)
     assert hit_ours == our_hit
+
+
+def test_mega_index_build_takes_every_flag_of_prepare_cache_s_parser(
+    seed, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each flag the seed's tool parses is read by ``mega index build`` or taken and ignored
+    (``--help`` says so), but the refused few; every ignored name is one of the seed's."""
+    from megaindex.megatron_flags import IGNORED_FLAGS
+
+    theirs = set(seed.call("seed_tools:prepare_cache_flags"))
+    with pytest.raises(SystemExit):
+        main(["index", "build", "--help"])
+    shown = capsys.readouterr().out
+    assert "taken and ignored" in shown and "--num-layers" in shown
+    read = set(re.findall(r"--[\w-]+", shown))
+    assert set(IGNORED_FLAGS) <= theirs
+    left = {flag for flag in theirs - read - set(IGNORED_FLAGS) if not recognised(flag, capsys)}
+    assert left == REFUSED_FLAGS
+
+
+def recognised(flag: str, capsys: pytest.CaptureFixture[str]) -> bool:
+    """Whether ``mega index build`` parses ``flag`` (one its ``--help`` does not show)."""
+    with contextlib.suppress(SystemExit):  # argparse's error, or the build's own
+        main(["index", "build", "--seq-length", "8", flag])
+    error = capsys.readouterr().err
+    return "unrecognized arguments" not in error and "ambiguous option" not in error
 
 
 def test_dataset_log_records_without_a_cache_path_match_the_seed_s(

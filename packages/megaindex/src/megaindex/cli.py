@@ -36,6 +36,7 @@ from megaindex.config import GPTDatasetConfig
 from megaindex.fim_cli import add_fim_arguments, fim_fields
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
+from megaindex.megatron_flags import add_ignored_megatron_flags
 from megaindex.mock import MockGPTDataset
 from megaindex.phase_report import describe_phases, phase_reports
 from megaindex.phases import PhaseSchedule, build_phase_datasets
@@ -528,6 +529,7 @@ class IndexCommand:
         commands = parser.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
         build = commands.add_parser("build", help="build the index cache before a job starts")
         _dataset_arguments(build)
+        add_ignored_megatron_flags(build)  # last: it skips the flags read above
         inspect = commands.add_parser("inspect", help="what a cache directory holds")
         inspect.add_argument("cache_dir", metavar="CACHE_DIR")
         inspect.add_argument(
