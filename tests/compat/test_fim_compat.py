@@ -80,9 +80,8 @@ def random_case(rng: random.Random) -> tuple[list[int], dict]:
         "fim_spm_rate": rng.choice([0.0, 0.5, 1.0, rng.random()]),
         "fim_extra_tokens": FIM_EXTRA_TOKENS,
         "fim_split_sample": split_sample,
-        "fim_fragment_rate": None
-        if split_sample is None
-        else rng.choice([0.0, 0.5, 1.0, rng.random()]),
+        # None is Megatron-LM's default: accepted until a fragment needs it (then both fail)
+        "fim_fragment_rate": rng.choice([None, 0.0, 0.5, 1.0, rng.random()]),
         "fim_no_prefix": rng.choice([None, None, *NO_PREFIXES]),
     }
     return [rng.choice([200, 1000]), 40, 10], fields
@@ -152,25 +151,123 @@ def test_samples_equal_the_seed_commits(
         assert dataset.unique_description_hash == theirs["hashes"][split]
     # half the cases read one by one (__getitem__), half as batches (__getitems__)
     batched = case % 2 == 1
+    failed = theirs["failed"]
+    if failed is not None:  # only an unset fragment rate may fail, and then ours fails there
+        assert fields["fim_fragment_rate"] is None and fields["fim_split_sample"], failed
+        assert failed[1] == "TypeError", failed  # numpy's, drawing at probability None
     for start in range(0, len(reads), 7):
-        chunk = reads[start : start + 7]
-        if batched and len({split for split, _ in chunk}) == 1:
-            batch = ours[chunk[0][0]].__getitems__([idx for _, idx in chunk])
-            samples = [dict(zip(batch.collated, row, strict=True)) for row in _rows(batch)]
-        else:
-            samples = [ours[split][idx] for split, idx in chunk]
+        samples = read_chunk(ours, reads[start : start + 7], start, batched, failed)
         for offset, sample in enumerate(samples):
             where = f"case {case} read {start + offset} {reads[start + offset]} {fields}"
             assert_same(theirs["samples"][start + offset], sample, where)
-    if fields["fim_rate"] >= 0.5:  # the case did rearrange samples
+        if failed is not None and failed[0] < start + 7:
+            break
+    if fields["fim_rate"] >= 0.5 and failed is None:  # the case did rearrange samples
         prefix = ours_tokenizer.text.tokens_to_ids(["<fim_prefix>"])[0]
         assert any((s["tokens"] == prefix).any() for s in theirs["samples"])
+
+
+def read_chunk(ours, chunk, start, batched, failed) -> list[dict]:
+    """Our samples for the reads ``chunk`` (read number ``start`` on): as one batch when
+    ``batched`` and they share a split, else one by one. Where the seed failed (read number
+    ``failed[0]``), ours must fail too, naming the unset fragment rate: the samples before it
+    (one by one), or none (a batch)."""
+    fails_at = None if failed is None else failed[0] - start
+    unset_rate = pytest.raises(megaindex.ConfigError, match="fim_fragment_rate is None")
+    if batched and len({split for split, _ in chunk}) == 1:
+        if fails_at is not None and fails_at < len(chunk):
+            with unset_rate:
+                ours[chunk[0][0]].__getitems__([idx for _, idx in chunk])
+            return []
+        batch = ours[chunk[0][0]].__getitems__([idx for _, idx in chunk])
+        return [dict(zip(batch.collated, row, strict=True)) for row in _rows(batch)]
+    samples = []
+    for offset, (split, idx) in enumerate(chunk):
+        if offset == fails_at:
+            with unset_rate:
+                ours[split][idx]
+            break
+        samples.append(ours[split][idx])
+    return samples
 
 
 def _rows(batch) -> list[list[torch.Tensor]]:
     """The samples of a collated batch, one list of tensors per row."""
     columns = list(batch.collated.values())
     return [[column[row] for column in columns] for row in range(len(columns[0]))]
+
+
+@pytest.mark.parametrize("fim_rate", [0.0, 1.0])
+def test_an_unset_fragment_rate_is_accepted_as_the_seed_accepts_it(
+    seed, corpus, tokenizer_dir, ours_tokenizer, tmp_path, fim_rate
+):
+    """fim_fragment_rate None with fim_split_sample set (--fim-fragment-rate's default): the
+    seed builds the dataset and serves samples until one draws a segment holding the split token
+    for rearranging, where it fails; ours serves the same samples and fails at the same read,
+    naming the field. At fim_rate 0 nothing is drawn for rearranging: every sample is served."""
+    _, fields = random_case(random.Random(5))
+    fields.update(
+        fim_rate=fim_rate, fim_split_sample=FILE_SEP, fim_fragment_rate=None, split="100,0,0"
+    )
+    sizes = [200, 0, 0]
+    ours = build_ours(corpus, ours_tokenizer, sizes, fields, str(tmp_path / "ours"))
+    reads = [(0, idx) for idx in range(60)]
+    theirs = seed.call(
+        "seed_fim:fim_samples",
+        corpus,
+        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
+        sizes,
+        {**fields, "path_to_cache": str(tmp_path / "seed")},
+        reads,
+    )
+    failed = theirs["failed"]
+    assert (failed is None) == (fim_rate == 0.0), failed
+    samples = read_chunk(ours, reads, 0, False, failed)
+    assert len(samples) == len(theirs["samples"]) == (60 if failed is None else failed[0])
+    for number, (reference, sample) in enumerate(zip(theirs["samples"], samples, strict=True)):
+        assert_same(reference, sample, f"read {number}")
+
+
+@pytest.mark.parametrize(
+    ("builder", "cls"), [("megaindex", "seed"), ("megaindex", "megaindex"), ("seed", "megaindex")]
+)
+def test_megatron_lm_s_own_fim_config_builds_with_our_builder_and_dataset(
+    seed, corpus, tokenizer_dir, ours_tokenizer, tmp_path, builder, cls
+):
+    """A partly switched ``pretrain_gpt.py --fim-data``: Megatron-LM's own GPTFIMDatasetConfig
+    (none of megaindex's fields) given to megaindex's builder with Megatron-LM's GPTFIMDataset
+    or ours, or to the seed's builder with ours: the seed's samples and cache identity."""
+    sizes, fields = random_case(random.Random(8))
+    fields.update(fim_rate=0.8, fim_split_sample=FILE_SEP, fim_fragment_rate=0.5)
+    reads = [(0, idx) for idx in [*range(30), None, -1, -7, 3]]
+    tokenizer = (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS)
+    theirs = seed.call(
+        "seed_fim:fim_samples",
+        corpus,
+        tokenizer,
+        sizes,
+        {**fields, "path_to_cache": str(tmp_path / "seed")},
+        reads,
+    )
+    mixed = seed.call(
+        "seed_fim:fim_samples",
+        corpus,
+        tokenizer,
+        sizes,
+        {**fields, "path_to_cache": str(tmp_path / "mixed")},
+        reads,
+        builder,
+        cls,
+    )
+    assert mixed["failed"] is None and theirs["failed"] is None
+    assert mixed["descriptions"] == theirs["descriptions"] and mixed["hashes"] == theirs["hashes"]
+    assert len(mixed["samples"]) == len(theirs["samples"]) == len(reads)
+    for number, (reference, sample) in enumerate(
+        zip(theirs["samples"], mixed["samples"], strict=True)
+    ):
+        assert list(sample) == list(reference), number
+        for key, value in reference.items():
+            numpy.testing.assert_array_equal(sample[key], value, err_msg=f"read {number} {key}")
 
 
 def test_the_seed_and_ours_share_the_cache(seed, corpus, tokenizer_dir, ours_tokenizer, tmp_path):

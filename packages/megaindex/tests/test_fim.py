@@ -365,7 +365,7 @@ def test_a_megatron_tokenizer_is_used_through_its_library(fim_config, fim_corpus
     [
         ({"fim_rate": None}, r"fim_rate must be a probability in \[0, 1\], got None"),
         ({"fim_spm_rate": 1.5}, r"fim_spm_rate must be a probability in \[0, 1\], got 1.5"),
-        ({"fim_fragment_rate": None}, "fim_fragment_rate must be a probability"),
+        ({"fim_fragment_rate": -0.1}, r"fim_fragment_rate must be a probability .* got -0.1"),
         ({"fim_extra_tokens": None}, "pad and eod to token strings; prefix, middle, suffix"),
         ({"fim_extra_tokens": {**EXTRA_TOKENS, "pad": 4}}, "pad missing or not a string"),
     ],

@@ -26,28 +26,55 @@ class LibraryTokenizer:
         self.unique_identifiers = OrderedDict(identifiers)
 
 
-def build(prefix: str, tokenizer: tuple, sizes: list, fields: dict) -> list:
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.training.datasets.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
+def build(
+    prefix: str,
+    tokenizer: tuple,
+    sizes: list,
+    fields: dict,
+    builder: str = "seed",
+    cls: str = "seed",
+) -> list:
+    """The splits, built with the seed's GPTFIMDatasetConfig by the ``builder`` and dataset
+    class ``cls`` of the seed commit ("seed") or of megaindex ("megaindex")."""
+    from megatron.core.datasets import blended_megatron_dataset_builder
+    from megatron.training.datasets import fim_dataset
 
-    config = GPTFIMDatasetConfig(
+    import megaindex
+
+    config = fim_dataset.GPTFIMDatasetConfig(
         blend=([prefix], None), tokenizer=LibraryTokenizer(*tokenizer), **{**DEFAULTS, **fields}
     )
-    return BlendedMegatronDatasetBuilder(GPTFIMDataset, sizes, lambda: True, config).build()
+    source = {"seed": blended_megatron_dataset_builder, "megaindex": megaindex}
+    classes = {"seed": fim_dataset, "megaindex": megaindex}
+    dataset_class = classes[cls].GPTFIMDataset
+    build_with = source[builder].BlendedMegatronDatasetBuilder
+    return build_with(dataset_class, sizes, lambda: True, config).build()
 
 
-def fim_samples(prefix: str, tokenizer: tuple, sizes: list, fields: dict, reads: list) -> dict:
-    """Build the splits, then read ``reads`` ((split number, sample or None) pairs) in order:
-    each sample's arrays, and each split's cache description and hash."""
-    datasets = build(prefix, tokenizer, sizes, fields)
-    samples = []
-    for split, idx in reads:
-        sample = datasets[split][idx]
+def fim_samples(
+    prefix: str,
+    tokenizer: tuple,
+    sizes: list,
+    fields: dict,
+    reads: list,
+    builder: str = "seed",
+    cls: str = "seed",
+) -> dict:
+    """Build the splits (``build``), then read ``reads`` ((split number, sample or None) pairs)
+    in order: each sample's arrays up to the first read that raises (``failed``: its number and
+    error type, else None), and each split's cache description and hash."""
+    datasets = build(prefix, tokenizer, sizes, fields, builder, cls)
+    samples, failed = [], None
+    for number, (split, idx) in enumerate(reads):
+        try:
+            sample = datasets[split][idx]
+        except Exception as error:  # the seed's failure, reported as data
+            failed = (number, type(error).__name__)
+            break
         samples.append({key: value.numpy().copy() for key, value in sample.items()})
     return {
         "samples": samples,
+        "failed": failed,
         "descriptions": [None if d is None else d.unique_description for d in datasets],
         "hashes": [None if d is None else d.unique_description_hash for d in datasets],
     }

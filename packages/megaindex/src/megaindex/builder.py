@@ -13,6 +13,10 @@ dataset class; not the rank-local ones in ``RANK_LOCAL_FIELDS``): a difference r
 Forms: mock data; ``blend`` with ``split`` (one prefix, weighted prefixes, or prefixes weighted
 by their sizes); ``blend_per_split`` (a blend per split, with optionally several validation
 sets kept apart).
+
+The config may be megatron-core's or Megatron-LM's own (a ``GPTFIMDatasetConfig`` of
+``megatron.training``): the fields only megaindex's configs have are read with their defaults
+(:func:`megaindex.config.own_field`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy
 from megaindex import distributed
 from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset
-from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified
+from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified, own_field
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.plugins import DATASETS
@@ -156,8 +160,13 @@ class BlendedMegatronDatasetBuilder:
             return False
         return self.cls.reads_indexed_corpora
 
+    @property
+    def _barrier_timeout(self) -> float | None:
+        """The config's ``barrier_timeout``; its default for a megatron-core config."""
+        return own_field(self.config, BlendedMegatronDatasetConfig, "barrier_timeout")
+
     def _barrier(self) -> None:
-        distributed.barrier(self.config.barrier_timeout)
+        distributed.barrier(self._barrier_timeout)
 
     def config_description(self) -> dict[str, str]:
         """What every rank must agree on, field by field: the dataset class, the sizes and the
@@ -176,7 +185,7 @@ class BlendedMegatronDatasetBuilder:
         that builds none; an empty dataset (or blend) for a share that holds no tokens when no
         samples are asked of it (asked for samples, it is an
         :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns."""
-        distributed.agree(self.config_description(), self.config.barrier_timeout)
+        distributed.agree(self.config_description(), self._barrier_timeout)
         if self._opens_prefixes() and distributed.builds_shared_files():
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)

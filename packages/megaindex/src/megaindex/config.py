@@ -9,11 +9,13 @@ Two fields are additions, keyword-only and after megatron-core's fields (so mega
 positional order holds for both classes, subclass fields included): ``barrier_timeout`` bounds
 how long ranks wait for each other while building (megatron-core hangs), and ``stale_cache``
 says what to do when a cached index was built from a corpus that has changed since ("rebuild"
-with a warning, or "error").
+with a warning, or "error"). Code reads them through :func:`own_field`, so megatron-core's
+configs, which lack them, are read with their defaults.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import re
@@ -52,6 +54,26 @@ class EndOfDocument(Protocol):
 
     @property
     def eod(self) -> int: ...
+
+
+def own_field(config: Any, owner: type, name: str) -> Any:
+    """Field ``name``, one that megaindex's config class ``owner`` adds to megatron-core's (such
+    as ``barrier_timeout`` or ``stale_cache``): ``config``'s value when it is an ``owner``, else
+    the field's declared default. So megatron-core's and Megatron-LM's own configs, which lack
+    these fields (a partly switched Megatron-LM hands them over), build and read as ours do."""
+    if isinstance(config, owner):
+        return getattr(config, name)
+    for declared in dataclasses.fields(owner):
+        if declared.name == name:
+            return declared.default
+    raise ConfigError(f"{owner.__name__} declares no field {name!r}")
+
+
+def tokenizer_vocab_size(config: Any) -> int | None:
+    """The vocabulary size ``config``'s tokenizer states (every id is below it), or None; for
+    megatron-core's configs too, which lack the ``vocab_size`` property of ours."""
+    tokenizer = config.tokenizer
+    return tokenizer.vocab_size if isinstance(tokenizer, SizedVocabulary) else None
 
 
 @dataclass
@@ -227,7 +249,7 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     @property
     def vocab_size(self) -> int | None:
         """The tokenizer's vocabulary size, when it states one (token ids are below it)."""
-        return self.tokenizer.vocab_size if isinstance(self.tokenizer, SizedVocabulary) else None
+        return tokenizer_vocab_size(self)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy
 
 from megafmt.protocols import TextTokenizer
+from megaindex.errors import ConfigError
 from megaindex.helpers import fim_assemble
 
 
@@ -57,7 +58,8 @@ class FIMRates:
     spm_rate: float
     """A rearranged piece takes SPM form rather than PSM."""
     fragment_rate: float | None = None
-    """A fragment of a segment cut at the split token is rearranged."""
+    """A fragment of a segment cut at the split token is rearranged (None: reaching a
+    fragment is an error, as it is in Megatron-LM)."""
     no_prefix: str | None = None
     """Pieces whose text starts with this are left as they are."""
 
@@ -137,6 +139,13 @@ class FIMRearranger:
         if not rng.binomial(1, self.rates.rate):
             runs.keep(start, stop)
             return
+        if self.rates.fragment_rate is None:
+            raise ConfigError(
+                "GPTFIMDatasetConfig.fim_fragment_rate is None, but a segment holding the "
+                f"fim_split_sample token (id {split}) was drawn to be rearranged fragment by "
+                "fragment, which needs a probability in [0, 1]: set fim_fragment_rate "
+                "(--fim-fragment-rate); the seed commit fails here too"
+            )
         offset = start
         for end in breaks:
             end += offset

@@ -5,7 +5,8 @@ configuration fields and defaults, GPTDataset's three tables and cache unchanged
 named for the class, ``<md5>-GPTFIMDataset-<split>-...``, under ``GPTFIMDataset_indices``, as
 the seed commit names it), and each sample rearranged by :mod:`megaindex.fim` exactly as the
 seed commit rearranges it. Samples equal the seed commit's sample by sample for the same corpus,
-seed, tokenizer and options.
+seed, tokenizer and options. Megatron-LM's own ``GPTFIMDatasetConfig`` is accepted as well
+(its fields checked as ours are; ``fim_sample_seeded``, which it lacks, is off).
 
 The random stream is stateful, as in Megatron-LM: one ``RandomState(random_seed)`` per dataset
 object, drawn from by every sample it serves, padding samples included (they are sample 0). A
@@ -27,7 +28,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy
 
 from megafmt.protocols import TextTokenizer
-from megaindex.config import GPTDatasetConfig
+from megaindex.config import GPTDatasetConfig, own_field
 from megaindex.errors import ConfigError
 from megaindex.fim import FIMRates, FIMRearranger, FIMTokens
 from megaindex.gpt_dataset import GPTDataset
@@ -72,7 +73,10 @@ class GPTFIMDatasetConfig(GPTDatasetConfig):
     its own."""
 
     fim_fragment_rate: float | None = None
-    """Probability that a fragment is rearranged, when ``fim_split_sample`` is set."""
+    """Probability that a fragment is rearranged, when ``fim_split_sample`` is set. None (the
+    default of ``--fim-fragment-rate``) is accepted as the seed commit accepts it: samples are
+    served until one draws a segment holding the split token for rearranging, which is an
+    error (the seed's is numpy's ``TypeError`` there)."""
 
     fim_no_prefix: str | None = None
     """Pieces whose text starts with this string are never rearranged."""
@@ -83,18 +87,36 @@ class GPTFIMDatasetConfig(GPTDatasetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_rate("fim_rate", self.fim_rate)
-        _check_rate("fim_spm_rate", self.fim_spm_rate)
-        _check_rate(
-            "fim_fragment_rate", self.fim_fragment_rate, needed=self.fim_split_sample is not None
+        check_fim_fields(self)
+
+
+@runtime_checkable
+class FIMFields(Protocol):
+    """A config with Megatron-LM's FIM fields: ours, or Megatron-LM's own
+    ``GPTFIMDatasetConfig`` (what pretrain_gpt.py --fim-data builds unless switched)."""
+
+    fim_rate: float | None
+    fim_spm_rate: float | None
+    fim_extra_tokens: dict[str, str] | None
+    fim_split_sample: str | None
+    fim_fragment_rate: float | None
+    fim_no_prefix: str | None
+
+
+def check_fim_fields(config: FIMFields) -> None:
+    """Refuse FIM fields that cannot rearrange a sample, naming the field and its value."""
+    _check_rate("fim_rate", config.fim_rate)
+    _check_rate("fim_spm_rate", config.fim_spm_rate)
+    # None (Megatron-LM's default) is accepted, as the seed accepts it: it fails only when a
+    # sample reaches a fragment (megaindex.fim)
+    _check_rate("fim_fragment_rate", config.fim_fragment_rate, needed=False)
+    tokens = config.fim_extra_tokens
+    missing = [k for k in FIM_TOKEN_KEYS if not isinstance((tokens or {}).get(k), str)]
+    if missing:
+        raise ConfigError(
+            "GPTFIMDatasetConfig.fim_extra_tokens must map prefix, middle, suffix, pad and "
+            f"eod to token strings; {', '.join(missing)} missing or not a string in {tokens!r}"
         )
-        tokens = self.fim_extra_tokens
-        missing = [k for k in FIM_TOKEN_KEYS if not isinstance((tokens or {}).get(k), str)]
-        if missing:
-            raise ConfigError(
-                "GPTFIMDatasetConfig.fim_extra_tokens must map prefix, middle, suffix, pad and "
-                f"eod to token strings; {', '.join(missing)} missing or not a string in {tokens!r}"
-            )
 
 
 @runtime_checkable
@@ -134,7 +156,7 @@ def _token_id(tokenizer: TextTokenizer, token: str, what: str) -> int:
     return int(ids[0])
 
 
-def fim_tokens(tokenizer: TextTokenizer, config: GPTFIMDatasetConfig) -> FIMTokens:
+def fim_tokens(tokenizer: TextTokenizer, config: FIMFields) -> FIMTokens:
     """The sentinel ids ``config`` names, looked up with ``tokenizer``."""
     extra = config.fim_extra_tokens or {}  # holds every key: the config checked it
     ids = {key: _token_id(tokenizer, extra[key], f"FIM {key}") for key in FIM_TOKEN_KEYS}
@@ -151,13 +173,16 @@ class GPTFIMDataset(GPTDataset):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """GPTDataset's constructor (and megatron-core's): ``indexed_dataset, dataset_path,
         indexed_indices, num_samples, index_split, config``, the config a
-        GPTFIMDatasetConfig."""
+        GPTFIMDatasetConfig, ours or Megatron-LM's (checked here as ours checks itself)."""
         super().__init__(*args, **kwargs)
         config = self.config
-        if not isinstance(config, GPTFIMDatasetConfig):
+        if not isinstance(config, FIMFields):
             raise ConfigError(
-                f"GPTFIMDataset needs a GPTFIMDatasetConfig, got {type(config).__name__}"
+                "GPTFIMDataset needs a GPTFIMDatasetConfig (megaindex's or Megatron-LM's), got "
+                f"{type(config).__name__}"
             )
+        if not isinstance(config, GPTFIMDatasetConfig):
+            check_fim_fields(config)
         #: the FIM stream (Megatron-LM's attribute name): every sample served draws from it
         self.np_rng = numpy.random.RandomState(seed=config.random_seed)
         tokenizer = text_tokenizer(config.tokenizer)
@@ -175,7 +200,7 @@ class GPTFIMDataset(GPTDataset):
         (GPTDataset's) after the rearranged tokens."""
         length = self._sample_length(idx)
         rng = self.np_rng
-        if self.config.fim_sample_seeded:
+        if own_field(self.config, GPTFIMDatasetConfig, "fim_sample_seeded"):
             rng = numpy.random.RandomState([self.config.random_seed, idx])
         text[:length] = self.fim.rearrange(rng, text[:length])
         return text

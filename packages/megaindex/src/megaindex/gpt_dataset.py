@@ -31,7 +31,7 @@ from megafmt.protocols import (
 )
 from megafmt.shared import confined_path, default_cache_dir, is_url, url_components
 from megaindex.cache import CacheEntry
-from megaindex.config import EndOfDocument, GPTDatasetConfig
+from megaindex.config import EndOfDocument, GPTDatasetConfig, own_field, tokenizer_vocab_size
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
 from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError, TokenRangeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
@@ -99,7 +99,7 @@ class GPTDataset(MegatronDataset):
             self.unique_description,
             defer=config.defer_npy_index_mmap,
             fast_load=config.fast_cache_load,
-            stale_cache=config.stale_cache,
+            stale_cache=own_field(config, GPTDatasetConfig, "stale_cache"),
         )
         if not self.tables.deferred:
             log_gpt_tables(
@@ -136,7 +136,7 @@ class GPTDataset(MegatronDataset):
         #: the ids each read sample must stay below: the tokenizer's vocab_size, or past its
         #: EOD id where that lies above (None: the tokenizer states no size, or every id the
         #: corpus dtype holds is below it)
-        vocab_size = config.vocab_size
+        vocab_size = tokenizer_vocab_size(config)
         eod = config.tokenizer.eod if isinstance(config.tokenizer, EndOfDocument) else None
         limit = None if vocab_size is None else max(vocab_size, eod + 1 if eod else 0)
         dtype = self._token_dtype
@@ -284,9 +284,10 @@ class GPTDataset(MegatronDataset):
         row = int(numpy.argmax(out.max(axis=1) >= self._vocab_limit))
         top = int(out[row].max())
         corpus = _path_prefix(self.dataset) or self.dataset_path
+        vocab_size = tokenizer_vocab_size(self.config)
         raise TokenRangeError(
             f"{corpus}.bin: sample {samples[row]} of the {self.index_split.name} split holds "
-            f"token id {top}, but the tokenizer's vocab_size is {self.config.vocab_size} (ids 0 "
+            f"token id {top}, but the tokenizer's vocab_size is {vocab_size} (ids 0 "
             f"to {self._vocab_limit - 1}, its EOD id included): the corpus was tokenized with "
             "another, larger vocabulary"
         )
