@@ -126,6 +126,37 @@ def test_samples_of_a_seed_random_sweep(seed, tokenizer_dir, tmp_path):
         assert_same_samples(ours, theirs)
 
 
+def test_negative_indices_read_the_seed_s_samples_one_by_one_and_batched(
+    seed, tokenizer_dir, tmp_path
+):
+    """The seed's ``__getitem__`` wraps any index modulo the split's lines (``-1``: the last
+    line, whatever ``len`` is); ours does, and ``__getitems__`` reads each index as
+    ``__getitem__`` does, so a batch holds the samples read one by one."""
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 7, seed=4, conversations=2)
+    settings = {  # 11 samples over 7 lines: -1 % 11 and -1 % 7 pick different lines
+        "seed": 5,
+        "sequence_length": 40,
+        "split": "100,0,0",
+        "sizes": [11, 2, 2],
+        "context_parallel_size": 1,
+    }
+    indices = [-1, -2, -7, -8, -11, -12, -30, 3, 13]
+    theirs = seed.call(
+        "seed_sft:samples_at", path, tokenizer_dir, "nemotron-h-aligned", settings, indices
+    )
+    dataset, _ = ours_samples(path, SFTTokenizer(tokenizer_dir), settings, 0)
+    one_by_one = [dataset[idx] for idx in indices]
+    batch = dataset.__getitems__(indices).collated
+    assert_same_samples(one_by_one, theirs)
+    for row, sample in enumerate(one_by_one):
+        boundaries = len(sample["cu_seqlens"])  # the batch repeats the last one to its longest
+        padded = batch["cu_seqlens"][row]
+        assert (padded[boundaries:] == sample["cu_seqlens"][-1]).all(), row
+        batched = {key: batch[key][row] for key in batch}
+        assert_same_samples([{**batched, "cu_seqlens": padded[:boundaries]}], [theirs[row]])
+
+
 def test_packing_keeps_conversations_whole_and_loss_on_answers(tokenizer_dir, tmp_path):
     path = str(tmp_path / "chat.jsonl")
     write_sft_jsonl(path, 30, seed=9, conversations=3)

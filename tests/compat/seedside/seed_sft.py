@@ -56,6 +56,31 @@ def samples(
     jsonl: str, tokenizer_path: str, prompt_format: str, settings: dict, count: int
 ) -> list:
     """The seed's SFT train samples 0..count-1 (and ``len``), as pretrain_gpt.py builds them."""
+    train = build(jsonl, tokenizer_path, prompt_format, settings)
+    return len(train), [as_numpy(train[i]) for i in range(count)]
+
+
+def samples_at(
+    jsonl: str, tokenizer_path: str, prompt_format: str, settings: dict, indices: list
+) -> list:
+    """The seed's SFT train samples at ``indices`` (any ints: negative ones too), or for an
+    index it fails on, the error's type name."""
+    train = build(jsonl, tokenizer_path, prompt_format, settings)
+    results = []
+    for idx in indices:
+        try:
+            results.append(as_numpy(train[idx]))
+        except Exception as error:  # the seed's failure, reported as data
+            results.append(type(error).__name__)
+    return results
+
+
+def as_numpy(sample: dict) -> dict:
+    return {key: value.numpy() for key, value in sample.items()}
+
+
+def build(jsonl: str, tokenizer_path: str, prompt_format: str, settings: dict):
+    """The seed's SFT train dataset over ``jsonl``, as pretrain_gpt.py builds it."""
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
@@ -77,5 +102,4 @@ def samples(
     train, _, _ = BlendedMegatronDatasetBuilder(
         SFTDataset, settings["sizes"], lambda: True, config
     ).build()
-    picked = [train[i] for i in range(count)]
-    return len(train), [{k: v.numpy() for k, v in sample.items()} for sample in picked]
+    return train

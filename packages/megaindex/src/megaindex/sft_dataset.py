@@ -39,7 +39,7 @@ from megafmt.sft import (
 )
 from megaindex.config import GPTDatasetConfig
 from megaindex.errors import ConfigError
-from megaindex.megatron_dataset import MegatronDataset, resolve_indices
+from megaindex.megatron_dataset import MegatronDataset
 from megaindex.sft_pack import IGNORE_INDEX, Pack, pack_conversations
 
 
@@ -167,13 +167,16 @@ class SFTDataset(MegatronDataset):
         return sample_of(self.pack(idx), self.config.tokenizer.pad)
 
     def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch:
-        """The samples at ``indices`` collated in one pass (None: a padding sample, the first
-        sample with no loss); ``cu_seqlens`` padded to the longest with its last boundary."""
-        numbers, padding = resolve_indices(indices, lambda: len(self))
-        samples = [self[number] for number in numbers]
-        for sample, is_padding in zip(samples, padding, strict=True):
-            if is_padding:
+        """The samples at ``indices`` collated in one pass, each as ``self[idx]`` reads it (a
+        negative index too: it wraps modulo the split's lines, as the seed's ``__getitem__``
+        wraps it, not from the end of ``len``); None is a padding sample, the first sample with
+        no loss. ``cu_seqlens`` is padded to the longest with its last boundary."""
+        samples = []
+        for idx in indices:
+            sample = self[0 if idx is None else idx]
+            if idx is None:
                 sample["loss_mask"] = torch.zeros_like(sample["loss_mask"])
+            samples.append(sample)
         return CollatedBatch(collate_packed(samples))
 
 
