@@ -89,10 +89,11 @@ def check_run(process, prefix, reference, storage, seconds=60):
     assert_same_bytes(prefix, reference)
     names = sorted(os.listdir(os.path.dirname(prefix)))
     assert names == sorted(
-        f"out_{key}_document{suffix}"
-        for key in KEYS
-        for suffix in (".bin", ".idx", ".manifest.json")
+        [".mega", *(f"out_{key}_document{suffix}" for key in KEYS for suffix in (".bin", ".idx"))]
     ), names  # no partial, no shard (nor the default storage folder) left beside the output
+    assert sorted(os.listdir(os.path.join(os.path.dirname(prefix), ".mega"))) == sorted(
+        f"out_{key}_document.manifest.json" for key in KEYS
+    )  # the manifests, out of merge_datasets.py's way
     if storage is not None:
         assert os.listdir(storage) == []  # the run's folder is gone, shards and attempts too
     manifest = read_manifest(f"{prefix}_text_document")

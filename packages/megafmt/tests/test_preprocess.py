@@ -17,7 +17,7 @@ import time
 import numpy
 import pytest
 
-from megafmt import IndexedDataset, IndexedDatasetBuilder, read_manifest
+from megafmt import IndexedDataset, IndexedDatasetBuilder, manifest_path, read_manifest
 from megafmt.cli.main import main
 from megafmt.errors import PluginError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
@@ -199,6 +199,24 @@ def test_manifest_records_how_the_corpus_was_made(tmp_path, capsys):
     assert "tokenizer" in out and "null" in out and "eod 99" in out
 
 
+def test_a_manifest_at_megafmt_0_1_s_place_is_read_and_replaced(tmp_path, capsys):
+    """megafmt 0.1.0 wrote ``<prefix>.manifest.json`` beside the pair; now it goes into
+    ``.mega/``, out of merge_datasets.py's way: the old one is read, and a rerun removes it."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1 2"}])
+    prefix = run(tmp_path, source, **NULL).outputs["text"]
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        ".mega",
+        "c_text_document.bin",
+        "c_text_document.idx",
+    ]
+    os.replace(manifest_path(prefix), prefix + ".manifest.json")
+    assert read_manifest(prefix)["tokenizer"]["eod"] == 99
+    assert main(["info", prefix]) == 0 and "eod 99" in capsys.readouterr().out
+    run(tmp_path, source, **NULL)
+    assert not os.path.exists(prefix + ".manifest.json")
+    assert read_manifest(prefix)["tokenizer"]["eod"] == 99
+
+
 def test_cli_takes_megatron_flags(tmp_path, capsys):
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "5 6"}, {"text": "7"}])
     status = main(
@@ -311,10 +329,11 @@ def test_an_interrupted_run_leaves_no_complete_looking_output_and_a_rerun_works(
     summary = preprocess(PreprocessConfig(input=source, output_prefix=output, workers=2))
     assert summary.documents == 40000
     assert sorted(os.listdir(tmp_path / "out")) == [
+        ".mega",
         "c_text_document.bin",
         "c_text_document.idx",
-        "c_text_document.manifest.json",
     ]  # the killed run's partial files were cleared
+    assert os.listdir(tmp_path / "out" / ".mega") == ["c_text_document.manifest.json"]
     assert main(["verify", output + "_text_document"]) == 0
 
 
