@@ -352,3 +352,34 @@ def test_ranks_receive_the_seed_commit_s_sub_sequences_groups_and_shares(
             else:
                 for step, (share, seed_share) in enumerate(zip(mine, expected, strict=True)):
                     assert_same_share(share, seed_share, f"{where}, micro-batch {step}")
+
+
+@pytest.mark.distributed
+def test_megatron_s_default_flags_run_as_at_the_seed_commit(seed_ranks) -> None:
+    """``--create-attention-mask-in-dataloader`` (Megatron's default) and ``--micro-batch-size
+    2`` with hybrid CP, each wrapper given a ``pg_collection``: at TP 1 the switched wrapper and
+    get_batch give the seed's schedules, sub-sequences and shares (no mask: a sub-sequence has
+    none); at TP 2, where the seed's broadcast would size its buffers by these flags and
+    corrupt the batch, both refuse, naming the flag and the fix."""
+    world, rng = 4, random.Random(2727)
+    cases = []
+    for tp, cp in [(1, 1), (1, 2), (2, 1)]:
+        _, _, _, max_len, steps = wrapper_case(rng, tp, cp, world)
+        _, _, _, micro_batches = get_batch_case(rng, tp, cp, world)
+        cases.append((tp, cp, max_len, steps, micro_batches, 2, SEQ))
+    answers = call_on_ranks(seed_ranks[:world], "seed_hybrid_cp:defaults_run", cases)
+    for rank, answer in enumerate(answers):
+        for (tp, cp, *_), got in zip(cases, answer, strict=True):
+            where = f"rank {rank}, tp {tp}, cp {cp}"
+            if tp > 1:
+                assert "ours_steps" not in got, where
+                assert "--create-attention-mask-in-dataloader" in got["ours_refused"], where
+                assert "--no-create-attention-mask-in-dataloader" in got["ours_refused"], where
+                continue
+            assert "ours_refused" not in got, (where, got.get("ours_refused"))
+            assert_same_steps(got["ours_steps"], got["seed_steps"], where)
+            for step, (mine, theirs) in enumerate(
+                zip(got["ours_shares"], got["seed_shares"], strict=True)
+            ):
+                assert_same_share(mine, theirs, f"{where}, micro-batch {step}")
+                assert mine["attention_mask"] is None and theirs["attention_mask"] is None

@@ -159,3 +159,122 @@ def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
         return answers
     finally:
         dist.destroy_process_group()
+
+
+def defaults_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
+    """Hybrid CP with Megatron-LM's default flags (``--create-attention-mask-in-dataloader``)
+    and ``--micro-batch-size`` above 1, each wrapper given a ``pg_collection``: per case
+    ``(tp, cp, max_len, steps, micro_batches, mbs, seq_length)``, the seed's wrapper steps and
+    get_batch shares and megadist.megatron's (the switched ones) on the same groups; at TP > 1,
+    where the seed would corrupt the batch, only ours run: the message each refusal raises."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+    from megatron.core import utils as core_utils
+    from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper
+
+    from megadist import megatron as switched
+    from megadist.errors import TopologyError
+
+    _without_cuda()
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    answers = []
+    try:
+        for tp, cp, max_len, steps, micro_batches, mbs, seq_length in cases:
+            mpu.initialize_model_parallel(
+                tensor_model_parallel_size=tp,
+                context_parallel_size=cp,
+                hybrid_context_parallel=True,
+            )
+            tp_rank, dp_rank = mpu.get_tensor_model_parallel_rank(), mpu.get_data_parallel_rank()
+            pg = types.SimpleNamespace(
+                dp_cp=mpu.get_data_parallel_group(with_context_parallel=True),
+                dp=mpu.get_data_parallel_group(),
+                tp=mpu.get_tensor_model_parallel_group(),
+            )
+            config = types.SimpleNamespace(max_seqlen_per_dp_cp_rank=max_len)
+            args = types.SimpleNamespace(
+                micro_batch_size=mbs, seq_length=seq_length,
+                hybrid_context_parallel=True, create_attention_mask_in_dataloader=True,
+            )  # fmt: skip
+
+            answer = {}
+            try:
+                answer["ours_steps"] = _steps_of(
+                    switched.HybridCPDataLoaderWrapper(
+                        _source(steps, dp_rank, tp_rank), config, pg, args=args
+                    ),
+                    len(steps),
+                )
+                feed = iter([{k: torch.from_numpy(v) for k, v in b.items()} for b in micro_batches])
+                answer["ours_shares"] = [
+                    _numpy(dict(zip(_KEYS, batch, strict=True)))
+                    for batch in (
+                        switched.get_batch(feed if tp_rank == 0 else None, args=args)
+                        for _ in micro_batches
+                    )
+                ]
+            except TopologyError as error:
+                answer["ours_refused"] = str(error)
+            if tp == 1:
+                answer["seed_steps"] = _steps_of(
+                    HybridCPDataLoaderWrapper(_source(steps, dp_rank, tp_rank), config, pg),
+                    len(steps),
+                )
+                answer["seed_shares"] = [
+                    _numpy(
+                        core_utils.get_batch_on_this_cp_rank(
+                            core_utils.get_batch_on_this_tp_rank(
+                                read_on_source(loaded, tp_rank),
+                                is_sft=False,
+                                is_hybrid_cp=True,
+                                create_attention_mask_in_dataloader=True,
+                                broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
+                                broadcast_group=mpu.get_tensor_model_parallel_group(),
+                                cp_size=cp,
+                                tp_rank=tp_rank,
+                                micro_batch_size=mbs,
+                                seq_length=args.seq_length,
+                                mtp_on_this_rank=False,
+                            ),
+                            is_hybrid_cp=True,
+                            cp_group=mpu.get_context_parallel_group(),
+                            hybrid_cp_group_func=mpu.get_hybrid_data_context_parallel_groups,
+                        )
+                    )
+                    for loaded in micro_batches
+                ]
+            answers.append(answer)
+            mpu.destroy_model_parallel()
+        dist.barrier()
+        return answers
+    finally:
+        dist.destroy_process_group()
+
+
+def _source(steps: list, dp_rank: int, tp_rank: int):
+    """The loader of a DP rank's steps (its lists of packed samples), on TP rank 0 only."""
+    import torch
+
+    if tp_rank != 0:
+        return None
+    return iter([[{k: torch.from_numpy(v) for k, v in s.items()} for s in step[dp_rank]]
+                 for step in steps])  # fmt: skip
+
+
+def _steps_of(wrapper, count: int) -> list:
+    """A wrapper's first ``count`` steps: (schedule, sub-sequences received, as numpy)."""
+    taken = []
+    for _ in range(count):
+        received, schedule = next(wrapper)
+        if received is not None:
+            received = {gid: _numpy(piece) for gid, piece in received.items()}
+        taken.append((schedule, received))
+    return taken
+
+
+#: pretrain_gpt.get_batch's keys: the order of the list megadist.megatron.get_batch returns
+_KEYS = (
+    "attention_mask", "cu_seqlens", "cu_seqlens_padded", "hybrid_cp_group", "labels",
+    "local_cp_size", "loss_mask", "max_seqlen", "position_ids", "tokens",
+)  # fmt: skip

@@ -18,14 +18,16 @@ pipeline size from ``megatron.core.parallel_state``, and with ``hybrid_context_p
 data-parallel groups (with and without CP) and hybrid DPxCP groups. Megatron must be importable
 (this module imports nothing of it until called).
 
-``HybridCPDataLoaderWrapper(data_iterator, config)`` is training.py's wrapper of the same name
-(``megatron.core.datasets.data_schedule``), signature for signature: megadist's
-:class:`~megadist.hybrid_cp_loader.HybridCPDataLoaderWrapper` on the groups of
-``topology_from_megatron``, with the model configuration's ``max_seqlen_per_dp_cp_rank``.
+``HybridCPDataLoaderWrapper(data_iterator, config, pg_collection=None)`` is training.py's
+wrapper of the same name (``megatron.core.datasets.data_schedule``), signature for signature:
+megadist's :class:`~megadist.hybrid_cp_loader.HybridCPDataLoaderWrapper` on the groups of
+``topology_from_megatron`` (or of ``pg_collection``), with the model configuration's
+``max_seqlen_per_dp_cp_rank``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -141,12 +143,34 @@ class HybridCPModelConfig(Protocol):
     max_seqlen_per_dp_cp_rank: int
 
 
+#: the groups Megatron's wrapper takes from a ``pg_collection``: its attribute -> what it is
+PG_COLLECTION_GROUPS = {"dp_cp": "data parallel with CP", "dp": "data parallel", "tp": "tensor"}
+
+
+def _with_pg_collection(
+    topology: BatchTopology, hybrid: HybridCPGroups, pg_collection: Any
+) -> BatchTopology:
+    """``topology`` (whose hybrid CP groups are ``hybrid``) on the DPxCP, DP and TP groups of
+    Megatron's ``ProcessGroupCollection``, which the seed's wrapper reads in place of
+    ``parallel_state``'s when given one."""
+    groups = {name: getattr(pg_collection, name, None) for name in PG_COLLECTION_GROUPS}
+    missing = [f"{name} ({PG_COLLECTION_GROUPS[name]})" for name, g in groups.items() if g is None]
+    if missing:
+        raise TopologyError(
+            f"the pg_collection given to HybridCPDataLoaderWrapper has no {', '.join(missing)} "
+            "group; hybrid context parallelism needs dp_cp, dp and tp: set them, or pass none "
+            "(the groups then come from parallel_state)"
+        )
+    hybrid = dataclasses.replace(hybrid, dp_group=groups["dp"], dp_cp_group=groups["dp_cp"])
+    return dataclasses.replace(topology, tp_group=groups["tp"], hybrid_cp=hybrid)
+
+
 class HybridCPDataLoaderWrapper(hybrid_cp_loader.HybridCPDataLoaderWrapper):
-    """Megatron-LM's ``HybridCPDataLoaderWrapper(data_iterator, config)``: megadist's wrapper
-    on this rank's groups from Megatron's ``parallel_state`` (its arguments need
-    ``hybrid_context_parallel``), dealing at most ``config.max_seqlen_per_dp_cp_rank`` tokens
-    of a sequence to a rank. Megatron's ``pg_collection`` is not read: the groups come from
-    ``parallel_state``, as they do when training.py passes none."""
+    """Megatron-LM's ``HybridCPDataLoaderWrapper(data_iterator, config, pg_collection=None)``:
+    megadist's wrapper on this rank's groups (its arguments need ``hybrid_context_parallel``),
+    dealing at most ``config.max_seqlen_per_dp_cp_rank`` tokens of a sequence to a rank. The
+    DPxCP, DP and TP groups are ``pg_collection``'s ``dp_cp``, ``dp`` and ``tp`` when one is
+    given, else ``parallel_state``'s, as the seed commit's wrapper takes them."""
 
     def __init__(
         self,
@@ -156,12 +180,12 @@ class HybridCPDataLoaderWrapper(hybrid_cp_loader.HybridCPDataLoaderWrapper):
         *,
         args: Any | None = None,
     ) -> None:
-        if pg_collection is not None:
+        topology = topology_from_megatron(args=args)
+        if topology.hybrid_cp is None:
             raise TopologyError(
-                "megadist.megatron.HybridCPDataLoaderWrapper takes its groups from Megatron's "
-                "parallel_state; got a pg_collection, which it would not read: pass none, or "
-                "use megadist.HybridCPDataLoaderWrapper with a BatchTopology"
+                "HybridCPDataLoaderWrapper needs Megatron-LM's --hybrid-context-parallel "
+                "(args.hybrid_context_parallel is off)"
             )
-        super().__init__(
-            data_iterator, topology_from_megatron(args=args), config.max_seqlen_per_dp_cp_rank
-        )
+        if pg_collection is not None:
+            topology = _with_pg_collection(topology, topology.hybrid_cp, pg_collection)
+        super().__init__(data_iterator, topology, config.max_seqlen_per_dp_cp_rank)

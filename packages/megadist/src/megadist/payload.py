@@ -23,8 +23,10 @@ def fixed_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """The shape of every payload key but the variable-length boundaries; ``split`` None gives
     the full micro-batch, ``"zigzag"`` or ``"thd"`` one CP rank's share of it. ``length`` is
-    the row length of a hybrid-CP micro-batch (default: ``seq_length``)."""
-    mbs, full = topology.micro_batch_size, length or topology.seq_length
+    the row length of a hybrid-CP micro-batch (default: ``seq_length``), which is one row: one
+    scheduled sub-sequence, whatever the micro-batch size (the sampler's)."""
+    mbs = 1 if topology.hybrid_cp is not None else topology.micro_batch_size
+    full = length or topology.seq_length
     rows = full if split is None else topology.local_seq_length
     mask_rows = rows if split == "zigzag" or split is None else full
     shapes = {}
@@ -39,10 +41,11 @@ def fixed_shapes(
 
 
 #: keys a source may leave None: the THD split falls back to ``cu_seqlens``; a hybrid-CP
-#: micro-batch without boundaries is split over the plain CP group, as in Megatron
+#: micro-batch without boundaries is split over the plain CP group, and one without a mask
+#: (a sub-sequence has none) gets None, as in Megatron
 OPTIONAL_KEYS: dict[bool, tuple[str, ...]] = {
     False: ("cu_seqlens_padded",),
-    True: ("cu_seqlens_padded", "cu_seqlens"),
+    True: ("cu_seqlens_padded", "cu_seqlens", "attention_mask"),
 }
 
 
@@ -54,7 +57,7 @@ def hybrid_row_length(batch: Mapping[str, Any], topology: BatchTopology) -> int 
     tokens = batch.get("tokens")
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         found = list(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        raise BatchError(f"a hybrid-CP micro-batch needs 'tokens' of shape [mbs, L], found {found}")
+        raise BatchError(f"a hybrid-CP micro-batch needs 'tokens' of shape [1, L], found {found}")
     length = tokens.shape[1]
     if not 1 <= length <= topology.seq_length:
         raise BatchError(

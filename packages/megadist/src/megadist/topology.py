@@ -189,20 +189,45 @@ class BatchTopology:
                 f"virtual_pipeline_size must be positive or None, found "
                 f"{self.virtual_pipeline_size}"
             )
-        if self.hybrid_cp is not None and (
-            self.attention_mask or self.pipeline is not PipelinePosition.SINGLE
-        ):
-            raise TopologyError(
-                "hybrid context parallelism works without an attention mask from the loader and "
-                "without pipeline parallelism (Megatron refuses the pipeline, and sizes its mask "
-                f"buffers by seq_length); found attention_mask={self.attention_mask}, pipeline "
-                f"{self.pipeline.value}"
-            )
+        if self.hybrid_cp is not None:
+            self._check_hybrid_cp()
         if self.cp_size > 1 and self.seq_length % (2 * self.cp_size):
             raise TopologyError(
                 f"seq_length {self.seq_length} is not divisible by 2 x cp_size = "
                 f"{2 * self.cp_size}: context parallelism splits each sequence into "
                 f"{2 * self.cp_size} equal chunks"
+            )
+
+    def _check_hybrid_cp(self) -> None:
+        """Hybrid CP runs without pipeline parallelism (Megatron refuses it). Each micro-batch
+        is one scheduled sub-sequence, one row of its own length and no mask; at tensor-parallel
+        size 1 nothing is broadcast and ``--micro-batch-size`` (the sampler's) and
+        ``--create-attention-mask-in-dataloader`` change nothing, as at the seed commit. At
+        larger TP sizes the seed's get_batch sizes the other TP ranks' buffers by them (a mask
+        of seq_length x seq_length, micro_batch_size rows), so the batch would be corrupted:
+        refused, naming the flag and the fix."""
+        if self.pipeline is not PipelinePosition.SINGLE:
+            raise TopologyError(
+                "hybrid context parallelism works without pipeline parallelism (Megatron "
+                f"refuses it); found pipeline {self.pipeline.value}"
+            )
+        if self.tp_size == 1:
+            return
+        if self.attention_mask:
+            raise TopologyError(
+                f"--hybrid-context-parallel with --create-attention-mask-in-dataloader (on by "
+                f"default) at tensor-parallel size {self.tp_size}: a hybrid-CP sub-sequence "
+                "carries no mask, and the seed commit's get_batch would broadcast a "
+                "seq_length x seq_length one to the other TP ranks and corrupt the batch; give "
+                "--no-create-attention-mask-in-dataloader (or tensor-parallel size 1)"
+            )
+        if self.micro_batch_size != 1:
+            raise TopologyError(
+                f"--hybrid-context-parallel with --micro-batch-size {self.micro_batch_size} at "
+                f"tensor-parallel size {self.tp_size}: each hybrid-CP micro-batch is one "
+                "scheduled sub-sequence (one row), and the seed commit's get_batch would size "
+                f"the other TP ranks' buffers for {self.micro_batch_size} rows and corrupt the "
+                "batch; give --micro-batch-size 1 (or tensor-parallel size 1)"
             )
 
     @property
