@@ -5,6 +5,7 @@ pre-tokenized form."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 import numpy
@@ -12,6 +13,7 @@ import pytest
 import torch
 from seedref import SeedRaised
 
+from megafmt.preprocess import BadInputError
 from megafmt.sft import JsonlLineIndex, SFTTokenizer, split_conversations, write_tokenized
 from megafmt.sft.testing import random_messages, write_sft_jsonl, write_sft_tokenizer
 from megaindex import BlendedMegatronDatasetBuilder, SFTDataset, SFTDatasetConfig
@@ -155,6 +157,79 @@ def test_negative_indices_read_the_seed_s_samples_one_by_one_and_batched(
         assert (padded[boundaries:] == sample["cu_seqlens"][-1]).all(), row
         batched = {key: batch[key][row] for key in batch}
         assert_same_samples([{**batched, "cu_seqlens": padded[:boundaries]}], [theirs[row]])
+
+
+def turn(role: str, content: str) -> dict:
+    return {"role": role, "content": content}
+
+
+#: lines the seed trains on in each format that megafmt used to refuse: masking formats check
+#: turns as the seed's tokenizer does (roles lower-cased; the turn before the first is the
+#: conversation's last), the others take any turns
+SEED_TRAINS_ON = {
+    "nemotron-h-aligned": [
+        [turn("assistant", "hello"), turn("user", "why")],
+        [turn("system", "sys"), turn("User", "a"), turn("Assistant", "b"), turn("user", "cat")],
+    ],
+    "nemotron-nano-v2": [[turn("assistant", "ok 42"), turn("tool", "mat")]],
+    "identity": [
+        [turn("user", "hello"), turn("assistant", "")],
+        [turn("assistant", "world"), turn("system", "sat"), turn("assistant", "on a mat")],
+        [turn("robot", "tokens"), turn("user", "why")],
+    ],
+}
+
+
+@pytest.mark.parametrize("prompt_format", sorted(SEED_TRAINS_ON))
+def test_lines_the_seed_trains_on_are_trained_on_in_its_order(
+    seed, tokenizer_dir, tmp_path, prompt_format
+):
+    """Lines the seed's tokenizer takes in this format (and that megafmt once refused as a
+    whole jsonl), among ordinary ones: every sample the seed's, line for line."""
+    path = tmp_path / "chat.jsonl"
+    records = write_sft_jsonl(path, 6, seed=3, conversations=2)
+    for offset, messages in enumerate(SEED_TRAINS_ON[prompt_format]):
+        records.insert(1 + 2 * offset, messages)
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in records))
+    count = 2 * len(records)
+    settings = {
+        "seed": 7,
+        "sequence_length": 48,
+        "split": "100,0,0",
+        "sizes": [count, 2, 2],
+        "context_parallel_size": 1,
+    }
+    _, theirs = seed.call(
+        "seed_sft:samples", str(path), tokenizer_dir, prompt_format, settings, count
+    )
+    _, ours = ours_samples(str(path), SFTTokenizer(tokenizer_dir, prompt_format), settings, count)
+    assert_same_samples(ours, theirs)
+
+
+def test_a_line_the_seed_fails_on_is_an_error_naming_its_line(seed, tokenizer_dir, tmp_path):
+    """An empty assistant turn in a masking format: the seed fails reading that line (a
+    ValueError), ours names file and line, or skips and counts it with skip_bad_lines."""
+    path = tmp_path / "chat.jsonl"
+    records = write_sft_jsonl(path, 4, seed=5)
+    records.insert(2, [turn("user", "why"), turn("assistant", "")])
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in records))
+    settings = {
+        "seed": 7,
+        "sequence_length": 48,
+        "split": "100,0,0",
+        "sizes": [5, 2, 2],
+        "context_parallel_size": 1,
+    }
+    theirs = seed.call(
+        "seed_sft:samples_at", str(path), tokenizer_dir, "nemotron-h-aligned", settings, [2]
+    )
+    assert theirs == ["ValueError"]
+    tokenizer = SFTTokenizer(tokenizer_dir)
+    with pytest.raises(BadInputError, match=r"chat\.jsonl, line 3 .*empty assistant turn"):
+        ours_samples(str(path), tokenizer, settings, 1)
+    with pytest.warns(UserWarning, match="skipped 1 bad lines"):
+        dataset, _ = ours_samples(str(path), tokenizer, settings, 0, skip_bad_lines=True)
+    assert dataset.dataset.lines.tolist() == [1, 2, 4, 5]
 
 
 def test_packing_keeps_conversations_whole_and_loss_on_answers(tokenizer_dir, tmp_path):

@@ -29,6 +29,7 @@ import numpy
 import torch
 
 from megafmt import IndexedDataset
+from megafmt.preprocess import BadInputError
 from megafmt.protocols import CollatedBatch, ConversationSource
 from megafmt.sft import (
     JsonlLineIndex,
@@ -61,6 +62,13 @@ class SFTDatasetConfig(GPTDatasetConfig):
     ``"on_read"``: indexed from its line ends alone, each line checked when a sample reads it"""
 
 
+def masks_prompts(tokenizer: Any) -> bool:
+    """Whether the lines are checked for a prompt format that masks prompts (the seed trains
+    on any line in the others): megafmt's SFT tokenizer says; any other tokenizer (Megatron's)
+    checks its conversations itself when a sample reads them."""
+    return isinstance(tokenizer, SFTTokenizer) and tokenizer.format.masks
+
+
 class SFTDataset(MegatronDataset):
     """Packed SFT samples over the lines ``indices`` of an SFT jsonl (or its pre-tokenized
     form); sample ``idx`` packs line ``indices[idx % len(indices)]``."""
@@ -81,9 +89,12 @@ class SFTDataset(MegatronDataset):
         at ``dataset_path`` (local or any fsspec URL) through its cached line index."""
         if IndexedDataset.exists(dataset_path):
             return TokenizedConversations(dataset_path)
+        masked = masks_prompts(config.tokenizer)
         if isinstance(config, SFTDatasetConfig):
-            return JsonlLineIndex(dataset_path, config.skip_bad_lines, check=config.check_lines)
-        return JsonlLineIndex(dataset_path)
+            return JsonlLineIndex(
+                dataset_path, config.skip_bad_lines, check=config.check_lines, masked_turns=masked
+            )
+        return JsonlLineIndex(dataset_path, masked_turns=masked)
 
     def __len__(self) -> int:
         return self.num_samples
@@ -102,11 +113,17 @@ class SFTDataset(MegatronDataset):
         return where
 
     def conversations(self, idx: int) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
-        """Ids and targets of each conversation sample ``idx`` packs, before packing."""
+        """Ids and targets of each conversation sample ``idx`` packs, before packing; a line the
+        tokenizer refuses (a masking prompt format's rules) is an error naming it."""
         line = self.line_of(idx)
-        if isinstance(self.dataset, ConversationSource):
-            return self.dataset.tokenized_conversations(line, self.config.tokenizer)
-        return tokenize_line(self.dataset[line], self.config.tokenizer)
+        try:
+            if isinstance(self.dataset, ConversationSource):
+                return self.dataset.tokenized_conversations(line, self.config.tokenizer)
+            return tokenize_line(self.dataset[line], self.config.tokenizer)
+        except (ValueError, AssertionError) as error:
+            if isinstance(error, BadInputError):  # names its file and line already
+                raise
+            raise BadInputError(f"SFT sample {idx} ({self.where(idx)}): {error}") from error
 
     def pack(self, idx: int) -> Pack:
         """Sample ``idx``'s pack (``sequence_length + 1`` tokens) before the shift."""

@@ -7,7 +7,12 @@ samples is megaindex's ``SFTDataset``.
 """
 
 from megafmt.sft.lines import JsonlLineIndex
-from megafmt.sft.messages import line_problem, messages_problem, split_conversations
+from megafmt.sft.messages import (
+    conversation_problem,
+    line_problem,
+    messages_problem,
+    split_conversations,
+)
 from megafmt.sft.show import describe_tokens, loss_runs
 from megafmt.sft.tokenized import (
     TokenizedConversations,
@@ -30,6 +35,7 @@ __all__ = [
     "JsonlLineIndex",
     "SFTTokenizer",
     "TokenizedConversations",
+    "conversation_problem",
     "describe_tokens",
     "get_loss_mask_path",
     "line_problem",

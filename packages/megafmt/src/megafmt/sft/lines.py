@@ -36,8 +36,8 @@ from megafmt.sft.messages import Message, parse_line
 from megafmt.sft.scan import line_ranges, scan
 from megafmt.sft.tokenizer import tokenize_line
 
-#: bumped when the cached index's layout changes
-INDEX_FORMAT = 1
+#: bumped when the cached index's layout (or what makes a line good) changes
+INDEX_FORMAT = 2
 #: when lines are checked: all of them while indexing, or each when it is read
 CHECKS = ("all", "on_read")
 SUFFIX = ".sftlines.npz"
@@ -63,15 +63,18 @@ def index_path(path: str) -> str:
 
 
 def _scan(
-    path: str, skip_bad_lines: bool, workers: int | None, check: str
+    path: str, skip_bad_lines: bool, workers: int | None, check: str, masked_turns: bool
 ) -> tuple[dict[str, numpy.ndarray], dict[str, Any]]:
     """Index ``path``: every line checked (``check="all"``), or only its line ends found."""
     version = _version(path)
     if check == "all":
-        arrays, bad_count, bad = scan(path, version["size"], skip_bad_lines, workers)
+        arrays, bad_count, bad = scan(
+            path, version["size"], skip_bad_lines, workers, masked_turns=masked_turns
+        )
     else:
         arrays, bad_count, bad = line_ranges(path, version["size"]), 0, []
     meta = {"format": INDEX_FORMAT, "path": path, "version": version, "checked": check == "all"}
+    meta["masked_turns"] = masked_turns
     meta.update(bad_lines=bad_count, shown_bad_lines=bad)
     return arrays, meta
 
@@ -102,6 +105,8 @@ class JsonlLineIndex:
     """The good lines of an SFT jsonl (local path or fsspec URL): ``len``, their numbers in the
     file, and each line's ``messages`` read on demand. Pickles as its path and offsets.
     ``workers`` processes check a file that is not yet indexed (default: one per core).
+    ``masked_turns`` (the default): lines are checked as a prompt format that masks prompts
+    needs them (:func:`~megafmt.sft.messages.messages_problem`); off, as any format takes them.
     ``check="on_read"`` indexes a new file from its line ends alone (seconds for GBs) and
     checks each line when it is read instead; an index built with every line checked serves
     both."""
@@ -112,6 +117,7 @@ class JsonlLineIndex:
         skip_bad_lines: bool = False,
         workers: int | None = None,
         check: str = "all",
+        masked_turns: bool = True,
     ) -> None:
         self._fd: int | None = None
         self._pid = -1
@@ -123,10 +129,15 @@ class JsonlLineIndex:
                 "line is checked before the first is read"
             )
         self.path = path
+        self.masked_turns = masked_turns
         self.index_path = index_path(path)
         found = _load(self.index_path, path)
-        if found is None or (check == "all" and not found[1].get("checked", True)):
-            found = _scan(path, skip_bad_lines, workers, check)
+        if (
+            found is None
+            or (check == "all" and not found[1]["checked"])
+            or found[1]["masked_turns"] != masked_turns
+        ):
+            found = _scan(path, skip_bad_lines, workers, check, masked_turns)
             _store(self.index_path, *found)
         arrays, meta = found
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
@@ -167,7 +178,7 @@ class JsonlLineIndex:
         raw = self.raw(idx)
         if self.checked:
             return json.loads(raw)["messages"]
-        messages, problem = parse_line(raw)
+        messages, problem = parse_line(raw, self.masked_turns)
         if problem is not None:
             raise BadInputError(
                 f"{self.path}, line {int(self.lines[idx])} (byte {int(self.starts[idx])}): "

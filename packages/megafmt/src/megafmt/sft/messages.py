@@ -1,10 +1,12 @@
 """The conversations of an SFT jsonl line: what a valid line holds, and where it splits.
 
-A line is a JSON object whose ``messages`` is a list of ``{"role", "content"}`` turns. One line
-may pack several conversations: each ``system`` turn starts a new one (Megatron-LM's SFT
-dataset splits there too). Roles are ``system``, ``user``, ``assistant`` and ``tool``; an
-assistant turn must have content and follow a ``user`` or ``tool`` turn, as the seed commit's SFT
-tokenizer asserts while it masks prompts.
+A line is a JSON object whose ``messages`` is a non-empty list of ``{"role", "content"}`` turns
+(both strings). One line may pack several conversations: each ``system`` turn starts a new one
+(Megatron-LM's SFT dataset splits there too). What else a line must hold depends on the prompt
+format, as it does in the seed commit, whose SFT tokenizer checks turns only while it masks
+prompts (``nemotron-h-aligned``, ``nemotron-nano-v2``; :func:`conversation_problem`); the
+unmasked formats (``identity``, ``default``) train on any such line: an empty assistant turn,
+a conversation that opens with the assistant, any role.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ ANSWERED_ROLES = frozenset({"user", "tool"})
 Message = dict[str, Any]
 
 
-def parse_line(raw: bytes) -> tuple[list[Message] | None, str | None]:
+def parse_line(raw: bytes, masked_turns: bool = True) -> tuple[list[Message] | None, str | None]:
     """The ``messages`` of the jsonl line ``raw`` and None, or None and why the line cannot be
-    an SFT example."""
+    an SFT example (with ``masked_turns``: in a prompt format that masks prompts)."""
     try:
         record = json.loads(raw)
     except UnicodeDecodeError as error:
@@ -34,37 +36,56 @@ def parse_line(raw: bytes) -> tuple[list[Message] | None, str | None]:
         return None, f"expected a JSON object, found {type(record).__name__}"
     if "messages" not in record:
         return None, "no 'messages' key"
-    problem = messages_problem(record["messages"])
+    problem = messages_problem(record["messages"], masked_turns)
     return (None, problem) if problem else (record["messages"], None)
 
 
-def line_problem(raw: bytes) -> str | None:
+def line_problem(raw: bytes, masked_turns: bool = True) -> str | None:
     """Why the jsonl line ``raw`` cannot be an SFT example, or None when it can."""
-    return parse_line(raw)[1]
+    return parse_line(raw, masked_turns)[1]
 
 
-def messages_problem(messages: Any) -> str | None:
-    """Why ``messages`` is not a valid list of turns, or None (the first problem found)."""
+def messages_problem(messages: Any, masked_turns: bool = True) -> str | None:
+    """Why ``messages`` is not a valid list of turns, or None (the first problem found); with
+    ``masked_turns``, each conversation is also checked as a masking prompt format checks it."""
     if not isinstance(messages, list) or not messages:
         return f"'messages' must be a non-empty list, found {messages!r:.80}"
-    previous = None
     for number, turn in enumerate(messages):
         if not isinstance(turn, dict) or not isinstance(turn.get("content"), str):
             return (
                 f"messages[{number}] must be an object with a string 'content', found {turn!r:.80}"
             )
-        role = turn.get("role")
-        if role not in ROLES:
-            return f"messages[{number}] has role {role!r}; expected one of {sorted(ROLES)}"
+        if not isinstance(turn.get("role"), str):
+            return f"messages[{number}] must have a string 'role', found {turn.get('role')!r:.80}"
+    if not masked_turns:
+        return None
+    first = 0
+    for conversation in split_conversations(messages):
+        problem = conversation_problem(conversation)
+        if problem is not None:
+            return f"messages[{first}:{first + len(conversation)}] (a conversation): {problem}"
+        first += len(conversation)
+    return None
+
+
+def conversation_problem(conversation: list[Message]) -> str | None:
+    """Why a prompt format that masks prompts cannot tokenize ``conversation``, or None: the
+    seed's SFT tokenizer refuses an empty assistant turn, an assistant turn that does not answer
+    a ``user`` or ``tool`` turn (roles compared lower-cased; the turn before the first is the
+    conversation's last, as the seed indexes it) and a role it does not know."""
+    for number, turn in enumerate(conversation):
+        role = turn["role"].lower()
         if role == "assistant":
             if not turn["content"]:
-                return f"messages[{number}] is an empty assistant turn"
-            if previous not in ANSWERED_ROLES:
+                return f"turn {number} is an empty assistant turn"
+            previous = conversation[number - 1]["role"]
+            if previous.lower() not in ANSWERED_ROLES:
                 return (
-                    f"messages[{number}] is an assistant turn after a {previous!r} turn; it must "
+                    f"turn {number} is an assistant turn after a {previous!r} turn; it must "
                     "answer a 'user' or 'tool' turn"
                 )
-        previous = role
+        if role not in ROLES:
+            return f"turn {number} has role {turn['role']!r}; expected one of {sorted(ROLES)}"
     return None
 
 

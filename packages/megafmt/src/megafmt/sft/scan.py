@@ -61,16 +61,18 @@ def _lines(path: str, start: int, end: int) -> Iterator[tuple[int, bytes]]:
         yield offset, carry
 
 
-def scan_range(path: str, start: int, end: int, skip_bad_lines: bool) -> RangeScan:
-    """Check the lines in bytes [start, end); without ``skip_bad_lines`` stop at the first bad
-    one."""
+def scan_range(
+    path: str, start: int, end: int, skip_bad_lines: bool, masked_turns: bool = True
+) -> RangeScan:
+    """Check the lines in bytes [start, end) (their turns as a masking prompt format checks
+    them when ``masked_turns``); without ``skip_bad_lines`` stop at the first bad one."""
     found = RangeScan()
     for offset, raw in _lines(path, start, end):
         found.line_count += 1
         content = raw.rstrip(b"\r")
         if not content.strip():  # blank lines are skipped, as the datasets library skips them
             continue
-        problem = line_problem(content)
+        problem = line_problem(content, masked_turns)
         if problem is None:
             found.starts.append(offset)
             found.ends.append(offset + len(content))
@@ -107,22 +109,27 @@ def scan(
     skip_bad_lines: bool,
     workers: int | None = None,
     range_bytes: int | None = None,
+    masked_turns: bool = True,
 ) -> tuple[dict[str, numpy.ndarray], int, list[list]]:
     """The good lines of ``path`` (``starts``, ``ends``, 1-based ``lines``), the bad-line
     count and the first few bad lines as ``[line, problem]``; without ``skip_bad_lines`` the
-    first bad line is an error naming file, line and byte."""
+    first bad line is an error naming file, line and byte. ``masked_turns``: lines are checked
+    for a prompt format that masks prompts (:func:`~megafmt.sft.messages.messages_problem`)."""
     ranges = list(itertools.pairwise(cut_points(path, size, range_bytes)))
     workers = min(workers or os.cpu_count() or 1, len(ranges))
     results: list[RangeScan] = []
     with Progress(f"indexing {path}", total=size, unit="B") as progress:
         if workers <= 1:
             for start, end in ranges:
-                results.append(scan_range(path, start, end, skip_bad_lines))
+                results.append(scan_range(path, start, end, skip_bad_lines, masked_turns))
                 progress.update(end - start)
         else:
             context = multiprocessing.get_context("spawn")  # safe under torch's threads too
             with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                tasks = [pool.submit(scan_range, path, a, b, skip_bad_lines) for a, b in ranges]
+                tasks = [
+                    pool.submit(scan_range, path, a, b, skip_bad_lines, masked_turns)
+                    for a, b in ranges
+                ]
                 for (start, end), task in zip(ranges, tasks, strict=True):
                     results.append(task.result())
                     progress.update(end - start)

@@ -75,8 +75,10 @@ def preprocess_sft(
     """``mega preprocess --sft``: index and check the jsonl at ``input_path``, tokenize it with
     the SFT tokenizer at ``tokenizer_path`` into ``<output_prefix>_messages_document``; that
     prefix (the dataset path to train on)."""
-    lines = JsonlLineIndex(input_path, skip_bad_lines=skip_bad_lines)
     tokenizer = SFTTokenizer(tokenizer_path, prompt_format)
+    lines = JsonlLineIndex(
+        input_path, skip_bad_lines=skip_bad_lines, masked_turns=tokenizer.format.masks
+    )
     prefix = f"{output_prefix}_{SFT_KEY}_document"
     conversations = write_tokenized(lines, tokenizer, prefix)
     print(

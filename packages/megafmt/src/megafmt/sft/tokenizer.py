@@ -34,7 +34,7 @@ from typing import Any
 import numpy
 
 from megafmt.errors import FormatError, MissingFileError, PluginError
-from megafmt.sft.messages import Message, split_conversations
+from megafmt.sft.messages import Message, conversation_problem, split_conversations
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library
 from megafmt.tokenizers.huggingface import configured_tokens
 from megafmt.tokenizers.identity import megatron_identifiers
@@ -183,6 +183,9 @@ class SFTTokenizer:
         target = tokens.copy()
         if not self.format.masks:
             return tokens, target
+        problem = conversation_problem(conversation)
+        if problem is not None:  # the seed's SFT tokenizer refuses it too
+            raise FormatError(f"{problem} in the conversation {conversation!r:.200}")
         position = 0
         for number, turn in enumerate(conversation):
             piece = self._encode(self.format.render(turn))
@@ -192,7 +195,7 @@ class SFTTokenizer:
                     f"turn {number} ({turn['role']}) of the conversation encodes differently "
                     f"alone than within it, so its prompt cannot be masked: {conversation!r:.200}"
                 )
-            if turn["role"] == "assistant":
+            if turn["role"].lower() == "assistant":  # as the seed compares roles here
                 target[position : position + self.format.assistant_prefix_len] = IGNORE_INDEX
             else:
                 target[position:end] = IGNORE_INDEX
