@@ -7,7 +7,10 @@ Edits, in the checkout (the seed commit's layout, e03878b5f):
 
 - ``pretrain_gpt.py``: ``def get_batch`` becomes ``from megadist.megatron import get_batch``;
   the imports of ``BlendedMegatronDatasetBuilder``, ``GPTDataset``, ``GPTDatasetConfig`` and
-  ``MockGPTDataset`` come from ``megaindex``;
+  ``MockGPTDataset`` come from ``megaindex``, and so, where it imports them from
+  ``megatron.training.datasets`` (the seed commit does), do those of ``GPTFIMDataset`` and
+  ``GPTFIMDatasetConfig`` (``--fim-data``) and ``SFTDataset`` (``--sft``, which builds it with
+  the ``GPTDatasetConfig`` above);
 - ``megatron/training/datasets/data_samplers.py``: ``def build_pretraining_data_loader``
   becomes ``from megaload.megatron import build_pretraining_data_loader`` (training.py imports
   it from there);
@@ -53,6 +56,13 @@ SWITCHES = (
             "BlendedMegatronDatasetBuilder": "from megaindex import BlendedMegatronDatasetBuilder",
             "from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, "
             "MockGPTDataset": "from megaindex import GPTDataset, GPTDatasetConfig, MockGPTDataset",
+        },
+        {
+            "from megatron.training.datasets.fim_dataset import GPTFIMDataset, "
+            "GPTFIMDatasetConfig": "from megaindex import GPTFIMDataset, GPTFIMDatasetConfig",
+            "from megatron.training.datasets.sft_dataset import SFTDataset": (
+                "from megaindex import SFTDataset"
+            ),
         },
     ),
     Switch(

@@ -123,17 +123,58 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
     return write_corpus(str(tmp_path_factory.mktemp("corpus") / "web"), 400, vocab=999, eod=999)
 
 
+@pytest.fixture(scope="module")
+def code_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A code corpus and the byte-level BPE folder it is tokenized with (FIM's sentinels and
+    split token in its vocabulary), for ``--fim-data``."""
+    import random
+
+    from fimtesting import FILE_SEP, code_text, write_code_corpus, write_tokenizer
+
+    from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+
+    rng = random.Random(3)
+    texts = [code_text(rng, rng.randint(0, 40)) for _ in range(1000)]
+    directory = write_tokenizer(tmp_path_factory.mktemp("fim-tokenizer"), 400, texts)
+    tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=directory))
+    documents = [FILE_SEP.join(texts[i : i + rng.randint(1, 3)]) for i in range(0, 600, 2)]
+    prefix = str(tmp_path_factory.mktemp("fim-corpus") / "code")
+    write_code_corpus(prefix, tokenizer, documents)
+    return prefix, directory
+
+
+def data_flags(job: str, corpus: str, code_corpus: tuple[str, str]) -> list[str]:
+    """The data and tokenizer flags of a job: GPT over the NullTokenizer corpus, or
+    ``--fim-data`` over the code corpus (every FIM option the seed's parser has)."""
+    if job == "gpt":
+        return ["--data-path", corpus, "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+    prefix, directory = code_corpus
+    return [
+        "--data-path", prefix, "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", directory, "--fim-data", "--fim-rate", "0.8",
+        "--fim-spm-rate", "0.5", "--fim-split-sample", "<file_sep>", "--fim-fragment-rate", "0.5",
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "layout",
+    ("layout", "job"),
     [
-        ["--tensor-model-parallel-size", "2"],  # TP2 x DP2
-        ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2"],
+        (["--tensor-model-parallel-size", "2"], "gpt"),  # TP2 x DP2
+        (["--tensor-model-parallel-size", "2", "--context-parallel-size", "2"], "gpt"),
+        (["--tensor-model-parallel-size", "2"], "fim"),
     ],
-    ids=["tp2-dp2", "tp2-cp2"],
+    ids=["tp2-dp2", "tp2-cp2", "fim-tp2-dp2"],
 )
 def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
-    checkouts: dict[str, Path], corpus: str, tmp_path: Path, layout: list[str]
+    checkouts: dict[str, Path],
+    corpus: str,
+    code_corpus: tuple[str, str],
+    tmp_path: Path,
+    layout: list[str],
+    job: str,
 ) -> None:
+    """``fim``: the switched run builds megaindex's GPTFIMDataset from megaindex's
+    GPTFIMDatasetConfig (the seed runs Megatron-LM's)."""
     results = {}
     for name, root in checkouts.items():
         argv = [
@@ -142,8 +183,7 @@ def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
             "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
             "--num-attention-heads", "2", "--lr", "1e-4",
             "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
-            "--data-path", corpus, "--split", "90,8,2",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+            "--split", "90,8,2", *data_flags(job, corpus, code_corpus),
             "--data-cache-path", str(tmp_path / f"cache-{name}"), "--num-workers", "0",
         ]  # fmt: skip
         results[name] = run_distributed(
@@ -167,6 +207,27 @@ def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
     assert seed_files and seed_files == our_files
     for name in seed_files:
         assert (seed_cache / name).read_bytes() == (our_cache / name).read_bytes(), name
+
+
+def test_pretrain_gpt_s_fim_and_sft_datasets_come_from_megaindex(
+    checkouts: dict[str, Path],
+) -> None:
+    """The switched pretrain_gpt.py imports GPTFIMDataset, GPTFIMDatasetConfig and SFTDataset
+    from megaindex (``--sft`` builds SFTDataset with the GPTDatasetConfig, megaindex's too);
+    nothing else it imports from megatron.training.datasets is left."""
+    seed = (checkouts["seed"] / "pretrain_gpt.py").read_text()
+    switched = (checkouts["switched"] / "pretrain_gpt.py").read_text()
+    for line in (
+        "from megatron.training.datasets.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig\n",
+        "from megatron.training.datasets.sft_dataset import SFTDataset\n",
+    ):
+        assert line in seed and line not in switched
+    assert "megatron.training.datasets" not in switched
+    added = set(switched.splitlines(keepends=True)) - set(seed.splitlines(keepends=True))
+    assert {
+        "from megaindex import GPTFIMDataset, GPTFIMDatasetConfig\n",
+        "from megaindex import SFTDataset\n",
+    } <= added
 
 
 def test_training_py_s_hybrid_cp_wrapper_comes_from_megadist(
