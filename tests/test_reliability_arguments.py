@@ -192,7 +192,11 @@ def test_per_split_weights_name_their_flag():
         ({"train_iters": -5}, "train_iters must be an integer >= 0, got -5"),
         ({"train_samples": -5}, "train_samples must be an integer >= 0, got -5"),
         ({"train_iters": 5, "eval_interval": 2, "eval_iters": -1}, "eval_iters must be an"),
-        ({"train_iters": 5, "eval_interval": 0, "eval_iters": 1}, "eval_interval must be an"),
+        ({"train_iters": 5, "eval_interval": -1, "eval_iters": 1}, "eval_interval must be an"),
+        (
+            {"train_iters": 5, "eval_interval": 0, "eval_iters": 1},
+            "eval_iters 1 needs an eval_interval of at least 1 .* found 0; .* or skip_train",
+        ),
     ],
 )
 def test_negative_sample_budgets_are_refused(counts, message):
@@ -200,10 +204,21 @@ def test_negative_sample_budgets_are_refused(counts, message):
         get_train_valid_test_num_samples(4, **counts)
 
 
-def test_negative_split_sizes_are_refused(tmp_path):
-    for sizes, name in (([-5, 10, 10], r"sizes\[0\] \(the train"), ([5, 10, -1], r"sizes\[2\]")):
-        with pytest.raises(ConfigError, match=name + r".* expected an integer >= 0"):
+def test_split_sizes_that_are_not_integers_are_refused(tmp_path):
+    for sizes, name in (([2.5, 10, 10], r"sizes\[0\] \(the train"), ([5, 10, "1"], r"sizes\[2\]")):
+        with pytest.raises(ConfigError, match=name + r".* expected an integer, or None"):
             BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config(tmp_path, 8))
+
+
+def test_a_negative_split_size_builds_one_epoch_and_a_blend_refuses_it(tmp_path):
+    """As megatron-core: a corpus asked for a negative count builds one epoch; a blend that
+    must draw a negative count refuses it (megatron-core's numpy raises a ValueError)."""
+    single = config(tmp_path, 8)
+    train = BlendedMegatronDatasetBuilder(GPTDataset, [-5, 10, 10], lambda: True, single).build()
+    assert train[0].num_samples == -5 and train[0].epoch_plan.num_epochs == 1
+    blended = config(tmp_path, 8, blend=([single.blend[0][0]] * 2, None))
+    with pytest.raises(ConfigError, match="cannot draw -5 samples"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [-5, 10, 10], lambda: True, blended).build()
 
 
 def test_negative_sample_counts_on_the_command_line(capsys):

@@ -91,11 +91,9 @@ def ours(arguments: dict) -> dict:
     }
 
 
-@pytest.mark.parametrize("case", range(CASES))
-def test_budget_and_backfill_equal_the_seed_commit_s(seed, case: int) -> None:
-    rng = random.Random(case)
-    arguments = random_arguments(rng)
-    if rng.random() < 0.5:  # a resumed run, maybe from a checkpoint without consumed counts
+def resume(rng: random.Random, arguments: dict) -> None:
+    """Maybe make ``arguments`` a resumed run, maybe from a checkpoint without consumed counts."""
+    if rng.random() < 0.5:
         arguments["iteration"] = rng.randint(1, 8)
         if arguments["phase_transition_iterations"]:
             arguments["iteration"] = min(
@@ -106,6 +104,10 @@ def test_budget_and_backfill_equal_the_seed_commit_s(seed, case: int) -> None:
             arguments["consumed_train_samples"] = (
                 arguments["iteration"] * arguments["global_batch_size"]
             )
+
+
+def assert_equals_the_seed(seed, case: int, arguments: dict) -> None:
+    """Our counts and backfilled consumed counts are the seed's, or both refuse."""
     try:
         reference = seed.call("seed_budget:budget", arguments)
     except SeedRaised as raised:
@@ -125,3 +127,25 @@ def test_budget_and_backfill_equal_the_seed_commit_s(seed, case: int) -> None:
             arguments["phase_transition_iterations"],
         )
         assert 0 <= start < mine["counts"][0]
+
+
+@pytest.mark.parametrize("case", range(CASES))
+def test_budget_and_backfill_equal_the_seed_commit_s(seed, case: int) -> None:
+    rng = random.Random(case)
+    arguments = random_arguments(rng)
+    resume(rng, arguments)
+    assert_equals_the_seed(seed, case, arguments)
+
+
+@pytest.mark.parametrize("case", range(20))
+def test_skip_train_without_eval_interval_equals_the_seed_commit_s(seed, case: int) -> None:
+    """``--skip-train --eval-interval 0`` (evaluation only): the seed reads no interval there."""
+    rng = random.Random(f"skip-train-{case}")
+    arguments = random_arguments(rng)
+    arguments.update(skip_train=True, eval_interval=0)
+    resume(rng, arguments)
+    if arguments["iteration"]:
+        # a checkpoint that records its consumed validation samples: the seed's backfill of a
+        # missing count divides by the interval
+        arguments["consumed_valid_samples"] = arguments["eval_global_batch_size"]
+    assert_equals_the_seed(seed, case, arguments)

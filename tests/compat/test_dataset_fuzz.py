@@ -17,11 +17,13 @@ a whole case: ``FUZZ_START=S FUZZ_COUNT=1`` replays it. Where megaindex differs 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import os
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,12 @@ def _size(rng: numpy.random.Generator, weighted: bool) -> int | None:
     return [0, int(rng.integers(1, 20)), int(rng.integers(20, 2000))][int(rng.integers(3))]
 
 
+def _negative_sizes(rng: numpy.random.Generator, sizes: list[int | None]) -> list[int | None]:
+    """Some splits' counts made negative: megatron-core builds one epoch of a corpus for them
+    (and refuses them where a blend must draw them)."""
+    return [int(rng.choice([-1, -5, -1000])) if rng.random() < 0.12 else size for size in sizes]
+
+
 def _first_opened(config: dict[str, Any]) -> str:
     """The corpus the builders open first: the first of the first blend."""
     blends = [config.get("blend"), *(config.get("blend_per_split") or [])]
@@ -249,6 +257,14 @@ def draw_case(seed: int, root: str) -> dict[str, Any]:
         "expect": expect,
         "counts": counts,
     }
+    # drawn from a second stream, so the cases drawn before these were added stay the same
+    extra = numpy.random.default_rng([seed, 1])
+    case["sizes"] = _negative_sizes(extra, sizes)
+    # a rank that builds no dataset (is_built_on_rank() False) opens no corpus: the test hides
+    # the corpora while the three build, and every split is None, wrong counts or not
+    case["built_on_rank"] = bool(extra.random() >= 0.1)
+    if not case["built_on_rank"]:
+        expect["counts_fault"] = None
     if expect.get("counts_fault") or (
         config.get("sequences_per_dataset") and header_disagrees(case)
     ):
@@ -285,6 +301,26 @@ def build_seed(seed_process: SeedProcess, case: dict) -> dict[str, Any]:
         return seed_process.call("dataset_fuzz_reference:build", case)
     except SeedRaised as raised:  # the harness's own failure, not the case's
         raise AssertionError(f"seed worker failed: {raised}") from None
+
+
+@contextlib.contextmanager
+def corpora_hidden_unless_built(case: dict) -> Iterator[None]:
+    """For a rank that builds no dataset, its corpora moved away while it builds: a side that
+    opens or checks one fails (megatron-core touches none there)."""
+    moved = []
+    if not case["built_on_rank"]:
+        hidden = os.path.join(case["root"], "hidden")
+        os.makedirs(hidden)
+        for prefix in case["counts"]:
+            for suffix in (".bin", ".idx"):
+                away = os.path.join(hidden, os.path.basename(prefix) + suffix)
+                os.replace(prefix + suffix, away)
+                moved.append((away, prefix + suffix))
+    try:
+        yield
+    finally:
+        for away, back in moved:
+            os.replace(away, back)
 
 
 def header_disagrees(case: dict) -> bool:
@@ -409,11 +445,11 @@ def _kind(outcome: dict) -> str:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_megaindex_agrees_with_both_references(seed, tmp_path, seed_process):
     case = draw_case(seed, str(tmp_path))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), corpora_hidden_unless_built(case):
         warnings.simplefilter("ignore")
         ours = build_ours(case)
         core = reference.build(case)
-    seed_side = build_seed(seed_process, case)
+        seed_side = build_seed(seed_process, case)
     problems = [
         *compare(case, ours, core, "megatron-core 0.16.1"),
         *compare(case, ours, seed_side, "the seed commit"),

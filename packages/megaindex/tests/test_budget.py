@@ -27,8 +27,11 @@ def test_full_validation_and_no_evaluation():
 def test_budget_errors():
     with pytest.raises(ConfigError, match="give train_iters or train_samples"):
         get_train_valid_test_num_samples(8)
-    with pytest.raises(ConfigError, match="eval_iters needs eval_interval"):
-        get_train_valid_test_num_samples(8, train_iters=10, eval_iters=2)
+    for interval in (None, 0):
+        with pytest.raises(ConfigError, match="eval_iters 2 needs an eval_interval of at least 1"):
+            get_train_valid_test_num_samples(
+                8, train_iters=10, eval_iters=2, eval_interval=interval
+            )
 
 
 def test_start_eval_at_iter_and_skip_train():

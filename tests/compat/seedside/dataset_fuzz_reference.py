@@ -178,13 +178,31 @@ def build_with(
     fields = dict(case["config"])
     if case.get("is_reference"):
         fields.update(case["reference_overrides"])
+    built_on_rank = case.get("built_on_rank", True)
     if case["prime"]:
         primed = dict(fields, fast_cache_load=False, defer_npy_index_mmap=False)
         builder_class(
-            dataset_class, case["sizes"], lambda: True, config_class(tokenizer=tokenizer, **primed)
+            dataset_class,
+            case["sizes"],
+            lambda: built_on_rank,
+            config_class(tokenizer=tokenizer, **primed),
         ).build()
     config = config_class(tokenizer=tokenizer, **fields)
-    return builder_class(dataset_class, case["sizes"], lambda: True, config).build()
+    return builder_class(dataset_class, case["sizes"], lambda: built_on_rank, config).build()
+
+
+def _one_process_group() -> None:
+    """A one-process gloo group, as the test process holds: the builders read
+    ``is_built_on_rank()`` only in a process group (alone, a process builds everything)."""
+    import tempfile
+
+    import torch.distributed
+
+    if not torch.distributed.is_initialized():
+        store = os.path.join(tempfile.mkdtemp(prefix="fuzz-pg-"), "store")
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"file://{store}", rank=0, world_size=1
+        )
 
 
 def build(case: dict) -> dict[str, Any]:
@@ -195,6 +213,7 @@ def build(case: dict) -> dict[str, Any]:
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
     _guard_endless_epochs(GPTDataset)
+    _one_process_group()
     tokenizer = FuzzTokenizer(**case["tokenizer"])
     dataset_class = MockGPTDataset if case["mock"] else GPTDataset
     reference_case = dict(case, is_reference=True)

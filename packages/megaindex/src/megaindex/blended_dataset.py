@@ -319,5 +319,10 @@ def _check_blend(datasets: list[Any], weights: list[int | float], size: int | No
         raise ConfigError(f"blend weights must be positive, got {weights}")
     if any(type(w) is not type(weights[0]) for w in weights):
         raise ConfigError(f"blend weights must all be of one type, got {weights}")
+    if size is not None and size < 0:
+        raise ConfigError(
+            f"a blend of {len(datasets)} datasets cannot draw {size} samples (its split's size, "
+            "or the sum of its parts' shares of it): give the split a size >= 0, or None"
+        )
     if size is None and isinstance(weights[0], float) and any(w != int(w) for w in weights):
         raise ConfigError(f"without a size, weights count samples and must be whole: {weights}")

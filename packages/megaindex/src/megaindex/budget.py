@@ -5,8 +5,9 @@ train: ``train_samples``, else ``train_iters * global_batch_size``; with phase t
 (``phase_transition_iterations``), only the samples of the phase that ``iteration`` is in.
 valid: every evaluation point of the run, ``train_iters // eval_interval + 1``, less the points
 before ``start_eval_at_iter``, times ``eval_iters`` batches of ``eval_global_batch_size``
-(default: the global batch size); ``eval_iters`` batches alone with ``skip_train``; None with
-``full_validation`` (one whole epoch is used instead).
+(default: the global batch size); ``eval_iters`` batches alone with ``skip_train`` (which reads
+no ``eval_interval``: 0 or None is fine there); None with ``full_validation`` (one whole epoch
+is used instead).
 test: ``eval_iters`` batches of the evaluation batch size.
 
 Sample-based runs count their iterations as Megatron-LM's ``update_train_iters`` does: one per
@@ -149,7 +150,7 @@ def get_train_valid_test_num_samples(
         ("global_batch_size", global_batch_size, 1),
         ("train_iters", train_iters, 0),
         ("train_samples", train_samples, 0),
-        ("eval_interval", eval_interval, 1),
+        ("eval_interval", eval_interval, 0),
         ("eval_iters", eval_iters, 0),
         ("eval_global_batch_size", eval_global_batch_size, 1),
         ("iteration", iteration, 0),
@@ -174,7 +175,11 @@ def get_train_valid_test_num_samples(
             points = max(0, points - start_eval_at_iter // eval_interval)
         valid = points * eval_iters * eval_batch
     elif eval_iters:
-        raise ConfigError("eval_iters needs eval_interval to count the evaluation points")
+        raise ConfigError(
+            f"eval_iters {eval_iters} needs an eval_interval of at least 1 to count the "
+            f"evaluation points of training, found {eval_interval!r}; give one, or skip_train "
+            "(evaluation only, which needs none)"
+        )
     else:
         valid = 0
     if phase_transition_iterations:

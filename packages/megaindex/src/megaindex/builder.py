@@ -123,10 +123,12 @@ class BlendedMegatronDatasetBuilder:
                 f"sizes must hold one entry per split (train, valid, test), got {sizes}"
             )
         for split, size in zip(Split, sizes, strict=True):
-            if size is not None and not (isinstance(size, int | numpy.integer) and size >= 0):
+            # a negative count asks nothing of a corpus (one epoch, as megatron-core builds it);
+            # a blend cannot draw it (BlendedDataset refuses it there)
+            if size is not None and not isinstance(size, int | numpy.integer):
                 raise ConfigError(
                     f"sizes[{split.value}] (the {split.name} split's sample count) is {size!r}; "
-                    "expected an integer >= 0, or None for one epoch"
+                    "expected an integer, or None for one epoch"
                 )
         self.cls = cls
         self.sizes = sizes
@@ -165,6 +167,12 @@ class BlendedMegatronDatasetBuilder:
         """The config's ``barrier_timeout``; its default for a megatron-core config."""
         return own_field(self.config, BlendedMegatronDatasetConfig, "barrier_timeout")
 
+    def _builds_here(self) -> bool:
+        """Whether this process builds datasets: a process on its own always does (as in
+        megatron-core), a rank of a process group where ``is_built_on_rank()`` says so. A rank
+        that builds none never touches the corpus files."""
+        return distributed.global_rank() is None or self.is_built_on_rank()
+
     def _barrier(self) -> None:
         distributed.barrier(self._barrier_timeout)
 
@@ -186,7 +194,7 @@ class BlendedMegatronDatasetBuilder:
         samples are asked of it (asked for samples, it is an
         :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns."""
         distributed.agree(self.config_description(), self._barrier_timeout)
-        if self._opens_prefixes() and distributed.builds_shared_files():
+        if self._opens_prefixes() and distributed.builds_shared_files() and self._builds_here():
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
             check_tokenizers_agree(blends)
@@ -333,7 +341,7 @@ class BlendedMegatronDatasetBuilder:
     ) -> list[Any]:
         """Each split's mid-level dataset over one low-level dataset (a corpus, or mock data)."""
         synchronize_ranks = synchronize_ranks and self._synchronize
-        if distributed.global_rank() is not None and not self.is_built_on_rank():
+        if not self._builds_here():
             for bookends in split:
                 if bookends is not None and synchronize_ranks:
                     self._barrier()
