@@ -3,6 +3,8 @@ index cache that both load."""
 
 import itertools
 import os
+import sys
+import types
 
 import numpy
 import pytest
@@ -32,7 +34,9 @@ def corpus(tmp_path_factory):
     return write_corpus(str(tmp_path_factory.mktemp("gpt") / "corpus"), shortest=0)
 
 
-def build_both(corpus, directory, sizes, tokenizer=None, **fields):
+def build_both(corpus, directory, sizes, tokenizer=None, own=None, **fields):
+    """megatron-core's datasets and ours for the same fields; ``own`` holds fields only our
+    config has."""
     tokenizer = tokenizer or NullTokenizer(VOCAB)
     common = dict(
         random_seed=1234,
@@ -55,7 +59,9 @@ def build_both(corpus, directory, sizes, tokenizer=None, **fields):
         megaindex.GPTDataset,
         sizes,
         lambda: True,
-        megaindex.GPTDatasetConfig(path_to_cache=os.path.join(directory, "ours"), **common),
+        megaindex.GPTDatasetConfig(
+            path_to_cache=os.path.join(directory, "ours"), **common, **(own or {})
+        ),
     ).build()
     return theirs, ours
 
@@ -184,6 +190,56 @@ def test_a_tokenizer_without_pad_pads_where_megatron_raises(corpus, tmp_path, ex
     assert ours[1]._pad_token_id == -1
     without_attribute, _ = build_both(corpus, str(tmp_path / "absent"), [200, 20, 5], **fields)
     assert_same_samples(without_attribute[1], ours[1], [0, padded])
+
+
+@pytest.fixture(scope="module")
+def padded_corpus(tmp_path_factory):
+    """Ids 0 to 1023, EOD 1000: past NullTokenizer(1000)'s 1001 ids, within its vocabulary
+    padded as Megatron-LM pads it by default (1024 rows)."""
+    return write_corpus(str(tmp_path_factory.mktemp("padded") / "corpus"), vocab=1024, eod=1000)
+
+
+@pytest.mark.parametrize(
+    "vocab,divisor,tensor_parallel", [(1000, 128, 1), (50000, 128, 8), (7, 3, 5)]
+)
+def test_padded_vocabulary_is_the_seed_commit_s(seed, vocab, divisor, tensor_parallel):
+    """Our padding formula, and what a GPTDataset reads of a Megatron-LM run's arguments, are
+    the padded size the seed's build_tokenizer sets."""
+    theirs = seed.call("seed_vocab:padded_vocabulary", vocab, divisor, tensor_parallel)
+    assert theirs["megaindex_reads"] == theirs["padded_vocab_size"]
+    mine = megaindex.config.padded_vocab_size(theirs["vocab_size"], divisor, tensor_parallel)
+    assert mine == theirs["padded_vocab_size"]
+
+
+@pytest.mark.parametrize(
+    "own",
+    [{"padded_vocab_size": 1024}, {"check_token_ids": False}, {"megatron_args": 1024}],
+    ids=["padded-vocab-size", "check-off", "megatron-args"],
+)
+def test_ids_in_the_padded_vocabulary_are_read_as_megatron_reads_them(
+    padded_corpus, tmp_path, monkeypatch, own
+):
+    """megatron-core reads every id (the seed trains on those of a padded vocabulary): ours
+    does where the padded size is given, read from Megatron-LM's arguments, or the check off."""
+    if "megatron_args" in own:  # a Megatron-LM run: its build_tokenizer set padded_vocab_size
+        global_vars = types.ModuleType("megatron.training.global_vars")
+        args = types.SimpleNamespace(padded_vocab_size=own.pop("megatron_args"))
+        global_vars.get_args = lambda: args
+        monkeypatch.setitem(sys.modules, global_vars.__name__, global_vars)
+    theirs, ours = build_both(padded_corpus, str(tmp_path), [200, 20, 5], own=own)
+    assert max(int(theirs[0][idx]["tokens"].max()) for idx in range(25)) > VOCAB
+    assert_same_samples(theirs[0], ours[0], list(range(25)))
+
+
+def test_ids_past_the_vocabulary_are_refused_naming_the_switches(padded_corpus, tmp_path):
+    """Without a padded size (or past it) the check stays on, and its error says how to give
+    the padded size or turn it off."""
+    for own in ({}, {"padded_vocab_size": 1008}):
+        _, ours = build_both(padded_corpus, str(tmp_path / str(len(own))), [200, 20, 5], own=own)
+        with pytest.raises(megaindex.TokenRangeError) as refused:
+            [ours[0][idx] for idx in range(25)]
+        assert "padded_vocab_size" in str(refused.value)
+        assert "check_token_ids=False" in str(refused.value)
 
 
 def file_states(directory):

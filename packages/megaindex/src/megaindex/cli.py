@@ -32,7 +32,7 @@ from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.cache_report import inspect_cache
-from megaindex.config import GPTDatasetConfig
+from megaindex.config import GPTDatasetConfig, SizedVocabulary, padded_vocab_size
 from megaindex.fim_cli import add_fim_arguments, fim_fields
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
@@ -167,6 +167,20 @@ def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> 
         action="store_false",
     )
     data.add_argument("--allow-ambiguous-pad-tokens", action="store_true")
+    data.add_argument(
+        "--make-vocab-size-divisible-by",
+        type=positive_int,
+        default=128,
+        help="the model pads the tokenizer's vocabulary to a multiple of this x "
+        "--tensor-model-parallel-size (Megatron-LM's; default 128): samples may hold any id "
+        "below that padded size",
+    )
+    data.add_argument(
+        "--no-check-token-ids",
+        dest="check_token_ids",
+        action="store_false",
+        help="read ids past the model's vocabulary instead of refusing them (TokenRangeError)",
+    )
     for flag in ("--dataloader-fast-cache-load", "--dataloader-defer-npy-index-mmap"):
         data.add_argument(
             flag,
@@ -192,7 +206,7 @@ def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> 
     budget.add_argument("--train-iters", type=non_negative_int)
     budget.add_argument("--train-samples", type=non_negative_int)
     budget.add_argument("--global-batch-size", type=positive_int)
-    budget.add_argument("--eval-interval", type=positive_int)
+    budget.add_argument("--eval-interval", type=non_negative_int, help="0: with --skip-train")
     budget.add_argument("--eval-iters", type=non_negative_int, default=0)
     budget.add_argument("--eval-global-batch-size", type=positive_int)
     budget.add_argument("--full-validation", action="store_true")
@@ -405,6 +419,7 @@ def _dataset_config(args: argparse.Namespace, cls: Any, blend: Any, blend_per_sp
     sft = issubclass(cls, SFTDataset)
     fim = issubclass(cls, GPTFIMDataset)
     config_class = SFTDatasetConfig if sft else GPTFIMDatasetConfig if fim else GPTDatasetConfig
+    tokenizer = _tokenizer(args)
     return config_class(
         **(fim_fields(args) if fim else {}),
         random_seed=args.seed,
@@ -418,7 +433,7 @@ def _dataset_config(args: argparse.Namespace, cls: Any, blend: Any, blend_per_sp
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         path_to_cache=args.cache_dir,
         mmap_bin_files=args.mmap_bin_files,
-        tokenizer=_tokenizer(args),
+        tokenizer=tokenizer,
         reset_position_ids=args.reset_position_ids,
         reset_attention_mask=args.reset_attention_mask,
         eod_mask_loss=args.eod_mask_loss,
@@ -432,6 +447,17 @@ def _dataset_config(args: argparse.Namespace, cls: Any, blend: Any, blend_per_sp
         add_extra_token_to_sequence=not args.no_extra_token,
         drop_last_partial_validation_sequence=not args.keep_last_partial_validation,
         **(_sft_settings(args) if sft else {}),
+        padded_vocab_size=_padded_vocab_size(args, tokenizer),
+        check_token_ids=args.check_token_ids,
+    )
+
+
+def _padded_vocab_size(args: argparse.Namespace, tokenizer: Any) -> int | None:
+    """The model's vocabulary as Megatron-LM pads the tokenizer's (None: it states no size)."""
+    if not isinstance(tokenizer, SizedVocabulary):
+        return None
+    return padded_vocab_size(
+        tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size
     )
 
 

@@ -5,12 +5,14 @@ arguments, or the same positional ones, build the same configuration and, throug
 same cache keys. Validation that megatron-core does with ``assert`` raises
 :class:`~megaindex.errors.ConfigError` here (an ``AssertionError`` and a ``ValueError``).
 
-Two fields are additions, keyword-only and after megatron-core's fields (so megatron-core's
-positional order holds for both classes, subclass fields included): ``barrier_timeout`` bounds
-how long ranks wait for each other while building (megatron-core hangs), and ``stale_cache``
-says what to do when a cached index was built from a corpus that has changed since ("rebuild"
-with a warning, or "error"). Code reads them through :func:`own_field`, so megatron-core's
-configs, which lack them, are read with their defaults.
+The additions are keyword-only fields after megatron-core's (so megatron-core's positional
+order holds for both classes, subclass fields included): ``barrier_timeout`` bounds how long
+ranks wait for each other while building (megatron-core hangs); ``stale_cache`` says what to
+do when a cached index was built from a corpus that has changed since ("rebuild" with a
+warning, or "error"); ``padded_vocab_size`` and ``check_token_ids`` say which token ids a
+sample may hold (those the model's padded vocabulary has rows for; any, with the check off).
+Code reads them through :func:`own_field`, so megatron-core's configs, which lack them, are
+read with their defaults.
 """
 
 from __future__ import annotations
@@ -246,6 +248,16 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
     """When a cached index was built from a corpus that changed since: "rebuild" it with a
     warning that says what changed, or "error"."""
 
+    padded_vocab_size: int | None = None
+    """The model's vocabulary size: the tokenizer's, padded as Megatron-LM pads it
+    (:func:`padded_vocab_size`); the embedding has a row for every id below it. None: the
+    padded size in Megatron-LM's arguments when a Megatron-LM run builds the dataset, else the
+    tokenizer's ``vocab_size``."""
+
+    check_token_ids: bool = True
+    """Refuse a sample holding an id at or past the model's vocabulary size (a
+    :class:`~megaindex.errors.TokenRangeError`); False reads every id, as megatron-core does."""
+
     @property
     def vocab_size(self) -> int | None:
         """The tokenizer's vocabulary size, when it states one (token ids are below it)."""
@@ -258,6 +270,7 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
         for name in ("reset_position_ids", "reset_attention_mask", "eod_mask_loss"):
             if getattr(self, name) is None:
                 raise ConfigError(f"GPTDatasetConfig needs {name} set to True or False")
+        _check_padded_vocab_size(self.padded_vocab_size, self.vocab_size)
         if self.stale_cache not in STALE_CACHE_CHOICES:
             raise ConfigError(
                 f"stale_cache must be one of {', '.join(STALE_CACHE_CHOICES)}, got "
@@ -273,6 +286,37 @@ class GPTDatasetConfig(BlendedMegatronDatasetConfig):
             raise ConfigError(
                 "sequences_per_dataset needs the tokenizer's vocab_size to know the token dtype"
             )
+
+
+def padded_vocab_size(
+    vocab_size: int, make_vocab_size_divisible_by: int = 128, tensor_model_parallel_size: int = 1
+) -> int:
+    """Megatron-LM's padded vocabulary (``--make-vocab-size-divisible-by``, default 128, times
+    ``--tensor-model-parallel-size``): ``vocab_size`` rounded up to a multiple of that product,
+    so that every tensor-parallel rank holds as many embedding rows."""
+    for name, value in (
+        ("vocab_size", vocab_size),
+        ("make_vocab_size_divisible_by", make_vocab_size_divisible_by),
+        ("tensor_model_parallel_size", tensor_model_parallel_size),
+    ):
+        if not (isinstance(value, int) and value > 0):
+            raise ConfigError(f"{name} must be a positive integer, found {value!r}")
+    multiple = make_vocab_size_divisible_by * tensor_model_parallel_size
+    return -(-vocab_size // multiple) * multiple
+
+
+def _check_padded_vocab_size(padded: int | None, vocab_size: int | None) -> None:
+    """Refuse a ``padded_vocab_size`` that is not a positive integer, or one below the
+    tokenizer's vocabulary (padding only adds rows)."""
+    if padded is None:
+        return
+    if not (isinstance(padded, int) and padded > 0):
+        raise ConfigError(f"padded_vocab_size must be a positive integer, found {padded!r}")
+    if vocab_size is not None and padded < vocab_size:
+        raise ConfigError(
+            f"padded_vocab_size {padded} is below the tokenizer's vocab_size {vocab_size}; "
+            "padding only adds rows: give the model's vocabulary size, or leave it None"
+        )
 
 
 def parse_and_normalize_split(split: str) -> list[float]:

@@ -35,6 +35,7 @@ from megaindex.config import EndOfDocument, GPTDatasetConfig, own_field, tokeniz
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
 from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError, TokenRangeError
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
+from megaindex.megatron_args import megatron_padded_vocab_size
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.megatron_log import log_gpt_tables
 from megaindex.sample import SampleMaker
@@ -133,21 +134,11 @@ class GPTDataset(MegatronDataset):
             if isinstance(indexed_dataset, IndexedDataset)
             else None
         )
-        #: the ids each read sample must stay below: the tokenizer's vocab_size, or past its
-        #: EOD id where that lies above (None: the tokenizer states no size, or every id the
-        #: corpus dtype holds is below it)
-        vocab_size = tokenizer_vocab_size(config)
-        eod = config.tokenizer.eod if isinstance(config.tokenizer, EndOfDocument) else None
-        limit = None if vocab_size is None else max(vocab_size, eod + 1 if eod else 0)
-        dtype = self._token_dtype
-        checked = (
-            limit is not None
-            and dtype is not None
-            and dtype.kind in "iu"
-            and numpy.iinfo(dtype).max >= limit
-            and not _made_within(_path_prefix(indexed_dataset), limit)
-        )
-        self._vocab_limit = limit if checked else None
+        #: the model's vocabulary size: its padded size, else the tokenizer's (None: neither
+        #: is known)
+        self.embedding_rows = _embedding_rows(config)
+        #: the ids each read sample must stay below (None: unchecked)
+        self._vocab_limit = self._checked_limit()
 
     # ---- megatron-core's API -----------------------------------------------------------------
 
@@ -277,19 +268,41 @@ class GPTDataset(MegatronDataset):
             f"(documents {documents}) failed: {error}"
         )
 
+    def _checked_limit(self) -> int | None:
+        """The ids samples must stay below: the model's vocabulary size, or past the EOD id
+        where that lies above. None where nothing is checked: ``check_token_ids`` is off, no
+        size is known, the corpus's dtype holds no id past it, or ``mega preprocess`` made the
+        corpus with a vocabulary no larger."""
+        rows = self.embedding_rows
+        if rows is None or not own_field(self.config, GPTDatasetConfig, "check_token_ids"):
+            return None
+        tokenizer = self.config.tokenizer
+        eod = tokenizer.eod if isinstance(tokenizer, EndOfDocument) else None
+        limit = max(rows, eod + 1 if eod else 0)
+        dtype = self._token_dtype
+        if dtype is None or dtype.kind not in "iu" or numpy.iinfo(dtype).max < limit:
+            return None
+        return None if _made_within(_path_prefix(self.dataset), limit) else limit
+
     def _refuse_out_of_vocabulary(self, samples: list[int], out: numpy.ndarray) -> None:
-        """Raise naming the corpus, the first sample of ``out`` holding an id the tokenizer's
-        vocabulary does not have, that id and the vocabulary size: the model's embedding has
-        no row for it (a device-side assert on a GPU, or silently wrong rows of a padded one)."""
+        """Raise naming the corpus, the first sample of ``out`` holding an id the model's
+        vocabulary does not have, that id and the vocabulary size: the embedding has no row for
+        it (a device-side assert on a GPU, or silently wrong rows past a padded one)."""
         row = int(numpy.argmax(out.max(axis=1) >= self._vocab_limit))
         top = int(out[row].max())
         corpus = _path_prefix(self.dataset) or self.dataset_path
         vocab_size = tokenizer_vocab_size(self.config)
+        size = f"the tokenizer's vocab_size is {vocab_size}"
+        if self.embedding_rows != vocab_size:
+            size = f"the model's padded vocabulary is {self.embedding_rows} ({size})"
         raise TokenRangeError(
             f"{corpus}.bin: sample {samples[row]} of the {self.index_split.name} split holds "
-            f"token id {top}, but the tokenizer's vocab_size is {vocab_size} (ids 0 "
-            f"to {self._vocab_limit - 1}, its EOD id included): the corpus was tokenized with "
-            "another, larger vocabulary"
+            f"token id {top}, but {size} (ids 0 to {self._vocab_limit - 1}, its EOD id "
+            "included): the corpus was tokenized with another, larger vocabulary. If the "
+            "model's vocabulary is padded past that id, give "
+            "padded_vocab_size (mega index: --make-vocab-size-divisible-by and "
+            "--tensor-model-parallel-size); to read every id as megatron-core does, set "
+            "check_token_ids=False (mega index: --no-check-token-ids)"
         )
 
     def _check_token_dtype(self) -> None:
@@ -364,6 +377,16 @@ class GPTDataset(MegatronDataset):
             self.index_split.name,
             GPTTableRecipe.names,
         )
+
+
+def _embedding_rows(config: GPTDatasetConfig) -> int | None:
+    """The model's vocabulary size: the config's ``padded_vocab_size``, else the one in
+    Megatron-LM's arguments (a switched Megatron-LM's config leaves it out), else the
+    tokenizer's ``vocab_size`` (None where the tokenizer states none)."""
+    padded = own_field(config, GPTDatasetConfig, "padded_vocab_size")
+    if padded is None:
+        padded = megatron_padded_vocab_size()
+    return tokenizer_vocab_size(config) if padded is None else padded
 
 
 def _made_within(prefix: str | None, limit: int) -> bool:

@@ -142,7 +142,7 @@ IGNORED_FLAGS: tuple[str, ...] = tuple(
 --loss-scale --loss-scale-window --lr --lr-decay-iters --lr-decay-samples --lr-decay-style
 --lr-warmup-fraction --lr-warmup-init --lr-warmup-iters --lr-warmup-samples
 --lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style --main-grads-dtype
---main-params-dtype --make-vocab-size-divisible-by --mamba-head-dim
+--main-params-dtype --mamba-head-dim
 --mamba-inference-conv-states-dtype --mamba-inference-ssm-states-dtype --mamba-num-groups
 --mamba-num-heads --mamba-state-dim --manual-gc --manual-gc-interval --mask-factor
 --mask-prob --mask-type --max-position-embeddings --max-seqlen-per-dp-cp-rank
