@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from seedref import SeedArchiveMissing, SeedProcess, SeedRaised, seed_unavailable
+from seedref import SeedArchiveMissing, SeedRaised, archive_path, seed_unavailable
 
 pytestmark = pytest.mark.compat
 
@@ -39,7 +39,7 @@ def test_without_the_archive_the_seed_is_unavailable_unless_required(tmp_path, m
     monkeypatch.setenv("MEGA_REQUIRE_SEED", "1")
     assert seed_unavailable() is None  # so the tests that need it run, and fail loudly:
     with pytest.raises(SeedArchiveMissing, match="does not exist"):
-        SeedProcess()
+        archive_path()
 
 
 def test_without_the_archive_pytest_leaves_out_the_seed_tests_saying_so_once(tmp_path):

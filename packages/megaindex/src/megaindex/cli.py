@@ -454,7 +454,7 @@ def _dataset_config(args: argparse.Namespace, cls: Any, blend: Any, blend_per_sp
 
 def _padded_vocab_size(args: argparse.Namespace, tokenizer: Any) -> int | None:
     """The model's vocabulary as Megatron-LM pads the tokenizer's (None: it states no size)."""
-    if not isinstance(tokenizer, SizedVocabulary):
+    if not isinstance(tokenizer, SizedVocabulary) or tokenizer.vocab_size is None:
         return None
     return padded_vocab_size(
         tokenizer.vocab_size, args.make_vocab_size_divisible_by, args.tensor_model_parallel_size

@@ -29,9 +29,9 @@ import numpy
 import torch
 
 from megafmt import IndexedDataset
-from megafmt.preprocess import BadInputError
 from megafmt.protocols import CollatedBatch, ConversationSource
 from megafmt.sft import (
+    BadInputError,
     JsonlLineIndex,
     SFTTokenizer,
     TokenizedConversations,

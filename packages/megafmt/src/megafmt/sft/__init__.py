@@ -6,6 +6,8 @@ numpy and fsspec only, like the rest of megafmt; the tokenizer needs ``tokenizer
 samples is megaindex's ``SFTDataset``.
 """
 
+# the error a bad line raises, naming its file and line (as preprocessing's bad lines do)
+from megafmt.preprocess import BadInputError
 from megafmt.sft.lines import JsonlLineIndex
 from megafmt.sft.messages import (
     conversation_problem,
@@ -32,6 +34,7 @@ __all__ = [
     "DEFAULT_PROMPT_FORMAT",
     "IGNORE_INDEX",
     "PROMPT_FORMATS",
+    "BadInputError",
     "JsonlLineIndex",
     "SFTTokenizer",
     "TokenizedConversations",
