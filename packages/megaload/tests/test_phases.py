@@ -4,9 +4,12 @@ came from."""
 
 from __future__ import annotations
 
+import copy
+import random
+
 import pytest
 
-from megaload import DataLoaderConfig, ResumeError, SamplerError
+from megaload import DataLoaderConfig, LoaderStateError, PhaseDataError, ResumeError, SamplerError
 from megaload.phases import PhasedDataLoader
 
 
@@ -63,3 +66,40 @@ def test_bad_schedules_and_states_are_refused() -> None:
     other = PhasedDataLoader([(0, Tagged(0, 100)), (4, Tagged(1, 100))], 0, CONFIG)
     with pytest.raises(ResumeError, match="phases starting at \\[0, 3, 5\\]"):
         other.load_state_dict(state)
+
+
+def test_a_middle_phase_out_of_data_is_an_error_naming_it() -> None:
+    # phase 1 owes iterations 3-4 (16 samples, all ranks) but holds 12
+    short = [(0, Tagged(0, 100)), (3, Tagged(1, 12)), (5, Tagged(2, 40))]
+    batches = []
+    with pytest.raises(PhaseDataError, match="phase 1 \\(iterations 3 to 4\\) ran out") as error:
+        batches.extend(PhasedDataLoader(short, 0, CONFIG))
+    assert "at iteration 4" in str(error.value) and "at least 16 samples" in str(error.value)
+    assert len(batches) == 6 + 3  # phase 0 whole, then what phase 1 had
+    # the last phase may end: that is the end of the run
+    assert len(list(PhasedDataLoader(phases(), 0, CONFIG))) == 6 + 4 + 10
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_saved_states_with_impossible_counts_are_refused(seed: int) -> None:
+    rng = random.Random(seed)
+    loader = PhasedDataLoader(phases(), 0, CONFIG)
+    iterator = iter(loader)
+    for _ in range(rng.randrange(0, 20)):
+        next(iterator)
+    state = copy.deepcopy(loader.state_dict())
+    limit = loader._phase_batches(state["phase"])
+    fresh = PhasedDataLoader(phases(), 0, CONFIG)
+    fresh.load_state_dict(copy.deepcopy(state))  # the true state resumes
+    assert fresh.phase == state["phase"]
+    bad = copy.deepcopy(state)
+    if limit is not None and rng.random() < 0.5:
+        bad["taken_in_phase"] = limit + rng.randrange(1, 10)
+        match = "taken_in_phase'\\] is .*gives each rank"
+    else:
+        bad["loader"]["consumed_samples"] += 4 * rng.choice([-1, 1]) * rng.randrange(1, 3)
+        if bad["loader"]["consumed_samples"] < 0:
+            bad["loader"]["consumed_samples"] = 4 * (state["taken_in_phase"] + 1)
+        match = "consumed_samples'\\] is .* end at sample"
+    with pytest.raises(LoaderStateError, match=match):
+        PhasedDataLoader(phases(), 0, CONFIG).load_state_dict(bad)

@@ -8,7 +8,7 @@ name the argument or field, what was expected and what was found.
 from __future__ import annotations
 
 from megafmt import PluginError
-from megafmt.shared import RedactedMessage
+from megafmt.redaction import RedactedMessage
 
 
 class MegaloadError(RedactedMessage, Exception):
@@ -45,6 +45,12 @@ class SamplerPluginError(MegaloadError, PluginError):
 
 class NoDataError(MegaloadError, RuntimeError):
     """A loader that is read again and again yields nothing at all."""
+
+
+class PhaseDataError(NoDataError):
+    """A phase of a :class:`~megaload.phases.PhasedDataLoader` other than the last ran out of
+    samples before its last iteration (the message names the phase, the iteration and the
+    samples it needs)."""
 
 
 class SimulationError(MegaloadError, ValueError):

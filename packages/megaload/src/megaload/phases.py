@@ -26,7 +26,7 @@ from typing import Any
 from megaload.accounting import consumed_in_phase, num_micro_batches
 from megaload.checks import COUNT, COUNTS, INTEGER, MAPPING, check_count, check_state
 from megaload.config import DataLoaderConfig
-from megaload.errors import LoaderStateError, ResumeError, SamplerError
+from megaload.errors import LoaderStateError, PhaseDataError, ResumeError, SamplerError
 from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
 from megaload.loader import MegatronDataLoader
 
@@ -103,6 +103,20 @@ class PhasedDataLoader:
             return None
         return (self.starts[phase + 1] - self.starts[phase]) * self.batches_per_iteration
 
+    def _ran_out(self, limit: int) -> PhaseDataError:
+        """The error for a phase whose dataset ended before its last iteration: the run would
+        otherwise stop there and never read the later phases."""
+        per_batch = self.config.global_batch_size // self.batches_per_iteration
+        iteration = self.starts[self.phase] + self.taken_in_phase // self.batches_per_iteration
+        size = len(self.loaders[self.phase].dataset)
+        return PhaseDataError(
+            f"phase {self.phase} (iterations {self.starts[self.phase]} to "
+            f"{self.starts[self.phase + 1] - 1}) ran out of data at iteration {iteration}: its "
+            f"dataset of {size} samples gave {self.taken_in_phase} of the {limit} batches it "
+            f"owes this rank ({per_batch} samples each, all ranks together); build it with at "
+            f"least {limit * per_batch} samples or move the transition earlier"
+        )
+
     @property
     def consumed_samples(self) -> int:
         """Training samples consumed across phases, all ranks together."""
@@ -120,7 +134,9 @@ class PhasedDataLoader:
                     if self.taken_in_phase == limit:
                         break
                 else:
-                    return  # the last phase's data is used up
+                    if limit is None:
+                        return  # the last phase's data is used up
+                    raise self._ran_out(limit)
             self.phase += 1
             self.taken_in_phase = 0
 
@@ -152,6 +168,27 @@ class PhasedDataLoader:
                 f"phased loader state['phase'] is {state['phase']}; this loader has phases 0 to "
                 f"{len(self.starts) - 1}"
             )
+        self._check_counts(int(state["phase"]), int(state["taken_in_phase"]), state["loader"])
         self.phase = int(state["phase"])
         self.taken_in_phase = int(state["taken_in_phase"])
         self.loaders[self.phase].load_state_dict(state["loader"])
+
+    def _check_counts(self, phase: int, taken: int, loader_state: Mapping[str, Any]) -> None:
+        """Refuse a state whose counts no run of these phases reaches: more batches taken than
+        the phase has, or a loader position that is not where those batches end (the run would
+        move into the next phase early, or read the phase from the wrong sample)."""
+        limit = self._phase_batches(phase)
+        if limit is not None and taken > limit:
+            raise LoaderStateError(
+                f"phased loader state['taken_in_phase'] is {taken}; phase {phase} gives each "
+                f"rank {limit} batches (iterations {self.starts[phase]} to "
+                f"{self.starts[phase + 1] - 1})"
+            )
+        check_state(loader_state, {"consumed_samples": COUNT}, "phased loader state['loader']")
+        expected = taken * (self.config.global_batch_size // self.batches_per_iteration)
+        if loader_state["consumed_samples"] != expected:
+            raise LoaderStateError(
+                f"phased loader state['loader']['consumed_samples'] is "
+                f"{loader_state['consumed_samples']}; {taken} batches taken in phase {phase} "
+                f"(state['taken_in_phase']) end at sample {expected} of that phase"
+            )
