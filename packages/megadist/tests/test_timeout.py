@@ -51,9 +51,12 @@ def layout_timeouts() -> list[timedelta]:
     return [build_parallel_groups(tp=2).timeout, build_parallel_groups(tp=2, timeout=90).timeout]
 
 
-def test_the_default_timeout_is_megatron_s_and_seconds_are_accepted() -> None:
+def test_the_default_timeout_is_the_job_s_and_seconds_are_accepted() -> None:
     assert timedelta(minutes=10) == DEFAULT_TIMEOUT  # --distributed-timeout-minutes, seed commit
-    assert run_distributed(layout_timeouts, 2)[0] == [DEFAULT_TIMEOUT, timedelta(seconds=90)]
+    # the job's: what init_process_group was given (run_distributed's group_timeout), not
+    # torch's 30 minute default for a new gloo group
+    ranks = run_distributed(layout_timeouts, 2, group_timeout=123.0)
+    assert ranks[0] == [timedelta(seconds=123), timedelta(seconds=90)]
 
 
 def test_a_timeout_must_be_positive() -> None:

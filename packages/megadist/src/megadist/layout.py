@@ -76,8 +76,19 @@ def coordinates_of(rank: int, sizes: dict[str, int]) -> dict[str, int]:
     return coordinates
 
 
-def as_timeout(timeout: timedelta | float) -> timedelta:
-    """``timeout`` (a timedelta, or seconds) as a positive timedelta."""
+def job_timeout() -> timedelta:
+    """The timeout the job gave ``init_process_group`` (the default group's; the longest of its
+    backends', which are the same unless set apart): Megatron-LM gives its groups the same
+    ``--distributed-timeout-minutes`` as the world, and torch's ``new_group`` without one would
+    take torch's own default (30 minutes for gloo) instead."""
+    world = dist.group.WORLD
+    return max(world._get_backend(device).options._timeout for device in world._device_types)
+
+
+def as_timeout(timeout: timedelta | float | None) -> timedelta:
+    """``timeout`` (a timedelta, or seconds; None: the job's) as a positive timedelta."""
+    if timeout is None:
+        return job_timeout()
     value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
     if value <= timedelta(0):
         raise TopologyError(f"a group timeout must be positive, found {value}")
@@ -90,14 +101,15 @@ def build_parallel_groups(
     pp: int = 1,
     dp: int | None = None,
     *,
-    timeout: timedelta | float = DEFAULT_TIMEOUT,
+    timeout: timedelta | float | None = None,
     hybrid_cp: bool = False,
 ) -> ParallelLayout:
     """Create every tensor-, context-, data- and pipeline-parallel group of the default world
     and return this rank's. Every rank must call it (``new_group`` is collective). ``dp`` None
     takes what the world size leaves. Each group's collectives wait at most ``timeout`` (a
-    timedelta or seconds; Megatron's default, 10 minutes) for a peer: a stalled peer ends in a
-    ``CollectiveError`` naming the group and the ranks, not in torch's 30 minute wait.
+    timedelta or seconds; None, the default: the job's, as ``init_process_group`` was given it)
+    for a peer: a stalled peer ends in a ``CollectiveError`` naming the group and the ranks,
+    not in torch's 30 minute wait.
     ``hybrid_cp`` also builds the groups of hybrid context parallelism (``HybridCPGroups``)."""
     timeout = as_timeout(timeout)
     world = dist.get_world_size()
