@@ -24,6 +24,9 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 PARTIAL_SUFFIX = ".partial"
+#: flags that keep ``os.open`` off a symbolic link at the name, and the descriptor out of
+#: child processes (0 where the platform has no such flag)
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def partial_path(path: str) -> str:
@@ -68,9 +71,17 @@ def remove_stale_partials(path: str) -> list[str]:
 def open_exclusive(path: str, buffering: int = -1) -> BinaryIO:
     """The new file ``path``, opened for writing with the umask's permissions; raises
     ``FileExistsError`` when anything (a file, a link) is at ``path`` already."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    descriptor = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o666)
     return os.fdopen(descriptor, "wb", buffering=buffering)
+
+
+def read_unlinked(path: str) -> bytes:
+    """The bytes of the small file ``path`` (a note, a lock's companion), read without following
+    a symbolic link at its name: a link planted there raises ``OSError`` (``ELOOP``) instead of
+    handing back another file's contents."""
+    descriptor = os.open(path, os.O_RDONLY | NO_FOLLOW)
+    with os.fdopen(descriptor, "rb") as stream:
+        return stream.read()
 
 
 @contextlib.contextmanager

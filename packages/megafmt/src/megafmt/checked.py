@@ -15,6 +15,12 @@ Processes that open the same unnoted corpus at once (the ranks of a node, on its
 check it one at a time (:func:`one_checker`, a lock beside the note): the first checks and
 writes the note, the others find it, so the machine reads the index once, not once per process.
 
+Notes and locks never follow a symbolic link planted at their names (``O_NOFOLLOW``): a note
+behind a link is not read, a lock behind one is not taken (a warning names it, and the check runs
+without the lock), so nothing is created or read outside the cache folder. A cache folder that
+is a symbolic link to nothing, or a file, is reported once with what it is, and the checks run
+without notes.
+
 Other checks that read whole files keep their notes the same way, in a folder of their own
 (``kind``): megaindex remembers the index caches it verified in full (``verified``).
 """
@@ -36,8 +42,10 @@ try:
 except ImportError:  # not POSIX: no lock, each process checks
     fcntl = None
 
-from megafmt.atomic import atomic_write
+from megafmt.atomic import NO_FOLLOW, atomic_write, read_unlinked
+from megafmt.errors import NotAFolderError
 from megafmt.fingerprint import file_identity, settled
+from megafmt.folders import make_folder
 from megafmt.remote import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -67,8 +75,8 @@ def was_checked(path: str, identity: Any, kind: str = CORPORA) -> bool:
     """Whether the files named by ``path`` (a corpus's ``.idx``, or what ``kind`` notes) passed
     the check with exactly this ``identity`` (JSON data)."""
     try:
-        with open(_note_path(path, kind), encoding="utf-8") as stream:
-            return json.load(stream) == {"path": os.path.abspath(path), "identity": identity}
+        note = json.loads(read_unlinked(_note_path(path, kind)))
+        return note == {"path": os.path.abspath(path), "identity": identity}
     except (OSError, ValueError):
         return False
 
@@ -83,10 +91,10 @@ def remember_checked(
         return
     note_path = _note_path(path, kind)
     note = {"path": os.path.abspath(path), "identity": identity}
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(note_path), exist_ok=True)
-        with atomic_write(note_path) as stream:
-            stream.write(json.dumps(note).encode())
+    if not _notes_folder(note_path):
+        return
+    with contextlib.suppress(OSError), atomic_write(note_path) as stream:
+        stream.write(json.dumps(note).encode())
 
 
 @contextlib.contextmanager
@@ -96,12 +104,7 @@ def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
     :func:`was_checked`). Without a lock (a cache folder that cannot be written, no ``flock``)
     nothing waits."""
     lock_path = _note_path(path, kind) + ".lock"
-    fd: int | None
-    try:
-        os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        fd = None
+    fd = _open_lock(lock_path) if _notes_folder(lock_path) else None
     if fd is None:
         yield
         return
@@ -111,6 +114,47 @@ def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+_reported_folders: set[str] = set()
+
+
+def _notes_folder(note_path: str) -> bool:
+    """Whether the folder of ``note_path`` is there (made if missing); a cache folder that is a
+    file or a link to nothing is reported once per process and means no notes."""
+    folder = os.path.dirname(note_path)
+    try:
+        make_folder(folder, "the cache folder of megafmt's notes ($MEGA_CACHE_DIR)")
+        if os.path.islink(folder):  # the cache folder may be a link; its notes' folder not
+            raise NotAFolderError(
+                f"{folder}: the notes' folder is a symbolic link (to {os.readlink(folder)!r}); "
+                "notes are written only into a folder of their own"
+            )
+    except NotAFolderError as error:
+        if folder not in _reported_folders:
+            _reported_folders.add(folder)
+            logger.warning("%s; checking without notes", error)
+        return False
+    except OSError:  # read-only or unreachable: no notes, each process checks
+        return False
+    return True
+
+
+def _open_lock(lock_path: str) -> int | None:
+    """The descriptor of the lock file, or None when there is none to hold (a folder that
+    cannot be written); a symbolic link at its name is not followed, but reported."""
+    try:
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
+    except OSError as error:
+        if os.path.islink(lock_path):
+            logger.warning(
+                "%s: a symbolic link stands at the lock's name (to %r); it is not followed, "
+                "checking without the lock (%s)",
+                lock_path,
+                os.readlink(lock_path),
+                error.strerror,
+            )
+        return None
 
 
 def _lock(fd: int, lock_path: str, path: str) -> None:

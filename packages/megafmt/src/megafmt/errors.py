@@ -42,3 +42,8 @@ class PluginError(MegafmtError, LookupError):
 class UnsafePathError(MegafmtError, ValueError):
     """A local path derived from a URL or a name would leave the folder it belongs in (a ``..``
     or an absolute component)."""
+
+
+class NotAFolderError(MegafmtError, NotADirectoryError):
+    """A folder the project writes into (a cache folder, an output folder) is something else
+    at its name: a file, or a symbolic link to nothing."""

@@ -34,9 +34,10 @@ from typing import Any
 
 import fsspec
 
-from megafmt.atomic import atomic_write
+from megafmt.atomic import atomic_write, read_unlinked
 from megafmt.confinement import confined_path, url_components
 from megafmt.errors import MegafmtError, MissingFileError, ReadError
+from megafmt.folders import make_folder
 from megafmt.format import get_idx_path
 from megafmt.readers import is_url
 from megafmt.redaction import redact, split_user_info
@@ -152,16 +153,14 @@ def cached_index(
     """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
     remote size or ETag changes; requests time out after ``timeouts`` (connect, read). A key
     with a ``..`` or ``.`` component is refused (:class:`~megafmt.errors.UnsafePathError`)."""
-    name = url_components(url)[-1]
     fs, path = filesystem(
         url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1]
     )
     info = policy.call(url, fs.info, path, counter=counter)
     size, etag = int(info["size"]), etag_of(info)
     folder = cache_dir or default_cache_dir()
-    os.makedirs(folder, exist_ok=True)
-    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    local = confined_path(folder, f"{digest}-{name}")
+    make_folder(folder, "the .idx cache folder ($MEGA_CACHE_DIR, or path_to_idx_cache)")
+    local = local_copy_path(folder, url)
     if local_copy_is_current(local, url, size, etag):
         return local
     bound, _ = filesystem(  # bound to the version just seen
@@ -172,18 +171,27 @@ def cached_index(
     return local
 
 
+def local_copy_path(folder: str, url: str) -> str:
+    """Where the local copy of ``url`` lies in ``folder``: named after the URL without its
+    credentials (user info, signature parameters), so that no secret, not even hashed, makes a
+    file name, and a re-signed URL of the same object finds the same copy."""
+    digest = hashlib.sha256(redact(url).encode()).hexdigest()[:16]
+    return confined_path(folder, f"{digest}-{url_components(url)[-1]}")
+
+
 def _source_note(url: str, size: int, etag: str | None) -> dict[str, Any]:
     return {"url": redact(url), "size": size, "etag": etag}
 
 
 def local_copy_is_current(local: str, url: str, size: int, etag: str | None) -> bool:
     """Whether ``local`` is a copy of the object at ``url`` as it is now (``size`` and
-    ``etag``), by the note :func:`store_local_copy` left beside it."""
+    ``etag``), by the note :func:`store_local_copy` left beside it. A symbolic link at the copy's
+    or the note's name is not followed: the copy is fetched again, over the link."""
     try:
-        with open(local + ".source.json", encoding="utf-8") as stream:
-            return json.load(stream) == _source_note(url, size, etag) and (
-                os.path.getsize(local) == size
-            )
+        note = json.loads(read_unlinked(local + ".source.json"))
+        return note == _source_note(url, size, etag) and (
+            not os.path.islink(local) and os.path.getsize(local) == size
+        )
     except (OSError, ValueError):
         return False
 
