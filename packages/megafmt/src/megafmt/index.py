@@ -29,6 +29,7 @@ from megafmt.format import (
     implied_token_count,
 )
 from megafmt.mapping import map_file
+from megafmt.prefix_hints import missing_file_hint
 
 
 def open_readonly(path: str, what: str) -> int:
@@ -38,7 +39,7 @@ def open_readonly(path: str, what: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        raise MissingFileError(f"{path}: {what} not found") from None
+        raise MissingFileError(f"{path}: {what} not found{missing_file_hint(path)}") from None
     except IsADirectoryError:
         fd = None
     if fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):

@@ -12,6 +12,7 @@ import numpy
 
 from megafmt.builder import IndexedDatasetBuilder
 from megafmt.errors import FormatError, MissingFileError
+from megafmt.folders import make_folder
 from megafmt.format import BIN_SUFFIX, IDX_SUFFIX, get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.progress import Progress
@@ -69,7 +70,8 @@ def merge(
 
     The dtype is the first input's, and every input must share it. ``multimodal`` None follows
     the first input. The output is byte-identical to megatron-core's builder fed the same
-    inputs through ``add_index``, and appears only when complete.
+    inputs through ``add_index``, and appears only when complete. A missing output folder is
+    made (its parents too), as ``mega preprocess`` makes its own.
     """
     if not input_prefixes:
         raise ValueError("merge needs at least one input corpus")
@@ -85,6 +87,8 @@ def merge(
         raise FileExistsError(f"{existing[0]} exists; pass overwrite (--force) to replace it")
 
     first = Index(get_idx_path(input_prefixes[0]))
+    # like mega preprocess, the output's folder is made when missing
+    make_folder(os.path.dirname(os.path.abspath(output_prefix)), "the output's folder")
     if multimodal is None:
         multimodal = first.has_modes
     start = time.perf_counter()

@@ -29,6 +29,7 @@ from megafmt.format import (
 )
 from megafmt.index import Index
 from megafmt.mapping import release_pages
+from megafmt.prefix_hints import missing_file_hint
 from megafmt.progress import Progress
 from megafmt.remote import file_size, local_index_path, read_range
 
@@ -83,7 +84,7 @@ def iter_violations(
     sizes = {path: file_size(path) for path in (idx_path, bin_path)}
     for path, what in ((idx_path, "index file"), (bin_path, "token file")):
         if sizes[path] is None:
-            yield Violation("exists", path, f"{what} not found")
+            yield Violation("exists", path, f"{what} not found{missing_file_hint(path)}")
     if None in sizes.values():
         return
     if sizes_only:

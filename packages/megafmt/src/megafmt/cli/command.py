@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -86,6 +87,18 @@ def bounded_int(minimum: int) -> Callable[[str], int]:
 #: argparse types for sizes and counts
 positive_int = bounded_int(1)
 non_negative_int = bounded_int(0)
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for a finite number above 0 (a size in MB): ``nan``, ``inf``, 0,
+    negatives and words are errors naming the value, before any work."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
 
 
 def print_json(value: Any) -> None:

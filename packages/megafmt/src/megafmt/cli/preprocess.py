@@ -15,13 +15,40 @@ from __future__ import annotations
 import argparse
 import os
 
-from megafmt.cli.command import positive_int
+from megafmt.cli.command import positive_float, positive_int
 from megafmt.cli.preprocess_ray import add_ray_arguments, ray_options
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.preprocess.on_ray import preprocess_on_ray
 from megafmt.preprocess.tuning import preprocess_with_best_workers
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
+
+#: the tokenizer of a run that names no tokenizer type and no tokenizer file
+DEFAULT_TOKENIZER = "bytes"
+#: flags that name a tokenizer's files: given without --tokenizer-type, the type is asked for
+_TOKENIZER_FILE_FLAGS = ("tokenizer_model", "vocab_file", "merge_file", "tokenizer_metadata")
+
+
+def tokenizer_type(args: argparse.Namespace) -> str:
+    """``--tokenizer-type``, or the built-in bytes tokenizer when no tokenizer file is given
+    either; a tokenizer file without a type is refused (it would be ignored: the bytes
+    tokenizer reads no file), naming the file and the types to choose from."""
+    if args.tokenizer_type is not None:
+        return args.tokenizer_type
+    given = [
+        f"--{name.replace('_', '-')} {vars(args)[name]}"
+        for name in _TOKENIZER_FILE_FLAGS
+        if vars(args)[name] is not None
+    ]
+    if given:
+        raise SystemExit(
+            f"mega preprocess: {', '.join(given)} given without --tokenizer-type; name the "
+            "tokenizer's type (HuggingFaceTokenizer for a tokenizer.json, "
+            "SentencePieceTokenizer for a .model, TikTokenizer for a .tiktoken, GPT2BPETokenizer "
+            "for vocab.json + merges.txt); without a tokenizer file the built-in bytes "
+            "tokenizer is used"
+        )
+    return DEFAULT_TOKENIZER
 
 
 class PreprocessCommand:
@@ -48,7 +75,10 @@ class PreprocessCommand:
             help="count and skip lines that cannot be read instead of stopping at the first",
         )
         add_tokenizer_arguments(
-            parser, "bytes", "the null tokenizer's vocabulary; tiktoken's total size"
+            parser,
+            None,
+            "the null tokenizer's vocabulary; tiktoken's total size (default type: "
+            f"{DEFAULT_TOKENIZER}, when no tokenizer file is given)",
         )
         sft = parser.add_argument_group("supervised fine-tuning")
         sft.add_argument(
@@ -75,7 +105,9 @@ class PreprocessCommand:
         run.add_argument(
             "--log-interval", type=positive_int, default=1000, help="documents per line"
         )
-        run.add_argument("--chunk-mb", type=float, default=1.0, help="input per worker call")
+        run.add_argument(
+            "--chunk-mb", type=positive_float, default=1.0, help="input per worker call"
+        )
         run.add_argument(
             "--find-optimal-num-workers",
             action="store_true",
@@ -115,7 +147,7 @@ class PreprocessCommand:
         config = PreprocessConfig(
             input=args.input,
             output_prefix=args.output_prefix,
-            tokenizer_type=args.tokenizer_type,
+            tokenizer_type=tokenizer_type(args),
             tokenizer_options=options,
             json_keys=tuple(args.json_keys),
             append_eod=args.append_eod,

@@ -21,6 +21,7 @@ import numpy
 
 from megafmt.atomic import partial_path, remove_stale_partials
 from megafmt.builder import IndexedDatasetBuilder
+from megafmt.folders import make_folder
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.manifest import remove_manifest
 from megafmt.preprocess.encoding import EncodedChunk
@@ -45,8 +46,7 @@ class PartitionedOutput:
         self.prefixes = {key: output_prefix_of(output_prefix, key, level) for key in keys}
         self.partitions = partitions
         self.dtype = dtype
-        directory = os.path.dirname(os.path.abspath(output_prefix))
-        os.makedirs(directory, exist_ok=True)
+        make_folder(os.path.dirname(os.path.abspath(output_prefix)), "the output folder")
         scratch_name = output_prefix + ".partitions"
         for prefix in self.prefixes.values():
             remove_stale_partials(get_bin_path(prefix))
