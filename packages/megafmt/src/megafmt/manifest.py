@@ -20,6 +20,8 @@ from typing import Any
 
 from megafmt.atomic import atomic_write, remove_quietly
 from megafmt.errors import FormatError
+from megafmt.folders import make_folder
+from megafmt.redaction import redact_value
 
 MANIFEST_FOLDER = ".mega"
 MANIFEST_SUFFIX = ".manifest.json"
@@ -39,11 +41,14 @@ def legacy_manifest_path(path_prefix: str) -> str:
 
 def write_manifest(path_prefix: str, manifest: dict[str, Any]) -> str:
     """Write ``manifest`` (atomically) for the corpus, its folder made if need be; returns its
-    path."""
+    path. Credentials in it (a signed input URL, a secret tokenizer option) are masked
+    (:func:`~megafmt.redaction.redact_value`): the file outlives the run and travels with the
+    corpus."""
     path = manifest_path(path_prefix)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    make_folder(os.path.dirname(path), "the manifest folder")
+    record = redact_value({"format": MANIFEST_FORMAT, **manifest})
     with atomic_write(path) as stream:
-        stream.write(json.dumps({"format": MANIFEST_FORMAT, **manifest}, indent=2).encode())
+        stream.write(json.dumps(record, indent=2).encode())
     return path
 
 

@@ -6,7 +6,8 @@ terminal and kept apart from other output written through tqdm; without tqdm the
 are one line redrawn in place a few times a second. Elsewhere (CI logs, files) a plain line is
 printed every ``log_interval`` seconds so logs stay short and free of control characters; tqdm
 is never used there. ``close`` prints a summary. Set ``MEGA_PROGRESS=0`` to silence progress
-lines (summaries still print).
+lines (summaries still print). Every line passes through :func:`~megafmt.redaction.redact`: a
+description or summary that quotes a signed or credentialed URL shows no secret.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 import time
 from types import TracebackType
 from typing import Any, TextIO
+
+from megafmt.redaction import redact
 
 BYTE_UNITS = ("B", "bytes")  # counts tqdm shows scaled (1.23MB); other units as integers
 
@@ -47,7 +50,7 @@ def _terminal_bar(description: str, total: float | None, unit: str, stream: Text
     if _zero_width(stream):
         return None
     return tqdm(
-        desc=description,
+        desc=redact(description),
         total=total,
         unit=unit,
         unit_scale=unit in BYTE_UNITS,
@@ -140,6 +143,7 @@ class Progress:
         return " ".join(parts)
 
     def _write(self, line: str, final: bool) -> None:
+        line = redact(line)  # a description or summary may quote a signed URL
         if self._tty:
             self._stream.write("\r\x1b[K" + line + ("\n" if final else ""))
         else:

@@ -18,6 +18,7 @@ The rest of the text is kept as it is, so a message still names the bucket and t
 from __future__ import annotations
 
 import re
+from typing import Any
 
 #: what stands for a removed secret
 MASK = "***"
@@ -90,6 +91,22 @@ def redact(text: str) -> str:
         lambda m: f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}",
         text,
     )
+
+
+def redact_value(value: Any) -> Any:
+    """``value`` (JSON data: a manifest, a note) with every string passed through
+    :func:`redact` and the value of every mapping key named in ``SECRET_KEYS`` masked, at any
+    depth; for records written to disk, which outlive the run that held the credentials."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            key: MASK if str(key).lower() in SECRET_KEYS and item else redact_value(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact_value(item) for item in value]
+    return value
 
 
 class RedactedMessage:

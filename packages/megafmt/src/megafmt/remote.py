@@ -153,14 +153,14 @@ def cached_index(
     """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
     remote size or ETag changes; requests time out after ``timeouts`` (connect, read). A key
     with a ``..`` or ``.`` component is refused (:class:`~megafmt.errors.UnsafePathError`)."""
+    folder = cache_dir or default_cache_dir()
+    local = local_copy_path(folder, url)  # an unsafe key fails here, before any request
     fs, path = filesystem(
         url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1]
     )
     info = policy.call(url, fs.info, path, counter=counter)
     size, etag = int(info["size"]), etag_of(info)
-    folder = cache_dir or default_cache_dir()
     make_folder(folder, "the .idx cache folder ($MEGA_CACHE_DIR, or path_to_idx_cache)")
-    local = local_copy_path(folder, url)
     if local_copy_is_current(local, url, size, etag):
         return local
     bound, _ = filesystem(  # bound to the version just seen

@@ -22,6 +22,7 @@ from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.progress import Progress
 from megafmt.readers import is_url
+from megafmt.redaction import redact
 from megafmt.remote import file_size, read_range
 from megafmt.sft.lines import JsonlLineIndex
 from megafmt.sft.tokenizer import DEFAULT_PROMPT_FORMAT, IGNORE_INDEX, SFTTokenizer, tokenize_line
@@ -82,8 +83,8 @@ def preprocess_sft(
     prefix = f"{output_prefix}_{SFT_KEY}_document"
     conversations = write_tokenized(lines, tokenizer, prefix)
     print(
-        f"{input_path}: {len(lines)} lines, {conversations} conversations -> {prefix}.bin/.idx"
-        f"/{LOSS_MASK_SUFFIX[1:]} ({lines.bad_lines} bad lines skipped)"
+        f"{redact(input_path)}: {len(lines)} lines, {conversations} conversations -> "
+        f"{prefix}.bin/.idx/{LOSS_MASK_SUFFIX[1:]} ({lines.bad_lines} bad lines skipped)"
     )
     return prefix
 
