@@ -1,25 +1,45 @@
-"""What each package may import of another: megafmt's API, its declared Protocols and what it
-lends its siblings; megaload and megadist never import megaindex or each other."""
+"""What each package may import of another: megafmt's API, its declared Protocols and the small
+public modules it lends its siblings (each documented on the megafmt API page); megaload and
+megadist never import megaindex or each other."""
 
 import ast
 from pathlib import Path
 
 import pytest
 
-PACKAGES = Path(__file__).resolve().parents[1] / "packages"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ROOT / "packages"
 #: megafmt.sft: the SDK's supervised fine-tuning data (jsonl index, SFT tokenizer), public;
 #: megafmt.demo: what the stages of `mega demo` share, public for every package's stages;
-#: megafmt.cli.command: what a `mega.commands` plugin is (DeferredCommand among it);
-#: megafmt.lazy_exports: a package's exports imported when first used
+#: megafmt.cli.command: what a `mega.commands` plugin is (DeferredCommand among it) and the
+#: argparse count types; megafmt.lazy_exports: a package's exports imported when first used
 MEGAFMT_MODULES_FOR_SIBLINGS = {
     "megafmt",
     "megafmt.protocols",
-    "megafmt.shared",
     "megafmt.sft",
     "megafmt.demo",
     "megafmt.cli.command",
     "megafmt.lazy_exports",
 }
+#: the small public modules megafmt lends its siblings, one concept each (they replace the
+#: former ``megafmt.shared`` facade); each is documented on docs/api/megafmt.md
+LENT_MODULES = {
+    "megafmt.atomic",
+    "megafmt.blend_list",
+    "megafmt.checked",
+    "megafmt.cli.tokenizer_flags",
+    "megafmt.confinement",
+    "megafmt.fingerprint",
+    "megafmt.mapping",
+    "megafmt.progress",
+    "megafmt.readers",
+    "megafmt.redaction",
+    "megafmt.registry",
+    "megafmt.remote",
+    "megafmt.tokenizers",
+    "megafmt.tokenizers.identity",
+}
+MEGAFMT_MODULES_FOR_SIBLINGS |= LENT_MODULES
 FORBIDDEN = {"megaload": {"megaindex", "megadist"}, "megadist": {"megaindex", "megaload"}}
 
 
@@ -48,7 +68,8 @@ def test_siblings_use_only_what_megafmt_offers_them(package):
     assert strays == []
 
 
-def test_the_sdk_api_holds_none_of_what_megafmt_lends_its_siblings():
-    import megafmt.shared
-
-    assert set(megafmt.__all__).isdisjoint(megafmt.shared.__all__)
+@pytest.mark.parametrize("module", sorted(LENT_MODULES))
+def test_what_megafmt_lends_its_siblings_is_public_and_documented(module):
+    assert not any(part.startswith("_") for part in module.split("."))
+    api_page = (ROOT / "docs" / "api" / "megafmt.md").read_text()
+    assert f"::: {module}\n" in api_page, f"docs/api/megafmt.md documents no {module}"

@@ -2,7 +2,7 @@ import os
 import struct
 
 from megafmt import get_bin_path, get_idx_path
-from megafmt.shared import corpus_fingerprint, fingerprint_changes
+from megafmt.fingerprint import corpus_fingerprint, fingerprint_changes
 
 
 def test_same_files_same_fingerprint(make_corpus, tmp_path):
@@ -40,7 +40,7 @@ def test_a_change_deep_inside_the_index_is_noticed(make_corpus):
 
 
 def test_corpus_stat_changes_when_a_file_is_rewritten(make_corpus):
-    from megafmt.shared import corpus_stat
+    from megafmt.fingerprint import corpus_stat
 
     prefix = make_corpus([[[1, 2]]])
     before = corpus_stat(prefix)

@@ -4,8 +4,7 @@ import sys
 
 import pytest
 
-from megafmt.progress import format_count
-from megafmt.shared import Progress
+from megafmt.progress import Progress, format_count
 
 
 def test_format_count():

@@ -4,7 +4,7 @@ import pytest
 
 from megafmt import PluginError
 from megafmt import registry as registry_module
-from megafmt.shared import Registry
+from megafmt.registry import Registry
 
 
 @pytest.fixture

@@ -239,7 +239,7 @@ def test_processes_loading_an_unnoted_copy_at_once_verify_it_once(
     import threading
 
     from megafmt import fingerprint
-    from megafmt.shared import one_checker
+    from megafmt.checked import one_checker
     from megaindex import verified
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))

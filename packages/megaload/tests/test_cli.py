@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megafmt.cli.main import main
-from megafmt.shared import Registry
+from megafmt.registry import Registry
 from megaload import SAMPLERS, MegatronPretrainingSampler, cli
 
 

@@ -14,7 +14,7 @@ from megadist.keys import BATCH_KEYS
 from megadist.layout import build_parallel_groups
 from megadist.spawn import run_distributed
 from megadist.synthetic import synthetic_batch, synthetic_batches
-from megafmt.shared import positive_int
+from megafmt.cli.command import positive_int
 
 
 def _describe(key: str, value: torch.Tensor | None, show: int) -> str:

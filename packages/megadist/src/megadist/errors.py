@@ -4,7 +4,7 @@ that disagree); a collective that fails or outlasts its group's timeout is also 
 
 from __future__ import annotations
 
-from megafmt.shared import RedactedMessage
+from megafmt.redaction import RedactedMessage
 
 
 class MegadistError(RedactedMessage, ValueError):

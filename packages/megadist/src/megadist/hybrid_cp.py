@@ -20,7 +20,7 @@ import torch.distributed as dist
 from megadist.errors import BatchError
 from megadist.partition import zigzag_split
 from megadist.topology import BatchTopology
-from megafmt.shared import Registry
+from megafmt.registry import Registry
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ import torch
 
 from megadist.errors import PartitionError
 from megadist.keys import METADATA_KEYS
-from megafmt.shared import Registry
+from megafmt.registry import Registry
 
 Partitioner = Callable[[Mapping[str, Any], int, int], dict[str, Any]]
 

@@ -7,7 +7,8 @@ Drop-in for megatron-core's ``megatron.core.datasets.indexed_dataset`` (``DType`
 ``_MultiStorageClientBinReader``: :mod:`megafmt.megatron_names`), plus
 verification, statistics, merging, pluggable ``.bin`` readers and the ``mega`` command line.
 numpy and fsspec only: no torch. The data path's Protocols are in :mod:`megafmt.protocols`;
-what megafmt lends its sibling packages is in :mod:`megafmt.shared`, outside this API.
+the small modules megafmt lends its sibling packages (:mod:`megafmt.registry`,
+:mod:`megafmt.atomic`, :mod:`megafmt.fingerprint`, ...) are public, outside ``__all__``.
 """
 
 from importlib.metadata import version

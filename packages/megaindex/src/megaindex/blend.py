@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Sequence
 
 from megafmt import IndexedDataset, read_manifest
-from megafmt.shared import Blend, BlendListError, parse_blend_list
+from megafmt.blend_list import Blend, BlendListError, parse_blend_list
 from megaindex.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -37,13 +37,9 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from megafmt.shared import (
-    atomic_write,
-    checksum,
-    file_identity,
-    map_file,
-    remove_stale_partials,
-)
+from megafmt.atomic import atomic_write, remove_stale_partials
+from megafmt.fingerprint import checksum, file_identity
+from megafmt.mapping import map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 

@@ -17,16 +17,11 @@ from typing import Any
 
 import numpy
 
+from megafmt.cli.command import non_negative_int, positive_int
+from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
+from megafmt.redaction import redact
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, SFTTokenizer
-from megafmt.shared import (
-    TokenizerOptions,
-    add_tokenizer_arguments,
-    load_text_tokenizer,
-    non_negative_int,
-    positive_int,
-    redact,
-    tokenizer_options,
-)
+from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 from megaindex.blend import default_split, get_blend_and_blend_per_split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples

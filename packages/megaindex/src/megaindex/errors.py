@@ -13,7 +13,7 @@ an assert there (:class:`SequenceCountError`), a corpus it leaves out is a ``Key
 
 from __future__ import annotations
 
-from megafmt.shared import RedactedMessage
+from megafmt.redaction import RedactedMessage
 
 
 class MegaindexError(RedactedMessage, Exception):

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy
 
 from megafmt import IndexedDataset, MegafmtError, read_manifest
+from megafmt.confinement import confined_path, url_components
 from megafmt.protocols import (
     CollatedBatch,
     PrefetchingSource,
@@ -29,7 +30,8 @@ from megafmt.protocols import (
     TokenSource,
     announced,
 )
-from megafmt.shared import confined_path, default_cache_dir, is_url, url_components
+from megafmt.readers import is_url
+from megafmt.remote import default_cache_dir
 from megaindex.cache import CacheEntry
 from megaindex.config import EndOfDocument, GPTDatasetConfig, own_field, tokenizer_vocab_size
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts

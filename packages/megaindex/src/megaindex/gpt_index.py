@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy
 
+from megafmt.mapping import map_file, release_pages
 from megafmt.protocols import TokenSource
-from megafmt.shared import map_file, release_pages
 from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
@@ -245,7 +245,7 @@ def timed_shuffle_index(
 def spill(array: numpy.ndarray, directory: str) -> numpy.ndarray:
     """``array`` written to an unnamed file in ``directory`` (made if missing), or else in the
     system's temporary folder, and mapped back read-only: its pages belong to the page cache,
-    which the walk can release behind it (:func:`megafmt.shared.release_pages`); the file goes
+    which the walk can release behind it (:func:`megafmt.mapping.release_pages`); the file goes
     when the last view does. Where neither can hold it (a read-only cache folder, a full disk,
     a file system without mappings), ``array`` itself: the spill saves memory, it is no
     condition of the build."""

@@ -10,7 +10,7 @@ builds it.
 
 from __future__ import annotations
 
-from megafmt.shared import Registry
+from megafmt.registry import Registry
 
 DATASETS: Registry[type] = Registry(
     "megaindex.datasets",

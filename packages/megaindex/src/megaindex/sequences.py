@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from megafmt import IndexedDataset
-from megafmt.shared import atomic_write
+from megafmt.atomic import atomic_write
 from megaindex.cli import blends_of, data_path_arguments
 
 

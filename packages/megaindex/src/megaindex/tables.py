@@ -31,7 +31,8 @@ from typing import Any, Protocol
 
 import numpy
 
-from megafmt.shared import corpus_fingerprint, corpus_stat, fingerprint_changes, one_checker
+from megafmt.checked import one_checker
+from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,

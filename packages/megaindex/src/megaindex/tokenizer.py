@@ -13,7 +13,8 @@ from collections import OrderedDict
 from typing import Any
 
 from megafmt.protocols import TextTokenizer
-from megafmt.shared import Tokenizer, TokenizerOptions, load_tokenizer, megatron_identifiers
+from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer
+from megafmt.tokenizers.identity import megatron_identifiers
 
 #: megatron-core's NullTokenizer, as its unique_identifiers name it
 MEGATRON_NULL_TOKENIZER = "megatron.core.tokenizers.text.libraries.null_tokenizer.NullTokenizer"

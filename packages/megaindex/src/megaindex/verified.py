@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from megafmt import get_bin_path, get_idx_path
-from megafmt.shared import CHANGE_TIME, file_identity, is_url, remember_checked, was_checked
+from megafmt.checked import remember_checked, was_checked
+from megafmt.fingerprint import CHANGE_TIME, file_identity
+from megafmt.readers import is_url
 from megaindex.cache import CacheEntry
 
 #: megafmt's cache folder holds the notes in this folder

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from megafmt.shared import Registry
+from megafmt.registry import Registry
 from megaload.errors import SamplerPluginError
 
 if TYPE_CHECKING:

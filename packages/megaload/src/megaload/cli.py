@@ -15,7 +15,9 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from megafmt.shared import Progress, Registry, non_negative_int, positive_int
+from megafmt.cli.command import non_negative_int, positive_int
+from megafmt.progress import Progress
+from megafmt.registry import Registry
 from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig

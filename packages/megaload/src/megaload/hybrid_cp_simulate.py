@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from megafmt.shared import positive_int
+from megafmt.cli.command import positive_int
 from megaload.errors import SimulationError
 from megaload.hybrid_cp_schedule import BalancedCPScheduler
 
