@@ -151,7 +151,8 @@ def test_a_loader_that_differs_in_what_defines_the_order_is_refused(kind, field,
 def test_the_state_records_everything_that_defines_the_order():
     loader = loader_of("cyclic", 40, 2, 2, 1, global_batch_size=8, seed=3)
     state = loader.state_dict()
-    assert state["version"] == 3
+    assert state["version"] == 4
+    assert state["mix"] is None  # a dataset that keeps no per-corpus accounts
     assert state["dataset_digest"] == "d41d8cd98f00b204e9800998ecf8427e"
     assert state["layout"] == {
         "micro_batch_size": 2,
@@ -292,9 +293,9 @@ def test_loader_states_of_another_version_or_sampler_are_refused():
     config = DataLoaderConfig(micro_batch_size=2, num_workers=0)
     loader = build_pretraining_data_loader(Numbers(8), 0, config)
     with pytest.raises(
-        ResumeError, match=r"loader state\['version'\] is 4; expected one of 1, 2, 3"
+        ResumeError, match=r"loader state\['version'\] is 5; expected one of 1, 2, 3, 4"
     ):
-        loader.load_state_dict({**loader.state_dict(), "version": 4})
+        loader.load_state_dict({**loader.state_dict(), "version": 5})
     with pytest.raises(ResumeError, match="saved by the 'cyclic' sampler, this loader uses 'sin"):
         loader.load_state_dict(cyclic(8, 2, 1).state_dict())
     assert issubclass(ResumeError, SamplerError)  # callers that catch SamplerError keep working

@@ -46,6 +46,13 @@ blend by delegating to its parts):
     ``unique_description_hash``: the digest of what defines the dataset's samples (its cache
     description's md5, in megatron-core's and megaindex's datasets), which a loader records in
     its resume state so that a state is never restored over other data.
+``CorpusAccounting``
+    ``mix_state(consumed_samples)``: how many samples of each corpus (by path prefix) a run
+    consumed, which the loader records so that a run can resume under a new mix
+    (megaindex's blends; :mod:`megaindex.mix_resume`).
+``SampleOrigins``
+    ``sample_origin(idx)``: the corpus, its sample index and the documents of a sample, for a
+    log of what a run read.
 
 Tokenizers:
 
@@ -283,11 +290,35 @@ class TextTokenizer(Protocol):
         ...
 
 
+@runtime_checkable
+class CorpusAccounting(Protocol):
+    """A dataset that says how many samples of each corpus a run has consumed."""
+
+    def mix_state(self, consumed_samples: int) -> dict[str, Any] | None:
+        """Where the run stands once it consumed its first ``consumed_samples`` samples, as
+        plain values: ``corpora`` (per corpus prefix, ``{"consumed": samples it gave, "order":
+        what defines their order}``) and ``segment`` (the blend the run is under, from which
+        sample, and each corpus's count there); None where the dataset's parts are not corpora
+        that can be accounted for (mock data)."""
+        ...
+
+
+@runtime_checkable
+class SampleOrigins(Protocol):
+    """A dataset that says where each of its samples comes from."""
+
+    def sample_origin(self, idx: int) -> dict[str, Any]:
+        """Sample ``idx``'s ``corpus`` (path prefix), its ``sample`` index in that corpus's own
+        order and the ``documents`` it spans."""
+        ...
+
+
 __all__ = [
     "BatchAssembly",
     "BlendSplitMember",
     "CollatedBatch",
     "ConversationSource",
+    "CorpusAccounting",
     "DescribedDataset",
     "EpochAware",
     "MappedTokenSource",
@@ -295,6 +326,7 @@ __all__ = [
     "PlannedPrefetch",
     "PrefetchingSource",
     "Read",
+    "SampleOrigins",
     "SpanSource",
     "SplitMember",
     "StoredTokenSource",

@@ -40,6 +40,7 @@ from megaindex.megatron_dataset import (
     resolve_indices,
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
+from megaindex.mix_resume import blend_mix_state, sample_origin
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
 from megaindex.windows import MappedWindowReader, can_hold, pad_rows
@@ -276,6 +277,22 @@ class BlendedDataset(torch.utils.data.Dataset):
             dataset = self.datasets[dataset_id]
             if isinstance(dataset, PlannedPrefetch):
                 dataset.prefetch(samples[ids == dataset_id].tolist())
+
+    def mix_state(self, consumed_samples: int) -> dict[str, Any] | None:
+        """Each corpus's consumed samples and order once the run consumed ``consumed_samples``,
+        from ``dataset_index`` (megafmt's ``CorpusAccounting``; :mod:`megaindex.mix_resume`);
+        None for an exhaustive blend, or parts that are not GPT corpora."""
+        corpora = all(isinstance(d, GPTDataset) and d.dataset_path for d in self.datasets)
+        if self.size is None or not corpora:
+            return None
+        return blend_mix_state(
+            self.datasets, self.weights, self.tables["dataset_index"], consumed_samples
+        )
+
+    def sample_origin(self, idx: int) -> dict[str, Any]:
+        """Which corpus sample ``idx`` comes from, its index there and its documents."""
+        dataset = self.datasets[self.tables["dataset_index"][idx]]
+        return sample_origin(dataset, int(self.tables["dataset_sample_index"][idx]))
 
     def _cache_entry(self) -> CacheEntry | None:
         if self.config.path_to_cache is None:

@@ -37,6 +37,7 @@ from megaindex.blended_dataset import BlendedDataset
 from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified, own_field
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
+from megaindex.mix_resume import MixResumedBlend, resumed_part_sizes
 from megaindex.plugins import DATASETS
 from megaindex.utils import Split, normalize
 
@@ -267,6 +268,7 @@ class BlendedMegatronDatasetBuilder:
             # a split's own single corpus: its weight is not read (as in megatron-core)
             return self._build_megatron_dataset_splits(prefixes[0], split, sizes)
         check_blend_weights(name, prefixes, weights)
+        mix = own_field(self.config, BlendedMegatronDatasetConfig, "resume_with_new_mix")
         if weights is not None:
             weights = normalize(weights)
         if weights is None:
@@ -277,6 +279,17 @@ class BlendedMegatronDatasetBuilder:
             buffers = _get_size_per_split_per_dataset(
                 weights, sizes, surplus=self.config.mid_level_dataset_surplus
             )
+            if mix is not None and sizes[Split.train.value] is not None:
+                train = Split.train.value
+                needed = resumed_part_sizes(
+                    prefixes,
+                    weights,
+                    sum(target[train] for target in targets),
+                    mix,
+                    self.config.mid_level_dataset_surplus,
+                )
+                for buffer, count in zip(buffers, needed, strict=True):
+                    buffer[train] = max(buffer[train], count)  # Megatron's own, when enough
         mid_level = self._build_megatron_datasets_parallel(prefixes, split, buffers)
         blended: list[Any] = [None] * len(Split)
         for index_split in splits:
@@ -294,6 +307,12 @@ class BlendedMegatronDatasetBuilder:
                 size = None if sizes[i] is None else min(sizes[i], sum(split_weights))
             else:
                 raise ConfigError("client-specified weights need a client-specified size")
+            if mix is not None and index_split is Split.train:
+                # nothing to cache: the resumed tables are built from the state on every rank
+                parts = mid_level[i]
+                built = size is not None and parts[0] is not None
+                blended[i] = MixResumedBlend(parts, split_weights, size, mix) if built else None
+                continue
             blended[i] = self.build_generic_dataset(
                 BlendedDataset,
                 self.is_built_on_rank,

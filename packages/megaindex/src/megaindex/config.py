@@ -10,7 +10,8 @@ order holds for both classes, subclass fields included): ``barrier_timeout`` bou
 ranks wait for each other while building (megatron-core hangs); ``stale_cache`` says what to
 do when a cached index was built from a corpus that has changed since ("rebuild" with a
 warning, or "error"); ``padded_vocab_size`` and ``check_token_ids`` say which token ids a
-sample may hold (those the model's padded vocabulary has rows for; any, with the check off).
+sample may hold (those the model's padded vocabulary has rows for; any, with the check off);
+``resume_with_new_mix`` continues a run under a new blend (:mod:`megaindex.mix_resume`).
 Code reads them through :func:`own_field`, so megatron-core's configs, which lack them, are
 read with their defaults.
 """
@@ -22,12 +23,15 @@ import itertools
 import logging
 import re
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy
 
 from megaindex.errors import ConfigError
 from megaindex.utils import Split, normalize
+
+if TYPE_CHECKING:  # mix_resume reads the datasets, which read this module
+    from megaindex.mix_resume import MixState
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +143,12 @@ class BlendedMegatronDatasetConfig:
     barrier_timeout: float | None = 1800.0
     """Seconds a rank waits at a dataset-building barrier before failing with the ranks that
     never arrived (None: wait as long as the process group allows)."""
+
+    resume_with_new_mix: MixState | None = None
+    """Off (None, the default): the training split is Megatron's blend. Given the per-corpus
+    state a loader saved (:class:`~megaindex.mix_resume.MixState`), the training blend continues
+    each corpus at its next unseen sample, blended by this config's weights from the saved
+    count on (:class:`~megaindex.mix_resume.MixResumedBlend`)."""
 
     def __post_init__(self) -> None:
         if self.fast_cache_load:

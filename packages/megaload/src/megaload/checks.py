@@ -46,6 +46,7 @@ FLAG: Kind = ("True or False", lambda v: isinstance(v, bool))
 TEXT: Kind = ("a string", lambda v: isinstance(v, str))
 OPTIONAL_TEXT: Kind = ("a string or None", lambda v: v is None or isinstance(v, str))
 MAPPING: Kind = ("a mapping", lambda v: isinstance(v, Mapping))
+OPTIONAL_MAPPING: Kind = ("a mapping or None", lambda v: v is None or isinstance(v, Mapping))
 COUNTS: Kind = (
     "a list of integers >= 0",
     lambda v: isinstance(v, (list, tuple)) and all(COUNT[1](item) for item in v),

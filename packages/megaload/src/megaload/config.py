@@ -77,6 +77,12 @@ class DataLoaderConfig:
     seed: int | None = None
     """``cyclic``: seed the permutations with seed + epoch instead of the epoch alone."""
 
+    resume_with_new_mix: bool = False
+    """``single`` over a blend: restore a state saved under another blend (weights, corpora)
+    or layout, the dataset being the blend resumed from that state (megaindex's
+    ``resume_with_new_mix`` config field); off, a state is restored only over the same data
+    (Megatron's behaviour)."""
+
     def __post_init__(self) -> None:
         if self.dataloader_type != EXTERNAL and self.dataloader_type not in SAMPLERS:
             raise SamplerError(
@@ -84,6 +90,12 @@ class DataLoaderConfig:
                 f"{EXTERNAL!r} or a sampler: {', '.join(SAMPLERS.available())}"
             )
         check_batch_layout(self.micro_batch_size, self.data_parallel_rank, self.data_parallel_size)
+        if self.resume_with_new_mix and self.dataloader_type != "single":
+            raise SamplerError(
+                f"resume_with_new_mix needs dataloader_type 'single', got "
+                f"{self.dataloader_type!r}: only a sequential run has consumed a prefix of each "
+                "corpus"
+            )
         if self.num_workers < 0:
             raise SamplerError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.global_batch_size is not None:

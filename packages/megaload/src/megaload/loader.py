@@ -35,6 +35,7 @@ from megaload.checks import (
     INTEGER,
     MAPPING,
     OPTIONAL_INTEGER,
+    OPTIONAL_MAPPING,
     OPTIONAL_POSITIVE,
     OPTIONAL_TEXT,
     POSITIVE,
@@ -45,14 +46,16 @@ from megaload.checks import (
 )
 from megaload.config import EXTERNAL, DataLoaderConfig
 from megaload.errors import LoaderStateError, ResumeError
+from megaload.mix_state import check_resumed_mix, mix_state
 from megaload.planned import PlannedBatchSampler
 from megaload.shared_batches import Collate, SlotReader, available
 
 logger = logging.getLogger(__name__)
 
 #: 2: the sampler's own resume fields moved under ``sampler_state``; 3: the ``layout``,
-#: ``options`` and ``dataset_digest`` that define the order (1 and 2 are still read)
-STATE_VERSION = 3
+#: ``options`` and ``dataset_digest`` that define the order; 4: each corpus's consumption,
+#: ``mix`` (1 to 3 are still read)
+STATE_VERSION = 4
 
 #: the keys of a saved state of each version, and their kinds
 STATE_SCHEMAS: dict[int, dict[str, Kind]] = {
@@ -63,7 +66,7 @@ STATE_SCHEMAS: dict[int, dict[str, Kind]] = {
         "total_samples": COUNT,
         "sampler_state": MAPPING,
     },
-    STATE_VERSION: {
+    3: {
         "sampler": TEXT,
         "consumed_samples": COUNT,
         "total_samples": COUNT,
@@ -73,6 +76,7 @@ STATE_SCHEMAS: dict[int, dict[str, Kind]] = {
         "sampler_state": MAPPING,
     },
 }
+STATE_SCHEMAS[STATE_VERSION] = {**STATE_SCHEMAS[3], "mix": OPTIONAL_MAPPING}
 #: the configuration fields of the layout, which a re-shard may change, and their kinds
 LAYOUT_SCHEMA: dict[str, Kind] = {
     "micro_batch_size": POSITIVE,
@@ -184,6 +188,7 @@ class MegatronDataLoader:
             "layout": self._fields(LAYOUT_FIELDS),
             "options": self._fields(OPTION_FIELDS),
             "sampler_state": self.batch_sampler.resume_state(),
+            "mix": mix_state(self.dataset, self.consumed_samples),
         }
 
     def _fields(self, names: tuple[str, ...]) -> dict[str, Any]:
@@ -196,7 +201,11 @@ class MegatronDataLoader:
         and rank) may differ where the sampler continues exactly, from a point its ``reshard``
         gives (in this layout's count, which ``state_dict()`` records from then on)."""
         state = self._checked(state)
-        self._check_same_data(state)
+        if self.config.resume_with_new_mix:
+            check_resumed_mix(self.dataset, state)
+            reshard = True
+        else:
+            self._check_same_data(state)
         for field in OPTION_FIELDS:
             self._check_field(state["options"], field, "the samples would come in another order")
         consumed = int(state["consumed_samples"])
@@ -222,7 +231,7 @@ class MegatronDataLoader:
         self.loader = self._build(self.consumed_samples)
 
     def _checked(self, state: Any) -> Mapping[str, Any]:
-        """``state`` as a version-3 state, after checking that it holds every key its version
+        """``state`` as a version-4 state, after checking that it holds every key its version
         has, each of its kind (:class:`~megaload.errors.LoaderStateError` names the key)."""
         check_state(state, {"version": INTEGER}, "loader state")
         version = state["version"]
@@ -236,6 +245,8 @@ class MegatronDataLoader:
             state = self._upgraded_from_1(state)
         if version <= 2:
             state = self._upgraded_from_2(state)
+        if version <= 3:
+            state = {**state, "version": STATE_VERSION, "mix": None}
         check_state(state["layout"], LAYOUT_SCHEMA, "loader state['layout']")
         check_state(state["options"], OPTIONS_SCHEMA, "loader state['options']")
         return state

@@ -1,0 +1,129 @@
+"""Per-corpus accounting of blends and the blend resumed under a new mix
+(:mod:`megaindex.mix_resume`), through the builder."""
+
+import numpy
+import pytest
+
+from megafmt.testing import write_corpus
+from megaindex import BlendedMegatronDatasetBuilder
+from megaindex.blended_dataset import BlendedDataset
+from megaindex.errors import ConfigError
+from megaindex.mix_resume import MixResumedBlend, MixState, consumption_from_megatron
+
+
+@pytest.fixture
+def corpora(tmp_path):
+    return [
+        write_corpus(str(tmp_path / name), documents, seed=number)
+        for number, (name, documents) in enumerate([("a", 300), ("b", 200), ("c", 250)])
+    ]
+
+
+@pytest.fixture
+def build(make_config):
+    def build(prefixes, weights, size, mix=None, **fields):
+        settings = {"split": "100,0,0", "sequence_length": 16, **fields}
+        config = make_config(blend=(prefixes, weights), resume_with_new_mix=mix, **settings)
+        return BlendedMegatronDatasetBuilder("gpt", [size, 0, 0], lambda: True, config).build()[0]
+
+    return build
+
+
+def stream(dataset, first, end):
+    """``(corpus, its sample)`` of samples ``first`` to ``end``."""
+    return [(dataset.sample_origin(i)["corpus"], dataset.sample_origin(i)["sample"])
+            for i in range(first, end)]  # fmt: skip
+
+
+def counts(mix):
+    return {name: record["consumed"] for name, record in mix["corpora"].items()}
+
+
+def test_a_blend_accounts_each_corpus_from_its_tables(corpora, build):
+    blend = build(corpora, [0.5, 0.2, 0.3], 400)
+    assert isinstance(blend, BlendedDataset)
+    for consumed in (0, 1, 57, 400):
+        served = stream(blend, 0, consumed)
+        expected = {name: sum(1 for c, _ in served if c == name) for name in corpora}
+        assert counts(blend.mix_state(consumed)) == expected
+        for name in corpora:  # each corpus gave its first samples, in its own order
+            assert [s for c, s in served if c == name] == list(range(expected[name]))
+
+
+def test_a_megatron_checkpoint_gives_the_same_counts(corpora, build):
+    blend = build(corpora, [3, 1, 2], 500)
+    for consumed in (0, 13, 499):
+        expected = counts(blend.mix_state(consumed))
+        assert consumption_from_megatron(corpora, [3, 1, 2], consumed) == expected
+        state = MixState.from_megatron(corpora, [3, 1, 2], consumed)
+        assert build(corpora, [3, 1, 2], 500, state).mix_state(consumed)["corpora"].keys() == (
+            expected.keys()
+        )
+
+
+def test_a_resume_without_change_serves_what_the_blend_serves(corpora, build):
+    blend = build(corpora, [0.5, 0.2, 0.3], 300)
+    state = MixState(consumed_samples=120, **blend.mix_state(120))
+    resumed = build(corpora, [0.5, 0.2, 0.3], 300, state)
+    assert isinstance(resumed, MixResumedBlend)
+    assert stream(resumed, 120, 300) == stream(blend, 120, 300)
+    with pytest.raises(IndexError, match="sample 119 is outside the resumed run's samples"):
+        resumed[119]
+
+
+def test_a_new_mix_continues_each_corpus_and_a_removed_one_returns(corpora, build):
+    first = build(corpora[:2], [0.7, 0.3], 200)
+    state = MixState(consumed_samples=100, **first.mix_state(100))
+    before = counts(first.mix_state(100))
+    second = build(corpora[1:], [1, 1], 300, state)  # 'a' removed, 'c' added
+    served = stream(second, 100, 300)
+    b = [s for c, s in served if c == corpora[1]]
+    assert b == list(range(before[corpora[1]], before[corpora[1]] + len(b)))
+    assert [s for c, s in served if c == corpora[2]] == list(range(len(served) - len(b)))
+    assert abs(len(b) - 100) <= 1  # the new weights, within the greedy rule's error
+    after = second.mix_state(300)
+    assert counts(after)[corpora[0]] == before[corpora[0]]  # kept where it stopped
+    third = build(corpora, [1, 1, 1], 400, MixState(consumed_samples=300, **after))
+    a = [s for c, s in stream(third, 300, 400) if c == corpora[0]]
+    assert a[0] == before[corpora[0]] and a == list(range(a[0], a[0] + len(a)))
+
+
+def test_resuming_is_a_pure_function_of_state_and_config(corpora, build):
+    state = MixState(consumed_samples=50, **build(corpora, [1, 2, 3], 200).mix_state(50))
+    one = build(corpora[::-1], [2, 1, 1], 260, state)
+    two = build(corpora[::-1], [2, 1, 1], 260, state)
+    assert stream(one, 50, 260) == stream(two, 50, 260)
+    assert one.unique_description_hash == two.unique_description_hash
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("random_seed", 7), ("sequence_length", 12), ("split", "90,10,0")]
+)
+def test_a_corpus_in_another_order_is_refused(corpora, build, field, value):
+    state = MixState(consumed_samples=50, **build(corpora[:2], [1, 1], 200).mix_state(50))
+    with pytest.raises(ConfigError, match=rf"corpus {corpora[0]}: its {field} was"):
+        build(corpora[:2], [1, 2], 200, state, **{field: value})
+
+
+def test_a_state_past_the_new_blend_or_a_bad_record_is_refused(corpora, build):
+    blend = build(corpora[:2], [1, 1], 200)
+    state = MixState(consumed_samples=200, **blend.mix_state(200))
+    with pytest.raises(ConfigError, match="the run consumed 200 samples, the new blend holds 150"):
+        build(corpora[:2], [1, 1], 150, state)
+    record = {"consumed": -1}
+    with pytest.raises(ConfigError, match="holds consumed=-1; expected an integer >= 0"):
+        MixState(consumed_samples=1, corpora={"x": record})
+
+
+def test_a_blend_named_twice_is_refused(corpora):
+    with pytest.raises(ConfigError, match="names corpus .* twice"):
+        consumption_from_megatron([corpora[0], corpora[0]], [1, 1], 10)
+
+
+def test_the_counts_follow_the_greedy_rule_for_any_count(corpora, build):
+    weights = [0.25, 0.25, 0.5]
+    blend = build(corpora, weights, 200)
+    table = numpy.asarray(blend.dataset_index)
+    for consumed in (3, 77, 200):
+        expected = numpy.bincount(table[:consumed], minlength=3).tolist()
+        assert list(consumption_from_megatron(corpora, weights, consumed).values()) == expected

@@ -1,0 +1,63 @@
+"""Each corpus's consumption in a loader's state, and the check that a run resumed under a new
+mix continues exactly where the state left every corpus.
+
+The dataset accounts for its corpora (megafmt's ``CorpusAccounting``: megaindex's blends); the
+loader records the accounts at each ``state_dict()`` under ``mix``. With
+``DataLoaderConfig.resume_with_new_mix`` a state may be restored over another blend, but only
+one that, at the saved consumed count, reports for every corpus exactly the saved count: the
+blend resumed from that very state (megaindex's ``resume_with_new_mix`` config field).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from megafmt.protocols import CorpusAccounting
+from megaload.errors import ResumeError
+
+
+def mix_state(dataset: Any, consumed_samples: int) -> dict[str, Any] | None:
+    """Where each corpus stands once ``consumed_samples`` were consumed; None for a dataset
+    that keeps no accounts."""
+    if isinstance(dataset, CorpusAccounting):
+        return dataset.mix_state(consumed_samples)
+    return None
+
+
+def consumed_counts(mix: Mapping[str, Any]) -> dict[str, int]:
+    """Per corpus prefix, the samples it gave, from a state's ``mix``."""
+    return {name: int(record["consumed"]) for name, record in mix["corpora"].items()}
+
+
+def check_resumed_mix(dataset: Any, state: Mapping[str, Any]) -> None:
+    """Refuse, naming the corpus, a dataset that does not continue every corpus of ``state``
+    at its next unseen sample."""
+    if state["mix"] is None:
+        raise ResumeError(
+            "the loader state records no per-corpus consumption ('mix' is None: it was saved "
+            "over a dataset that keeps no accounts, or by megaload before state version 4); "
+            "resume_with_new_mix cannot know where each corpus stopped"
+        )
+    if not isinstance(dataset, CorpusAccounting):
+        raise ResumeError(
+            f"resume_with_new_mix needs a dataset that accounts for its corpora "
+            f"(megafmt.protocols.CorpusAccounting); got {type(dataset).__name__}"
+        )
+    consumed = int(state["consumed_samples"])
+    try:
+        mine = dataset.mix_state(consumed)
+    except IndexError as error:
+        raise ResumeError(
+            f"the dataset does not continue the state's {consumed} consumed samples: {error}"
+        ) from error
+    if mine is None:
+        raise ResumeError(f"{type(dataset).__name__} keeps no per-corpus accounts")
+    before, after = consumed_counts(state["mix"]), consumed_counts(mine)
+    for name in sorted(set(before) | set(after)):
+        if before.get(name, 0) != after.get(name, 0):
+            raise ResumeError(
+                f"corpus {name} gave {before.get(name, 0)} samples before the state was saved, "
+                f"the dataset continues it at sample {after.get(name, 0)}: build the blend with "
+                "resume_with_new_mix set to this state (megaindex's config field)"
+            )
