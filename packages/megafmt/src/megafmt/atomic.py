@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import re
 import secrets
@@ -29,9 +30,38 @@ PARTIAL_SUFFIX = ".partial"
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
+#: the bytes a temporary name adds to its destination's: ``.<pid>-<8 hex>.partial`` (a pid has
+#: at most 7 digits on Linux, pid_max <= 4194304)
+PARTIAL_EXTRA = len(".4194304-") + 8 + len(PARTIAL_SUFFIX)
+#: the name limit assumed where the file system does not say (NAME_MAX of Linux file systems)
+DEFAULT_NAME_MAX = 255
+
+
+def _name_max(folder: str) -> int:
+    try:
+        return os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such folder yet, or no pathconf: the common limit
+        return DEFAULT_NAME_MAX
+
+
+def _partial_stem(path: str) -> str:
+    """What the temporary names of ``path`` start with: ``path`` itself, or, where its name
+    plus :data:`PARTIAL_EXTRA` would pass the file system's name limit (so that a name that
+    fits would fail as a temporary one), the name cut short and ended with a digest of it."""
+    folder, name = os.path.split(path)
+    room = _name_max(folder) - PARTIAL_EXTRA
+    encoded = name.encode()
+    if len(encoded) <= room:
+        return path
+    digest = hashlib.sha256(encoded).hexdigest()[:12]
+    cut = encoded[: room - len(digest) - 1].decode(errors="ignore")
+    return os.path.join(folder, f"{cut}~{digest}")
+
+
 def partial_path(path: str) -> str:
-    """A temporary name beside ``path``, unique to this process and call."""
-    return f"{path}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
+    """A temporary name beside ``path``, unique to this process and call; never longer than the
+    file system allows when the name of ``path`` itself fits."""
+    return f"{_partial_stem(path)}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
 
 
 def remove_quietly(path: str) -> None:
@@ -55,8 +85,9 @@ def remove_stale_partials(path: str) -> list[str]:
     they were killed (their process no longer exists); returns what was removed. Those of
     writers still running are left alone."""
     removed = []
-    pattern = re.compile(re.escape(path) + r"\.(\d+)-[0-9a-f]+" + re.escape(PARTIAL_SUFFIX) + "$")
-    for candidate in glob.glob(glob.escape(path) + ".*" + PARTIAL_SUFFIX):
+    stem = _partial_stem(path)
+    pattern = re.compile(re.escape(stem) + r"\.(\d+)-[0-9a-f]+" + re.escape(PARTIAL_SUFFIX) + "$")
+    for candidate in glob.glob(glob.escape(stem) + ".*" + PARTIAL_SUFFIX):
         match = pattern.match(candidate)
         if match is None or _process_exists(int(match.group(1))):
             continue

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy
 
+from megafmt.atomic import remove_stale_partials
 from megafmt.builder import IndexedDatasetBuilder
 from megafmt.errors import FormatError, MissingFileError
 from megafmt.folders import make_folder
@@ -87,8 +88,11 @@ def merge(
         raise FileExistsError(f"{existing[0]} exists; pass overwrite (--force) to replace it")
 
     first = Index(get_idx_path(input_prefixes[0]))
-    # like mega preprocess, the output's folder is made when missing
+    # like mega preprocess, the output's folder is made when missing, and what killed merges
+    # into the same output left is cleared
     make_folder(os.path.dirname(os.path.abspath(output_prefix)), "the output's folder")
+    for path in output_paths:
+        remove_stale_partials(path)
     if multimodal is None:
         multimodal = first.has_modes
     start = time.perf_counter()

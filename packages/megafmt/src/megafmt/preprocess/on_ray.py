@@ -3,9 +3,11 @@
 The driver cuts the input into shards (``shards.plan_shards``) and starts one Ray task per
 shard. A task runs the one-machine pipeline (``tokenize_into``) on its shard into a folder of
 its own under the shared storage, ``<storage>/<run>/<shard>-<attempt id>/``: a local path every
-node sees, or any fsspec URL (the task then writes locally and uploads). A task that fails for a
-system reason (its worker killed, its node lost) is retried by Ray; a retry writes to a new
-attempt folder, and the driver only ever reads the folder the successful attempt returned.
+node sees, or any fsspec URL (the task then writes locally and uploads). In local storage
+``<run>`` is ``<output name>.<driver pid>-<token>.partial``: the folder of a run whose driver was
+killed (so its cleanup never ran) is removed by the next run of the same output. A task that
+fails for a system reason (its worker killed, its node lost) is retried by Ray; a retry writes
+to a new attempt folder, and the driver only ever reads the folder the successful attempt returned.
 The driver merges the shards' pairs in shard order with ``add_index`` (``merging.merge``) into
 the output, which appears under its final name only when complete: the bytes of a one-machine
 run with the same flags. The run's folder in the storage is deleted at the end, whatever
@@ -34,6 +36,7 @@ from typing import Any, TextIO
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from megafmt.atomic import partial_path, remove_stale_partials
 from megafmt.errors import PluginError
 from megafmt.manifest import remove_manifest
 from megafmt.merging import merge
@@ -213,6 +216,13 @@ def _attempts(fs: fsspec.AbstractFileSystem, root: str) -> dict[int, int]:
     return counts
 
 
+def run_folder_stem(config: PreprocessConfig) -> str:
+    """What the name of a run's folder in the storage starts with: the output's name. In local
+    storage it is a ``*.partial`` name of the driver's process, so a run killed before its
+    cleanup leaves a folder the next run of the same output removes."""
+    return os.path.basename(config.output_prefix)
+
+
 def preprocess_on_ray(
     config: PreprocessConfig, options: RayOptions, stream: TextIO | None = None
 ) -> PreprocessSummary:
@@ -232,8 +242,13 @@ def preprocess_on_ray(
     if "://" not in storage:  # the tasks' working folders are not the driver's
         storage = os.path.abspath(storage)
     fs, base = fsspec.core.url_to_fs(storage)
-    # this run's own folder: nothing else under the storage is ever touched
-    name = f"{os.path.basename(config.output_prefix)}-{uuid.uuid4().hex[:12]}"
+    # this run's own folder: nothing else under the storage is touched but the folders of
+    # killed runs of the same output on this machine (their driver process is gone)
+    if _is_local(fs):
+        name = os.path.basename(partial_path(os.path.join(base, run_folder_stem(config))))
+        remove_stale_partials(os.path.join(base, run_folder_stem(config)))
+    else:
+        name = f"{run_folder_stem(config)}-{uuid.uuid4().hex[:12]}"
     root = f"{base.rstrip('/')}/{name}"
     run_storage = f"{storage.rstrip('/')}/{name}"
     _connect(ray, options.address, config.workers)  # before any folder: a failure leaves none

@@ -3,20 +3,27 @@ as Megatron's preprocess_data.py reports them, then preprocess the whole input w
 
 Megatron's tool runs each count on the first ``--max-documents`` documents into the output
 prefix itself and stops there, leaving the last trial's truncated files as its output. Here the
-trials write into a temporary folder that is removed, and the real run follows, so the output
-is the whole corpus, byte-identical to a run without the flag.
+trials write into a temporary folder beside the output (``<output-prefix>.trials.<pid>-<token>
+.partial``) that is removed at the end, and the real run follows, so the output is the whole
+corpus, byte-identical to a run without the flag. A trial folder that a killed run left (its
+process gone) is removed by the next run with the same output prefix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import TextIO
 
+from megafmt.atomic import partial_path, remove_stale_partials
+from megafmt.folders import make_folder
 from megafmt.preprocess.pipeline import PreprocessConfig, PreprocessSummary, preprocess
+
+#: the trials' folder is named ``<output-prefix>.trials.<pid>-<token>.partial``
+TRIALS_SUFFIX = ".trials"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +68,32 @@ def time_worker_counts(
     stream: TextIO | None = None,
 ) -> list[WorkerTrial]:
     """A trial run of ``config`` on its first ``max_documents`` documents per count (outputs in
-    a temporary folder), fastest first."""
+    a temporary folder beside the output, removed at the end), fastest first."""
     out = stream or sys.stdout
-    trials = []
     usable = usable_worker_counts(counts, config.partitions, out)
-    with (
-        tempfile.TemporaryDirectory(prefix="mega-workers-") as scratch,
-        open(os.devnull, "w") as quiet,
-    ):
+    trials_name = config.output_prefix + TRIALS_SUFFIX
+    remove_stale_partials(trials_name)
+    make_folder(os.path.dirname(os.path.abspath(trials_name)), "the output folder")
+    scratch = partial_path(trials_name)
+    os.mkdir(scratch)
+    try:
+        trials = _run_trials(config, usable, max_documents, scratch, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    trials.sort(key=lambda trial: trial.documents_per_second, reverse=True)
+    return trials
+
+
+def _run_trials(
+    config: PreprocessConfig,
+    usable: list[int],
+    max_documents: int,
+    scratch: str,
+    out: TextIO,
+) -> list[WorkerTrial]:
+    """One trial per count in ``usable``, outputs under ``scratch``, in the order run."""
+    trials = []
+    with open(os.devnull, "w") as quiet:
         for count in usable:
             print(f"Processing data with {count} workers.", file=out)
             trial = dataclasses.replace(
@@ -79,7 +104,6 @@ def time_worker_counts(
             )
             done = preprocess(trial, stream=quiet)
             trials.append(WorkerTrial(count, done.documents, done.elapsed))
-    trials.sort(key=lambda trial: trial.documents_per_second, reverse=True)
     return trials
 
 

@@ -1,0 +1,140 @@
+"""What killed runs leave (``*.partial`` files, trial folders) is cleared by the next run of
+the same output, and temporary names never overflow the file system's name limit when the
+requested name fits. A run is killed for real (SIGKILL, mid-input) as well as simulated (a
+leftover named after a process that no longer exists)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from megafmt.atomic import (
+    DEFAULT_NAME_MAX,
+    PARTIAL_SUFFIX,
+    atomic_write,
+    partial_path,
+    remove_stale_partials,
+)
+from megafmt.builder import IndexedDatasetBuilder
+from megafmt.cli.main import main
+from megafmt.preprocess import PreprocessConfig
+from megafmt.preprocess.tuning import TRIALS_SUFFIX, preprocess_with_best_workers
+
+#: seconds a killed-run test waits for the run to reach the stage it is killed at
+STAGE_WAIT_SECONDS = 60.0
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited."""
+    finished = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(finished.stdout)
+
+
+def leftover(path: str, folder: bool = False) -> Path:
+    """A temporary name of ``path`` as a killed writer would have left it."""
+    name = partial_path(path).replace(f".{os.getpid()}-", f".{dead_pid()}-")
+    target = Path(name)
+    if folder:
+        target.mkdir()
+        (target / "trial-16_text_document.bin").write_bytes(b"x")
+    else:
+        target.write_bytes(b"half")
+    return target
+
+
+@pytest.mark.parametrize("length", [200, 240, DEFAULT_NAME_MAX - len(".bin")])
+def test_temporary_names_fit_where_the_name_fits(tmp_path, length):
+    name = "n" * length
+    path = str(tmp_path / name)
+    assert len(os.path.basename(partial_path(path))) <= DEFAULT_NAME_MAX
+    with atomic_write(path) as stream:
+        stream.write(b"x")
+    assert Path(path).read_bytes() == b"x"
+    builder = IndexedDatasetBuilder(path + ".bin")
+    builder.add_document([1, 2, 3], [3])
+    builder.finalize(path + ".idx")
+    assert sorted(os.listdir(tmp_path)) == sorted([name, name + ".bin", name + ".idx"])
+
+
+def test_leftovers_of_a_long_name_are_found_and_removed(tmp_path):
+    path = str(tmp_path / ("n" * 250))
+    stale = leftover(path)
+    assert remove_stale_partials(path) == [str(stale)] and not stale.exists()
+    mine = partial_path(path)
+    Path(mine).write_bytes(b"")
+    assert remove_stale_partials(path) == [] and Path(mine).exists()  # a live writer's stays
+
+
+def test_a_later_run_clears_trial_folders_and_partials_of_killed_runs(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "hello"}\n' * 50)
+    prefix = str(tmp_path / "out" / "o")
+    os.makedirs(tmp_path / "out")
+    stale = [
+        leftover(prefix + TRIALS_SUFFIX, folder=True),
+        leftover(prefix + "_text_document.bin"),
+        leftover(prefix + "_text_document.idx"),
+    ]
+    config = PreprocessConfig(input=str(source), output_prefix=prefix, workers=1)
+    preprocess_with_best_workers(config, [1, 2], max_documents=10, stream=io.StringIO())
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        ".mega",
+        "o_text_document.bin",
+        "o_text_document.idx",
+    ]
+    assert not any(path.exists() for path in stale)
+
+
+def test_a_later_merge_clears_partials_of_a_killed_merge(make_corpus, tmp_path, capsys):
+    prefix = make_corpus([[[1, 2]], [[3]]])
+    out = str(tmp_path / "merged")
+    stale = leftover(out + ".bin")
+    assert main(["merge", out, prefix]) == 0
+    assert not stale.exists()
+    assert not list(tmp_path.glob(f"*{PARTIAL_SUFFIX}"))
+
+
+def test_a_preprocess_killed_mid_input_leaves_only_what_the_next_run_clears(tmp_path):
+    """The run reads from a pipe that is held open: it has its partial files open, waiting for
+    more input, when it is killed; the next run with the same output removes them."""
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    out.mkdir()
+    prefix = str(out / "o")
+    command = [sys.executable, "-m", "megafmt.cli.main", "preprocess", "--input", str(fifo)]
+    run = subprocess.Popen(
+        [*command, "--output-prefix", prefix, "--workers", "1"],
+        start_new_session=True,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with open(fifo, "w") as writer:  # opens once the run opens the pipe
+            writer.write('{"text": "hello"}\n' * 10)
+            writer.flush()
+            deadline = time.monotonic() + STAGE_WAIT_SECONDS
+            while not list(out.glob(f"*{PARTIAL_SUFFIX}")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert list(out.glob(f"*{PARTIAL_SUFFIX}")), "the run never started writing"
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=STAGE_WAIT_SECONDS)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=STAGE_WAIT_SECONDS)
+    left = list(out.glob(f"*{PARTIAL_SUFFIX}"))
+    assert left and not list(out.glob("*.idx"))  # nothing that looks complete
+    os.remove(fifo)
+    fifo.write_text('{"text": "hello"}\n')
+    assert main(["preprocess", "--input", str(fifo), "--output-prefix", prefix]) == 0
+    assert not any(path.exists() for path in left)
+    assert sorted(os.listdir(out)) == [".mega", "o_text_document.bin", "o_text_document.idx"]
