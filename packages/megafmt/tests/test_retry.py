@@ -80,10 +80,15 @@ def bug_inside_a_handler():
     ],
     ids=repr,
 )
-def test_a_bug_is_raised_at_once_whatever_its_message_says(error, sleeps):
-    raised = raised_at_once(error, sleeps)
-    assert type(error).__name__ in str(raised) and "not retried" in str(raised)
-    assert classify(error) is Failure.PERMANENT
+def test_a_bug_is_raised_at_once_as_itself_whatever_its_message_says(error, sleeps):
+    """Not retried, and not relabelled a ReadError (an OSError): a bug keeps its kind."""
+    function, calls = failing(error)
+    counter = [0]
+    with pytest.raises(type(error)) as raised:
+        RetryPolicy(retries=3).call(URL, function, counter=counter)
+    assert raised.value is error and not isinstance(raised.value, ReadError)
+    assert len(calls) == 1 and counter == [0] and sleeps == []
+    assert classify(error) is Failure.NOT_IO
 
 
 @pytest.mark.parametrize(
@@ -152,7 +157,7 @@ def test_classifying_imports_no_storage_library():
         "import sys\n"
         "from megafmt.retry import Failure, classify\n"
         "assert classify(TimeoutError()) is Failure.TRANSIENT\n"
-        "assert classify(TypeError('connection reset')) is Failure.PERMANENT\n"
+        "assert classify(TypeError('connection reset')) is Failure.NOT_IO\n"
         "loaded = {'botocore', 'aiohttp', 'urllib3', 's3fs'} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
     )

@@ -14,8 +14,10 @@ never by the words of its message, so a bug (a ``TypeError`` whose message happe
 - Changed: HTTP 412 (``PreconditionFailed``): a read bound to the version seen at open
   (``If-Match``) found another version; raised at once as
   :class:`~megafmt.errors.ObjectChangedError`.
-- Permanent, raised at once: any other answer of the storage (403 access denied, 400 ...),
-  any other ``OSError``, and every other exception (``TypeError``, ``KeyError`` ...: a bug).
+- Permanent, raised at once as a :class:`~megafmt.errors.ReadError`: any other answer of the
+  storage (403 access denied, 400 ...), any other ``OSError``.
+- Not an I/O failure: every other exception (``TypeError``, ``KeyError``, ``ValueError`` ...: a
+  bug, or a caller's mistake) is raised at once as itself, never relabelled an I/O error.
 
 The optional storage libraries are never imported here: an exception of one of their types
 can only exist once the library is loaded, so their types are looked up in ``sys.modules``.
@@ -48,6 +50,7 @@ class Failure(enum.Enum):
     MISSING = "missing"  # the file, object or bucket does not exist
     PERMANENT = "permanent"  # another attempt fails the same way (or it is a bug)
     CHANGED = "changed"  # the object is not the version the read is bound to
+    NOT_IO = "not an I/O failure"  # a bug or a caller's mistake: raised as it is
 
 
 #: errno values of an OSError that may go away on another attempt (ETIMEDOUT, ECONNRESET and
@@ -159,6 +162,8 @@ def classify(error: BaseException) -> Failure:
             return Failure.PERMANENT
     if aiohttp is not None and isinstance(error, aiohttp.ClientResponseError):
         return _classify_answer(error.status, None)
+    if not _is_io_error(error):
+        return Failure.NOT_IO
     if isinstance(error, FileNotFoundError):
         return Failure.MISSING
     if isinstance(error, (PermissionError, IsADirectoryError, NotADirectoryError)):
@@ -169,6 +174,15 @@ def classify(error: BaseException) -> Failure:
     if isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS:
         return Failure.TRANSIENT
     return Failure.PERMANENT
+
+
+def _is_io_error(error: BaseException) -> bool:
+    """Whether ``error`` is about the storage or the exchange with it (an ``OSError``, an HTTP
+    client's or a storage library's own error), as opposed to a bug in the calling code."""
+    botocore = sys.modules.get("botocore.exceptions")
+    storage = (botocore.BotoCoreError, botocore.ClientError) if botocore is not None else ()
+    io_types = (OSError, http.client.HTTPException, *storage)
+    return isinstance(error, io_types + loaded_types(TRANSPORT_ERRORS + HTTP_CLIENT_ERRORS))
 
 
 def _classify_answer(status: int | None, code: str | None) -> Failure:
@@ -227,13 +241,16 @@ class RetryPolicy:
         ``counter[0]``. ``what`` (the file or URL, and the range) names it in the error raised:
         :class:`~megafmt.errors.MissingFileError` when it does not exist,
         :class:`~megafmt.errors.ObjectChangedError` when it is not the version asked for, else
-        :class:`~megafmt.errors.ReadError`, the failure chained."""
+        :class:`~megafmt.errors.ReadError`, the failure chained. An exception that is no I/O
+        failure (a ``TypeError`` ...: a bug) is raised as it is, at once."""
         started = time.monotonic()
         for attempt in range(1, self.retries + 2):
             try:
                 return function(*args)
             except Exception as error:
                 failure = classify(error)
+                if failure is Failure.NOT_IO:
+                    raise
                 if failure is Failure.MISSING:
                     raise MissingFileError(f"{what}: not found ({error})") from error
                 if failure is Failure.CHANGED:
