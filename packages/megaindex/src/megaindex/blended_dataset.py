@@ -24,7 +24,7 @@ import torch
 
 from megafmt.protocols import CollatedBatch, PlannedPrefetch, announced
 from megaindex.cache import CacheEntry, TableSpec
-from megaindex.config import BlendedMegatronDatasetConfig
+from megaindex.config import BlendedMegatronDatasetConfig, GPTDatasetConfig, own_field
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import (
@@ -41,6 +41,7 @@ from megaindex.megatron_dataset import (
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
 from megaindex.mix_resume import blend_mix_state, sample_origin
+from megaindex.shared_cache import cache_location
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
 from megaindex.windows import MappedWindowReader, can_hold, pad_rows
@@ -295,14 +296,19 @@ class BlendedDataset(torch.utils.data.Dataset):
         return sample_origin(dataset, int(self.tables["dataset_sample_index"][idx]))
 
     def _cache_entry(self) -> CacheEntry | None:
-        if self.config.path_to_cache is None:
+        directory, remote = cache_location(
+            self.config.path_to_cache,
+            own_field(self.config, GPTDatasetConfig, "object_storage_cache_path"),
+        )
+        if directory is None:
             return None
         return CacheEntry.for_dataset(
-            self.config.path_to_cache,
+            directory,
             self.unique_description_hash,
             type(self).__name__,
             self.split.name,
             self.recipe.names,
+            remote,
         )
 
 

@@ -67,6 +67,8 @@ class CacheEntry:
     directory: str
     base: str
     tables: tuple[str, ...]
+    remote: str | None = None
+    """The URL of a store shared by every node (:mod:`megaindex.shared_cache`), or None."""
 
     @classmethod
     def for_dataset(
@@ -76,11 +78,12 @@ class CacheEntry:
         class_name: str,
         split: str,
         tables: tuple[str, ...],
+        remote: str | None = None,
     ) -> CacheEntry:
         """The entry of a dataset's tables in ``directory``, made absolute: a dataset pickled
         into a worker in another working directory maps the same files."""
         base = f"{description_hash}-{class_name}-{split}"
-        return cls(os.path.abspath(directory), base, tables)
+        return cls(os.path.abspath(directory), base, tables, remote)
 
     def path(self, affix: str) -> str:
         return os.path.join(self.directory, f"{self.base}-{affix}")

@@ -41,6 +41,7 @@ from megaindex.megatron_args import megatron_padded_vocab_size
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
 from megaindex.megatron_log import log_gpt_tables
 from megaindex.sample import SampleMaker
+from megaindex.shared_cache import cache_location
 from megaindex.tables import CachedTables, TableSource
 from megaindex.utils import Split
 from megaindex.windows import QueriedWindowReader, Spans, window_reader
@@ -360,7 +361,9 @@ class GPTDataset(MegatronDataset):
         ).num_epochs
 
     def _cache_entry(self) -> CacheEntry | None:
-        directory = self.config.path_to_cache
+        directory, remote = cache_location(
+            self.config.path_to_cache, self.config.object_storage_cache_path
+        )
         base = None if self.config.mock else _path_prefix(self.dataset)
         if directory is None and base is not None:
             # beside the corpus, as in megatron-core; a remote corpus keeps its tables on local
@@ -378,6 +381,7 @@ class GPTDataset(MegatronDataset):
             type(self).__name__,
             self.index_split.name,
             GPTTableRecipe.names,
+            remote,
         )
 
 

@@ -24,15 +24,16 @@ same for both:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy
 
 from megafmt.checked import one_checker
 from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megaindex import distributed
 from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
@@ -47,7 +48,10 @@ from megaindex.cache import (
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.memory import check_fits, table_bytes
+from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
 from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
+
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -132,12 +136,28 @@ class CachedTables:
             self._tables = self._build()
         elif fast_load:
             self.source = TableSource("cache", entry)
-            self._tables = self._map_trusted("fast_cache_load")
+            self._tables = self._through_shared(lambda: self._map_trusted("fast_cache_load"))
         else:
             self.source = TableSource("cache", entry)
-            self._tables, self.source.kind = load_or_build(
-                self._cache, self._load_checked, self._build, self._sidecar, self.source.seconds
+            self._tables, self.source.kind = self._through_shared(
+                lambda: load_or_build(
+                    self._cache, self._load_checked, self._build, self._sidecar, self.source.seconds
+                )
             )
+
+    def _through_shared(self, load_or_build: Callable[[], Result]) -> Result:
+        """``load_or_build()``; with a shared store (:mod:`megaindex.shared_cache`), after the
+        node's copy was downloaded, or built under the job's lease and uploaded."""
+        entry = self._cache.entry
+        if entry.remote is None:
+            return load_or_build()
+        shared = SharedTableCache(SharedCacheConfig.from_environment(entry.remote))
+        start = time.perf_counter()
+        result = shared.obtain(
+            entry, self._cache.description, load_or_build, distributed.builds_shared_files()
+        )
+        self.source.seconds["shared"] = time.perf_counter() - start
+        return result
 
     @property
     def deferred(self) -> bool:

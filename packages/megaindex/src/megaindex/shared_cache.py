@@ -1,0 +1,392 @@
+"""Index tables shared through object storage: one build in the whole job, one download per node.
+
+Set ``path_to_cache`` (``--data-cache-path``) to an fsspec URL (``s3://bucket/cache``,
+``memory://...``, any file system fsspec knows) and the tables are kept there, under the same
+file names as a local cache (``<md5>-<Class>-<split>-<table>.npy``, the description last), with
+a local copy on every node, under ``object_storage_cache_path`` (the seed's local folder for
+what comes from object storage; megafmt's cache folder when unset) at a path made of the URL.
+Every process that needs a dataset's tables then:
+
+1. maps the local copy when the node has it complete (nothing is sent);
+2. else takes the node's lock (``<base>.node.lock`` beside the local copy, ``flock``: released
+   by the kernel when its holder dies), so that one process per node talks to the store while
+   the others wait, and finds the copy that process made;
+3. downloads the tables when the store holds them (the description is uploaded last and is the
+   commit mark), compares the description with its own, and loads them through the usual
+   checks (dtype, shape, the sidecar's checksums: a downloaded file is never the one saved);
+4. else, where it may build (global rank 0, or a process on its own), claims the build with a
+   lease object created by a conditional put (``<base>-lease-<n>.json``, refused when it
+   exists): the one process that creates it builds, saves locally, uploads the tables, then
+   the description, and removes the lease. While it builds, a thread rewrites the lease every
+   ``heartbeat_seconds``.
+5. A process that finds a lease watches it: a lease whose content has not changed for
+   ``lease_seconds`` (measured on the watcher's own clock, so clocks of different nodes need
+   not agree) belongs to a build that died; the watcher claims the next lease (again a
+   conditional put: one winner) and builds again. After ``max_builds`` leases died the error
+   names the store and the last holder, instead of waiting forever. While it waits, a process
+   logs every ``message_seconds`` what it waits for: the object, its holder and its last
+   heartbeat.
+
+``requests_sent`` counts the requests this process sent to stores, by kind.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import fsspec
+
+from megafmt.atomic import atomic_write
+from megafmt.confinement import confined_path, url_components
+from megafmt.readers import is_url
+from megafmt.remote import default_cache_dir
+from megaindex.cache import CacheEntry
+from megaindex.errors import CacheError
+
+logger = logging.getLogger(__name__)
+
+#: environment variables that override :class:`SharedCacheConfig`'s defaults
+LEASE_SECONDS_VARIABLE = "MEGAINDEX_SHARED_CACHE_LEASE_SECONDS"
+#: bytes copied at a time when downloading a table
+COPY_BYTES = 8 << 20
+#: requests sent to shared caches by this process, by kind (exists, get, put, create, remove)
+requests_sent: collections.Counter[str] = collections.Counter()
+
+Result = TypeVar("Result")
+
+
+class SharedCacheError(CacheError):
+    """The shared cache cannot provide a dataset's tables (the message names the store)."""
+
+
+@dataclass(frozen=True)
+class SharedCacheConfig:
+    """How processes share one store's tables."""
+
+    url: str
+    """The folder of the shared tables (an fsspec URL)."""
+    lease_seconds: float = 60.0
+    """A lease unchanged for this long belongs to a build that died."""
+    heartbeat_seconds: float | None = None
+    """How often the builder rewrites its lease (None: a quarter of ``lease_seconds``)."""
+    max_builds: int = 2
+    """Builds started at most for one table (the first and one redo)."""
+    poll_seconds: float = 0.2
+    """How often a waiting process looks at the store."""
+    message_seconds: float = 10.0
+    """How often a waiting process logs what it waits for."""
+
+    def __post_init__(self) -> None:
+        if not self.lease_seconds > 0:
+            raise CacheError(f"lease_seconds must be above 0, got {self.lease_seconds}")
+        if self.max_builds < 1:
+            raise CacheError(f"max_builds must be at least 1, got {self.max_builds}")
+
+    @property
+    def heartbeat(self) -> float:
+        return self.heartbeat_seconds or self.lease_seconds / 4
+
+    @classmethod
+    def from_environment(cls, url: str) -> SharedCacheConfig:
+        """The defaults, with ``MEGAINDEX_SHARED_CACHE_LEASE_SECONDS`` when it is set."""
+        text = os.environ.get(LEASE_SECONDS_VARIABLE)
+        if text is None:
+            return cls(url)
+        try:
+            return cls(url, lease_seconds=float(text))
+        except ValueError:
+            raise CacheError(
+                f"{LEASE_SECONDS_VARIABLE}={text!r}: expected a number of seconds above 0"
+            ) from None
+
+
+def cache_location(
+    path_to_cache: str | None, object_storage_cache_path: str | None
+) -> tuple[str | None, str | None]:
+    """The local folder of a dataset's tables and the URL of the shared store (None: none).
+
+    A URL ``path_to_cache`` is the shared store; its local copy lies under
+    ``object_storage_cache_path`` (else megafmt's cache folder), at a path made of the URL's
+    scheme, host and key."""
+    if path_to_cache is None or not is_url(path_to_cache):
+        return path_to_cache, None
+    root = object_storage_cache_path or default_cache_dir()
+    return confined_path(root, "tables", *url_components(path_to_cache)), path_to_cache
+
+
+class _Store:
+    """The requests to one store, counted in ``requests_sent``."""
+
+    def __init__(self, url: str) -> None:
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.url = url.rstrip("/")
+
+    def key(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name}"
+
+    def exists(self, name: str) -> bool:
+        requests_sent["exists"] += 1
+        return self.fs.exists(self.key(name))
+
+    def read(self, name: str) -> bytes | None:
+        requests_sent["get"] += 1
+        try:
+            return self.fs.cat_file(self.key(name))
+        except FileNotFoundError:
+            return None
+
+    def download(self, name: str, local: str) -> None:
+        """Copy the object to ``local`` (atomically, a few MiB at a time)."""
+        requests_sent["get"] += 1
+        with self.fs.open(self.key(name), "rb") as source, atomic_write(local) as stream:
+            shutil.copyfileobj(source, stream, COPY_BYTES)
+
+    def upload(self, local: str, name: str) -> None:
+        requests_sent["put"] += 1
+        with open(local, "rb") as stream:
+            self.fs.pipe_file(self.key(name), stream.read())
+
+    def write(self, name: str, data: bytes) -> None:
+        requests_sent["put"] += 1
+        self.fs.pipe_file(self.key(name), data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Write ``data`` unless the object exists (a conditional put); whether it did."""
+        requests_sent["create"] += 1
+        try:
+            self.fs.pipe_file(self.key(name), data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def remove(self, name: str) -> None:
+        requests_sent["remove"] += 1
+        with suppress(FileNotFoundError):
+            self.fs.rm_file(self.key(name))
+
+
+@dataclass
+class _Watch:
+    """What a waiting process saw of one lease: its content and when that last changed."""
+
+    content: bytes | None = None
+    changed: float = 0.0
+
+
+class SharedTableCache:
+    """The tables of one store, obtained for local cache entries (see the module's text)."""
+
+    def __init__(self, config: SharedCacheConfig) -> None:
+        self.config = config
+        self.store = _Store(config.url)
+
+    def obtain(
+        self,
+        entry: CacheEntry,
+        description: str,
+        load_or_build: Callable[[], Result],
+        may_build: bool,
+    ) -> Result:
+        """Make ``entry`` complete locally (downloaded, or built by ``load_or_build`` under a
+        lease and uploaded), then return ``load_or_build()``, which loads it. ``may_build``:
+        whether this process may claim a build; one that may not and finds nothing in the store
+        and no build under way calls ``load_or_build`` as it is (whose error says why)."""
+        if entry.complete():
+            return load_or_build()
+        with self._node_lock(entry):
+            if entry.complete():  # another process of this node fetched it
+                return load_or_build()
+            return self._fetch_or_build(entry, description, load_or_build, may_build)
+
+    def _fetch_or_build(self, entry, description, load_or_build, may_build):
+        """:meth:`obtain`'s work under the node's lock."""
+        watch, last_message = _Watch(), time.monotonic()
+        generation = 0
+        while True:  # bounded: each lease is built or declared dead within lease_seconds
+            if self._download(entry, description):
+                return load_or_build()
+            generation = self._current_generation(entry, generation)
+            if generation == 0 or self._died(entry, generation, watch):
+                if not may_build and generation == 0:
+                    return load_or_build()
+                if generation >= self.config.max_builds:
+                    raise SharedCacheError(self._gave_up(entry, generation))
+                if may_build and self._claim(entry, generation + 1):
+                    return self._build(entry, generation + 1, load_or_build)
+                watch = _Watch()
+                continue
+            if time.monotonic() - last_message >= self.config.message_seconds:
+                last_message = time.monotonic()
+                logger.warning(self._waiting(entry, generation, watch))
+            time.sleep(self.config.poll_seconds)
+
+    def _lease_name(self, entry: CacheEntry, generation: int) -> str:
+        return f"{entry.base}-lease-{generation}.json"
+
+    def _url(self, name: str) -> str:
+        return f"{self.store.url}/{name}"
+
+    def _current_generation(self, entry: CacheEntry, known: int) -> int:
+        """The newest lease's number (0: none), looking from ``known`` on."""
+        generation = known
+        while generation < self.config.max_builds and self.store.exists(
+            self._lease_name(entry, generation + 1)
+        ):
+            generation += 1
+        return generation
+
+    def _died(self, entry: CacheEntry, generation: int, watch: _Watch) -> bool:
+        """Whether lease ``generation`` has not changed for ``lease_seconds`` of this clock."""
+        content = self.store.read(self._lease_name(entry, generation))
+        now = time.monotonic()
+        if content != watch.content or watch.changed == 0.0:
+            watch.content, watch.changed = content, now
+            return False
+        return now - watch.changed >= self.config.lease_seconds
+
+    def _claim(self, entry: CacheEntry, generation: int) -> bool:
+        claimed = self.store.create(self._lease_name(entry, generation), _lease_text(0))
+        if claimed and generation > 1:
+            logger.warning(
+                "%s: the build under lease %d stopped sending heartbeats for %g s; building "
+                "again here (%s)",
+                self._url(entry.base),
+                generation - 1,
+                self.config.lease_seconds,
+                _holder(),
+            )
+        return claimed
+
+    def _build(self, entry: CacheEntry, generation: int, load_or_build: Callable[[], Result]):
+        lease = self._lease_name(entry, generation)
+        stop = threading.Event()
+        beats = threading.Thread(
+            target=self._beat, args=(lease, stop), name="megaindex-lease", daemon=True
+        )
+        beats.start()
+        try:
+            result = load_or_build()
+            self._upload(entry)
+        finally:
+            stop.set()
+            beats.join()
+        for number in range(1, generation + 1):
+            self.store.remove(self._lease_name(entry, number))
+        return result
+
+    def _beat(self, lease: str, stop: threading.Event) -> None:
+        beat = 0
+        while not stop.wait(self.config.heartbeat):
+            beat += 1
+            try:
+                self.store.write(lease, _lease_text(beat))
+            except OSError as error:  # the next beat may get through
+                logger.warning("%s: heartbeat %d not written (%s)", self._url(lease), beat, error)
+
+    def _upload(self, entry: CacheEntry) -> None:
+        """The tables and the sidecar, then the description: the commit mark."""
+        for path in [entry.table_path(t) for t in entry.tables] + [entry.sidecar_path]:
+            if os.path.isfile(path):
+                self.store.upload(path, os.path.basename(path))
+        self.store.upload(entry.description_path, os.path.basename(entry.description_path))
+        logger.info("uploaded the %s tables to %s", entry.base, self.store.url)
+
+    def _download(self, entry: CacheEntry, description: str) -> bool:
+        """Download the entry when the store holds it complete; whether it did."""
+        name = os.path.basename(entry.description_path)
+        found = self.store.read(name)
+        if found is None:
+            return False
+        if found.decode("utf-8", "replace") != description:
+            raise SharedCacheError(
+                f"{self._url(name)}: the description does not match this dataset's (expected "
+                f"the {len(description)} characters this config describes, found "
+                f"{len(found)} bytes of another): the store holds other tables under this name"
+            )
+        os.makedirs(entry.directory, exist_ok=True)
+        sidecar = os.path.basename(entry.sidecar_path)
+        if self.store.exists(sidecar):
+            self.store.download(sidecar, entry.sidecar_path)
+        for table in entry.tables:
+            path = entry.table_path(table)
+            self.store.download(os.path.basename(path), path)
+        with atomic_write(entry.description_path) as stream:  # last: the local commit mark
+            stream.write(found)
+        logger.info("downloaded the %s tables from %s", entry.base, self.store.url)
+        return True
+
+    def _waiting(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
+        holder = _describe_lease(watch.content)
+        return (
+            f"waiting for {self._url(os.path.basename(entry.description_path))}: lease "
+            f"{generation} held by {holder}, last changed {time.monotonic() - watch.changed:.0f} "
+            f"s ago (declared dead after {self.config.lease_seconds:g} s)"
+        )
+
+    def _gave_up(self, entry: CacheEntry, generation: int) -> str:
+        content = self.store.read(self._lease_name(entry, generation))
+        return (
+            f"{self._url(entry.base)}: {generation} builds of these tables started and none "
+            f"finished (the last by {_describe_lease(content)} stopped sending heartbeats for "
+            f"{self.config.lease_seconds:g} s); at most {self.config.max_builds} are tried. "
+            f"Remove {self._url(entry.base + '-lease-*.json')} to try again"
+        )
+
+    @contextmanager
+    def _node_lock(self, entry: CacheEntry) -> Iterator[None]:
+        """Hold this node's lock of ``entry``, logging every ``message_seconds`` who holds it."""
+        os.makedirs(entry.directory, exist_ok=True)
+        path = entry.path("node.lock")
+        with open(path, "a+") as stream:
+            last_message = time.monotonic()
+            while True:  # bounded by the holder: the kernel frees the lock when it dies
+                try:
+                    fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    pass
+                if time.monotonic() - last_message >= self.config.message_seconds:
+                    last_message = time.monotonic()
+                    stream.seek(0)
+                    logger.warning(
+                        "waiting for %s, held by %s (fetching or building %s)",
+                        path,
+                        stream.read().strip() or "another process",
+                        entry.base,
+                    )
+                time.sleep(self.config.poll_seconds)
+            try:
+                stream.truncate(0)
+                stream.write(_holder())
+                stream.flush()
+                yield
+            finally:
+                fcntl.flock(stream, fcntl.LOCK_UN)
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()} pid {os.getpid()}"
+
+
+def _lease_text(beat: int) -> bytes:
+    return json.dumps({"holder": _holder(), "beat": beat, "time": time.time()}).encode()
+
+
+def _describe_lease(content: bytes | None) -> str:
+    try:
+        lease: dict[str, Any] = json.loads(content or b"")
+        return f"{lease['holder']} (heartbeat {lease['beat']})"
+    except (ValueError, KeyError, TypeError):
+        return "an unknown process"

@@ -1,0 +1,191 @@
+"""The table cache shared through a store (megaindex.shared_cache), on fsspec's memory store:
+one build, a download per node, description checks, dead builds redone once, messages."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+
+import fsspec
+import numpy
+import pytest
+
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
+from megaindex.cache import CacheEntry
+from megaindex.shared_cache import (
+    SharedCacheConfig,
+    SharedCacheError,
+    SharedTableCache,
+    cache_location,
+    requests_sent,
+)
+
+TABLES = ("document_index", "sample_index", "shuffle_index")
+
+
+@pytest.fixture
+def store() -> str:
+    """A fresh folder of fsspec's in-memory store."""
+    url = f"memory://shared-{uuid.uuid4().hex}/cache"
+    yield url
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)
+
+
+def build_on_node(make_config, store: str, node: str) -> list[GPTDataset]:
+    config = make_config(path_to_cache=store, object_storage_cache_path=node)
+    return BlendedMegatronDatasetBuilder(GPTDataset, [100, 10, 5], lambda: True, config).build()
+
+
+def test_cache_location_keeps_local_paths_and_mirrors_urls(tmp_path):
+    assert cache_location("/data/cache", None) == ("/data/cache", None)
+    assert cache_location(None, "/x") == (None, None)
+    local, remote = cache_location("s3://bucket/run/cache", str(tmp_path))
+    assert remote == "s3://bucket/run/cache"
+    assert local == os.path.join(tmp_path, "tables", "s3", "bucket", "run", "cache")
+
+
+def test_one_node_builds_and_uploads_another_downloads_the_same_tables(
+    make_config, store, tmp_path
+):
+    first = build_on_node(make_config, store, str(tmp_path / "node0"))
+    assert [d.index_source.kind for d in first] == ["built"] * 3
+    names = fsspec.filesystem("memory").ls(store, detail=False)
+    assert sum(name.endswith("-description.txt") for name in names) == 3
+    assert not [name for name in names if "-lease-" in name]  # removed once committed
+    before = dict(requests_sent)
+    second = build_on_node(make_config, store, str(tmp_path / "node1"))
+    assert [d.index_source.kind for d in second] == ["cache"] * 3
+    sent = {kind: requests_sent[kind] - before.get(kind, 0) for kind in requests_sent}
+    assert sent.get("create", 0) == 0 and sent.get("put", 0) == 0  # nothing built or uploaded
+    for built, downloaded in zip(first, second, strict=True):
+        for table in TABLES:
+            numpy.testing.assert_array_equal(built.tables[table], downloaded.tables[table])
+    # a third process on node 1 maps the node's copy and sends nothing
+    before = dict(requests_sent)
+    third = build_on_node(make_config, store, str(tmp_path / "node1"))
+    assert [d.index_source.kind for d in third] == ["cache"] * 3
+    assert dict(requests_sent) == before
+
+
+def test_a_store_holding_another_description_under_the_name_is_refused(
+    make_config, store, tmp_path
+):
+    build_on_node(make_config, store, str(tmp_path / "node0"))
+    fs = fsspec.filesystem("memory")
+    description = next(n for n in fs.ls(store, detail=False) if n.endswith("description.txt"))
+    fs.pipe_file(description, b'{"other": "tables"}')
+    with pytest.raises(SharedCacheError, match="description does not match"):
+        build_on_node(make_config, store, str(tmp_path / "node1"))
+
+
+def entry_in(folder) -> CacheEntry:
+    return CacheEntry(str(folder), "0123-Tables-train", ("a",))
+
+
+def saver(entry: CacheEntry, calls: list[str]):
+    """A load_or_build that saves one table and its description (as a build would)."""
+
+    def load_or_build() -> str:
+        if entry.complete():
+            return "loaded"
+        calls.append("built")
+        os.makedirs(entry.directory, exist_ok=True)
+        numpy.save(entry.table_path("a"), numpy.arange(5))
+        with open(entry.description_path, "w") as stream:
+            stream.write("described")
+        return "built"
+
+    return load_or_build
+
+
+def lease_of(store: str, generation: int) -> str:
+    return f"{store}/0123-Tables-train-lease-{generation}.json"
+
+
+def dead_lease(store: str, generation: int) -> None:
+    holder = {"holder": "node7 pid 42", "beat": 3, "time": 0}
+    fsspec.filesystem("memory").pipe_file(lease_of(store, generation), json.dumps(holder).encode())
+
+
+def test_a_build_that_died_is_redone_once_by_the_next_process(store, tmp_path, caplog):
+    dead_lease(store, 1)  # a build started and stopped sending heartbeats
+    entry, calls = entry_in(tmp_path / "node1"), []
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.3, poll_seconds=0.05))
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", saver(entry, calls), may_build=True) == "built"
+    assert calls == ["built"]
+    assert "stopped sending heartbeats for 0.3 s; building again" in caplog.text
+    fs = fsspec.filesystem("memory")
+    assert not fs.exists(lease_of(store, 1)) and not fs.exists(lease_of(store, 2))
+    assert fs.cat_file(f"{store}/0123-Tables-train-description.txt") == b"described"
+
+
+def test_builds_that_keep_dying_end_in_an_error_naming_the_store(store, tmp_path):
+    dead_lease(store, 1)
+    dead_lease(store, 2)
+    entry = entry_in(tmp_path / "node1")
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.05))
+    with pytest.raises(SharedCacheError) as raised:
+        cache.obtain(entry, "described", saver(entry, []), may_build=True)
+    message = str(raised.value)
+    assert "2 builds of these tables started and none finished" in message
+    assert "node7 pid 42 (heartbeat 3)" in message and store in message
+
+
+def test_a_waiting_process_says_what_it_waits_for_and_gets_the_upload(store, tmp_path, caplog):
+    config = SharedCacheConfig(
+        store, lease_seconds=5, heartbeat_seconds=0.05, poll_seconds=0.05, message_seconds=0.1
+    )
+    builder_entry, waiter_entry = entry_in(tmp_path / "node0"), entry_in(tmp_path / "node1")
+    release, built = threading.Event(), []
+
+    def slow_build() -> str:
+        release.wait(5)
+        return saver(builder_entry, built)()
+
+    thread = threading.Thread(
+        target=SharedTableCache(config).obtain,
+        args=(builder_entry, "described", slow_build, True),
+    )
+    thread.start()
+    fs = fsspec.filesystem("memory")
+    for _ in range(200):  # the builder's lease, within 2 s
+        if fs.exists(lease_of(store, 1)):
+            break
+        threading.Event().wait(0.01)
+    waiter_built: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        threading.Timer(0.5, release.set).start()
+        got = SharedTableCache(config).obtain(
+            waiter_entry, "described", saver(waiter_entry, waiter_built), may_build=True
+        )
+    thread.join(5)
+    assert built == ["built"] and waiter_built == [] and got == "loaded"  # downloaded
+    assert f"waiting for {store}/0123-Tables-train-description.txt: lease 1 held by" in (
+        caplog.text
+    )
+
+
+def test_a_process_that_may_not_build_leaves_the_error_to_the_loader(store, tmp_path):
+    entry = entry_in(tmp_path / "node1")
+
+    def refuse() -> str:
+        raise RuntimeError("no complete index cache")
+
+    cache = SharedTableCache(SharedCacheConfig(store))
+    with pytest.raises(RuntimeError, match="no complete index cache"):
+        cache.obtain(entry, "described", refuse, may_build=False)
+    assert not fsspec.filesystem("memory").exists(lease_of(store, 1))
+
+
+def test_the_lease_length_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", "7.5")
+    assert SharedCacheConfig.from_environment("s3://b/c").lease_seconds == 7.5
+    monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", "soon")
+    with pytest.raises(Exception, match="expected a number of seconds above 0"):
+        SharedCacheConfig.from_environment("s3://b/c")
