@@ -16,11 +16,13 @@ demo: setup
 # tests run in the full venv, the four packages are built and installed as a user installs them
 # (release), and the docs are built. pytest's exit status 5 (no tests collected) fails the
 # target. Every check runs even when an earlier one failed (--keep-going); any failure fails
-# `make test`.
+# `make test`. Two checks run at a time (the longest, test-cross, starts first), each one's
+# output printed whole when it ends.
+TEST_JOBS ?= 2
 test:
-	$(MAKE) --keep-going checks
+	$(MAKE) --keep-going --jobs=$(TEST_JOBS) --output-sync=target checks
 
-checks: lint test-packages test-cross release docs
+checks: lint test-cross test-packages release docs
 
 lint: setup
 	.venv/bin/ruff check packages tests tools testing

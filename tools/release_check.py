@@ -110,7 +110,8 @@ def make_venv(report: Report, name: str, installs: dict[str, list[str | Path]]) 
     venv.create(path, with_pip=True)
     python = path / "bin" / "python"
     for what, requirements in installs.items():
-        command = [python, "-m", "pip", "install", "--quiet", "-c", CONSTRAINTS, *requirements]
+        command = [python, "-m", "pip", "install", "--quiet", "--no-compile", "-c", CONSTRAINTS]
+        command += requirements
         run_step(report, f"{name}: install {what}", command)
         report.passed.append(f"{name}: install {what}")
     return python

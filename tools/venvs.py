@@ -10,19 +10,25 @@ torch is installed first and pinned by requirements/constraints.txt, so pip take
 this machine instead of downloading a CUDA one. Packages are installed as wheels, not in editable
 mode, so a file missing from a package's build shows up as a failing test. A package is
 reinstalled only when its sources or the build inputs all packages share (the VERSION file, the
-build hooks) changed (a hash is kept in the venv).
+build hooks) changed (a hash is kept in the venv). Each package is built once per source hash into
+build/wheels/, and every venv installs that wheel: the package venvs do not build it again, and
+venvs refreshed at the same time (``make -j``) take turns building it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
 import venv
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +41,8 @@ SOURCE_PARTS = ("pyproject.toml", "CMakeLists.txt", "README.md", "src", "csrc")
 SHARED_BUILD_INPUTS = (ROOT / "VERSION", ROOT / "tools" / "build")
 
 
+#: each package's wheel, built once per source hash: build/wheels/NAME/HASH/*.whl
+WHEELS = ROOT / "build" / "wheels"
 #: where scikit-build-core keeps megaindex's CMake tree between builds of this checkout (an
 #: ignored folder at the root: a plain ``pip install ./packages/megaindex`` builds in a
 #: temporary folder and writes nothing into the source tree)
@@ -128,13 +136,42 @@ def ensure_venv(path: Path) -> Path:
 
 
 def pip_install(python: Path, *arguments: str | Path) -> None:
-    run(python, "-m", "pip", "install", "--quiet", "-c", CONSTRAINTS, *arguments)
+    """pip install under the constraints; modules are byte-compiled when first imported, not
+    all at install (a third of torch's install time, for modules a test run mostly never loads)."""
+    run(python, "-m", "pip", "install", "--quiet", "--no-compile", "-c", CONSTRAINTS, *arguments)
 
 
 def install_torch_first(python: Path) -> None:
     has_torch = subprocess.run([python, "-c", "import torch"], capture_output=True).returncode == 0
     if not has_torch:
         pip_install(python, "torch==2.13.0")
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``lock`` (made if missing) for the ``with`` block."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def built_wheel(python: Path, package: str, digest: str) -> Path:
+    """The wheel of ``package`` at source hash ``digest``, built by ``python``'s pip if no venv
+    built it yet; wheels of the package's older sources are removed."""
+    folder = WHEELS / package / digest
+    with exclusive(WHEELS / f"{package}.lock"):
+        if not folder.is_dir():
+            partial = folder.with_name(f"{digest}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            build = ("-m", "pip", "wheel", "--quiet", "--no-deps", "-w", partial)
+            run(python, *build, PACKAGES / package)
+            for older in folder.parent.iterdir():
+                if older.is_dir() and older != partial:
+                    shutil.rmtree(older)
+            partial.rename(folder)
+        (wheel,) = folder.glob("*.whl")
+        return wheel
 
 
 def install_packages(python: Path, packages: list[str], extras: dict[str, str]) -> None:
@@ -144,10 +181,10 @@ def install_packages(python: Path, packages: list[str], extras: dict[str, str]) 
         digest = source_hash(package)
         if stamp.exists() and stamp.read_text() == digest:
             continue
-        spec = f"{PACKAGES / package}{extras.get(package, '')}"
+        wheel = built_wheel(python, package, digest)
         if stamp.exists():  # a rebuild of the same version: force it, then add new dependencies
-            pip_install(python, "--no-deps", "--force-reinstall", PACKAGES / package)
-        pip_install(python, spec)
+            pip_install(python, "--no-deps", "--force-reinstall", wheel)
+        pip_install(python, f"{package}{extras.get(package, '')} @ {wheel.as_uri()}")
         stamp.write_text(digest)
 
 
