@@ -17,7 +17,7 @@ demo: setup
 # (release), and the docs are built. pytest's exit status 5 (no tests collected) fails the
 # target. Every check runs even when an earlier one failed (--keep-going); any failure fails
 # `make test`. Two checks run at a time (the longest, test-cross, starts first), each one's
-# output printed whole when it ends.
+# output printed whole when it ends, with its slowest tests.
 TEST_JOBS ?= 2
 test:
 	$(MAKE) --keep-going --jobs=$(TEST_JOBS) --output-sync=target checks
@@ -33,10 +33,10 @@ test-packages: $(addprefix test-,$(PACKAGES))
 $(addprefix test-,$(PACKAGES)): test-%:
 	$(PYTHON) tools/venvs.py package $*
 	.venvs/$*/bin/python tools/check_isolation.py $*
-	.venvs/$*/bin/python -m pytest packages/$*/tests
+	.venvs/$*/bin/python -m pytest --durations=15 packages/$*/tests
 
 test-cross: setup
-	.venv/bin/python -m pytest tests
+	.venv/bin/python -m pytest --durations=25 tests
 
 # sdists and wheels of the four packages, built the standard way, installed into fresh venvs
 # (megafmt alone, without torch; all four) and smoke-tested there
