@@ -57,6 +57,14 @@ def messages_problem(messages: Any, masked_turns: bool = True) -> str | None:
             )
         if not isinstance(turn.get("role"), str):
             return f"messages[{number}] must have a string 'role', found {turn.get('role')!r:.80}"
+        for field in ("role", "content"):
+            where = lone_surrogate_at(turn[field])
+            if where is not None:
+                return (
+                    f"messages[{number}].{field} holds a lone surrogate "
+                    f"({turn[field][where]!r} at character {where}): a \\u escape that is half "
+                    "of a pair, which no tokenizer can encode; expected text that is valid UTF-8"
+                )
     if not masked_turns:
         return None
     first = 0
@@ -65,6 +73,16 @@ def messages_problem(messages: Any, masked_turns: bool = True) -> str | None:
         if problem is not None:
             return f"messages[{first}:{first + len(conversation)}] (a conversation): {problem}"
         first += len(conversation)
+    return None
+
+
+def lone_surrogate_at(text: str) -> int | None:
+    """The position of the first lone surrogate in ``text`` (JSON's ``\\ud800`` decodes to
+    one; UTF-8 cannot encode it, so a tokenizer fails on it), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.start
     return None
 
 

@@ -120,7 +120,12 @@ class SFTTokenizer:
         self.path = tokenizer_path
         self.prompt_format = prompt_format
         self.format = PROMPT_FORMATS[prompt_format]
-        self._encoder = tokenizers.Tokenizer.from_file(path)
+        try:
+            self._encoder = tokenizers.Tokenizer.from_file(path)
+        except Exception as error:  # the library raises a bare Exception for a damaged file
+            raise FormatError(
+                f"SFT tokenizer {path}: not a tokenizers tokenizer.json ({error})"
+            ) from None
         tokens, _, configs = configured_tokens(tokenizer_path)
         self._chat = self._chat_template() if self.format.render is None else None
         self.vocab_size: int = self._encoder.get_vocab_size(with_added_tokens=True)
