@@ -6,12 +6,14 @@ share of a global batch, uncollated. Per step the wrapper, like the seed commit'
 
 1. cuts every packed sample at its ``cu_seqlens`` into sub-sequences (empty ones dropped);
 2. gathers their lengths over the data-parallel group, numbering them globally in DP-rank
-   order (global id = the DP rank's offset + its local position);
+   order (global id = the DP rank's offset + its local position), after one all-gather of
+   each rank's header (:mod:`megadist.hybrid_cp_checks`): an exhausted iterator, malformed
+   ``cu_seqlens`` or tensors that differ between ranks stop every rank at once;
 3. deals them to the DPxCP ranks with the ``megadist.hybrid_cp_schedulers`` scheduler (the
    same on every rank: it sees the same lengths);
-4. sends each sub-sequence's tensors to the ranks it was dealt to, one all-to-all per key over
-   the DPxCP group (a rank sends only to the ranks of its own DP group's CP column, which lack
-   its data);
+4. sends each sub-sequence's tensors to the ranks it was dealt to, one all-to-all per key (in
+   key order, the same on every rank) over the DPxCP group (a rank sends only to the ranks of
+   its own DP group's CP column, which lack its data);
 
 and returns ``(sub-sequences by global id, the schedule)``. The collectives run on the groups
 of the :class:`~megadist.topology.BatchTopology` (``hybrid_cp``), not on global state. Ranks
@@ -29,12 +31,17 @@ import torch
 import torch.distributed as dist
 
 from megadist import collectives
-from megadist.errors import BatchError, TopologyError
+from megadist.errors import TopologyError
 from megadist.hybrid_cp import HYBRID_CP_SCHEDULERS, HybridCPScheduler
+from megadist.hybrid_cp_checks import (
+    PACKING_KEYS,
+    Status,
+    check_headers,
+    packed_problem,
+    schema_digest,
+    tensor_schema,
+)
 from megadist.topology import BatchTopology, device_for_group
-
-#: the keys of a packed sample that describe its packing and are not cut into sub-sequences
-PACKING_KEYS = ("cu_seqlens", "batch_idx", "max_seqlen")
 
 SubSequences = dict[int, dict[str, torch.Tensor]]
 Schedule = list[list[list[int]]]
@@ -115,13 +122,31 @@ class HybridCPDataLoaderWrapper:
     def __next__(self) -> tuple[SubSequences | None, Schedule | None]:
         if self.data_iterator is None:
             return None, None
-        samples = list(next(self.data_iterator))
-        lengths = sub_sequence_lengths(samples)
+        try:
+            samples = list(next(self.data_iterator))
+        except StopIteration:
+            samples, status, problem = [], Status.EXHAUSTED, None
+        else:
+            problem = packed_problem(samples)
+            status = Status.MALFORMED if problem else Status.READY
+        lengths = sub_sequence_lengths(samples) if status == Status.READY else []
+        self._agree(status, len(lengths), samples, problem)
         everyone, offsets = self._gather_lengths(lengths)
         dp_rank = dist.get_rank(self.groups.dp_group)
         mine = range(offsets[dp_rank], offsets[dp_rank] + len(lengths))
         schedule = self.scheduler.schedule(list(enumerate(everyone)))
         return self._reroute(unpack(samples), mine, everyone, schedule, offsets), schedule
+
+    def _agree(
+        self, status: Status, count: int, samples: list[Mapping[str, Any]], problem: str | None
+    ) -> None:
+        """Share this rank's header with its DP group; raise on every rank alike when any rank
+        cannot go on (:func:`~megadist.hybrid_cp_checks.check_headers`)."""
+        digest = schema_digest(samples) if status == Status.READY else 0
+        header = torch.tensor([int(status), count, digest], dtype=torch.int64, device=self.device)
+        headers = collectives.all_gather(header, self.groups.dp_group, "DP").tolist()
+        schema = tensor_schema(samples[0]) if samples else []
+        check_headers(headers, dist.get_rank(self.groups.dp_group), problem, schema)
 
     def _gather_lengths(self, lengths: list[int]) -> tuple[list[int], list[int]]:
         """Every DP rank's lengths, concatenated in DP order, and where each rank's start."""
@@ -132,12 +157,6 @@ class HybridCPDataLoaderWrapper:
         padded[: len(lengths)] = torch.tensor(lengths, dtype=torch.int32)
         rows = collectives.all_gather(padded, group, "DP").tolist()
         everyone = [length for row, n in zip(rows, counts, strict=True) for length in row[:n]]
-        empty = [rank for rank, n in enumerate(counts) if n == 0]
-        if empty:  # every rank sees the counts, so every rank raises (none waits in a collective)
-            raise BatchError(
-                f"DP ranks {empty} have no non-empty sub-sequence in their share of the global "
-                "batch; the seed commit cannot route that either"
-            )
         offsets = [0, *itertools.accumulate(counts)][:-1]
         return everyone, offsets
 
@@ -171,7 +190,7 @@ class HybridCPDataLoaderWrapper:
         order = list(itertools.chain.from_iterable(sends))
         arriving = list(itertools.chain.from_iterable(receives))
         result: SubSequences = {gid: {} for gid in arriving}
-        for key, first in pieces[0].items():
+        for key, first in sorted(pieces[0].items()):
             parts = [pieces[gid - mine.start][key] for gid in order]
             sent = (
                 torch.cat(parts).to(self.device)
