@@ -222,7 +222,7 @@ def test_blend_batches_through_the_loader_equal_megatrons(corpora, tmp_path, wor
     blend = (corpora[:3], [0.5, 0.3, 0.2])
     theirs, ours = build_both(str(tmp_path), [240, 0, 0], blend=blend, split="1,0,0", **flags)
     theirs, ours = theirs[0], ours[0]
-    assert ours._blend_gatherer() is not None  # the one-call path is the one compared
+    assert ours.blend_gatherer().native() is not None  # the one-call path is the one compared
     reference = DataLoader(
         theirs, batch_sampler=MegatronPretrainingSampler(len(theirs), 0, 4, 0, 1), num_workers=0
     )

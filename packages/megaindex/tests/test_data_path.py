@@ -66,7 +66,7 @@ def test_every_dataset_declares_every_capability(make_config, corpus, tmp_path):
         assert isinstance(dataset, PlannedPrefetch)
         assert isinstance(dataset, SplitMember)
         assert split_name(dataset) == "train"
-        assert not dataset.prefetches  # local data: nothing to fetch ahead
+        assert not dataset.prefetches_samples  # local data: nothing to fetch ahead
     source = IndexedDataset(corpus)
     for capability in (TokenSource, SpanSource, MappedTokenSource, PrefetchingSource):
         assert isinstance(source, capability)
@@ -79,7 +79,7 @@ def test_every_dataset_declares_every_capability(make_config, corpus, tmp_path):
 def test_a_blend_collates_its_batch_in_one_pass(make_config, corpus, tmp_path, flags, mapped):
     blend = blend_of_three(make_config, corpus, tmp_path, mmap_bin_files=mapped, **flags)
     # mapped parts: the whole batch in one native call; else each part reads its rows
-    assert (blend._blend_gatherer() is not None) == mapped
+    assert (blend.blend_gatherer().native() is not None) == mapped
     ids = blend.dataset_index.tolist()
     indices = [ids.index(2), 5, 17, ids.index(1), len(blend) - 1, 3]  # rows of every part
     batch = blend.__getitems__(PlannedBatch(indices, upcoming=[7, 8]))
@@ -120,7 +120,7 @@ def test_a_blend_tells_each_part_its_own_samples(make_config, corpus, tmp_path):
             )
         )
     blend = BlendedDataset(parts, [0.5, 0.5], 100, config)
-    assert blend.prefetches
+    assert blend.prefetches_samples
     batch = blend.__getitems__(PlannedBatch([0, 1, 2], upcoming=[3, 4]))
     for number, part in enumerate(parts):
         told = part.dataset.prefetched

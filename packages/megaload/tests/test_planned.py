@@ -42,9 +42,9 @@ class Prefetching(Recorder):
 
     def __init__(self, size, prefetches=True):
         super().__init__(size)
-        self.prefetches = prefetches
+        self.prefetches_samples = prefetches
 
-    def prefetch(self, indices):
+    def prefetch_samples(self, indices):
         pass
 
 

@@ -32,11 +32,14 @@ blend by delegating to its parts):
 
 ``BatchAssembly``
     ``__getitems__(indices)`` (what torch's DataLoader calls for a batch) returns a
-    :class:`CollatedBatch`: the samples, and their collation built in one pass.
+    :class:`CollatedBatch`: the samples, and their collation built in one pass; and
+    ``merge_batches(batches, rows)`` merges batches of datasets of its class into one, row by
+    row: what a blend does with the rows each of its parts read.
 ``PlannedPrefetch``
-    ``prefetches`` and ``prefetch(indices)``: told which samples come next, the dataset starts
-    fetching their bytes. The loader hands each batch with the next one its worker reads as a
-    :class:`PlannedBatch`.
+    ``prefetches_samples`` and ``prefetch_samples(indices)``: told which samples come next, the
+    dataset starts fetching their bytes. The loader hands each batch with the next one its
+    worker reads as a :class:`PlannedBatch`. (Its names differ from ``PrefetchingSource``'s,
+    which take reads of a token source, so that neither kind passes for the other.)
 ``EpochAware``
     ``set_epoch(epoch)``: the random sampler announces each new epoch.
 ``SplitMember`` and ``BlendSplitMember``
@@ -66,7 +69,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, runtime_checkable
 
 import numpy
 
@@ -207,11 +210,19 @@ def announced(indices: Sequence[Any]) -> list[Any]:
 
 @runtime_checkable
 class BatchAssembly(Protocol):
-    """A dataset that assembles a whole batch in one call."""
+    """A dataset that assembles a whole batch in one call, and merges batches of its kind."""
 
     def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch:
         """The samples at ``indices`` (None: a padding sample) as a :class:`CollatedBatch`;
         a :class:`PlannedBatch` also names the samples read next."""
+        ...
+
+    def merge_batches(
+        self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
+    ) -> CollatedBatch:
+        """One batch of ``sum(len(r) for r in rows)`` rows whose row ``rows[i][j]`` is row ``j``
+        of ``batches[i]``; the batches come from ``__getitems__`` of datasets of this class and
+        sample configuration (the parts of a blend)."""
         ...
 
 
@@ -220,11 +231,11 @@ class PlannedPrefetch(Protocol):
     """A dataset that fetches the samples it is told come next."""
 
     @property
-    def prefetches(self) -> bool:
+    def prefetches_samples(self) -> bool:
         """Whether telling it pays (some of its data is fetched over a network)."""
         ...
 
-    def prefetch(self, indices: Iterable[int | None]) -> None:
+    def prefetch_samples(self, indices: Iterable[int | None]) -> None:
         """Start fetching the samples at ``indices`` (None: a padding sample, skipped)."""
         ...
 
@@ -256,6 +267,23 @@ class DescribedDataset(Protocol):
     cache description); equal digests mean the same samples in the same order."""
 
     unique_description_hash: str
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """The methods and properties ``protocol`` asks for (its own and its bases'), sorted: what
+    an object that claims it must have, all of them."""
+    members: set[str] = set()
+    for klass in protocol.__mro__:
+        if klass in (Protocol, Generic, object):
+            continue
+        for name, value in vars(klass).items():
+            if name not in _NOT_MEMBERS and (callable(value) or isinstance(value, property)):
+                members.add(name)
+    return sorted(members)
+
+
+#: what typing puts on every Protocol class: no part of what it asks
+_NOT_MEMBERS = frozenset({"__init__", "__subclasshook__", "__class_getitem__", "__init_subclass__"})
 
 
 def split_name(dataset: object) -> str | None:
@@ -333,5 +361,6 @@ __all__ = [
     "TextTokenizer",
     "TokenSource",
     "announced",
+    "protocol_members",
     "split_name",
 ]

@@ -15,6 +15,7 @@ from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, e
 from typing import Generic, TypeVar
 
 from megafmt.errors import PluginError
+from megafmt.protocols import protocol_members
 
 T = TypeVar("T")
 
@@ -23,9 +24,11 @@ class Registry(Generic[T]):
     """Named plugins of one kind.
 
     ``group`` is the entry-point group, ``kind`` how messages name a plugin ("megafmt
-    reader"). ``required`` lists attributes a loaded plugin must have. ``providers`` maps names
-    that other distributions provide to the hint shown when such a name is asked for but not
-    installed (``{"index": "pip install megaindex"}``).
+    reader"). ``required`` lists attributes a loaded plugin must have. ``claimable`` lists
+    Protocols a plugin may implement: one that has some of a Protocol's members claims it, and
+    must have them all (else a caller's ``isinstance`` would quietly pass it by, or take it for
+    what it is not). ``providers`` maps names that other distributions provide to the hint shown
+    when such a name is asked for but not installed (``{"index": "pip install megaindex"}``).
     """
 
     def __init__(
@@ -34,6 +37,7 @@ class Registry(Generic[T]):
         kind: str,
         *,
         required: tuple[str, ...] = (),
+        claimable: tuple[type, ...] = (),
         providers: Mapping[str, str] | None = None,
         home: str | None = None,
     ) -> None:
@@ -41,6 +45,7 @@ class Registry(Generic[T]):
         self.home = home
         self.kind = kind
         self._required = required
+        self._claimable = claimable
         self._providers = dict(providers or {})
         self._entry_points: dict[str, EntryPoint] | None = None
         self._home_points: dict[str, EntryPoint] | None = None
@@ -135,6 +140,16 @@ class Registry(Generic[T]):
             raise PluginError(
                 f"{self.kind} {name!r} ({origin}) lacks required attribute(s) {', '.join(missing)}"
             )
+        for protocol in self._claimable:
+            members = protocol_members(protocol)
+            has = [member for member in members if hasattr(obj, member)]
+            if has and len(has) < len(members):
+                lacks = [member for member in members if member not in has]
+                raise PluginError(
+                    f"{self.kind} {name!r} ({origin}) has {', '.join(has)} of "
+                    f"{protocol.__module__}.{protocol.__qualname__} but lacks "
+                    f"{', '.join(lacks)}: implement all of {', '.join(members)}, or none"
+                )
 
     def unknown_message(self, name: str) -> str:
         """Why ``name`` cannot be found: what is available, the closest match, a provider hint."""

@@ -6,9 +6,12 @@ max-error rule (or the exhaustive rule when ``size`` is None), held and cached b
 :class:`megaindex.tables.CachedTables` under megatron-core's names
 (``<md5>-BlendedDataset-<split>-...``), and every sample carries its ``dataset_id``.
 
-A blend implements the data path's Protocols by delegating to its parts: ``__getitems__``
-reads each part's rows of the batch and collates the whole batch in one pass, and
-``prefetch`` hands each part its own samples.
+A blend implements the data path's Protocols by delegating to its parts (each of which must
+be a :class:`~megafmt.protocols.BatchAssembly`): ``__getitems__`` groups the batch's rows by
+part, asks each part for its rows and has the parts' class merge them in order
+(:mod:`megaindex.batch_merge`), or, where the parts' class reads a blend whole
+(:class:`~megaindex.batch_merge.BlendGathering`: GPT datasets), lets it; and
+``prefetch_samples`` hands each part its own samples.
 """
 
 from __future__ import annotations
@@ -22,14 +25,20 @@ from typing import Any
 import numpy
 import torch
 
-from megafmt.protocols import CollatedBatch, PlannedPrefetch, announced
+from megafmt.protocols import (
+    BatchAssembly,
+    CollatedBatch,
+    PlannedPrefetch,
+    announced,
+    protocol_members,
+)
+from megaindex.batch_merge import BlendGatherer, BlendGathering, merge_rows
 from megaindex.cache import CacheEntry, TableSpec
 from megaindex.config import BlendedMegatronDatasetConfig, GPTDatasetConfig, own_field
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import (
     MAX_DATASETS,
-    BlendGatherer,
     build_blending_indices,
     build_exhaustive_blending_indices,
 )
@@ -44,7 +53,6 @@ from megaindex.mix_resume import blend_mix_state, sample_origin
 from megaindex.shared_cache import cache_location
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
-from megaindex.windows import MappedWindowReader, can_hold, pad_rows
 
 
 @dataclass
@@ -167,16 +175,11 @@ class BlendedDataset(torch.utils.data.Dataset):
         )
         log_blended_tables(type(self).__name__, self.tables.source, config.path_to_cache)
         self._prefetches = any(
-            isinstance(dataset, PlannedPrefetch) and dataset.prefetches for dataset in datasets
-        )
-        self._windowed = all(_shares_windows(dataset, datasets[0]) for dataset in datasets)
-        # every part gathers from a mapped .bin: the whole batch in one native call
-        self._mapped = self._windowed and all(
-            isinstance(dataset.windows, MappedWindowReader) and not dataset.shapes_samples
+            isinstance(dataset, PlannedPrefetch) and dataset.prefetches_samples
             for dataset in datasets
         )
         self._gatherer: BlendGatherer | None = None
-        self._parts_hold_pad = True
+        self._gatherer_asked = False
 
     @property
     def index_split(self) -> Split:
@@ -213,60 +216,59 @@ class BlendedDataset(torch.utils.data.Dataset):
             sample["loss_mask"] = torch.zeros_like(sample["loss_mask"])
         return {"dataset_id": dataset_id, **sample}
 
-    def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch | list[dict[str, Any]]:
-        """The samples at ``indices``: each part reads its rows of the batch, and the batch is
-        collated in one pass when the parts are GPT datasets of one configuration (else the
-        samples come one by one)."""
+    def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch:
+        """The samples at ``indices``, collated: read whole by the parts' class where it can
+        (GPT datasets of one configuration), else each part reads its rows of the batch and
+        the parts' class merges them in order. A padding row (None) is sample 0's, no loss."""
         if self._prefetches:
-            self.prefetch(announced(indices))
-        if not self._windowed:
-            return [self[idx] for idx in indices]
+            self.prefetch_samples(announced(indices))
         positions, padding = resolve_indices(indices, self.__len__)
         ids = self.tables["dataset_index"][positions]
-        first: GPTDataset = self.datasets[0]
-        texts = numpy.empty((len(positions), first._window), dtype=numpy.int64)
-        gatherer = self._blend_gatherer()
+        gatherer = self.blend_gatherer()
         if gatherer is not None:
-            padded = pad_rows(gatherer.gather(positions, texts), texts, first._pad_token_id)
-            may_hold_pad = padded or self._parts_hold_pad
-        else:  # some part reads spans, or shapes its samples: each reads its own rows
-            may_hold_pad = False
-            samples = self.tables["dataset_sample_index"][positions]
-            for dataset_id in numpy.unique(ids).tolist():
-                rows = numpy.flatnonzero(ids == dataset_id)
-                part = numpy.empty((len(rows), first._window), dtype=numpy.int64)
-                dataset = self.datasets[dataset_id]
-                may_hold_pad |= dataset._read_windows(samples[rows].tolist(), part)
-                texts[rows] = part
-        batch = first._make_sample.batch(texts, padding, may_hold_pad)
+            batch = gatherer.gather(positions, padding)
+        else:
+            batch = _without_loss(self._merged_parts(positions, ids), padding)
         return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch})
 
-    def _blend_gatherer(self) -> BlendGatherer | None:
-        """The native gatherer over every part's (made on first use); None unless every part
-        gathers from a mapped ``.bin``."""
-        if self._gatherer is None and self._mapped:
-            parts = [dataset.windows.gatherer() for dataset in self.datasets]
-            if any(part is None for part in parts):
-                return None
-            self._gatherer = BlendGatherer(
-                parts, self.tables["dataset_index"], self.tables["dataset_sample_index"]
-            )
-            pad = self.datasets[0]._pad_token_id
-            self._parts_hold_pad = any(
-                can_hold(dataset.dataset.tokens_view.dtype, pad) for dataset in self.datasets
-            )
+    def _merged_parts(self, positions: list[int], ids: numpy.ndarray) -> dict[str, Any]:
+        """Each part's rows of the batch, read by the part, merged in order by its class."""
+        samples = self.tables["dataset_sample_index"][positions]
+        batches, rows = [], []
+        for dataset_id in dict.fromkeys(ids.tolist()):  # in order of first use
+            where = numpy.flatnonzero(ids == dataset_id)
+            batches.append(self.datasets[dataset_id].__getitems__(samples[where].tolist()))
+            rows.append(where.tolist())
+        return dict(self.datasets[0].merge_batches(batches, rows).collated)
+
+    def blend_gatherer(self) -> BlendGatherer | None:
+        """What reads this blend's batches whole, made by the parts' class on first use (GPT
+        datasets of one configuration: every window in one array, in one native call where
+        every ``.bin`` is mapped); None where the parts are read one by one and merged."""
+        if not self._gatherer_asked:
+            first = self.datasets[0]
+            if isinstance(first, BlendGathering):
+                self._gatherer = first.blend_gatherer(
+                    self.datasets,
+                    self.tables["dataset_index"],
+                    self.tables["dataset_sample_index"],
+                )
+            self._gatherer_asked = True
         return self._gatherer
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the gatherer is native state of this process: a worker makes its own
-        return {**self.__dict__, "_gatherer": None}
+    def merge_batches(
+        self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
+    ) -> CollatedBatch:
+        """One batch with row ``j`` of ``batches[i]`` at row ``rows[i][j]`` (a blend of
+        blends' batch)."""
+        return merge_rows(batches, rows)
 
     @property
-    def prefetches(self) -> bool:
+    def prefetches_samples(self) -> bool:
         """Whether announcing samples pays: a part reads its corpus over a network."""
         return self._prefetches
 
-    def prefetch(self, indices: Iterable[int | None]) -> None:
+    def prefetch_samples(self, indices: Iterable[int | None]) -> None:
         """Announce the samples read next: each part is told its own."""
         wanted = [idx for idx in indices if idx is not None]
         if not self._prefetches or not wanted:
@@ -277,7 +279,7 @@ class BlendedDataset(torch.utils.data.Dataset):
         for dataset_id in dict.fromkeys(ids.tolist()):  # in order of first use
             dataset = self.datasets[dataset_id]
             if isinstance(dataset, PlannedPrefetch):
-                dataset.prefetch(samples[ids == dataset_id].tolist())
+                dataset.prefetch_samples(samples[ids == dataset_id].tolist())
 
     def mix_state(self, consumed_samples: int) -> dict[str, Any] | None:
         """Each corpus's consumed samples and order once the run consumed ``consumed_samples``,
@@ -312,14 +314,13 @@ class BlendedDataset(torch.utils.data.Dataset):
         )
 
 
-def _shares_windows(dataset: Any, first: Any) -> bool:
-    """Whether ``dataset`` reads GPT windows that ``first``'s sample maker turns into samples
-    as its own would: a GPTDataset that assembles batches, of the same sample configuration."""
-    return (
-        isinstance(dataset, GPTDataset)
-        and dataset.assembles_batches
-        and dataset._make_sample.settings == first._make_sample.settings
-    )
+def _without_loss(batch: dict[str, Any], padding: list[bool]) -> dict[str, Any]:
+    """``batch`` with no loss on its padding rows (a copy of its ``loss_mask`` where any)."""
+    if not any(padding):
+        return batch
+    loss_mask = batch["loss_mask"].clone()
+    loss_mask[torch.tensor(padding)] = 0
+    return {**batch, "loss_mask": loss_mask}
 
 
 def _where(dataset: Any) -> str:
@@ -335,6 +336,13 @@ def _check_blend(datasets: list[Any], weights: list[int | float], size: int | No
     classes = sorted({type(d).__name__ for d in datasets})
     if len(classes) > 1:
         raise ConfigError(f"the datasets of a blend must all be of one class, found {classes}")
+    if not isinstance(datasets[0], BatchAssembly):
+        lacking = [m for m in protocol_members(BatchAssembly) if not hasattr(datasets[0], m)]
+        raise ConfigError(
+            f"a blend reads its batches through its parts' __getitems__ and merge_batches "
+            f"(megafmt.protocols.BatchAssembly), but {classes[0]} lacks {', '.join(lacking)}: "
+            "subclass megaindex.MegatronDataset, or implement them"
+        )
     splits = sorted({d.index_split.name for d in datasets})
     if len(splits) > 1:
         raise ConfigError(f"the datasets of a blend must all belong to one split, found {splits}")

@@ -209,7 +209,7 @@ class GPTFIMDataset(GPTDataset):
         """How many of the window's tokens are the sample's: all, unless this split keeps a
         last partial sample (a validation split may)."""
         if self._drop_last_partial_sequence:
-            return self._window
+            return self.window_length
         documents, firsts, counts = self.sample_spans(idx)
         lengths = self.dataset.sequence_lengths
         return sum(

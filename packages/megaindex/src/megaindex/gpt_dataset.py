@@ -7,8 +7,10 @@ window of tokens is read by :mod:`megaindex.windows` and turned into tensors by
 :mod:`megaindex.sample`.
 
 Beyond megatron-core's API it implements the data path's Protocols (:mod:`megafmt.protocols`):
-``__getitems__`` assembles a whole batch in one pass (``BatchAssembly``), and ``prefetch``
-fetches announced samples of a corpus in object storage ahead of their use
+``__getitems__`` assembles a whole batch in one pass and ``merge_batches`` merges batches of GPT
+datasets (``BatchAssembly``); ``blend_gatherer`` reads a blend of GPT datasets whole
+(:class:`megaindex.batch_merge.BlendGathering`, :mod:`megaindex.gpt_blend`); and
+``prefetch_samples`` fetches announced samples of a corpus in object storage ahead of their use
 (``PlannedPrefetch``). A subclass that rearranges a sample's tokens (fill-in-the-middle) sets
 ``shapes_samples`` and overrides :meth:`GPTDataset.shape_sample`.
 """
@@ -36,6 +38,7 @@ from megaindex.cache import CacheEntry
 from megaindex.config import EndOfDocument, GPTDatasetConfig, own_field, tokenizer_vocab_size
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
 from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError, TokenRangeError
+from megaindex.gpt_blend import GPTBlendGatherer
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_args import megatron_padded_vocab_size
 from megaindex.megatron_dataset import MegatronDataset, one_sample_at_a_time, resolve_indices
@@ -82,8 +85,10 @@ class GPTDataset(MegatronDataset):
         self.masks_and_position_ids_are_cacheable = not any(
             [config.reset_position_ids, config.reset_attention_mask, config.eod_mask_loss]
         )
-        self._make_sample = SampleMaker(config, self._pad_token_id)
-        self._window = config.sequence_length + int(config.add_extra_token_to_sequence)
+        #: turns windows of token ids into samples and batches
+        self.sample_maker = SampleMaker(config, self._pad_token_id)
+        #: the tokens a sample's window holds: the sequence length, and the extra last label
+        self.window_length = config.sequence_length + int(config.add_extra_token_to_sequence)
         entry = self._cache_entry()
         self.recipe = GPTTableRecipe(
             indexed_dataset,
@@ -216,22 +221,42 @@ class GPTDataset(MegatronDataset):
     def __getitem__(self, idx: int | None) -> dict[str, Any]:
         """The sample at ``idx``; None gives a padding sample whose loss mask is all zero."""
         samples, padding = resolve_indices([idx], self.__len__)
-        text = numpy.empty((1, self._window), dtype=numpy.int64)
-        may_hold_pad = self._read_windows(samples, text)
-        return self._make_sample(text[0], padding[0], may_hold_pad)
+        text = numpy.empty((1, self.window_length), dtype=numpy.int64)
+        may_hold_pad = self.read_windows(samples, text)
+        return self.sample_maker(text[0], padding[0], may_hold_pad)
 
     def __getitems__(self, indices: Sequence[int | None]) -> CollatedBatch:
         """The samples at ``indices`` (the DataLoader calls this for a batch): equal to
         ``[self[i] for i in indices]`` for any collate function, and in ``.collated`` already
         collated, as torch's default collation would, built in one pass."""
         if self._prefetches:  # the batch, and the one this worker reads next
-            self.prefetch(announced(indices))
+            self.prefetch_samples(announced(indices))
         samples, padding = resolve_indices(indices, self.__len__)
-        texts = numpy.empty((len(samples), self._window), numpy.int64)
-        may_hold_pad = self._read_windows(samples, texts)
-        return CollatedBatch(self._make_sample.batch(texts, padding, may_hold_pad))
+        texts = numpy.empty((len(samples), self.window_length), numpy.int64)
+        may_hold_pad = self.read_windows(samples, texts)
+        return CollatedBatch(self.sample_maker.batch(texts, padding, may_hold_pad))
 
-    def _read_windows(self, samples: list[int], out: numpy.ndarray) -> bool:
+    def blend_gatherer(
+        self,
+        parts: Sequence[Any],
+        dataset_index: numpy.ndarray,
+        dataset_sample_index: numpy.ndarray,
+    ) -> GPTBlendGatherer | None:
+        """A reader of the whole batches of the blend of ``parts`` (its tables
+        ``dataset_index`` and ``dataset_sample_index``): every window in one array, made into
+        the batch in one pass. None unless every part is a GPT dataset that assembles batches
+        with this one's sample configuration (the blend then merges the parts' own batches)."""
+        settings = self.sample_maker.settings
+        if not all(
+            isinstance(part, GPTDataset)
+            and part.assembles_batches
+            and part.sample_maker.settings == settings
+            for part in parts
+        ):
+            return None
+        return GPTBlendGatherer(parts, dataset_index, dataset_sample_index)
+
+    def read_windows(self, samples: list[int], out: numpy.ndarray) -> bool:
         """Fill the rows of ``out`` with the windows of ``samples``, shaped by the subclass if
         it shapes them. Returns whether a row may hold the pad id."""
         self._check_token_dtype()
@@ -252,7 +277,7 @@ class GPTDataset(MegatronDataset):
     def _read_error(self, samples: list[int], error: Exception) -> SampleReadError:
         """``error``, raised while reading ``samples``, as an error naming the corpus, the first
         sample that fails on its own, and its documents."""
-        row = numpy.empty((1, self._window), numpy.int64)
+        row = numpy.empty((1, self.window_length), numpy.int64)
         failing, documents = (samples[0] if samples else None), "unknown"
         for idx in samples:
             try:
@@ -324,11 +349,11 @@ class GPTDataset(MegatronDataset):
         return text
 
     @property
-    def prefetches(self) -> bool:
+    def prefetches_samples(self) -> bool:
         """Whether announcing samples pays: the corpus is read over a network."""
         return self._prefetches
 
-    def prefetch(self, indices: Iterable[int | None]) -> None:
+    def prefetch_samples(self, indices: Iterable[int | None]) -> None:
         """Announce the samples read next: over object storage their bytes are fetched now,
         concurrently (megafmt's ``IndexedDataset.prefetch``); local corpora ignore it."""
         if self._prefetches:
@@ -345,7 +370,7 @@ class GPTDataset(MegatronDataset):
         """The token ids of sample ``idx`` (int64, padded to the window) and its document ids
         (megatron-core's method)."""
         self._check_token_dtype()
-        text = numpy.empty((1, self._window), dtype=numpy.int64)
+        text = numpy.empty((1, self.window_length), dtype=numpy.int64)
         self._token_windows.fill([idx], text)
         return text[0], numpy.array(self.sample_spans(idx)[0], dtype=numpy.int64)
 

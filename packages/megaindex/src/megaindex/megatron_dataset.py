@@ -19,8 +19,11 @@ from typing import Any
 
 import numpy
 import torch
+from torch.utils.data import default_collate
 
 from megafmt import IndexedDataset
+from megafmt.protocols import CollatedBatch
+from megaindex.batch_merge import merge_rows
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.utils import Split, index_array
 
@@ -75,19 +78,37 @@ def resolve_indices(
 
 def one_sample_at_a_time(cls: type) -> None:
     """For a subclass (of a dataset that assembles batches) that overrides ``__getitem__`` but
-    not ``__getitems__``: batches are its own samples, one by one, so the DataLoader never
-    bypasses its ``__getitem__`` (megatron-core's MockMultimodalDataset adds an image there)."""
+    not ``__getitems__``: batches are made of its own samples, one by one, so the DataLoader
+    never bypasses its ``__getitem__`` (megatron-core's MockMultimodalDataset adds an image
+    there)."""
     if "__getitem__" in vars(cls) and "__getitems__" not in vars(cls):
-        cls.__getitems__ = _samples_one_by_one  # type: ignore[attr-defined]
+        cls.__getitems__ = samples_one_by_one  # type: ignore[attr-defined]
         cls.assembles_batches = False  # type: ignore[attr-defined]
 
 
-def _samples_one_by_one(self: Any, indices: Sequence[Any]) -> list[Any]:
-    return [self[idx] for idx in indices]
+def samples_one_by_one(self: Any, indices: Sequence[Any]) -> CollatedBatch:
+    """The samples ``self[idx]`` of ``indices``, collated as torch's default collation
+    collates them: the batch of a class that makes its samples in ``__getitem__``."""
+    return CollatedBatch(default_collate([self[idx] for idx in indices]))
 
 
 class MegatronDataset(ABC, torch.utils.data.Dataset):
-    """A mid-level dataset over a low-level one (``dataset``), restricted to ``indices``."""
+    """A mid-level dataset over a low-level one (``dataset``), restricted to ``indices``.
+
+    Every subclass is a :class:`~megafmt.protocols.BatchAssembly`: by default its batches are
+    its samples one by one, collated (a subclass that assembles them faster overrides
+    ``__getitems__``), and batches of its kind merge key by key (a subclass whose rows differ
+    in shape overrides ``merge_batches``).
+    """
+
+    __getitems__ = samples_one_by_one
+
+    def merge_batches(
+        self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
+    ) -> CollatedBatch:
+        """One batch with row ``j`` of ``batches[i]`` at row ``rows[i][j]`` (what a blend of
+        datasets of this class makes of its parts' rows)."""
+        return merge_rows(batches, rows)
 
     #: whether its dataset paths are ``.bin``/``.idx`` prefixes, which the builder checks (and
     #: whose tokenizer manifests it compares) before building anything; a class that loads

@@ -14,7 +14,8 @@ file, or a pre-tokenized corpus (``mega preprocess --sft``) when ``<path>.idx`` 
 conversation cut or left out by packing is counted and warned about; ``__getitems__`` assembles
 a batch, ``cu_seqlens`` padded to the longest by repeating its last boundary (zero-length
 sequences, Megatron's convention for padded boundaries), so batches of more than one row
-collate.
+collate; ``merge_batches`` merges SFT batches the same way, so a blend of SFT corpora batches at
+any micro-batch size.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from megafmt.sft import (
     describe_tokens,
     tokenize_line,
 )
+from megaindex.batch_merge import in_row_order
 from megaindex.config import GPTDatasetConfig
 from megaindex.errors import ConfigError
 from megaindex.megatron_dataset import MegatronDataset
@@ -195,6 +197,13 @@ class SFTDataset(MegatronDataset):
                 sample["loss_mask"] = torch.zeros_like(sample["loss_mask"])
             samples.append(sample)
         return CollatedBatch(collate_packed(samples))
+
+    def merge_batches(
+        self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
+    ) -> CollatedBatch:
+        """One batch with row ``j`` of ``batches[i]`` at row ``rows[i][j]`` (a blend of SFT
+        datasets' batch), ``cu_seqlens`` padded to the longest as ``__getitems__`` pads it."""
+        return CollatedBatch(collate_packed(in_row_order(batches, rows)))
 
 
 def sample_of(pack: Pack, pad: int) -> dict[str, Any]:

@@ -130,7 +130,7 @@ class MegatronDataLoader:
         self.config = config.for_split(split_name(dataset))
         self.consumed_samples = check_count("consumed_samples", consumed_samples)
         #: hand each batch with the one its worker reads next (e.g. a corpus in object storage)
-        self.plans_prefetch = isinstance(dataset, PlannedPrefetch) and dataset.prefetches
+        self.plans_prefetch = isinstance(dataset, PlannedPrefetch) and dataset.prefetches_samples
         self.loader = self._build(consumed_samples)
 
     def _build(self, consumed_samples: int) -> DataLoader:

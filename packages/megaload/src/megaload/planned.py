@@ -5,9 +5,9 @@ an ``s3://`` corpus) can fetch a batch's bytes while the one before is being rea
 told. ``PlannedBatchSampler`` wraps a batch sampler and hands each batch as a
 ``megafmt.protocols.PlannedBatch`` that also names the batch the same DataLoader worker reads
 next (``lookahead`` batches later, the worker count); the dataset's ``__getitems__`` passes
-both to its ``prefetch``. The loader wraps its sampler so for a dataset that implements
-``megafmt.protocols.PlannedPrefetch`` and says it ``prefetches``. The batches and their order
-are those of the wrapped sampler, so resume state is unaffected.
+both to its ``prefetch_samples``. The loader wraps its sampler so for a dataset that
+implements ``megafmt.protocols.PlannedPrefetch`` and says it ``prefetches_samples``. The batches
+and their order are those of the wrapped sampler, so resume state is unaffected.
 """
 
 from __future__ import annotations
