@@ -12,7 +12,8 @@ import json
 import os
 import time
 import warnings
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy
@@ -32,6 +33,7 @@ from megaindex.fim_cli import add_fim_arguments, fim_fields
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.megatron_flags import add_ignored_megatron_flags
+from megaindex.mix_resume import MixState
 from megaindex.mock import MockGPTDataset
 from megaindex.phase_report import describe_phases, phase_reports
 from megaindex.phases import PhaseSchedule, build_phase_datasets
@@ -376,8 +378,9 @@ def _tokenizer(args: argparse.Namespace) -> IdentifiedTokenizer | SFTTokenizer:
     return identity
 
 
-def build_datasets(args: argparse.Namespace) -> list[Any]:
-    """The datasets ``args`` describe, built (or loaded from the cache)."""
+def build_datasets(args: argparse.Namespace, mix: MixState | None = None) -> list[Any]:
+    """The datasets ``args`` describe, built (or loaded from the cache); with ``mix``, the
+    training blend continues that state's corpora (``resume_with_new_mix``)."""
     blend, blend_per_split = blends_of(args)
     cls = MockGPTDataset if args.mock_data else DATASETS.get(args.dataset)
     if blend is None and blend_per_split is None and not issubclass(cls, MockGPTDataset):
@@ -385,6 +388,8 @@ def build_datasets(args: argparse.Namespace) -> list[Any]:
             "give the data: --data-path, --data-args-path, or per-split paths (or --dataset mock)"
         )
     config = _dataset_config(args, cls, blend, blend_per_split)
+    if mix is not None:
+        config = replace(config, resume_with_new_mix=mix)
     return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
 
 
@@ -482,6 +487,11 @@ class DatasetProvider:
 
     def build(self, args: argparse.Namespace) -> list[Any]:
         return build_datasets(args)
+
+    def build_resumed(self, args: argparse.Namespace, state: Mapping[str, Any]) -> list[Any]:
+        """The datasets, the training blend continuing the corpora of a loader's saved
+        ``state`` (megaload's ``MixResumingProvider``)."""
+        return build_datasets(args, MixState.from_loader_state(state))
 
     def build_phases(self, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
         """``(first iteration, training dataset)`` of each phase of ``--phases``, or None

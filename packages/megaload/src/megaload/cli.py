@@ -4,7 +4,9 @@ and report throughput. The dataset comes from a ``megaload.datasets`` provider p
 with ``--provider`` (megaindex provides ``megaindex``), which adds its own arguments
 (``--data-path`` and the rest). ``mega load samplers`` lists the ``megaload.samplers``
 plugins ``--dataloader-type`` can name. ``--hybrid-cp`` prints what hybrid context parallelism
-deals to each rank instead (``megaload.hybrid_cp_simulate``)."""
+deals to each rank instead (``megaload.hybrid_cp_simulate``). ``--save-state``, ``--load-state``,
+``--resume-with-new-mix`` and ``--sample-log``, and ``mega load explain STATE``, are
+``megaload.mix_cli``'s."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.progress import Progress
 from megafmt.registry import Registry
+from megaload import mix_cli
 from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
 from megaload.config import DataLoaderConfig
@@ -44,6 +47,10 @@ class LoadCommand:
     def configure(self, parser: argparse.ArgumentParser) -> None:
         commands = parser.add_subparsers(dest="load_command", metavar="SUBCOMMAND", required=True)
         commands.add_parser("samplers", help="list the samplers --dataloader-type can name")
+        explain = commands.add_parser(
+            "explain", help="print where a saved loader state stands, corpus by corpus"
+        )
+        explain.add_argument("state", metavar="STATE", help="a state --save-state wrote")
         simulate = commands.add_parser("simulate", help="run the loader over simulated ranks")
         simulate.add_argument(
             "--provider",
@@ -80,6 +87,7 @@ class LoadCommand:
             help="write one hash per global batch (compare runs with diff)",
         )
         add_arguments(simulate)
+        mix_cli.add_arguments(simulate)
         for name in PROVIDERS.available():
             PROVIDERS.get(name)().configure(simulate)
         # the dataset providers usually take --global-batch-size for the sample budget already
@@ -90,6 +98,9 @@ class LoadCommand:
         if args.load_command == "samplers":
             for name, target in SAMPLERS.view().items():
                 print(f"{name:<20} {target}")
+            return 0
+        if args.load_command == "explain":
+            print(mix_cli.explain(args.state))
             return 0
         if args.global_batch_size is None:
             raise SimulationError("mega load simulate needs --global-batch-size")
@@ -115,10 +126,16 @@ class LoadCommand:
                 data_sharding=not args.no_data_sharding,
                 num_workers=args.num_workers,
                 pin_memory=False,
+                resume_with_new_mix=args.resume_with_new_mix,
             )
             for rank in range(args.dp)
         ]
+        state = mix_cli.read_state(args)
         if phases is not None:
+            if state is not None or args.save_state or args.sample_log:
+                raise SimulationError(
+                    "--phases does not take --load-state, --save-state or --sample-log"
+                )
             if args.dry_run_resume is not None:
                 raise SimulationError("--dry-run-resume does not take --phases: use --resume-at")
             recorded = [(first, SampleIds(dataset)) for first, dataset in phases]
@@ -126,9 +143,12 @@ class LoadCommand:
             if args.hybrid_cp is not None:
                 return simulate_hybrid_cp(args, [phased_shares(loader) for loader in phased])
             return _simulate(args, [_phase_stream(loader) for loader in phased], micro_batches)
-        dataset = provider.build(args)[0]
+        dataset = mix_cli.build_dataset(provider, args, state)
         start = args.dry_run_resume if args.dry_run_resume is not None else args.resume_at
         loaders = [build_pretraining_data_loader(dataset, start, c) for c in configs]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
         if args.dry_run_resume is not None:
             for rank, loader in enumerate(loaders):
                 first = next(iter(loader.batch_sampler), None)
@@ -143,7 +163,15 @@ class LoadCommand:
             ((ids, batch, None) for ids, batch in zip(loader.batch_sampler, loader, strict=False))
             for loader in loaders
         ]
-        return _simulate(args, streams, micro_batches)
+        samples = mix_cli.SampleLog(args.sample_log, dataset) if args.sample_log else None
+        try:
+            code = _simulate(args, streams, micro_batches, samples)
+        finally:
+            if samples is not None:
+                samples.close()
+        if args.save_state:
+            mix_cli.write_state(args.save_state, loaders[0].state_dict())
+        return code
 
 
 @runtime_checkable
@@ -176,9 +204,15 @@ def _phase_stream(loader: PhasedDataLoader) -> Iterator[tuple[list[int], Any, in
         yield batch["sample_id"].tolist(), batch, loader.phase
 
 
-def _simulate(args: argparse.Namespace, streams: list[Iterator[Any]], micro_batches: int) -> int:
+def _simulate(
+    args: argparse.Namespace,
+    streams: list[Iterator[Any]],
+    micro_batches: int,
+    samples: mix_cli.SampleLog | None = None,
+) -> int:
     """Run ``streams`` (one per rank, of ``(sample ids, batch, phase or None)``) step by step,
-    checking each global batch; with phases, print what each rank receives."""
+    checking each global batch; with phases, print what each rank receives; with ``samples``,
+    log where each sample of each step came from."""
     log = open(args.hash_log, "w") if args.hash_log else None  # noqa: SIM115
     tokens = 0
     start = time.perf_counter()
@@ -211,6 +245,8 @@ def _simulate(args: argparse.Namespace, streams: list[Iterator[Any]], micro_batc
                 raise SimulationError(f"step {step}: the global batch is not one contiguous block")
             if log is not None:
                 log.write(f"{digest.hexdigest()}\n")
+            if samples is not None:
+                samples.write(real)
             progress.update()
     return _summary(args, args.steps, tokens, start, log)
 
