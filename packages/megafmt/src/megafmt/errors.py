@@ -35,6 +35,11 @@ class TokenValueError(MegafmtError, ValueError):
     """A value handed to the builder does not fit the corpus dtype."""
 
 
+class BadInputError(MegafmtError, ValueError):
+    """An input line cannot become a document and ``skip_bad_lines`` is off (raised by
+    ``mega preprocess`` and by the SFT line index alike, so neither imports the other)."""
+
+
 class PluginError(MegafmtError, LookupError):
     """A plugin name is unknown, or its entry point cannot be loaded or is malformed."""
 

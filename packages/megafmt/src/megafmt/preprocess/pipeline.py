@@ -22,7 +22,7 @@ from typing import Protocol, TextIO
 import numpy
 
 from megafmt.dtypes import DType
-from megafmt.errors import MegafmtError, PluginError
+from megafmt.errors import BadInputError, PluginError
 from megafmt.format import get_bin_path
 from megafmt.manifest import write_manifest
 from megafmt.preprocess.encoding import (
@@ -43,10 +43,6 @@ SHOWN_BAD_LINES = 5
 
 #: errno values of a write that failed for want of room: the disk, or the user's quota, is full
 FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-class BadInputError(MegafmtError, ValueError):
-    """An input line cannot become a document and ``skip_bad_lines`` is off."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ samples is megaindex's ``SFTDataset``.
 """
 
 # the error a bad line raises, naming its file and line (as preprocessing's bad lines do)
-from megafmt.preprocess import BadInputError
+from megafmt.errors import BadInputError
 from megafmt.sft.lines import JsonlLineIndex
 from megafmt.sft.messages import (
     conversation_problem,

@@ -28,8 +28,8 @@ from typing import Any
 import numpy
 
 from megafmt.atomic import atomic_write
+from megafmt.errors import BadInputError
 from megafmt.fingerprint import file_version
-from megafmt.preprocess import BadInputError
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir, read_range
 from megafmt.sft.messages import Message, parse_line

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import fsspec
 import numpy
 
-from megafmt.preprocess import BadInputError
+from megafmt.errors import BadInputError
 from megafmt.progress import Progress
 from megafmt.sft.messages import line_problem
 
