@@ -22,6 +22,7 @@ from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.preprocess.on_ray import preprocess_on_ray
 from megafmt.preprocess.tuning import preprocess_with_best_workers
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
+from megafmt.tokenizers import with_checked_backend
 
 #: the tokenizer of a run that names no tokenizer type and no tokenizer file
 DEFAULT_TOKENIZER = "bytes"
@@ -143,7 +144,9 @@ class PreprocessCommand:
                 args.skip_bad_lines,
             )
             return 0
-        options = tokenizer_options(args)
+        # the backend's self-check runs once here, said in one line; the workers (and Ray's
+        # shards) get the library it chose
+        options = with_checked_backend(tokenizer_type(args), tokenizer_options(args))
         config = PreprocessConfig(
             input=args.input,
             output_prefix=args.output_prefix,

@@ -11,6 +11,7 @@ import argparse
 
 from megafmt.tokenizers import MEGATRON_ALIASES, TOKENIZERS, TokenizerOptions
 from megafmt.tokenizers.base import COMPATS, SEED
+from megafmt.tokenizers.fast_backend import AUTO, BACKENDS
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -92,6 +93,14 @@ def add_tokenizer_arguments(
         "or megatron-core 0.16.1 (NullTokenizer EOD = --vocab-size, no special tokens added)",
     )
     tok.add_argument(
+        "--tokenizer-backend",
+        choices=BACKENDS,
+        default=AUTO,
+        help="which library encodes a tokenizer.json: gigatoken where its check against the "
+        "tokenizers library on this tokenizer passes, else tokenizers (auto, the default); "
+        "gigatoken (fail where the check fails); reference (tokenizers). Same ids either way",
+    )
+    tok.add_argument(
         "--tokenizer-option",
         type=_key_value,
         action="append",
@@ -125,4 +134,5 @@ def tokenizer_options(args: argparse.Namespace) -> TokenizerOptions:
         null_pad_id=args.null_tokenizer_pad_id,
         compat=args.tokenizer_compat,
         extra=dict(args.tokenizer_option),
+        backend=args.tokenizer_backend,
     )

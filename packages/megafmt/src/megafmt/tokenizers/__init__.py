@@ -8,10 +8,15 @@ unchanged.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from typing import TextIO
+
 from megafmt.errors import PluginError
 from megafmt.protocols import TextTokenizer
 from megafmt.registry import Registry
-from megafmt.tokenizers.base import Tokenizer, TokenizerOptions
+from megafmt.tokenizers.base import ChoosesBackend, Tokenizer, TokenizerOptions
+from megafmt.tokenizers.fast_backend import AUTO
 
 TOKENIZERS: Registry[type] = Registry(
     "megafmt.tokenizers",
@@ -51,6 +56,22 @@ def load_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> Tokenizer:
     return tokenizer
 
 
+def with_checked_backend(
+    tokenizer_type: str, options: TokenizerOptions, stream: TextIO | None = None
+) -> TokenizerOptions:
+    """``options`` with the library the ``auto`` backend's self-check chose for this tokenizer
+    (:mod:`megafmt.tokenizers.fast_backend`), said in one line on ``stream`` (stderr): a run
+    checks once, and its workers build the chosen one. Other options come back as they are."""
+    if options.backend != AUTO:
+        return options
+    tokenizer = load_tokenizer(tokenizer_type, options)
+    if not isinstance(tokenizer, ChoosesBackend):
+        return options
+    choice = tokenizer.backend_choice
+    print(f"tokenizer backend: {choice.reason}", file=stream or sys.stderr)
+    return dataclasses.replace(options, backend=choice.backend)
+
+
 def load_text_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> TextTokenizer:
     """Build a tokenizer that also turns ids back into text (for decoding and FIM)."""
     tokenizer = load_tokenizer(tokenizer_type, options)
@@ -71,4 +92,5 @@ __all__ = [
     "load_text_tokenizer",
     "load_tokenizer",
     "plugin_name",
+    "with_checked_backend",
 ]

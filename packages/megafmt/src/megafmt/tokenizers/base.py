@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 import numpy
 
 from megafmt.errors import MissingFileError, PluginError
+from megafmt.tokenizers.fast_backend import AUTO, BACKENDS, BackendChoice
 
 #: the two Megatron releases whose tokenizers differ: the seed commit (the default) and the
 #: megatron-core 0.16.1 release
@@ -73,8 +74,17 @@ class TokenizerOptions:
     (megatron-core 0.16.1: NullTokenizer EOD = vocab size, no special tokens added)."""
     extra: dict[str, str] = field(default_factory=dict)
     """Settings of third-party plugins (``--tokenizer-option KEY=VALUE``)."""
+    backend: str = AUTO
+    """``--tokenizer-backend``: which library encodes a tokenizer.json: ``auto`` (gigatoken
+    where its self-check on this tokenizer passes, else the ``tokenizers`` library),
+    ``gigatoken`` (an error where the check fails) or ``reference`` (``tokenizers``). The ids
+    are the same; only the speed differs."""
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise PluginError(
+                f"tokenizer backend must be one of {', '.join(BACKENDS)}, found {self.backend!r}"
+            )
         if self.compat not in COMPATS:
             raise PluginError(
                 f"tokenizer compat must be one of {', '.join(COMPATS)}, found {self.compat!r}"
@@ -123,6 +133,17 @@ class ArrayTokenizer(Protocol):
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
         """The ids of each text, as ``encode_batch`` gives them, as 1-D integer arrays."""
+        ...
+
+
+@runtime_checkable
+class ChoosesBackend(Protocol):
+    """A tokenizer that chooses the library it encodes with by checking that library on itself
+    (:mod:`megafmt.tokenizers.fast_backend`)."""
+
+    @property
+    def backend_choice(self) -> BackendChoice:
+        """The library, and why (one line)."""
         ...
 
 

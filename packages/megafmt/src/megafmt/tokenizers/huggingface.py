@@ -27,8 +27,13 @@ import numpy
 
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
-from megafmt.tokenizers.huggingface_segments import JoinedEncoder, SegmentPlan, segment_plan
-from megafmt.tokenizers.segments import SegmentEncoder
+from megafmt.tokenizers.fast_backend import (
+    AUTO,
+    BackendChoice,
+    GigatokenEncoder,
+    choose_backend,
+    fixed_ids,
+)
 
 GPT2_EOD = "<|endoftext|>"
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
@@ -94,6 +99,25 @@ def configured_tokens(directory: str) -> tuple[dict[str, str], list[str], list[s
     return named, extra or [], files
 
 
+#: the named special tokens Megatron's HuggingFaceTokenizer sets from another when the config
+#: lacks them (sep from eos, eos from sep, bos from cls, cls from bos)
+STAND_INS = (
+    ("sep_token", "eos_token"),
+    ("eos_token", "sep_token"),
+    ("bos_token", "cls_token"),
+    ("cls_token", "bos_token"),
+)
+
+
+def readded_tokens(named: dict[str, str]) -> list[str]:
+    """The declared special tokens Megatron's HuggingFaceTokenizer hands to transformers'
+    ``add_special_tokens`` again as plain strings (a missing sep is the eos, a missing cls the
+    bos, and the other way round), which resets their lstrip / rstrip / single_word flags."""
+    return [
+        named[source] for target, source in STAND_INS if target not in named and source in named
+    ]
+
+
 class HuggingFaceTokenizer:
     name = "huggingface"
 
@@ -106,11 +130,21 @@ class HuggingFaceTokenizer:
         special_tokens: Sequence[str] = (),
         pad_token: str | None = None,
         added_tokens: Sequence[str] = (),
+        backend: str = AUTO,
+        readded_tokens: Sequence[str] = (),
     ) -> None:
-        if added_tokens:
-            # Megatron hands --tokenizer-special-tokens to transformers' add_special_tokens:
-            # the ones not in the vocabulary get the next ids
-            tokenizer.add_special_tokens(list(added_tokens))
+        present = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+        new = [token for token in added_tokens if token not in present]
+        if new:
+            # transformers adds the declared tokens the tokenizer.json lacks, Megatron then
+            # --tokenizer-special-tokens: the ones not in the vocabulary get the next ids; a
+            # token the tokenizer.json already adds keeps its own flags (lstrip, rstrip, ...)
+            tokenizer.add_special_tokens(new)
+        if readded_tokens:
+            # ... except those Megatron hands to add_special_tokens again as plain strings:
+            # they lose their flags (see readded_tokens)
+            tokenizer.add_special_tokens(list(readded_tokens))
+        self._backend = backend
         self._tokenizer = tokenizer
         self._special = special
         self._special_tokens = frozenset(special_tokens)
@@ -156,6 +190,7 @@ class HuggingFaceTokenizer:
         # order; Megatron then adds --tokenizer-special-tokens
         declared = [named[key] for key in TRANSFORMERS_ORDER if key in named]
         added = list(dict.fromkeys([*declared, *extra, *(options.special_tokens or ())]))
+        readded = [*readded_tokens(named), *(options.special_tokens or ())]
         return cls(
             tokenizer,
             eod_token,
@@ -164,6 +199,8 @@ class HuggingFaceTokenizer:
             added,
             named.get("pad_token"),
             added,
+            options.backend,
+            readded,
         )
 
     @classmethod
@@ -187,30 +224,54 @@ class HuggingFaceTokenizer:
             options.adds_special_tokens,
             added,
             added_tokens=added,
+            backend=options.backend,
         )
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """The ids of each text, by segments where that is proven for this tokenizer.json
-        (:mod:`megafmt.tokenizers.huggingface_segments`), else by the library whole."""
-        if self._segments is None:
+        """The ids of each text (Megatron's ``tokenize``)."""
+        if self._fast is None:
             encodings = self._encode(list(texts), add_special_tokens=self._special)
             return [encoding.ids for encoding in encodings]
-        plan, segments = self._segments
-        encoded = segments.encode_batch(texts)
-        prefix, suffix = list(plan.prefix), list(plan.suffix)
-        if prefix or suffix:
-            return [prefix + ids + suffix for ids in encoded]
-        return encoded
+        return [ids.tolist() for ids in self._fast.encode_batch_arrays(texts)]
+
+    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
+        """``encode_batch`` as arrays: gigatoken's buffer cut per text, where it is exact."""
+        if self._fast is None:
+            return [numpy.asarray(ids, dtype=numpy.int64) for ids in self.encode_batch(texts)]
+        return self._fast.encode_batch_arrays(texts)
+
+    @property
+    def backend_choice(self) -> BackendChoice:
+        """Which library encodes, and why (checked on the first call: see
+        :mod:`megafmt.tokenizers.fast_backend`)."""
+        return self._checked_backend[1]
+
+    @property
+    def _fast(self) -> GigatokenEncoder | None:
+        return self._checked_backend[0]
 
     @functools.cached_property
-    def _segments(self) -> tuple[SegmentPlan, SegmentEncoder] | None:
-        """The plan and the encoder by segments, or None: made on the first batch, so that a
-        tokenizer loaded for something else (decoding, FIM) does not read its whole
-        description (megabytes of JSON for a large vocabulary)."""
-        plan = segment_plan(self._tokenizer, self._special)
-        if plan is None:
-            return None
-        return plan, SegmentEncoder(JoinedEncoder(self._encode, plan.separator))
+    def _checked_backend(self) -> tuple[GigatokenEncoder | None, BackendChoice]:
+        """gigatoken's encoder if it passes the check on this tokenizer, and the choice: made
+        on the first batch, so that a tokenizer loaded for decoding or FIM does not pay it."""
+        description = self._tokenizer.to_str()
+        config = json.loads(description)
+        around = fixed_ids(config.get("post_processor")) if self._special else ([], [])
+
+        def build() -> GigatokenEncoder:
+            if around is None:
+                raise ValueError(
+                    f"a {config['post_processor'].get('type')} post-processor adds more than "
+                    "fixed ids"
+                )
+            return GigatokenEncoder(description, *around)
+
+        def reference(texts: list[str]) -> list[list[int]]:
+            encodings = self._encode(texts, add_special_tokens=self._special)
+            return [encoding.ids for encoding in encodings]
+
+        added = [token.content for token in self._tokenizer.get_added_tokens_decoder().values()]
+        return choose_backend(self._backend, build, reference, added)
 
     # ---- Megatron's library tokenizer methods (megafmt.protocols.TextTokenizer) --------------
 

@@ -18,7 +18,6 @@ import numpy
 
 from megafmt.errors import FormatError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
-from megafmt.tokenizers.segments import TEKKEN_PATTERN
 
 DEFAULT_VOCAB_SIZE = 2**17
 REQUIRED_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>")
@@ -26,7 +25,11 @@ EOD_TOKEN = "</s>"
 # The pre-tokenization regexes Megatron names v1 and v2: data that decides the ids.
 PATTERNS = {
     "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
-    "v2": TEKKEN_PATTERN,
+    "v2": (  # Mistral's Tekken
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+        r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ),
 }
 
 

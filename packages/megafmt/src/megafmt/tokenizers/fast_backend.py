@@ -1,0 +1,204 @@
+"""Which library encodes a tokenizer.json's texts: gigatoken where it gives the reference
+library's ids for this very tokenizer, else the reference library (``tokenizers``) itself.
+
+Exactness is established, not assumed. Before a run the gigatoken encoder of the run's
+tokenizer (its added tokens and their flags included) encodes a stress sample
+(:func:`stress_texts`: every kind of whitespace, the tokenizer's own added tokens beside text,
+contractions, long words, digits, emoji, CJK, combining marks, empty texts) and must give the
+reference library's whole-text ids for each text; where one differs, or gigatoken cannot load the
+tokenizer, the run encodes with the reference library and :class:`BackendChoice` says why in one
+line. ``backend="gigatoken"`` makes a failed check an error instead of a fallback.
+
+The post-processor's fixed ids around a single text (a BOS, say) are added here (gigatoken
+encodes the text alone); a post-processor that does more than that keeps the reference library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy
+
+from megafmt.errors import PluginError
+
+#: ``--tokenizer-backend`` values: check gigatoken and fall back, gigatoken or fail, reference
+AUTO, GIGATOKEN, REFERENCE = "auto", "gigatoken", "reference"
+BACKENDS = (AUTO, GIGATOKEN, REFERENCE)
+
+#: every character Python, Oniguruma or a pre-tokenizer regex may count as whitespace
+WHITESPACE = (
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\r",
+    "\x0b",
+    "\x0c",
+    "\x1c",
+    "\x85",
+    "\xa0",
+    "\u1680",
+    "\u180e",
+    "\u2002",
+    "\u2009",
+    "\u200b",
+    "\u2028",
+    "\u2029",
+    "\u202f",
+    "\u205f",
+    "\u3000",
+    "\ufeff",
+    " \n ",
+    "\n\n\n",
+    "   \t",
+)
+#: texts of each hard kind (a word beside them where a border could matter)
+HARD_TEXTS = (
+    "",
+    "I'm you're we've they'll she'd it's don't DON'T 'S 'sup o'clock",
+    "a" * 300,
+    "pneumonoultramicroscopicsilicovolcanoconiosis" * 8,
+    "1234567890 3.14159 1,000,000 0x1F 007 12345678901234567890",
+    "🙂👍🏽👨‍👩‍👧‍👦 🇺🇸 ❤️ 🧪x",
+    "東京都は日本の首都です。한국어 テスト ｶﾀｶﾅ",
+    "e\u0301 nai\u0308ve a\u0308\u0301 \u0301start हिन्दी مرحبا Ωμέγα Привет",
+    "def f(x):\n    return x**2  # ok\n\tif a != b: pass\r\n",
+    "\ufb01 \u2460 \uff21\uff22\uff23 \xbd \u212b \xc5",
+    "http://example.com/a?b=c&d=e#f <tag attr='v'>text</tag>",
+    "!!!??? ... --- ___ *** ~~~ \\\\ // ||",
+)
+
+
+def stress_texts(added_tokens: Sequence[str]) -> list[str]:
+    """The stress sample for a tokenizer whose added (and special) tokens are
+    ``added_tokens``: the hard texts, each whitespace beside words, and each added token
+    alone, doubled, and beside text with and without spaces on either side."""
+    texts = list(HARD_TEXTS)
+    for space in WHITESPACE:
+        texts += [space, f"word{space}word", f"{space}lead", f"trail{space}", f"a{space}{space}b"]
+    for token in added_tokens:
+        texts += [
+            token,
+            token + token,
+            f"a{token}b",
+            f"a {token} b",
+            f" {token}",
+            f"{token} ",
+            f"x  {token}\n y",
+            f"word{token}",
+            f"{token}word",
+            f"\n{token}\t{token} end",
+            f"{token}🙂東",
+        ]
+    return texts
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The library a tokenizer encodes with, and why (one line for the run's log)."""
+
+    backend: str
+    """:data:`GIGATOKEN` or :data:`REFERENCE`."""
+    reason: str
+
+
+def fixed_ids(post_processor: dict[str, Any] | None) -> tuple[list[int], list[int]] | None:
+    """The ids a tokenizer.json's post-processor puts before and after a single text, or None
+    when it does more than add fixed ids."""
+    if post_processor is None or post_processor.get("type") == "ByteLevel":
+        return [], []
+    kind = post_processor.get("type")
+    if kind == "Sequence":
+        parts = [fixed_ids(step) for step in post_processor.get("processors") or []]
+        if any(part is None for part in parts):
+            return None
+        before = [i for part in reversed(parts) for i in part[0]]  # type: ignore[index]
+        after = [i for part in parts for i in part[1]]  # type: ignore[index]
+        return before, after
+    if kind != "TemplateProcessing":
+        return None
+    specials = post_processor.get("special_tokens") or {}
+    before, after, texts = [], [], 0
+    for item in post_processor.get("single") or []:
+        if "Sequence" in item:
+            texts += 1
+        elif "SpecialToken" in item and item["SpecialToken"].get("id") in specials:
+            (after if texts else before).extend(specials[item["SpecialToken"]["id"]]["ids"])
+        else:
+            return None
+    return (before, after) if texts == 1 else None
+
+
+class GigatokenEncoder:
+    """A tokenizer.json's ids through gigatoken: a whole batch per call, the ids of all texts in
+    one buffer, cut into one array per text (no Python int per token)."""
+
+    def __init__(self, tokenizer_json: str, before: Sequence[int], after: Sequence[int]) -> None:
+        gigatoken: Any = __import__("gigatoken")
+        self._tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+        self._before = numpy.asarray(before, dtype=numpy.uint32)
+        self._after = numpy.asarray(after, dtype=numpy.uint32)
+
+    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
+        """The ids of each text, the post-processor's fixed ids around them."""
+        awkward: Any = __import__("awkward")
+        rows = self._tokenizer.encode_batch(list(texts))
+        flat = awkward.to_numpy(awkward.flatten(rows))
+        ends = numpy.cumsum(awkward.to_numpy(awkward.num(rows)))
+        arrays = numpy.split(flat, ends[:-1]) if len(texts) else []
+        if self._before.size or self._after.size:
+            return [numpy.concatenate([self._before, ids, self._after]) for ids in arrays]
+        return arrays
+
+
+def choose_backend(
+    backend: str,
+    build: Callable[[], GigatokenEncoder],
+    reference: Callable[[list[str]], list[list[int]]],
+    added_tokens: Sequence[str],
+) -> tuple[GigatokenEncoder | None, BackendChoice]:
+    """The gigatoken encoder ``build`` makes if ``backend`` allows it and it passes the check
+    against ``reference`` (the library's whole-text ids of a list of texts), with the choice
+    and its reason. Raises ``PluginError`` where ``backend`` is gigatoken and the check fails."""
+    if backend == REFERENCE:
+        return None, BackendChoice(REFERENCE, "tokenizers (--tokenizer-backend reference)")
+    encoder, why = _checked(build, reference, added_tokens)
+    if encoder is not None:
+        return encoder, BackendChoice(GIGATOKEN, why)
+    if backend == GIGATOKEN:
+        raise PluginError(f"--tokenizer-backend gigatoken: {why}; use auto or reference")
+    return None, BackendChoice(REFERENCE, f"tokenizers, not gigatoken: {why}")
+
+
+def _checked(
+    build: Callable[[], GigatokenEncoder],
+    reference: Callable[[list[str]], list[list[int]]],
+    added_tokens: Sequence[str],
+) -> tuple[GigatokenEncoder | None, str]:
+    """The encoder and a line saying it passed, or None and a line saying why not."""
+    try:
+        encoder = build()
+    except ImportError:
+        return None, "gigatoken is not installed (pip install gigatoken)"
+    except Exception as error:  # gigatoken's loader refuses a tokenizer with plain exceptions
+        return None, f"gigatoken cannot load this tokenizer ({error})"
+    texts = stress_texts(added_tokens)
+    try:
+        fast = [ids.tolist() for ids in encoder.encode_batch_arrays(texts)]
+    except Exception as error:
+        return None, f"gigatoken failed on the stress sample ({error})"
+    expected = reference(texts)
+    for text, mine, theirs in zip(texts, fast, expected, strict=True):
+        if mine != theirs:
+            return None, (
+                f"gigatoken gives {_short(mine)} for {text[:40]!r}, the reference library "
+                f"{_short(theirs)}"
+            )
+    return encoder, f"gigatoken (equal to tokenizers on all {len(texts)} stress texts)"
+
+
+def _short(ids: list[int]) -> str:
+    return str(ids) if len(ids) <= 12 else f"{str(ids[:12])[:-1]}, ... ({len(ids)} ids)]"

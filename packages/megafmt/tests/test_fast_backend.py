@@ -1,0 +1,128 @@
+"""The tokenizer backend: gigatoken where its self-check on the run's tokenizer.json passes,
+the ``tokenizers`` library where it does not, and the one line that says which and why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megafmt.cli.main import main
+from megafmt.errors import PluginError
+from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+from megafmt.tokenizers.fast_backend import fixed_ids, stress_texts
+
+tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("gigatoken")
+
+TEXTS = ["the quick brown fox", "", "  spaces\tand\nlines ", "東京 🙂 naïve", "<mask> x <s>"]
+
+
+def trained(folder, *added, template: str | None = None) -> str:
+    """A byte-level BPE trained here, with ``added`` tokens, saved in ``folder``."""
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([" ".join(TEXTS * 3)] * 20, trainer)
+    tokenizer.add_special_tokens(list(added))
+    if template:
+        tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+            single=template, special_tokens=[("<s>", 0), ("</s>", 1)]
+        )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    return str(folder)
+
+
+def reference_ids(folder: str, texts: list[str]) -> list[list[int]]:
+    options = TokenizerOptions(model=folder, backend="reference")
+    return load_tokenizer("huggingface", options).encode_batch(texts)
+
+
+@pytest.mark.parametrize("template", [None, "<s> $A", "<s> $A </s>"])
+def test_a_byte_level_bpe_is_encoded_by_gigatoken_with_the_reference_ids(tmp_path, template):
+    folder = trained(tmp_path, "<mask>", template=template)
+    tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=folder))
+    assert tokenizer.backend_choice.backend == "gigatoken"
+    assert "stress texts" in tokenizer.backend_choice.reason
+    assert tokenizer.encode_batch(TEXTS) == reference_ids(folder, TEXTS)
+    arrays = tokenizer.encode_batch_arrays(TEXTS)
+    assert [ids.tolist() for ids in arrays] == reference_ids(folder, TEXTS)
+
+
+def test_a_tokenizer_gigatoken_gets_wrong_falls_back_and_says_on_which_text(tmp_path):
+    """gigatoken 0.10 does not honour single_word: the check finds it, the run is still exact."""
+    folder = trained(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer.add_tokens([tokenizers.AddedToken("<w>", single_word=True)])
+    tokenizer.save(str(path))
+    ours = load_tokenizer("huggingface", TokenizerOptions(model=folder))
+    choice = ours.backend_choice
+    assert choice.backend == "reference"
+    assert "'a<w>b'" in choice.reason and "\n" not in choice.reason
+    texts = ["a<w>b", "a <w> b", *TEXTS]
+    assert ours.encode_batch(texts) == reference_ids(folder, texts)
+    with pytest.raises(PluginError, match="--tokenizer-backend gigatoken: gigatoken gives"):
+        load_tokenizer(
+            "huggingface", TokenizerOptions(model=folder, backend="gigatoken")
+        ).encode_batch(TEXTS)
+
+
+def test_the_reference_backend_never_loads_gigatoken(tmp_path):
+    folder = trained(tmp_path)
+    tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=folder, backend="reference"))
+    assert tokenizer.backend_choice.backend == "reference"
+    assert "reference" in tokenizer.backend_choice.reason
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(PluginError, match="auto, gigatoken, reference"):
+        TokenizerOptions(backend="fast")
+
+
+def test_the_stress_sample_holds_every_kind_of_hard_text():
+    texts = stress_texts(["<mask>"])
+    assert "" in texts
+    for needle in ("\u3000", "\u2028", "\xa0", "'re", "東", "🙂", "\u0301", "a <mask> b", "123"):
+        assert any(needle in text for text in texts), needle
+    assert max(map(len, texts)) >= 300
+
+
+def test_fixed_ids_of_post_processors():
+    template = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}],
+        "special_tokens": {"<s>": {"ids": [5]}},
+    }
+    assert fixed_ids(None) == ([], [])
+    assert fixed_ids({"type": "ByteLevel"}) == ([], [])
+    assert fixed_ids(template) == ([5], [])
+    assert fixed_ids({"type": "Sequence", "processors": [{"type": "ByteLevel"}, template]}) == (
+        [5],
+        [],
+    )
+    assert fixed_ids({"type": "BertProcessing"}) is None
+
+
+def test_mega_preprocess_says_which_backend_once(tmp_path, capsys):
+    folder = trained(tmp_path)
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": text}) + "\n" for text in TEXTS))
+    common = ["preprocess", "--input", str(source), "--tokenizer-type", "huggingface"]
+    common += ["--tokenizer-model", folder, "--workers", "2"]
+    outputs = {}
+    for backend in ("auto", "reference"):
+        prefix = str(tmp_path / backend)
+        argv = [*common, "--output-prefix", prefix, "--tokenizer-backend", backend]
+        assert main(argv) == 0
+        outputs[backend] = (tmp_path / f"{backend}_text_document.bin").read_bytes()
+        said = [line for line in capsys.readouterr().err.splitlines() if "backend" in line]
+        expected = "tokenizer backend: gigatoken (equal to tokenizers on all 159 stress texts)"
+        assert said == ([expected] if backend == "auto" else [])
+    assert outputs["auto"] == outputs["reference"]
