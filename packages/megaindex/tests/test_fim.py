@@ -382,3 +382,28 @@ def test_tokens_not_in_the_vocabulary_are_refused(fim_config, fim_corpus, tmp_pa
     config = fim_config(fim_corpus, str(tmp_path), tokenizer=IdentifiedTokenizer.null(10))
     with pytest.raises(ConfigError, match="needs a tokenizer with tokens_to_ids"):
         build(config)
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "file-reader"])
+def test_a_blend_of_fim_corpora_batches_as_its_samples_one_by_one(fim_config, tmp_path, mapped):
+    """Each part shapes its own rows (GPT's blend reading, part by part) at any batch size
+    (samples seeded by index: the seed's one stream of draws depends on the reading order)."""
+    prefixes = [
+        write_documents(str(tmp_path / f"fim{n}"), random_documents(n, 200, 50, sep=0.05))
+        for n in (1, 2)
+    ]
+    config = fim_config(
+        prefixes[0],
+        str(tmp_path / "cache"),
+        blend=(prefixes, [0.6, 0.4]),
+        mmap_bin_files=mapped,
+        fim_sample_seeded=True,
+    )
+    blend = build(config, sizes=(60, 0, 0))[0]
+    assert isinstance(blend, megaindex.BlendedDataset) and blend.blend_gatherer().native() is None
+    indices = [0, 5, None, 17, 33, 59, 2]
+    batch = blend.__getitems__(indices).collated
+    expected = default_collate([blend[idx] for idx in indices])
+    assert list(batch) == list(expected)
+    for key, value in expected.items():
+        assert torch.equal(batch[key], value), key
