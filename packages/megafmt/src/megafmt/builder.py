@@ -257,9 +257,9 @@ class IndexedDatasetBuilder:
         """Write the index to ``idx_path`` and move both files into place, the ``.idx`` last."""
         self._check_open()
         self._finish()
-        self.data_file.close()
         partial_idx = partial_path(idx_path)
         try:
+            self.data_file.close()  # flushes: a full disk may fail it
             with open_exclusive(partial_idx) as stream:
                 IndexWriter(self._dtype).write(
                     stream,
@@ -280,5 +280,9 @@ class IndexedDatasetBuilder:
         """Stop building and delete what was written; nothing appears at ``bin_path``."""
         if not self._done:
             self._finish()
-            self.data_file.close()
-            remove_quietly(self._partial_bin)
+            try:
+                self.data_file.close()  # flushes what is buffered, which a full disk refuses
+            except OSError:
+                pass  # the file is closed all the same, and deleted next
+            finally:
+                remove_quietly(self._partial_bin)

@@ -16,6 +16,7 @@ from megafmt.errors import FormatError, MissingFileError
 from megafmt.folders import make_folder
 from megafmt.format import BIN_SUFFIX, IDX_SUFFIX, get_bin_path, get_idx_path
 from megafmt.index import Index
+from megafmt.limits import naming_full_disk
 from megafmt.progress import Progress
 
 
@@ -60,6 +61,31 @@ def expand_inputs(paths: Iterable[str]) -> list[str]:
     return prefixes
 
 
+def _merge_into(
+    builder: IndexedDatasetBuilder,
+    output_prefix: str,
+    input_prefixes: list[str],
+    meter: Progress | None,
+) -> tuple[numpy.ndarray, int]:
+    """Append every input to ``builder`` and finalize it at ``output_prefix`` (aborted on any
+    error); the sequence lengths and the document count written."""
+    try:
+        for prefix in input_prefixes:
+            try:
+                builder.add_index(prefix)
+            except FormatError as error:
+                raise FormatError(f"merging {prefix}: {error}") from error
+            if meter is not None:
+                meter.update(os.path.getsize(get_bin_path(prefix)))
+        lengths = builder.sequence_lengths
+        documents = len(builder.document_indices) - 1
+        builder.finalize(get_idx_path(output_prefix))
+    except BaseException:
+        builder.abort()
+        raise
+    return lengths, documents
+
+
 def merge(
     output_prefix: str,
     input_prefixes: list[str],
@@ -100,21 +126,9 @@ def merge(
         os.path.getsize(get_bin_path(p)) for p in input_prefixes if os.path.isfile(get_bin_path(p))
     )
     meter = Progress(f"merge into {output_prefix}", total_bytes, "bytes") if progress else None
-    builder = IndexedDatasetBuilder(get_bin_path(output_prefix), first.dtype, multimodal)
-    try:
-        for prefix in input_prefixes:
-            try:
-                builder.add_index(prefix)
-            except FormatError as error:
-                raise FormatError(f"merging {prefix}: {error}") from error
-            if meter is not None:
-                meter.update(os.path.getsize(get_bin_path(prefix)))
-        lengths = builder.sequence_lengths
-        documents = len(builder.document_indices) - 1
-        builder.finalize(get_idx_path(output_prefix))
-    except BaseException:
-        builder.abort()
-        raise
+    with naming_full_disk(*sorted(output_paths)):
+        builder = IndexedDatasetBuilder(get_bin_path(output_prefix), first.dtype, multimodal)
+        lengths, documents = _merge_into(builder, output_prefix, input_prefixes, meter)
     summary = MergeSummary(
         output_prefix=output_prefix,
         inputs=len(input_prefixes),

@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from megafmt.cli.command import Command
 from megafmt.errors import MegafmtError, PluginError
+from megafmt.limits import limit_hint
 from megafmt.redaction import redact
 from megafmt.registry import Registry
 
@@ -77,8 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.handler(args)
-    except (MegafmtError, OSError, ValueError, LookupError) as error:
-        print(f"mega {args.command}: error: {redact(str(error))}", file=sys.stderr)
+    except (MegafmtError, OSError, ValueError, LookupError, MemoryError) as error:
+        hint = limit_hint(error)
+        message = redact(str(error)) or type(error).__name__
+        print(
+            f"mega {args.command}: error: {message}" + (f" ({hint})" if hint else ""),
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print(f"mega {args.command}: interrupted", file=sys.stderr)

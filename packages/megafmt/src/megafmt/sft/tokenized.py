@@ -20,6 +20,7 @@ from megafmt.dataset import IndexedDataset
 from megafmt.dtypes import DType
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
+from megafmt.limits import naming_full_disk
 from megafmt.progress import Progress
 from megafmt.readers import is_url
 from megafmt.redaction import redact
@@ -44,9 +45,11 @@ def write_tokenized(lines: JsonlLineIndex, tokenizer: Any, output_prefix: str) -
         get_bin_path(output_prefix), dtype=DType.optimal_dtype(tokenizer.vocab_size)
     )
     conversations = 0
+    mask_path = get_loss_mask_path(output_prefix)
     try:
         with (
-            atomic_write(get_loss_mask_path(output_prefix)) as mask,
+            naming_full_disk(builder.bin_path, get_idx_path(output_prefix), mask_path),
+            atomic_write(mask_path) as mask,
             Progress(
                 f"tokenizing {lines.path}", len(lines), "lines", also=("conversations",)
             ) as progress,
