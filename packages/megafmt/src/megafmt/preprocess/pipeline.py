@@ -9,11 +9,12 @@ the bytes.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import multiprocessing
 import os
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -24,6 +25,7 @@ import numpy
 from megafmt.dtypes import DType
 from megafmt.errors import BadInputError, PluginError
 from megafmt.format import get_bin_path
+from megafmt.limits import FULL
 from megafmt.manifest import write_manifest
 from megafmt.preprocess.encoding import (
     EncodedChunk,
@@ -40,9 +42,19 @@ from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer, plug
 
 #: bad lines named in the summary (all are counted)
 SHOWN_BAD_LINES = 5
+#: errno values of a failed write that names no file: a full disk or quota, the file-size limit
+WRITE_LIMITS = FULL | {errno.EFBIG}
+#: seconds a terminated worker is given to exit
+WORKER_EXIT_SECONDS = 10.0
 
-#: errno values of a write that failed for want of room: the disk, or the user's quota, is full
-FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: where --append-eod looks for the end-of-document token, per tokenizer plugin that may lack one
+EOD_SOURCES = {
+    "huggingface": "the eos_token (else sep_token) that tokenizer_config.json or "
+    "special_tokens_map.json beside the tokenizer.json names; a bare tokenizer.json names none: "
+    'add a tokenizer_config.json with "eos_token" to its folder',
+    "sentencepiece": "the model's eos piece (none in this model, or none read with "
+    "--tokenizer-sentencepiece-legacy)",
+}
 
 
 @dataclass
@@ -156,12 +168,29 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
+def _stop_pool(pool: Executor, children: set[multiprocessing.process.BaseProcess]) -> None:
+    """Stop the pool after an error, so that the error raised is the run's own: pending chunks
+    are cancelled and the running ones waited for (a pool dropped without waiting races its
+    queue threads, which then fail on closed pipes: "Bad file descriptor" tracebacks under
+    load), and workers beyond ``children`` that the pool never handed to its manager (a launch
+    cut short by the open-files limit) are terminated, or the interpreter would wait for them
+    at exit."""
+    with contextlib.suppress(Exception):  # a pool that failed to start may fail to stop
+        pool.shutdown(wait=True, cancel_futures=True)
+    for child in set(multiprocessing.active_children()) - children:
+        child.terminate()
+        child.join(timeout=WORKER_EXIT_SECONDS)
+
+
 def load_checked_tokenizer(config: PreprocessConfig) -> Tokenizer:
     """The run's tokenizer, after the checks that fail before any input is tokenized."""
     tokenizer = load_tokenizer(config.tokenizer_type, config.tokenizer_options)
     if config.append_eod and tokenizer.eod is None:
+        source = EOD_SOURCES.get(plugin_name(config.tokenizer_type))
         raise PluginError(
-            f"--append-eod: the {config.tokenizer_type} tokenizer has no end-of-document token"
+            f"--append-eod: the {config.tokenizer_type} tokenizer "
+            f"({config.tokenizer_options.model}) has no end-of-document token"
+            + (f"; it is looked for as {source}" if source else "")
         )
     dtype = numpy.dtype(DType.optimal_dtype(tokenizer.vocab_size))
     limits = numpy.iinfo(dtype)
@@ -230,6 +259,7 @@ def tokenize_into(
     # every key has one document per good line (summary.documents); these differ per key
     summary.key_counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
     start = time.perf_counter()
+    children = set(multiprocessing.active_children())  # the caller's, before the pool's
     pool = (
         InProcessEncoder(settings)
         if in_process
@@ -274,10 +304,10 @@ def tokenize_into(
         pool.shutdown()
         output.finalize()
     except BaseException as error:
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_pool(pool, children)
         output.abort()
         progress.close("")
-        if isinstance(error, OSError) and error.errno in FULL and error.filename is None:
+        if isinstance(error, OSError) and error.errno in WRITE_LIMITS and error.filename is None:
             # the OS says the disk is full, not which file was being written: name the outputs
             outputs_named = ", ".join(get_bin_path(prefix) for prefix in output.prefixes.values())
             raise OSError(error.errno, f"{error.strerror} (writing {outputs_named})") from error
