@@ -18,15 +18,16 @@ from megaindex.plugins import DATASETS
 
 
 class Plain(MegatronDataset):
-    """A third party's class with only ``__getitem__``: MegatronDataset's batches and merge."""
+    """A third party's class with only ``__getitem__``: MegatronDataset's batches and merge;
+    30 samples."""
 
-    def __init__(self, name, size):
-        self.name, self.size, self.index_split = name, size, Split.train
-        self.dataset_path = name
-        self.unique_identifiers = OrderedDict(name=name)
+    index_split = Split.train
+
+    def __init__(self, name):
+        self.dataset_path, self.unique_identifiers = name, OrderedDict(name=name)
 
     def __len__(self):
-        return self.size
+        return 30
 
     def __getitem__(self, idx):
         return {"tokens": torch.full((3,), int(idx)), "loss_mask": torch.ones(3)}
@@ -36,8 +37,8 @@ class Ragged(Plain):
     """A third party's class whose rows differ in length: its own batches (padded to the
     longest row with -1) and merge; it records the rows each call asks for."""
 
-    def __init__(self, name, size):
-        super().__init__(name, size)
+    def __init__(self, name):
+        super().__init__(name)
         self.asked = []
 
     def __getitem__(self, idx):
@@ -63,7 +64,7 @@ def _padded(samples):
 
 
 def blend_of(cls, make_config):
-    return BlendedDataset([cls("a", 30), cls("b", 30)], [0.6, 0.4], 40, make_config())
+    return BlendedDataset([cls("a"), cls("b")], [0.6, 0.4], 40, make_config())
 
 
 def test_a_blend_of_a_third_party_class_batches_as_its_samples_one_by_one(make_config):
@@ -129,7 +130,7 @@ def test_protocols_are_told_apart_by_their_member_names(corpus):
             return [self[key] for key in keys]
 
     assert not isinstance(Lookup(), BatchAssembly)
-    assert isinstance(Plain("a", 1), BatchAssembly)
+    assert isinstance(Plain("a"), BatchAssembly)
     assert protocol_members(BatchAssembly) == ["__getitems__", "merge_batches"]
     assert protocol_members(PlannedPrefetch) == ["prefetch_samples", "prefetches_samples"]
 
