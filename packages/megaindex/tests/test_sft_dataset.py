@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from megaindex import BlendedMegatronDatasetBuilder, SFTDataset, SFTDatasetConfig
-from megaindex.errors import ConfigError
+from megaindex.errors import ConfigError, EmptySplitError
 from megaindex.sft_pack import IGNORE_INDEX, pack_conversations
 
 PAD, EOD = 0, 1
@@ -143,3 +143,22 @@ def test_attention_masks_and_resets_are_refused(dataset):
     dataset.config.create_attention_mask = True
     with pytest.raises(ConfigError, match="create_attention_mask must be off"):
         dataset[0]
+
+
+def test_samples_asked_of_an_empty_split_are_refused_at_build(tmp_path):
+    path = str(tmp_path / "chat.jsonl")
+    write_jsonl(path, [turns(("2", "3", "4"))] * 3)
+    config = SFTDatasetConfig(
+        random_seed=1,
+        sequence_length=8,
+        blend=([path], None),
+        split="99,1,0",  # 1% of 3 lines: none
+        tokenizer=IdsTokenizer(),
+    )
+    with pytest.raises(EmptySplitError, match="5 SFT samples are asked of the valid split of"):
+        BlendedMegatronDatasetBuilder("sft", [3, 5, None], lambda: True, config).build()
+    # asked for nothing, it builds as the seed builds it
+    train, valid, _ = BlendedMegatronDatasetBuilder(
+        "sft", [3, 0, None], lambda: True, config
+    ).build()
+    assert len(train) == 3 and (valid is None or len(valid) == 0)

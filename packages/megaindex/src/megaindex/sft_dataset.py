@@ -41,9 +41,10 @@ from megafmt.sft import (
 )
 from megaindex.batch_merge import in_row_order
 from megaindex.config import GPTDatasetConfig
-from megaindex.errors import ConfigError
+from megaindex.errors import ConfigError, EmptySplitError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.sft_pack import IGNORE_INDEX, Pack, pack_conversations
+from megaindex.utils import Split
 
 
 @dataclass
@@ -97,6 +98,24 @@ class SFTDataset(MegatronDataset):
                 dataset_path, config.skip_bad_lines, check=config.check_lines, masked_turns=masked
             )
         return JsonlLineIndex(dataset_path, masked_turns=masked)
+
+    def __init__(
+        self,
+        dataset: Any,
+        dataset_path: str | None,
+        indices: numpy.ndarray | range | None,
+        num_samples: int | None,
+        index_split: Split,
+        config: GPTDatasetConfig,
+    ) -> None:
+        super().__init__(dataset, dataset_path, indices, num_samples, index_split, config)
+        if indices is not None and len(indices) == 0 and num_samples:
+            # the seed builds it and fails on the first read with ZeroDivisionError
+            raise EmptySplitError(
+                f"{num_samples} SFT samples are asked of the {index_split.name} split of "
+                f"{dataset_path}, which holds no line (of {len(dataset)} in all); give the split "
+                "a share of the lines, or ask nothing of it"
+            )
 
     def __len__(self) -> int:
         return self.num_samples
