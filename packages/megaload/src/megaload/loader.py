@@ -14,6 +14,10 @@ them is refused naming the field, unless the user asks for a re-shard
 (``load_state_dict(state, reshard=True)``), which lets only the layout change and only where the
 sampler continues exactly (:class:`~megaload.batch_sampler.Reshardable`): no sample of the
 epoch twice, none skipped.
+
+Over a blend of corpora the state also records each corpus's consumption (``mix``,
+:mod:`megaload.mix_state`); with ``DataLoaderConfig.resume_with_new_mix`` it may be restored
+over the blend resumed from it under new weights, corpora or layout.
 """
 
 from __future__ import annotations
