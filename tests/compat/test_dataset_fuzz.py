@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -45,8 +46,10 @@ pytestmark = [pytest.mark.compat, pytest.mark.usefixtures("single_process_group"
 START = int(os.environ.get("FUZZ_START", "0"))
 COUNT = int(os.environ.get("FUZZ_COUNT", "24"))
 #: seeds that once found a difference; they run in CI whatever the range. 474: blend_per_split
-#: of only None is mock data, and GPTDataset let an AttributeError escape (now a ConfigError)
-REGRESSIONS: list[int] = [474]
+#: of only None is mock data, and GPTDataset let an AttributeError escape (now a ConfigError).
+#: 61: a rank that builds nothing was asked for the header-dtype warning of a corpus it never
+#: opens. 84: token ids past the vocabulary, which megaindex refuses by default (below)
+REGRESSIONS: list[int] = [61, 84, 474]
 
 TOKEN_DTYPES = [
     numpy.uint8,
@@ -279,6 +282,8 @@ def draw_case(seed: int, root: str) -> dict[str, Any]:
 
 
 def build_ours(case: dict) -> dict[str, Any]:
+    """megaindex's outcome, its token-id check off: the corpora hold ids up to 30000 whatever
+    the vocabulary, which megatron-core reads unchecked (the check has its own tests)."""
     spec = case["tokenizer"]
     tokenizer = IdentifiedTokenizer(
         spec["eod"], spec["vocab_size"], spec["identifiers"], pad=spec["pad"]
@@ -287,7 +292,7 @@ def build_ours(case: dict) -> dict[str, Any]:
     return reference.outcome(
         lambda: reference.build_with(
             megaindex.BlendedMegatronDatasetBuilder,
-            megaindex.GPTDatasetConfig,
+            functools.partial(megaindex.GPTDatasetConfig, check_token_ids=False),
             dataset_class,
             tokenizer,
             case,
@@ -455,7 +460,8 @@ def test_megaindex_agrees_with_both_references(seed, tmp_path, seed_process):
         *compare(case, ours, seed_side, "the seed commit"),
     ]
     listed = case["config"].get("sequences_per_dataset")
-    if "built" in ours and listed and header_disagrees(case) and not ours["warnings"]:
+    opened = "built" in ours and case["built_on_rank"]  # a rank that builds nothing reads none
+    if opened and listed and header_disagrees(case) and not ours["warnings"]:
         problems.append("the header's dtype was used without the warning that says so")
     for side, outcome in (("megaindex", ours), ("megatron-core", core), ("seed", seed_side)):
         OUTCOMES[side][_kind(outcome)] += 1
