@@ -1,9 +1,13 @@
 """Each invariant `verify` checks, broken on purpose, is reported with file, place and values."""
 
+import errno
+import io
 import os
 import struct
 
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from megafmt import get_bin_path, get_idx_path, verify
 
@@ -182,3 +186,65 @@ def test_large_arrays_are_checked_across_chunks(make_corpus, monkeypatch):
     assert verify(prefix) == []
     patch(get_idx_path(prefix), 34 + 20 + 8 * 3, "<q", 20)  # sequence 3 starts at 24, not 20
     assert "sequence_pointers[3]" in first(prefix).message
+
+
+class FailingRead(io.RawIOBase):
+    """A file whose reads fail with EIO from byte ``fail_at`` on, as a bad disk's do."""
+
+    def __init__(self, path: str, fail_at: int) -> None:
+        self.stream, self.fail_at = open(path, "rb"), fail_at  # noqa: SIM115 (closed in close)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.stream.tell() >= self.fail_at:
+            raise OSError(errno.EIO, "Input/output error")
+        view = memoryview(buffer)[: self.fail_at - self.stream.tell()]
+        return self.stream.readinto(view)
+
+    def close(self) -> None:
+        self.stream.close()
+        super().close()
+
+
+class BadDiskFileSystem(LocalFileSystem):
+    """``baddisk://PATH``: the local file system, where a ``.bin`` fails to read at byte 8."""
+
+    protocol = "baddisk"
+
+    def _open(self, path, mode="rb", **kwargs):
+        if path.endswith(".bin"):
+            return FailingRead(self._strip_protocol(path), 8)
+        return super()._open(path, mode, **kwargs)
+
+
+def test_a_bin_that_cannot_be_read_is_named_with_the_failing_offset(
+    make_corpus, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    fsspec.register_implementation("baddisk", BadDiskFileSystem, clobber=True)
+    prefix = make_corpus(DOCUMENTS)
+    assert verify(prefix) == []
+    url = f"baddisk://{prefix}"
+    violation = first(url)
+    assert violation.check == "bin_read" and violation.path == f"{url}.bin"
+    assert (
+        violation.message == "cannot be read at byte 8 of 24: OSError: [Errno 5] Input/output error"
+    )
+    assert verify(url, sizes_only=True) == []  # sizes alone: no read
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 24, 1 << 20])
+def test_the_bin_is_read_to_its_end_in_chunks(make_corpus, monkeypatch, chunk):
+    from megafmt import verification
+
+    monkeypatch.setattr(verification, "BIN_CHUNK", chunk)
+    prefix = make_corpus(DOCUMENTS)
+    assert list(verification.bin_read_violations(get_bin_path(prefix), 24)) == []
+    # a file shorter than the size it was found with (it shrank between the two)
+    short = list(verification.bin_read_violations(get_bin_path(prefix), 30))
+    assert [str(v) for v in short] == [
+        f"{get_bin_path(prefix)}: reading ended at byte 24, expected 30 bytes (the file shrank "
+        "while it was read)"
+    ]

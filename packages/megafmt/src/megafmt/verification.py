@@ -4,8 +4,10 @@ Checks run in order and stop at the first violation unless all are asked for: th
 exist, the header is valid, the ``.idx`` size matches its counts, sequence modes are present
 exactly when the corpus is multimodal, the document indices start at 0, never decrease and end
 at the sequence count, lengths are non-negative, pointers are the prefix sums of the lengths,
-and the ``.bin`` is exactly as long as the index implies. Arrays are checked in chunks, so a
-corpus of any size verifies in bounded memory.
+and the ``.bin`` is exactly as long as the index implies and can be read to its end (a
+disk's read error or an object that refuses reads is named with the byte offset where
+reading failed). Arrays and the ``.bin`` are read in chunks, so a corpus of any size
+verifies in bounded memory.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from megafmt.index import Index
 from megafmt.mapping import release_pages
 from megafmt.prefix_hints import missing_file_hint
 from megafmt.progress import Progress
-from megafmt.remote import file_size, local_index_path, read_range
+from megafmt.remote import file_size, filesystem, local_index_path, read_range
 
 CHUNK = 1 << 16  # elements per step: the temporaries stay in the CPU's cache
+BIN_CHUNK = 8 << 20  # bytes of the .bin read per step: one buffer, reused
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def iter_violations(
         )
         return
     try:
-        # a remote corpus: its .idx is fetched (and cached); the .bin is checked by size only
+        # a remote corpus: its .idx is fetched (and cached); the .bin is streamed at the end
         index = Index(local_index_path(path_prefix), multimodal=bool(multimodal), name=idx_path)
     except (FormatError, MissingFileError) as error:
         yield Violation("header", idx_path, str(error).removeprefix(f"{idx_path}: "))
@@ -105,6 +108,36 @@ def iter_violations(
     yield from index_violations(index, bin_path, sizes[bin_path], meter)
     if meter is not None:
         meter.close("")
+    yield from bin_read_violations(bin_path, sizes[bin_path])
+
+
+def bin_read_violations(bin_path: str, bin_size: int) -> Iterator[Violation]:
+    """A violation when the ``.bin`` (local or a URL) cannot be read from its first to its
+    last byte: the offset where reading failed and why, or where it ended early. Streamed
+    through one buffer of :data:`BIN_CHUNK` bytes."""
+    buffer = bytearray(min(BIN_CHUNK, max(bin_size, 1)))
+    offset = 0
+    try:
+        fs, inner = filesystem(bin_path)
+        with fs.open(inner, "rb") as stream:
+            while offset < bin_size:
+                view = memoryview(buffer)[: min(len(buffer), bin_size - offset)]
+                got = stream.readinto(view)
+                if not got:
+                    yield Violation(
+                        "bin_read",
+                        bin_path,
+                        f"reading ended at byte {offset}, expected {bin_size} bytes (the file "
+                        "shrank while it was read)",
+                    )
+                    return
+                offset += got
+    except OSError as error:
+        yield Violation(
+            "bin_read",
+            bin_path,
+            f"cannot be read at byte {offset} of {bin_size}: {type(error).__name__}: {error}",
+        )
 
 
 def index_violations(
