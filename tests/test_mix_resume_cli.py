@@ -63,3 +63,12 @@ def test_without_the_flag_another_mix_is_refused(simulate, capsys):
     assert "it holds other samples or another order" in capsys.readouterr().err
     assert simulate("0.5 web 0.5 code", 1, 8, 2, "--resume-with-new-mix") != 0
     assert "--resume-with-new-mix needs --load-state FILE" in capsys.readouterr().err
+
+
+def test_phases_with_the_flag_run_and_refuse_a_state(simulate, tmp_path, capsys):
+    web, code, math = (str(tmp_path / name) for name in ("web", "code", "math"))
+    phases = ["--phases", f"0:1 {web} 1 {code}", f"2:1 {code} 1 {math}"]
+    assert simulate("1 web", 1, 8, 4, *phases, "--resume-with-new-mix") == 0
+    assert "step 3 rank 0 phase 1" in capsys.readouterr().out
+    assert simulate("1 web", 1, 8, 4, *phases, "--save-state", "a.json") != 0
+    assert "--phases does not take --load-state, --save-state" in capsys.readouterr().err

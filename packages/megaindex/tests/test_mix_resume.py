@@ -8,7 +8,9 @@ from megafmt.testing import write_corpus
 from megaindex import BlendedMegatronDatasetBuilder
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.errors import ConfigError
+from megaindex.gpt_dataset import GPTDataset
 from megaindex.mix_resume import MixResumedBlend, MixState, consumption_from_megatron
+from megaindex.phases import PhaseSchedule, build_phase_datasets
 
 
 @pytest.fixture
@@ -127,3 +129,21 @@ def test_the_counts_follow_the_greedy_rule_for_any_count(corpora, build):
     for consumed in (3, 77, 200):
         expected = numpy.bincount(table[:consumed], minlength=3).tolist()
         assert list(consumption_from_megatron(corpora, weights, consumed).values()) == expected
+
+
+@pytest.mark.parametrize("continue_corpora", [False, True])
+def test_phases_continue_each_corpus_only_when_asked(corpora, make_config, continue_corpora):
+    a, b, c = corpora
+    schedule = PhaseSchedule.parse([f"0:0.5 {a} 0.5 {b}", f"3:1 {b} 3 {c}", f"7:2 {a} 1 {c}"])
+    config = make_config(blend=schedule.phases[0].blend, split="100,0,0", sequence_length=16)
+    built = build_phase_datasets(
+        GPTDataset, schedule, config, 8, 80, [0, 0], continue_corpora=continue_corpora
+    )
+    served = {name: [] for name in corpora}
+    for count, (train, _, _) in zip(schedule.train_samples(8, 80), built, strict=True):
+        for corpus, sample in stream(train, 0, count):
+            served[corpus].append(sample)
+    if continue_corpora:  # each corpus once, in its own order, across the transitions
+        assert all(samples == list(range(len(samples))) for samples in served.values())
+    else:  # each phase starts its corpora over, as each of Megatron-LM's launches does
+        assert served[b][:12] == list(range(12)) and served[b][12:15] == [0, 1, 2]

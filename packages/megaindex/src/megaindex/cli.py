@@ -393,10 +393,14 @@ def build_datasets(args: argparse.Namespace, mix: MixState | None = None) -> lis
     return BlendedMegatronDatasetBuilder(cls, _sizes(args), lambda: True, config).build()
 
 
-def build_phases(args: argparse.Namespace) -> list[tuple[int, list[Any]]]:
+def build_phases(
+    args: argparse.Namespace, continue_corpora: bool = False
+) -> list[tuple[int, list[Any]]]:
     """``(first iteration, [train, valid, test])`` of every phase of ``--phases``, built (or
     loaded from the cache) before the run, each sized as its launch sizes it; the last phase
-    ends at the run's training samples (``--train-samples``, or ``--train-iters`` batches)."""
+    ends at the run's training samples (``--train-samples``, or ``--train-iters`` batches).
+    With ``continue_corpora`` each phase continues the corpora where the one before left
+    them (``build_phase_datasets``)."""
     schedule = PhaseSchedule.parse(args.phases)
     if args.mock_data:
         raise ValueError("--phases gives each phase's data: it does not take --mock-data")
@@ -410,7 +414,15 @@ def build_phases(args: argparse.Namespace) -> list[tuple[int, list[Any]]]:
         raise ValueError("--phases needs the run's training samples: --train-samples or iters")
     cls = DATASETS.get(args.dataset)
     config = _dataset_config(args, cls, schedule.phases[0].blend, None)
-    built = build_phase_datasets(cls, schedule, config, args.global_batch_size, train, eval_sizes)
+    built = build_phase_datasets(
+        cls,
+        schedule,
+        config,
+        args.global_batch_size,
+        train,
+        eval_sizes,
+        continue_corpora=continue_corpora,
+    )
     return list(zip(schedule.starts, built, strict=True))
 
 
@@ -496,9 +508,17 @@ class DatasetProvider:
     def build_phases(self, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
         """``(first iteration, training dataset)`` of each phase of ``--phases``, or None
         without it (megaload's ``PhasedProvider``)."""
+        return self.build_continuing_phases(args, continue_corpora=False)
+
+    def build_continuing_phases(
+        self, args: argparse.Namespace, continue_corpora: bool = True
+    ) -> list[tuple[int, Any]] | None:
+        """As :meth:`build_phases`, each phase continuing the corpora where the one before
+        left them (megaload's ``MixResumingProvider``)."""
         if not args.phases:
             return None
-        return [(first, datasets[Split.train.value]) for first, datasets in build_phases(args)]
+        phases = build_phases(args, continue_corpora)
+        return [(first, datasets[Split.train.value]) for first, datasets in phases]
 
 
 def _report_built(split: Split, dataset: Any, indent: str = "") -> str:

@@ -16,11 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megafmt.protocols import CorpusAccounting
 from megaindex.blend import Blend, get_blend_from_list
 from megaindex.budget import samples_in_phase
 from megaindex.builder import BlendedMegatronDatasetBuilder
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.errors import ConfigError
+from megaindex.mix_resume import MixState
+from megaindex.utils import Split
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,43 @@ def build_phase_datasets(
     train_samples: int,
     eval_sizes: Sequence[int | None],
     is_built_on_rank: Callable[[], bool] = lambda: True,
+    *,
+    continue_corpora: bool = False,
 ) -> list[list[Any]]:
     """``[train, valid, test]`` of every phase, built (or found in the cache) now: phase
     ``p``'s config is ``config`` with its blend, its sizes the phase's training samples and
-    ``eval_sizes`` (the valid and test counts, the same for every phase's launch)."""
+    ``eval_sizes`` (the valid and test counts, the same for every phase's launch).
+
+    Each phase's training blend starts its corpora at their first sample, as each launch of
+    Megatron-LM's does; with ``continue_corpora`` (``--resume-with-new-mix``), a phase after
+    the first continues each corpus where the phases before left it (the transition is a
+    resume with a new mix, :mod:`megaindex.mix_resume`)."""
     counts = schedule.train_samples(global_batch_size, train_samples)
-    built = []
-    for phase, count in zip(schedule.phases, counts, strict=True):
+    built: list[list[Any]] = []
+    for number, (phase, count) in enumerate(zip(schedule.phases, counts, strict=True)):
         phase_config = dataclasses.replace(
             config, blend=phase.blend, blend_per_split=phase.blend_per_split
         )
+        if continue_corpora and number:
+            left = _left_by(built[-1][Split.train.value], counts[number - 1])
+            phase_config = dataclasses.replace(phase_config, resume_with_new_mix=left)
         sizes = [count, *eval_sizes]
         built.append(
             BlendedMegatronDatasetBuilder(cls, sizes, is_built_on_rank, phase_config).build()
         )
     return built
+
+
+def _left_by(previous: Any, served: int) -> MixState:
+    """Where the phase before left each corpus once it ``served`` its samples: the state the
+    next phase's blend continues, read from its own first sample (nothing on a rank that
+    builds no datasets)."""
+    if previous is None:
+        return MixState(consumed_samples=0)
+    mix = previous.mix_state(served) if isinstance(previous, CorpusAccounting) else None
+    if mix is None:
+        raise ConfigError(
+            "continuing the corpora across phases needs every phase's training data to be a "
+            "weighted blend of corpora (a single corpus: --data-path 1 PREFIX)"
+        )
+    return MixState(consumed_samples=0, corpora=mix["corpora"])

@@ -114,7 +114,8 @@ class LoadCommand:
         elif args.cp != 1:
             raise SimulationError(f"--cp {args.cp} takes effect with --hybrid-cp only")
         provider = PROVIDERS.get(args.provider)()
-        phases = provider.build_phases(args) if isinstance(provider, PhasedProvider) else None
+        has_phases = isinstance(provider, PhasedProvider)
+        phases = mix_cli.build_phases(provider, args) if has_phases else None
         micro_batches = num_micro_batches(args.global_batch_size, args.micro_batch_size, args.dp)
         configs = [
             DataLoaderConfig(

@@ -27,6 +27,11 @@ class MixResumingProvider(Protocol):
         """The datasets of each split, the training blend continuing ``state``'s corpora."""
         ...
 
+    def build_continuing_phases(self, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
+        """``(first iteration, training dataset)`` of each phase the arguments give, each
+        phase continuing the corpora where the one before left them; None without phases."""
+        ...
+
 
 #: the flags of ``mega load simulate`` this module reads, and their argparse settings
 FLAGS: dict[str, dict[str, Any]] = {
@@ -38,7 +43,8 @@ FLAGS: dict[str, dict[str, Any]] = {
     "--resume-with-new-mix": {
         "action": "store_true",
         "help": "with --load-state: continue each corpus at its next unseen sample under this "
-        "blend, weights and layout (off: the state must match the data, as in Megatron)",
+        "blend, weights and layout (off: the state must match the data, as in Megatron); "
+        "with --phases: each phase continues the corpora where the one before left them",
     },
     "--sample-log": {
         "metavar": "FILE",
@@ -54,10 +60,8 @@ def add_arguments(simulate: argparse.ArgumentParser) -> None:
 
 
 def read_state(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The state ``--load-state`` names, or None; refuses the flags that contradict it."""
+    """The state ``--load-state`` names, or None; refuses ``--resume-at`` with it."""
     if args.load_state is None:
-        if args.resume_with_new_mix:
-            raise SimulationError("--resume-with-new-mix needs --load-state FILE")
         return None
     if args.resume_at:
         raise SimulationError("--load-state gives the resume point: drop --resume-at")
@@ -68,18 +72,30 @@ def read_state(args: argparse.Namespace) -> dict[str, Any] | None:
         raise SimulationError(f"--load-state {args.load_state}: {error}") from error
 
 
-def build_dataset(provider: Any, args: argparse.Namespace, state: Mapping[str, Any] | None) -> Any:
-    """The training dataset: resumed from ``state`` with ``--resume-with-new-mix``."""
+def build_phases(provider: Any, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
+    """The phases of a mid-training schedule, or None; with ``--resume-with-new-mix`` each
+    phase continues the corpora where the one before left them."""
     if not args.resume_with_new_mix:
-        return provider.build(args)[0]
+        return provider.build_phases(args)
+    return _resuming(provider, args).build_continuing_phases(args)
+
+
+def _resuming(provider: Any, args: argparse.Namespace) -> MixResumingProvider:
     if not isinstance(provider, MixResumingProvider):
         raise SimulationError(
             f"the dataset provider {args.provider!r} cannot resume a run with a new mix (it does "
             "not implement megaload.mix_cli.MixResumingProvider)"
         )
+    return provider
+
+
+def build_dataset(provider: Any, args: argparse.Namespace, state: Mapping[str, Any] | None) -> Any:
+    """The training dataset: resumed from ``state`` with ``--resume-with-new-mix``."""
+    if not args.resume_with_new_mix:
+        return provider.build(args)[0]
     if state is None:
-        raise SimulationError("--resume-with-new-mix needs --load-state FILE")
-    return provider.build_resumed(args, state)[0]
+        raise SimulationError("--resume-with-new-mix needs --load-state FILE (or --phases)")
+    return _resuming(provider, args).build_resumed(args, state)[0]
 
 
 def write_state(path: str, state: Mapping[str, Any]) -> None:
