@@ -27,6 +27,12 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: <output-prefix>.shards)",
     )
     group.add_argument(
+        "--ray-local-any-interface",
+        action="store_true",
+        help="accept a local cluster (no --ray-address) whose services listen beyond loopback; "
+        "without it such a cluster is shut down and the run refused, naming the sockets",
+    )
+    group.add_argument(
         "--ray-shard-mb",
         type=positive_int,
         default=256,
@@ -42,6 +48,7 @@ def ray_options(args: argparse.Namespace) -> RayOptions | None:
             for flag, value in (
                 ("--ray-address", args.ray_address),
                 ("--ray-storage", args.ray_storage),
+                ("--ray-local-any-interface", args.ray_local_any_interface or None),
             )
             if value is not None
         ]
@@ -49,5 +56,8 @@ def ray_options(args: argparse.Namespace) -> RayOptions | None:
             raise SystemExit(f"mega preprocess: {' and '.join(given)} take effect with --ray only")
         return None
     return RayOptions(
-        address=args.ray_address, storage=args.ray_storage, shard_bytes=args.ray_shard_mb << 20
+        address=args.ray_address,
+        storage=args.ray_storage,
+        shard_bytes=args.ray_shard_mb << 20,
+        allow_exposed_local=args.ray_local_any_interface,
     )

@@ -10,8 +10,10 @@ fails for a system reason (its worker killed, its node lost) is retried by Ray; 
 to a new attempt folder, and the driver only ever reads the folder the successful attempt returned.
 The driver merges the shards' pairs in shard order with ``add_index`` (``merging.merge``) into
 the output, which appears under its final name only when complete: the bytes of a one-machine
-run with the same flags. The run's folder in the storage is deleted at the end, whatever
-happened (and the default storage folder with it when nothing else is in it).
+run with the same flags. The first shard to fail ends the run: the other tasks are cancelled
+and its error raised. The run's folder in the storage is deleted at the end, whatever
+happened (and the default storage folder with it when nothing else is in it); a Ray session
+the caller had started before is used and left running.
 
 Progress: each task posts its running totals to one small actor, which the driver polls and
 shows as one progress line for the whole run. The manifest lists the shards (file, byte range,
@@ -19,7 +21,10 @@ documents, tokens, attempts).
 
 Ray is imported only here and only when used: ``pip install megafmt[ray]``. Every node needs
 megafmt (and the tokenizer's library) installed; ``--ray-address`` or ``RAY_ADDRESS`` names
-the cluster, else a local one is started with ``--workers`` CPUs.
+the cluster, else a local one is started with ``--workers`` CPUs, on 127.0.0.1. Ray binds some
+of its services to every interface whatever address it is given: a local cluster found
+listening beyond loopback (``listeners.exposed_listeners``) is shut down and the run refused,
+naming the sockets, unless ``--ray-local-any-interface`` accepts it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -37,10 +43,11 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from megafmt.atomic import partial_path, remove_stale_partials
-from megafmt.errors import PluginError
+from megafmt.errors import MegafmtError, PluginError
 from megafmt.manifest import remove_manifest
 from megafmt.merging import merge
 from megafmt.preprocess.inputs import InputFile, expand_input
+from megafmt.preprocess.listeners import exposed_listeners
 from megafmt.preprocess.pipeline import (
     SHOWN_BAD_LINES,
     PreprocessConfig,
@@ -77,6 +84,9 @@ class RayOptions:
     """About this much input per task (large plain jsonl files are cut on line starts)."""
     cpus_per_task: int = 1
     """Tokenizer processes inside each task."""
+    allow_exposed_local: bool = False
+    """Accept a local cluster whose services listen beyond loopback (they are printed); off,
+    such a cluster is shut down and the run refused."""
 
 
 class ProgressBoard:
@@ -169,17 +179,41 @@ def _import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str | None, workers: int) -> None:
+class ExposedClusterError(MegafmtError, RuntimeError):
+    """The local Ray cluster started for a run listens beyond loopback, and the run was not
+    told to accept that."""
+
+
+def _connect(ray: Any, address: str | None, workers: int, allow_exposed: bool = False) -> None:
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start a local one for this
+    machine alone; a local one whose services listen beyond loopback is shut down and refused
+    (:class:`ExposedClusterError`, naming each socket) unless ``allow_exposed``, which prints
+    them instead."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=workers,
-            include_dashboard=False,
-            log_to_driver=False,
-            _node_ip_address=LOOPBACK,  # a local cluster serves this machine only
-        )
+        return
+    before = set(exposed_listeners())
+    ray.init(
+        num_cpus=workers,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address=LOOPBACK,  # a local cluster serves this machine only
+    )
+    exposed = [found for found in exposed_listeners() if found not in before]
+    if not exposed:
+        return
+    listed = ", ".join(exposed)
+    if allow_exposed:
+        print(f"mega preprocess --ray: the local Ray cluster listens on {listed}", file=sys.stderr)
+        return
+    ray.shutdown()
+    raise ExposedClusterError(
+        f"the local Ray cluster (Ray {ray.__version__}) listens beyond loopback, on {listed}: "
+        "Ray binds these services to every interface whatever node address it is given. Pass "
+        "--ray-address with a cluster you have secured, or --ray-local-any-interface to accept "
+        "(Ray's token authentication guards the ports where it is on)"
+    )
 
 
 def _combine(results: list[ShardResult], outputs: dict[str, str]) -> PreprocessSummary:
@@ -214,6 +248,40 @@ def _attempts(fs: fsspec.AbstractFileSystem, root: str) -> dict[int, int]:
         shard = int(os.path.basename(path.rstrip("/")).split("-", 1)[0])
         counts[shard] = counts.get(shard, 0) + 1
     return counts
+
+
+def _wait_for_shards(
+    ray: Any, pending: list[Any], shards: list[InputFile], board: Any, progress: Any
+) -> list[ShardResult]:
+    """The shards' results in input order, showing their progress meanwhile. The first task to
+    fail (after Ray's retries) ends the wait at once: the others are cancelled (their workers
+    stopped) and its error is raised, naming the shard in a note, not after every other shard
+    has run to its end."""
+    results: dict[int, ShardResult] = {}
+    number = {ref: index for index, ref in enumerate(pending)}
+    shown = (0, 0.0, 0)
+    waiting = list(pending)
+    while waiting:
+        done, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=POLL_SECONDS)
+        for ref in done:
+            try:
+                results[number[ref]] = ray.get(ref)
+            except ray.exceptions.RayError as error:  # a task's error, or its worker lost
+                for other in waiting:
+                    ray.cancel(other, force=True)
+                shard = shards[number[ref]]
+                task_error = isinstance(error, ray.exceptions.RayTaskError)
+                cause = error.as_instanceof_cause() if task_error else error
+                cause.add_note(
+                    f"in Ray shard {number[ref]} of {len(shards)} ({shard.path}, bytes "
+                    f"{shard.start} to {shard.size if shard.end is None else shard.end}); "
+                    f"{len(waiting)} unfinished shards were cancelled"
+                )
+                raise cause from None
+        now = ray.get(board.sum.remote())
+        progress.update(now[0] - shown[0], MB=now[1] - shown[1], tokens=now[2] - shown[2])
+        shown = now
+    return [results[index] for index in range(len(pending))]
 
 
 def run_folder_stem(config: PreprocessConfig) -> str:
@@ -251,7 +319,11 @@ def preprocess_on_ray(
         name = f"{run_folder_stem(config)}-{uuid.uuid4().hex[:12]}"
     root = f"{base.rstrip('/')}/{name}"
     run_storage = f"{storage.rstrip('/')}/{name}"
-    _connect(ray, options.address, config.workers)  # before any folder: a failure leaves none
+    # a session the caller started is used and left running; else one is joined or started,
+    # before any folder (a failure leaves none), and shut down at the end
+    owned = not ray.is_initialized()
+    if owned:
+        _connect(ray, options.address, config.workers, options.allow_exposed_local)
     progress = new_progress(config, stream)
     try:
         fs.makedirs(root, exist_ok=True)
@@ -262,17 +334,7 @@ def preprocess_on_ray(
             task.remote(shard_config, shard, index, run_storage, board)
             for index, shard in enumerate(shards)
         ]
-        shown = (0, 0.0, 0)
-        waiting = list(pending)
-        while waiting:
-            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=POLL_SECONDS)
-            now = ray.get(board.sum.remote())
-            progress.update(now[0] - shown[0], MB=now[1] - shown[1], tokens=now[2] - shown[2])
-            shown = now
-        try:
-            results = [ray.get(ref) for ref in pending]  # the first failure in input order
-        except ray.exceptions.RayTaskError as error:
-            raise error.as_instanceof_cause() from None
+        results = _wait_for_shards(ray, pending, shards, board, progress)
         level = output_level(config)
         summary = _combine(
             results,
@@ -311,7 +373,8 @@ def preprocess_on_ray(
         progress.close("")
         raise
     finally:
-        ray.shutdown()
+        if owned:
+            ray.shutdown()
         if fs.exists(root):
             fs.rm(root, recursive=True)
         if options.storage is None and fs.exists(base) and not fs.ls(base, detail=False):
