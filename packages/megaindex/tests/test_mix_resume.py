@@ -58,9 +58,8 @@ def test_a_megatron_checkpoint_gives_the_same_counts(corpora, build):
         expected = counts(blend.mix_state(consumed))
         assert consumption_from_megatron(corpora, [3, 1, 2], consumed) == expected
         state = MixState.from_megatron(corpora, [3, 1, 2], consumed)
-        assert build(corpora, [3, 1, 2], 500, state).mix_state(consumed)["corpora"].keys() == (
-            expected.keys()
-        )
+        resumed = build(corpora, [3, 1, 2], 500, state)  # continues Megatron's blend
+        assert stream(resumed, consumed, 500) == stream(blend, consumed, 500)
 
 
 def test_a_resume_without_change_serves_what_the_blend_serves(corpora, build):
@@ -147,3 +146,9 @@ def test_phases_continue_each_corpus_only_when_asked(corpora, make_config, conti
         assert all(samples == list(range(len(samples))) for samples in served.values())
     else:  # each phase starts its corpora over, as each of Megatron-LM's launches does
         assert served[b][:12] == list(range(12)) and served[b][12:15] == [0, 1, 2]
+
+
+def test_a_corpus_whose_epochs_change_is_refused(corpora, build):
+    state = MixState(consumed_samples=100, **build(corpora[:2], [1, 1], 200).mix_state(100))
+    with pytest.raises(ConfigError, match=rf"corpus {corpora[1]}: its num_epochs was 1 when"):
+        build(corpora[:2], [1, 100], 3000, state)

@@ -71,6 +71,9 @@ def test_the_mode_refuses_a_dataset_that_does_not_continue_each_corpus():
     later = Alternating(60, start=12, offsets=(6, 6))
     with pytest.raises(ResumeError, match="does not continue the state's 10 consumed samples"):
         build_pretraining_data_loader(later, 0, mode).load_state_dict(state)
+    cyclic = {**state, "sampler": "cyclic"}
+    with pytest.raises(ResumeError, match="saved by the 'cyclic' sampler; resume_with_new_mix"):
+        build_pretraining_data_loader(Alternating(60, 10, (5, 5)), 0, mode).load_state_dict(cyclic)
     plain = build_pretraining_data_loader(list(range(40)), 10, config()).state_dict()
     assert plain["mix"] is None
     with pytest.raises(ResumeError, match="records no per-corpus consumption"):

@@ -39,6 +39,11 @@ def check_resumed_mix(dataset: Any, state: Mapping[str, Any]) -> None:
             "over a dataset that keeps no accounts, or by megaload before state version 4); "
             "resume_with_new_mix cannot know where each corpus stopped"
         )
+    if state["sampler"] != "single":
+        raise ResumeError(
+            f"the state was saved by the {state['sampler']!r} sampler; resume_with_new_mix "
+            "continues a sequential ('single') run, which consumed a prefix of each corpus"
+        )
     if not isinstance(dataset, CorpusAccounting):
         raise ResumeError(
             f"resume_with_new_mix needs a dataset that accounts for its corpora "
