@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         SamplerTypeError,
         SchedulingError,
         SimulationError,
+        WorkerDiedError,
     )
     from megaload.hybrid_cp_sampler import HybridCPMegatronPretrainingSampler
     from megaload.hybrid_cp_schedule import BalancedCPScheduler
@@ -76,6 +77,7 @@ __all__ = [
     "SamplerTypeError",
     "SchedulingError",
     "SimulationError",
+    "WorkerDiedError",
     "__version__",
     "backfilled_consumed",
     "build_batch_sampler",

@@ -53,6 +53,11 @@ class PhaseDataError(NoDataError):
     samples it needs)."""
 
 
+class WorkerDiedError(MegaloadError, RuntimeError):
+    """A DataLoader worker process died (killed, crashed): the message names the loader's split,
+    its dataset, where in the samples it was and the likely causes; torch's names the pid."""
+
+
 class SimulationError(MegaloadError, ValueError):
     """``mega load simulate`` lacks an argument it needs, or found ranks that read the same
     samples or a sequential global batch that is not one block."""

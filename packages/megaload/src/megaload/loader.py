@@ -49,12 +49,16 @@ from megaload.checks import (
     check_state,
 )
 from megaload.config import EXTERNAL, DataLoaderConfig
-from megaload.errors import LoaderStateError, ResumeError
+from megaload.errors import LoaderStateError, ResumeError, WorkerDiedError
 from megaload.mix_state import check_resumed_mix, mix_state
 from megaload.planned import PlannedBatchSampler
 from megaload.shared_batches import Collate, SlotReader, available
 
 logger = logging.getLogger(__name__)
+
+#: how torch's messages for a DataLoader worker that died begin ("... (pid(s) N) exited
+#: unexpectedly", "... (pid N) is killed by signal: Killed.")
+TORCH_WORKER_DIED = "DataLoader worker (pid"
 
 #: 2: the sampler's own resume fields moved under ``sampler_state``; 3: the ``layout``,
 #: ``options`` and ``dataset_digest`` that define the order; 4: each corpus's consumption,
@@ -175,9 +179,31 @@ class MegatronDataLoader:
                 batch = slots.read(item)  # at once: the worker reuses the slot later
                 self.consumed_samples = self.batch_sampler.next_consumed(self.consumed_samples)
                 yield batch
+        except RuntimeError as error:
+            if not str(error).startswith(TORCH_WORKER_DIED):
+                raise
+            died = self._worker_died(error)
+            # the dead worker's iterator goes with its loader: torch then stops the others and
+            # no longer watches their pids; another pass starts new workers at this position
+            error.__traceback__ = None
+            self.loader = self._build(self.consumed_samples)
+            raise died from None
         finally:
             if not persistent:
                 slots.close()
+
+    def _worker_died(self, error: RuntimeError) -> WorkerDiedError:
+        """torch's error for a worker that died, with what it was reading and the likely cause:
+        torch names only the process."""
+        split = split_name(self.dataset)
+        return WorkerDiedError(
+            f"a DataLoader worker of the {split or 'unnamed'} split's loader (over "
+            f"{type(self.dataset).__qualname__}, {self.config.num_workers} workers) died while "
+            f"the batches from consumed_samples {self.consumed_samples} on were read: {error}. "
+            "Killed (SIGKILL) is most often the out-of-memory killer; a bus error (SIGBUS), a "
+            "mapped file that shrank or vanished under the reader; num_workers=0 reads in this "
+            "process and shows the sample's own error"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: enough to continue on exactly the next sample, everything
