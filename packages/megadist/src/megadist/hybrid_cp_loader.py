@@ -210,4 +210,5 @@ class HybridCPDataLoaderWrapper:
             for gid in arriving:
                 result[gid][key] = received[cursor : cursor + lengths[gid]]
                 cursor += lengths[gid]
-        return result
+        # sent in the agreed (sorted) key order; handed back in this rank's, as the seed's
+        return {gid: {key: piece[key] for key in pieces[0]} for gid, piece in result.items()}
