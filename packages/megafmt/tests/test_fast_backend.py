@@ -3,6 +3,7 @@ the ``tokenizers`` library where it does not, and the one line that says which a
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -126,3 +127,34 @@ def test_mega_preprocess_says_which_backend_once(tmp_path, capsys):
         expected = "tokenizer backend: gigatoken (equal to tokenizers on all 159 stress texts)"
         assert said == ([expected] if backend == "auto" else [])
     assert outputs["auto"] == outputs["reference"]
+
+
+def tiktoken_vocabulary(path) -> str:
+    """Megatron's JSON vocabulary: the 256 bytes, then byte pairs and triples of the texts."""
+    sample = " ".join(TEXTS * 4).encode()
+    pieces = sorted({sample[i : i + n] for n in (2, 3) for i in range(len(sample) - n)})
+    ranks = [bytes([b]) for b in range(256)] + pieces
+    path.write_text(
+        json.dumps(
+            [{"rank": i, "token_bytes": base64.b64encode(t).decode()} for i, t in enumerate(ranks)]
+        )
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(("pattern", "chosen"), [("v2", "gigatoken"), ("v1", "reference")])
+def test_a_tiktoken_vocabulary_takes_gigatoken_for_the_v2_pattern(tmp_path, pattern, chosen):
+    pytest.importorskip("tiktoken")
+    model = tiktoken_vocabulary(tmp_path / "vocab.json")
+    texts = [*TEXTS, "a</s>b <SPECIAL_9> <pad>", "caf\ud83d x"]  # a lone surrogate: tiktoken's
+    ids = {}
+    for backend in ("auto", "reference"):
+        options = TokenizerOptions(
+            model=model, vocab_size=1300, tiktoken_pattern=pattern, backend=backend
+        )
+        tokenizer = load_tokenizer("tiktoken", options)
+        ids[backend] = tokenizer.encode_batch(texts)
+        if backend == "auto":
+            assert tokenizer.backend_choice.backend == chosen
+            assert "tiktoken" in tokenizer.backend_choice.reason
+    assert ids["auto"] == ids["reference"]

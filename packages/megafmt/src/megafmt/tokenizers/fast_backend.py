@@ -133,20 +133,36 @@ def fixed_ids(post_processor: dict[str, Any] | None) -> tuple[list[int], list[in
 
 
 class GigatokenEncoder:
-    """A tokenizer.json's ids through gigatoken: a whole batch per call, the ids of all texts in
+    """Ids through a ``gigatoken.Tokenizer``: a whole batch per call, the ids of all texts in
     one buffer, cut into one array per text (no Python int per token)."""
 
-    def __init__(self, tokenizer_json: str, before: Sequence[int], after: Sequence[int]) -> None:
-        gigatoken: Any = __import__("gigatoken")
-        self._tokenizer = gigatoken.Tokenizer.from_json(tokenizer_json)
+    def __init__(
+        self,
+        tokenizer: Any,
+        before: Sequence[int] = (),
+        after: Sequence[int] = (),
+        renumber: numpy.ndarray | None = None,
+    ) -> None:
+        """``before`` and ``after``: fixed ids around each text (a post-processor's BOS, say);
+        ``renumber``: our id of each of gigatoken's ids, where the two numberings differ."""
+        self._tokenizer = tokenizer
         self._before = numpy.asarray(before, dtype=numpy.uint32)
         self._after = numpy.asarray(after, dtype=numpy.uint32)
+        self._renumber = renumber
+
+    @classmethod
+    def from_json(cls, tokenizer_json: str, before: Sequence[int], after: Sequence[int]):
+        """The encoder of a tokenizer.json's description (its added tokens included)."""
+        gigatoken: Any = __import__("gigatoken")
+        return cls(gigatoken.Tokenizer.from_json(tokenizer_json), before, after)
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
-        """The ids of each text, the post-processor's fixed ids around them."""
+        """The ids of each text, the fixed ids around them."""
         awkward: Any = __import__("awkward")
         rows = self._tokenizer.encode_batch(list(texts))
         flat = awkward.to_numpy(awkward.flatten(rows))
+        if self._renumber is not None:
+            flat = self._renumber[flat]
         ends = numpy.cumsum(awkward.to_numpy(awkward.num(rows)))
         arrays = numpy.split(flat, ends[:-1]) if len(texts) else []
         if self._before.size or self._after.size:
@@ -159,24 +175,27 @@ def choose_backend(
     build: Callable[[], GigatokenEncoder],
     reference: Callable[[list[str]], list[list[int]]],
     added_tokens: Sequence[str],
+    library: str = "tokenizers",
 ) -> tuple[GigatokenEncoder | None, BackendChoice]:
     """The gigatoken encoder ``build`` makes if ``backend`` allows it and it passes the check
     against ``reference`` (the library's whole-text ids of a list of texts), with the choice
-    and its reason. Raises ``PluginError`` where ``backend`` is gigatoken and the check fails."""
+    and its reason (``library`` names the reference there). Raises ``PluginError`` where
+    ``backend`` is gigatoken and the check fails."""
     if backend == REFERENCE:
-        return None, BackendChoice(REFERENCE, "tokenizers (--tokenizer-backend reference)")
-    encoder, why = _checked(build, reference, added_tokens)
+        return None, BackendChoice(REFERENCE, f"{library} (--tokenizer-backend reference)")
+    encoder, why = _checked(build, reference, added_tokens, library)
     if encoder is not None:
         return encoder, BackendChoice(GIGATOKEN, why)
     if backend == GIGATOKEN:
         raise PluginError(f"--tokenizer-backend gigatoken: {why}; use auto or reference")
-    return None, BackendChoice(REFERENCE, f"tokenizers, not gigatoken: {why}")
+    return None, BackendChoice(REFERENCE, f"{library}, not gigatoken: {why}")
 
 
 def _checked(
     build: Callable[[], GigatokenEncoder],
     reference: Callable[[list[str]], list[list[int]]],
     added_tokens: Sequence[str],
+    library: str,
 ) -> tuple[GigatokenEncoder | None, str]:
     """The encoder and a line saying it passed, or None and a line saying why not."""
     try:
@@ -194,10 +213,9 @@ def _checked(
     for text, mine, theirs in zip(texts, fast, expected, strict=True):
         if mine != theirs:
             return None, (
-                f"gigatoken gives {_short(mine)} for {text[:40]!r}, the reference library "
-                f"{_short(theirs)}"
+                f"gigatoken gives {_short(mine)} for {text[:40]!r}, {library} {_short(theirs)}"
             )
-    return encoder, f"gigatoken (equal to tokenizers on all {len(texts)} stress texts)"
+    return encoder, f"gigatoken (equal to {library} on all {len(texts)} stress texts)"
 
 
 def _short(ids: list[int]) -> str:

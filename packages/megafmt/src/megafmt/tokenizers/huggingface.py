@@ -264,7 +264,7 @@ class HuggingFaceTokenizer:
                     f"a {config['post_processor'].get('type')} post-processor adds more than "
                     "fixed ids"
                 )
-            return GigatokenEncoder(description, *around)
+            return GigatokenEncoder.from_json(description, *around)
 
         def reference(texts: list[str]) -> list[list[int]]:
             encodings = self._encode(texts, add_special_tokens=self._special)

@@ -10,7 +10,10 @@ a plain ``.tiktoken`` file (one ``base64-token rank`` per line). As in Megatron,
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +21,7 @@ import numpy
 
 from megafmt.errors import FormatError, PluginError
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library, require_file
+from megafmt.tokenizers.fast_backend import AUTO, BackendChoice, GigatokenEncoder, choose_backend
 
 DEFAULT_VOCAB_SIZE = 2**17
 REQUIRED_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>")
@@ -73,6 +77,13 @@ def shared_character(tokens: Sequence[str]) -> str | None:
     return min(common) if common else None
 
 
+#: gigatoken's pre-tokenizer scheme equal to each of Megatron's patterns (v1 has none)
+GIGATOKEN_SCHEMES = {"v2": "nemotron"}
+#: the special tokens the backend's stress sample puts beside text: the named ones and a few
+#: of the fillers
+STRESSED_FILLERS = 3
+
+
 class TikTokenTokenizer:
     name = "tiktoken"
 
@@ -84,8 +95,15 @@ class TikTokenTokenizer:
         pad: int,
         fingerprint: str,
         special_tokens: Sequence[str],
+        ranks: Sequence[bytes] = (),
+        pattern: str = "v2",
+        backend: str = AUTO,
     ) -> None:
         self._encoding = encoding
+        self._special_tokens = list(special_tokens)
+        self._ranks = ranks
+        self._pattern = pattern
+        self._backend = backend
         self.vocab_size = vocab_size
         self.eod = eod
         self.pad = pad
@@ -130,15 +148,63 @@ class TikTokenTokenizer:
         )
         fingerprint = fingerprint_of(cls.name, [path], vocab_size, reserved, special, pattern)
         eod, pad = special.index(EOD_TOKEN), special.index("<pad>")
-        return cls(encoding, vocab_size, eod, pad, fingerprint, special)
+        return cls(
+            encoding, vocab_size, eod, pad, fingerprint, special, tokens, pattern, options.backend
+        )
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Megatron's ``encode(text, allowed_special="all")`` of each text."""
         return [ids.tolist() for ids in self.encode_batch_arrays(texts)]
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
-        """``encode_batch`` as arrays, straight from the library's buffer."""
+        """``encode_batch`` as arrays, straight from the library's buffer: gigatoken's where its
+        self-check passed, else tiktoken's (and tiktoken's for a batch holding a text that is
+        not UTF-8, which gigatoken refuses and tiktoken mends)."""
+        fast = self._checked_backend[0]
+        if fast is not None:
+            try:
+                return fast.encode_batch_arrays(texts)
+            except TypeError:
+                pass
         return [self._encode_array(text) for text in texts]
+
+    @property
+    def backend_choice(self) -> BackendChoice:
+        """Which library encodes, and why (:mod:`megafmt.tokenizers.fast_backend`)."""
+        return self._checked_backend[1]
+
+    @functools.cached_property
+    def _checked_backend(self) -> tuple[GigatokenEncoder | None, BackendChoice]:
+        """gigatoken's encoder if it passes the check on this vocabulary, and the choice."""
+        named = self._special_tokens[: len(REQUIRED_SPECIAL_TOKENS)]
+        stressed = [*named, *self._special_tokens[len(named) :][:STRESSED_FILLERS]]
+
+        def reference(texts: list[str]) -> list[list[int]]:
+            return [self._encode_array(text).tolist() for text in texts]
+
+        return choose_backend(self._backend, self._gigatoken, reference, stressed, "tiktoken")
+
+    def _gigatoken(self) -> GigatokenEncoder:
+        """gigatoken's encoder of this vocabulary: the ranks from 0 in a .tiktoken file, the
+        special tokens after them, renumbered to Megatron's ids (special tokens first)."""
+        scheme = GIGATOKEN_SCHEMES.get(self._pattern)
+        if scheme is None:
+            raise ValueError(f"it has no pre-tokenizer for --tiktoken-pattern {self._pattern}")
+        gigatoken: Any = __import__("gigatoken")
+        count, reserved = len(self._ranks), len(self._special_tokens)
+        with tempfile.TemporaryDirectory(prefix="megafmt-tiktoken-") as folder:
+            path = os.path.join(folder, "ranks.tiktoken")
+            with open(path, "wb") as stream:
+                stream.writelines(
+                    base64.b64encode(token) + b" %d\n" % rank
+                    for rank, token in enumerate(self._ranks)
+                )
+            specials = {token: count + n for n, token in enumerate(self._special_tokens)}
+            tokenizer = gigatoken.Tokenizer.from_tiktoken(path, scheme, specials)
+        renumber = numpy.concatenate(
+            [numpy.arange(reserved, reserved + count), numpy.arange(reserved)]
+        ).astype(numpy.uint32)
+        return GigatokenEncoder(tokenizer, renumber=renumber)
 
     def _encode_array(self, text: str) -> numpy.ndarray:
         """Megatron's ids of ``text``. A text without the character every special token holds
