@@ -140,3 +140,29 @@ def test_tokens_view_is_the_whole_bin_when_it_is_mapped(make_corpus):
     mapped.release_reader()  # as the pool of open readers does: the view comes back
     assert mapped.tokens_view.tolist() == [1, 2, 3, 4, 5, 6] and mapped.recently_read
     assert IndexedDataset(prefix, mmap=False).tokens_view is None
+
+
+def test_a_close_during_a_read_waits_for_it_and_no_read_follows(make_corpus, tmp_path, monkeypatch):
+    """A close that lands between a read taking its descriptor and its preadv: without the
+    count of reads in flight the number was released, the next open got it, and the read
+    returned that other file's bytes."""
+    reader = FileBinReader(get_bin_path(make_corpus([[[1, 2, 3, 4]]])))
+    other = tmp_path / "other"
+    other.write_bytes(numpy.array([7, 7, 7, 7], dtype=numpy.int32).tobytes())
+    real = os.preadv
+    opened = []
+
+    def preadv(fd, buffers, offset):
+        reader.close()  # another thread closes the reader now
+        opened.append(os.open(other, os.O_RDONLY))  # and the system hands out a number
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(file_reader_module.os, "preadv", preadv)
+    first = reader._fd
+    assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]  # its own file's bytes
+    assert opened[0] != first  # the number was still held by the read
+    with pytest.raises(OSError):
+        os.fstat(first)  # and released when the read ended
+    with pytest.raises(ValueError, match="read from a closed reader"):
+        reader.read(numpy.int32, 4, 0)
+    os.close(opened[0])

@@ -2,7 +2,10 @@
 
 For file systems where mapping is slow or unsafe (some network and parallel file systems, or
 files that may be replaced while a job runs). One descriptor is opened per reader and read with
-``preadv`` straight into the array returned, so concurrent reads need no lock. A transient
+``preadv`` straight into the array returned. Each read takes its descriptor and counts itself
+in flight under a short lock (the ``preadv`` itself runs outside it), and ``close`` closes the
+descriptors only once no read is in flight: a read never goes through a number that a
+concurrent close released and the system may have given to another file. A transient
 failure (``EIO``, ``ESTALE``, a timeout ...; see :mod:`megafmt.retry`) is retried under the
 same :class:`~megafmt.retry.RetryPolicy` as object storage, on a freshly opened descriptor
 (which recovers from stale NFS handles); the failed one is kept open until the reader closes,
@@ -54,6 +57,7 @@ class FileBinReader:
         self._closed = False
         self._lock = threading.Lock()
         self._retired: list[int] = []  # descriptors that failed, closed with the reader
+        self._in_flight = 0  # reads under way: close() leaves their descriptors open
         self._fd: int | None = open_readonly(path, "token file")
         self.nbytes = os.fstat(self._fd).st_size
         self._itemsizes: dict[Any, int] = {}
@@ -91,9 +95,9 @@ class FileBinReader:
             filled += got
 
     def _pread(self, buffer: memoryview, offset: int) -> int:
-        """One ``preadv`` into ``buffer``; a descriptor it fails on is retired, so the next
-        attempt opens a fresh one."""
-        fd = self._descriptor()
+        """One ``preadv`` into ``buffer`` through a descriptor held open while it runs; a
+        descriptor it fails on is retired, so the next attempt opens a fresh one."""
+        fd = self._hold()
         try:
             return os.preadv(fd, [buffer], offset)
         except OSError:
@@ -102,18 +106,21 @@ class FileBinReader:
                     self._retired.append(fd)
                     self._fd = None
             raise
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._closed and not self._in_flight:
+                    self._close_all()  # the close that came meanwhile
 
-    def _descriptor(self) -> int:
-        """The open descriptor, or a fresh one after a failure (never one after the reader
-        closed, even when it closed while this read was under way)."""
-        fd = self._fd
-        if fd is not None:
-            return fd
+    def _hold(self) -> int:
+        """The open descriptor (a fresh one after a failure), counted in flight until the read
+        ends; never one after the reader closed."""
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self.path}: read from a closed reader")
             if self._fd is None:
                 self._fd = open_readonly(self.path, "token file")
+            self._in_flight += 1
             return self._fd
 
     def _close_all(self) -> None:
@@ -125,10 +132,11 @@ class FileBinReader:
                     os.close(fd)
 
     def close(self) -> None:
-        """Close the descriptors."""
+        """Close the descriptors: at once, or when the last read under way ends."""
         with self._lock:
             self._closed = True
-            self._close_all()
+            if not self._in_flight:
+                self._close_all()
 
     def __del__(self) -> None:
         self._close_all()
