@@ -152,3 +152,13 @@ def test_a_corpus_whose_epochs_change_is_refused(corpora, build):
     state = MixState(consumed_samples=100, **build(corpora[:2], [1, 1], 200).mix_state(100))
     with pytest.raises(ConfigError, match=rf"corpus {corpora[1]}: its num_epochs was 1 when"):
         build(corpora[:2], [1, 100], 3000, state)
+
+
+def test_a_corpus_keeps_the_tables_it_was_built_with_where_they_suffice(corpora, build):
+    first = build(corpora[:2], [1, 1], 1000)  # each corpus built for 503 samples
+    state = MixState(consumed_samples=100, **first.mix_state(100))
+    assert state.corpora[corpora[0]]["num_samples"] == first.datasets[0].num_samples
+    resumed = build(corpora[:2], [1, 3], 300, state)  # a smaller share: the same tables
+    assert [d.unique_description_hash for d in resumed.datasets] == [
+        d.unique_description_hash for d in first.datasets
+    ]

@@ -289,7 +289,7 @@ class BlendedMegatronDatasetBuilder:
                     self.config.mid_level_dataset_surplus,
                 )
                 for buffer, count in zip(buffers, needed, strict=True):
-                    buffer[train] = max(buffer[train], count)  # Megatron's own, when enough
+                    buffer[train] = count
         mid_level = self._build_megatron_datasets_parallel(prefixes, split, buffers)
         blended: list[Any] = [None] * len(Split)
         for index_split in splits:

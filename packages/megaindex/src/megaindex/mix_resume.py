@@ -82,11 +82,16 @@ def corpus_order(dataset: Any) -> dict[str, Any]:
 def corpus_records(
     datasets: Sequence[Any], counts: Sequence[int], carried: Mapping[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """The loader state's ``corpora``: per corpus prefix its consumed samples and order, with
-    the ``carried`` records of corpora the blend no longer holds."""
+    """The loader state's ``corpora``: per corpus prefix its consumed samples, its order and the
+    sample count its tables were built for, with the ``carried`` records of corpora the blend
+    no longer holds."""
     records = {name: dict(record) for name, record in (carried or {}).items()}
     for dataset, count in zip(datasets, counts, strict=True):
-        records[dataset.dataset_path] = {"consumed": int(count), "order": corpus_order(dataset)}
+        records[dataset.dataset_path] = {
+            "consumed": int(count),
+            "order": corpus_order(dataset),
+            "num_samples": dataset.num_samples,
+        }
     return records
 
 
@@ -338,11 +343,14 @@ def resumed_part_sizes(
     prefixes: Sequence[str], weights: Sequence[float], size: int, state: MixState, surplus: float
 ) -> list[int]:
     """Samples each corpus of a resumed blend of ``size`` samples must hold: those it gave
-    before, and its share of the remaining samples with ``surplus``, as Megatron sizes a blend's
-    parts."""
+    before and its share of the remaining samples with ``surplus``, as Megatron sizes a blend's
+    parts; at least what its tables were built for before, so that they stay the same tables
+    where that suffices."""
     remaining = max(0, size - state.consumed_samples)
-    return [
-        int(state.corpora.get(prefix, {}).get("consumed", 0))
-        + math.ceil(math.ceil(remaining * weight) * (1 + surplus))
-        for prefix, weight in zip(prefixes, normalize(list(weights)), strict=True)
-    ]
+    sizes = []
+    for prefix, weight in zip(prefixes, normalize(list(weights)), strict=True):
+        record = state.corpora.get(prefix, {})
+        needed = int(record.get("consumed", 0))
+        needed += math.ceil(math.ceil(remaining * weight) * (1 + surplus))
+        sizes.append(max(needed, int(record.get("num_samples") or 0)))
+    return sizes
