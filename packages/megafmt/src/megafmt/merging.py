@@ -10,14 +10,16 @@ from dataclasses import dataclass
 
 import numpy
 
-from megafmt.atomic import remove_stale_partials
+from megafmt.atomic import remove_quietly, remove_stale_partials
 from megafmt.builder import IndexedDatasetBuilder
 from megafmt.errors import FormatError, MissingFileError
 from megafmt.folders import make_folder
 from megafmt.format import BIN_SUFFIX, IDX_SUFFIX, get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.limits import naming_full_disk
+from megafmt.manifest import remove_manifest
 from megafmt.progress import Progress
+from megafmt.sft.tokenized import get_loss_mask_path
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ def merge(
     make_folder(os.path.dirname(os.path.abspath(output_prefix)), "the output's folder")
     for path in output_paths:
         remove_stale_partials(path)
+    # the companions of a corpus replaced (--force) describe the old one: never the new
+    remove_manifest(output_prefix)
+    remove_quietly(get_loss_mask_path(output_prefix))
     if multimodal is None:
         multimodal = first.has_modes
     start = time.perf_counter()
