@@ -125,3 +125,20 @@ def test_a_foreign_dataset_class_gets_an_array_of_indices(make_config):
     ).build()
     assert isinstance(train.indices, numpy.ndarray) and train.indices.dtype == numpy.int32
     numpy.testing.assert_array_equal(valid.indices, numpy.arange(270, 294))
+
+
+def test_building_the_indices_of_many_corpora_shows_progress_with_an_eta(
+    make_config, tmp_path, monkeypatch, capsys
+):
+    from megaindex import builder
+
+    monkeypatch.setattr(builder, "PROGRESS_SECONDS", 0.0)  # every build counts as a long one
+    monkeypatch.setenv("MEGA_PROGRESS", "1")
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20 + n, seed=n) for n in range(3)]
+    config = make_config(blend=(prefixes, [1.0, 2.0, 3.0]), split="100,0,0")
+    BlendedMegatronDatasetBuilder(GPTDataset, [50, 0, 0], lambda: True, config).build()
+    lines = capsys.readouterr().err.splitlines()
+    assert any(
+        line.startswith("indices of 3 corpora: 1/3 (33%)") and "ETA" in line for line in lines
+    )
+    assert any(line.startswith("indices of 3 corpora: 3/3 (100%)") for line in lines)

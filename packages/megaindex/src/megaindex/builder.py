@@ -26,11 +26,12 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 import numpy
 
+from megafmt.progress import Progress
 from megaindex import distributed
 from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset
@@ -42,6 +43,8 @@ from megaindex.plugins import DATASETS
 from megaindex.utils import Split, normalize
 
 logger = logging.getLogger(__name__)
+#: a blend's corpora whose indices take longer than this show progress with an ETA
+PROGRESS_SECONDS = 5.0
 
 Bookends = list[tuple[float, float] | None]
 #: config fields that may differ between ranks: where each keeps files, how it reads and waits
@@ -333,12 +336,22 @@ class BlendedMegatronDatasetBuilder:
         first, then the others after a barrier)."""
 
         def build_all(workers: int) -> list[list[Any]]:
+            progress = Progress(
+                f"indices of {len(prefixes)} corpora",
+                total=len(prefixes),
+                unit="corpora",
+                log_interval=PROGRESS_SECONDS,
+            )
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 futures = [
                     pool.submit(self._build_megatron_dataset_splits, prefix, split, sizes, False)
                     for prefix, sizes in zip(prefixes, sizes_per_dataset, strict=True)
                 ]
+                for _ in as_completed(futures):
+                    progress.update()
                 per_prefix = [future.result() for future in futures]
+            # a summary for builds long enough to have shown progress; nothing for short ones
+            progress.close(None if progress.elapsed >= PROGRESS_SECONDS else "")
             return [list(per_split) for per_split in zip(*per_prefix, strict=True)]
 
         threads = max(1, self.config.num_dataset_builder_threads)
