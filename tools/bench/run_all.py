@@ -76,6 +76,12 @@ BENCHMARKS = (
     Benchmark("fim", ("seed",), "--samples 200", "--samples 5 --documents 50 --seq-length 256"),
     Benchmark("sft_jsonl", ("seed-datasets",), "--size-mb 200", "--size-mb 1"),
     Benchmark("scale", ("seed",), "--scale 1", "--scale 1e-5 --hit-processes 1"),
+    Benchmark(
+        "thousands",
+        ("megatron-core",),
+        "--corpora 2400 --samples 200000 --nodes 8 --per-node 8",
+        "--corpora 20 --samples 2000 --nodes 1 --per-node 2",
+    ),
 )
 
 

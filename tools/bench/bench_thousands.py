@@ -1,0 +1,245 @@
+"""Thousands of corpora on many nodes: a blend's cold build and cache hit, and a warm start of
+many processes from a cache in object storage.
+
+    .venv/bin/python tools/bench/bench_thousands.py [--corpora 2400] [--samples 200000]
+        [--nodes 8] [--per-node 8] [--reference megatron-core] [--rows FILE]
+
+1. The blend: ``--corpora`` corpora whose document counts spread log-uniformly from 1 to 10,000
+   (four orders of magnitude), one-sequence documents of 1..199 uint16 tokens (an ``.idx`` and a
+   sparse ``.bin`` each), weighted by their token counts, ``--samples`` training samples of 4096
+   tokens. Each side (megaindex, the reference) builds it in a fresh process with an empty cache
+   (cold build), then opens it again in another (cache hit): seconds from the builder's start
+   to the datasets in hand (imports excluded), the process's peak RSS, and the most open file
+   descriptors seen (sampled every 5 ms from /proc/self/fd).
+2. The warm start (megaindex only: the references have no cache in object storage): the tables
+   of a small blend are put in S3 (moto's server in a process of its own, on loopback) by a
+   cold start, then ``--nodes`` x ``--per-node`` processes, one gloo group, each node with an
+   empty local cache folder, start together (testing/sharednodes.py): the seconds from the
+   launch to the first sample on the slowest rank (torch's import included: every rank
+   imports it), and the requests each node sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import benchreport
+import numpy
+
+REFERENCE = benchreport.enter_reference(("megatron-core", "seed"))
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "testing"))  # test support: moto's endpoint, the node harness
+from bench_scale import peak_rss_mib  # noqa: E402  (a sibling benchmark's helper)
+from s3testing import free_port  # noqa: E402
+
+WORKDIR = ROOT / "build" / "bench_thousands"
+VOCAB = 50000
+SEQUENCE_LENGTH = 4096
+LARGEST = 10_000  # documents of the largest corpus
+FD_SAMPLE_SECONDS = 0.005
+
+
+def write_corpora(folder: Path, count: int) -> tuple[list[str], list[float]]:
+    """``count`` corpora of 1..LARGEST documents (log-uniform); their prefixes and token
+    counts (the blend's weights)."""
+    from megafmt import IndexWriter
+
+    rng = numpy.random.default_rng(0)
+    documents = numpy.exp(rng.uniform(0, numpy.log(LARGEST), count)).astype(int).clip(1)
+    folder.mkdir(parents=True, exist_ok=True)
+    prefixes, weights = [], []
+    for number, size in enumerate(documents):
+        prefix = str(folder / f"c{number:05d}")
+        lengths = rng.integers(1, 200, int(size), dtype=numpy.int32)
+        with open(prefix + ".idx", "wb") as stream:
+            IndexWriter(numpy.uint16).write(stream, lengths, numpy.arange(int(size) + 1))
+        tokens = int(lengths.sum(dtype=numpy.int64))
+        with open(prefix + ".bin", "wb") as stream:
+            stream.truncate(tokens * 2)
+        prefixes.append(prefix)
+        weights.append(float(tokens))
+    return prefixes, weights
+
+
+class DescriptorWatch:
+    """The most file descriptors this process held at once, sampled on a thread."""
+
+    def __init__(self) -> None:
+        self.most = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(FD_SAMPLE_SECONDS):
+            self.most = max(self.most, len(os.listdir("/proc/self/fd")))
+
+    def __enter__(self) -> DescriptorWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.most = max(self.most, len(os.listdir("/proc/self/fd")))
+
+
+def child(side: str, blend_file: str, cache: str, samples: int) -> None:
+    """One side's build or cache hit of the blend in this fresh process; prints JSON."""
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+    if side == "megatron":
+        from megatron.core.datasets.blended_megatron_dataset_builder import (
+            BlendedMegatronDatasetBuilder,
+        )
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    else:
+        from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+    import torch
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+
+    # megatron-core's BlendedDataset asks for the rank unguarded: a group of one on both sides
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    prefixes, weights = json.loads(Path(blend_file).read_text())
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=SEQUENCE_LENGTH,
+        blend=(prefixes, weights),
+        split="100,0,0",
+        tokenizer=NullTokenizer(VOCAB),
+        path_to_cache=cache,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+    )
+    baseline = peak_rss_mib()
+    with DescriptorWatch() as descriptors:
+        start = time.perf_counter()
+        train = BlendedMegatronDatasetBuilder(
+            GPTDataset, [samples, 0, 0], lambda: True, config
+        ).build()[0]
+        train[0]
+        seconds = time.perf_counter() - start
+    answer = {
+        "seconds": seconds,
+        "peak_mib": peak_rss_mib(),
+        "baseline_mib": baseline,
+        "descriptors": descriptors.most,
+        "samples": len(train),
+    }
+    torch.distributed.destroy_process_group()
+    print(json.dumps(answer))
+
+
+def run_child(side: str, blend_file: Path, cache: Path, samples: int) -> dict:
+    command = [sys.executable, __file__, "--child", side, str(blend_file), str(cache)]
+    command += [str(samples), "--reference", REFERENCE]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
+    start = time.perf_counter()
+    prefixes, weights = write_corpora(WORKDIR / "corpora", corpora)
+    print(f"  {corpora} corpora written in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    blend_file = WORKDIR / "blend.json"
+    blend_file.write_text(json.dumps([prefixes, weights]))
+    conditions = (
+        f"{corpora} corpora of 1..{LARGEST} documents (log-uniform), {samples} samples of "
+        f"{SEQUENCE_LENGTH}; fresh process each, imports excluded"
+    )
+    results = {}
+    for side in ("megaindex", "megatron"):
+        cache = WORKDIR / f"cache-{side}"
+        results[side] = (
+            run_child(side, blend_file, cache, samples),
+            run_child(side, blend_file, cache, samples),
+        )
+    (ours_cold, ours_hit), (theirs_cold, theirs_hit) = results["megaindex"], results["megatron"]
+    if ours_cold["samples"] != theirs_cold["samples"]:
+        raise RuntimeError(f"the blends differ in length: {ours_cold} vs {theirs_cold}")
+    pairs = (("cold build", ours_cold, theirs_cold), ("cache hit", ours_hit, theirs_hit))
+    for label, ours, theirs in pairs:
+        for figure, key, unit in (
+            ("", "seconds", "s"),
+            (": peak RSS", "peak_mib", "MiB"),
+            (": most open files", "descriptors", "fds"),
+        ):
+            report.compare(
+                f"{label} of the blend{figure}",
+                ours=ours[key],
+                theirs=theirs[key],
+                unit=unit,
+                conditions=conditions,
+            )
+
+
+def bench_warm_start(report: benchreport.Report, nodes: int, per_node: int) -> None:
+    import boto3
+    from s3testing import moto_endpoint
+    from sharednodes import Job, launch
+
+    from megafmt.testing import write_corpus
+
+    folder = WORKDIR / "warm"
+    corpora = [write_corpus(str(folder / f"corpus{n}"), 50 * (n + 1), seed=n) for n in range(4)]
+    job = Job("s3://shared/cache", corpora, [0.1, 0.2, 0.3, 0.4], samples=2000)
+    with moto_endpoint(separate_process=True):
+        boto3.client("s3").create_bucket(Bucket="shared")
+        launch(job, folder / "cold", 1, 1)  # fills the store
+        start = time.perf_counter()
+        reports = launch(job, folder / "start", nodes, per_node)
+        wall = time.perf_counter() - start
+    slowest = max(r["seconds_to_first_batch"] for r in reports)
+    after_import = max(r["seconds_after_import"] for r in reports)
+    per_node_requests = [
+        sum(sum(r["requests"].values()) for r in reports if r["node"] == node)
+        for node in range(nodes)
+    ]
+    fetching = [
+        len([r for r in reports if r["node"] == node and sum(r["requests"].values())])
+        for node in range(nodes)
+    ]
+    conditions = f"{nodes} nodes x {per_node} processes, gloo, moto S3 on loopback, 5 tables"
+    report.note(
+        f"warm start ({conditions}): first batch on the slowest rank {slowest:.1f} s after the "
+        f"launch, {after_import:.1f} s after the import of torch on the slowest rank; "
+        f"launch to exit {wall:.1f} s; requests per node {per_node_requests}; processes that "
+        f"sent any, per node {fetching}; tables built {sum('built' in r['kinds'] for r in reports)}"
+    )
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
+    parser = benchreport.parser(__doc__)
+    parser.add_argument("--corpora", type=int, default=2400)
+    parser.add_argument("--samples", type=int, default=200_000)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--per-node", type=int, default=8)
+    args = parser.parse_args()
+    report = benchreport.Report("thousands", REFERENCE, args.rows)
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+    WORKDIR.mkdir(parents=True)
+    try:
+        bench_blend(report, args.corpora, args.samples)
+        bench_warm_start(report, args.nodes, args.per_node)
+    finally:
+        shutil.rmtree(WORKDIR, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
