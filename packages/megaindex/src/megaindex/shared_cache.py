@@ -8,7 +8,7 @@ what comes from object storage; megafmt's cache folder when unset) at a path mad
 Every process that needs a dataset's tables then:
 
 1. maps the local copy when the node has it complete (nothing is sent);
-2. else takes the node's lock (``<base>.node.lock`` beside the local copy, ``flock``: released
+2. else takes the node's lock (``<base>-node.lock`` beside the local copy, ``flock``: released
    by the kernel when its holder dies), so that one process per node talks to the store while
    the others wait, and finds the copy that process made;
 3. downloads the tables when the store holds them (the description is uploaded last and is the
