@@ -10,6 +10,7 @@ this form as it reads the jsonl and gives the same samples.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy
@@ -23,6 +24,7 @@ from megafmt.format import get_bin_path, get_idx_path
 from megafmt.limits import naming_full_disk
 from megafmt.progress import Progress
 from megafmt.readers import is_url
+from megafmt.readers.file_reader import FileBinReader
 from megafmt.redaction import redact
 from megafmt.remote import file_size, read_range
 from megafmt.sft.lines import JsonlLineIndex
@@ -41,11 +43,17 @@ def get_loss_mask_path(path_prefix: str) -> str:
 def write_tokenized(lines: JsonlLineIndex, tokenizer: Any, output_prefix: str) -> int:
     """Tokenize every good line of ``lines`` into ``output_prefix``'s pair and loss mask; the
     number of conversations written."""
+    conversations = 0
+    mask_path = get_loss_mask_path(output_prefix)
+    for path in (get_bin_path(output_prefix), get_idx_path(output_prefix), mask_path):
+        if os.path.isdir(path):  # found before any file is written, not after the pair's commit
+            raise IsADirectoryError(
+                f"{path}: a folder is where the pre-tokenized SFT corpus's file goes; move it "
+                "or choose another --output-prefix"
+            )
     builder = IndexedDatasetBuilder(
         get_bin_path(output_prefix), dtype=DType.optimal_dtype(tokenizer.vocab_size)
     )
-    conversations = 0
-    mask_path = get_loss_mask_path(output_prefix)
     try:
         with (
             naming_full_disk(builder.bin_path, get_idx_path(output_prefix), mask_path),
@@ -107,16 +115,16 @@ class TokenizedConversations:
                 f"{self.mask_path}: expected {expected} bytes (one per token of "
                 f"{get_bin_path(path_prefix)}), found {found}"
             )
-        self._mask = (
-            None if is_url(self.mask_path) else numpy.memmap(self.mask_path, numpy.uint8, "r")
-        )
+        # read, not mapped: a mask truncated under a mapping kills the process (SIGBUS); a
+        # reader's short read is a FormatError naming the file and the byte
+        self._mask = None if is_url(self.mask_path) else FileBinReader(self.mask_path)
 
     def __len__(self) -> int:
         return len(self.tokens.document_indices) - 1
 
     def _mask_of(self, start: int, length: int) -> numpy.ndarray:
         if self._mask is not None:
-            return numpy.asarray(self._mask[start : start + length])
+            return self._mask.read(numpy.uint8, length, start)
         return numpy.frombuffer(read_range(self.mask_path, start, length), numpy.uint8)
 
     def conversation(self, sequence: int) -> tuple[numpy.ndarray, numpy.ndarray]:

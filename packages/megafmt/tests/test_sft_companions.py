@@ -1,0 +1,56 @@
+"""The pre-tokenized SFT corpus's ``.lossmask`` under faults: truncated while it is read (a
+FormatError naming it, where a mapping killed the process with SIGBUS) and a folder where it
+goes (refused before any file is written, where the run failed after the pair was committed)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from megafmt import FormatError, get_bin_path, get_idx_path
+from megafmt.sft import (
+    JsonlLineIndex,
+    SFTTokenizer,
+    TokenizedConversations,
+    get_loss_mask_path,
+    write_tokenized,
+)
+from megafmt.sft.testing import write_sft_jsonl, write_sft_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return SFTTokenizer(str(write_sft_tokenizer(tmp_path_factory.mktemp("sft-tokenizer"))))
+
+
+def test_a_loss_mask_truncated_while_read_is_a_format_error(tmp_path, tokenizer):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 20, seed=1)
+    write_tokenized(JsonlLineIndex(path), tokenizer, str(tmp_path / "c"))
+    stored = TokenizedConversations(str(tmp_path / "c"))
+    copy = pickle.loads(pickle.dumps(stored))  # as a loader worker receives it
+    first = stored.tokenized_conversations(0)
+    mask = get_loss_mask_path(str(tmp_path / "c"))
+    os.truncate(mask, 3)
+    truncated = r"c\.lossmask: unexpected end of file at byte \d+ .*truncated"
+    for dataset in (stored, copy):
+        with pytest.raises(FormatError, match=truncated):
+            dataset.tokenized_conversations(len(dataset) - 1)
+    assert len(first) >= 1
+
+
+def test_a_folder_where_the_loss_mask_goes_is_refused_before_anything_is_written(
+    tmp_path, tokenizer
+):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 3)
+    prefix = str(tmp_path / "c")
+    os.mkdir(get_loss_mask_path(prefix))
+    with pytest.raises(IsADirectoryError, match=r"c\.lossmask: a folder is where"):
+        write_tokenized(JsonlLineIndex(path), tokenizer, prefix)
+    assert not os.path.exists(get_bin_path(prefix)) and not os.path.exists(get_idx_path(prefix))
+    assert not any(name.endswith(".partial") for name in os.listdir(tmp_path))
