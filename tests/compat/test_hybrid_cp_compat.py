@@ -119,6 +119,7 @@ def test_eval_loaders_read_the_seed_commit_s_eval_global_batches(seed_ranks) -> 
     commit's build_pretraining_data_loader reads them (its own arguments, its own sampler)."""
     from megaindex import Split
     from megaload import DataLoaderConfig, SamplerError, build_pretraining_data_loader
+    from megaload.megatron import data_loader_config
 
     rng = random.Random(1414)
     for case in range(8):
@@ -143,9 +144,7 @@ def test_eval_loaders_read_the_seed_commit_s_eval_global_batches(seed_ranks) -> 
             expected = seed_ranks[3].call(
                 "seed_loader:batches", length, split, 0, settings, rank, dp, 40
             )
-            config = DataLoaderConfig.from_megatron_args(
-                args, data_parallel_rank=rank, data_parallel_size=dp
-            )
+            config = data_loader_config(args, data_parallel_rank=rank, data_parallel_size=dp)
             loader = build_pretraining_data_loader(IndexDataset(length, split), 0, config)
             got = [list(b) for b in itertools.islice(loader.batch_sampler, 40)]
             assert expected and got == expected, (case, settings, split, rank)

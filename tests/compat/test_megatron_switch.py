@@ -198,7 +198,7 @@ def test_switched_loader_samples_as_the_seed_commit_s_for_every_split(seed, case
     declares our Split) and ours give the same index batches on every data-parallel rank."""
     from megaindex import Split
     from megaload import build_pretraining_data_loader
-    from megaload.config import DataLoaderConfig
+    from megaload.megatron import data_loader_config
 
     rng = random.Random(case)
     settings = loader_settings(rng)
@@ -210,9 +210,7 @@ def test_switched_loader_samples_as_the_seed_commit_s_for_every_split(seed, case
         reference = seed.call(
             "seed_loader:batches", length, split, consumed, settings, dp_rank, dp_size, 6
         )
-        config = DataLoaderConfig.from_megatron_args(
-            args, data_parallel_rank=dp_rank, data_parallel_size=dp_size
-        )
+        config = data_loader_config(args, data_parallel_rank=dp_rank, data_parallel_size=dp_size)
         assert reference, (case, dp_rank)
         ours = build_pretraining_data_loader(IndexDataset(length, split), consumed, config)
         assert [list(b) for b in itertools.islice(ours.batch_sampler, 6)] == reference, (

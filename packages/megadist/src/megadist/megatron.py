@@ -8,8 +8,8 @@ arguments, reads the same state and returns the same list, so
     from megadist.megatron import get_batch
 
 in place of its definition switches a training script to megadist's broadcast and splits.
-``topology_from_megatron`` is the :class:`~megadist.topology.BatchTopology` it builds (also
-``BatchTopology.from_megatron``).
+``topology_from_megatron`` is the :class:`~megadist.topology.BatchTopology` it builds; the
+topology knows nothing of Megatron-LM (this adapter depends on it, never the reverse).
 
 What is read: ``micro_batch_size``, ``seq_length``, ``create_attention_mask_in_dataloader``,
 ``sft`` (packed sequences), ``mtp_num_layers`` and ``hybrid_context_parallel`` from the

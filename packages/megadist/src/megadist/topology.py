@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -159,14 +158,6 @@ class BatchTopology:
         for name, value in settings.items():
             object.__setattr__(self, name, value)
         self._check()
-
-    @classmethod
-    def from_megatron(cls, vp_stage: int | None = None, args: Any = None) -> BatchTopology:
-        """This rank's topology read from Megatron-LM's arguments (``args``, default its
-        ``get_args()``) and process groups: ``megadist.megatron.topology_from_megatron``."""
-        from megadist.megatron import topology_from_megatron
-
-        return topology_from_megatron(vp_stage, args)
 
     def _check(self) -> None:
         if self.micro_batch_size < 1 or self.seq_length < 1:

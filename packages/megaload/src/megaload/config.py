@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from megaload.accounting import num_micro_batches
 from megaload.batch_sampler import SAMPLERS
@@ -102,23 +101,6 @@ class DataLoaderConfig:
             num_micro_batches(
                 self.global_batch_size, self.micro_batch_size, self.data_parallel_size
             )
-
-    @classmethod
-    def from_megatron_args(
-        cls,
-        args: Any = None,
-        *,
-        data_parallel_rank: int | None = None,
-        data_parallel_size: int | None = None,
-    ) -> DataLoaderConfig:
-        """The configuration Megatron-LM's ``build_pretraining_data_loader`` reads from its
-        arguments (``args``, default ``get_args()``) and data-parallel groups:
-        ``megaload.megatron.data_loader_config``."""
-        from megaload.megatron import data_loader_config
-
-        return data_loader_config(
-            args, data_parallel_rank=data_parallel_rank, data_parallel_size=data_parallel_size
-        )
 
     def for_split(self, split: str | None) -> DataLoaderConfig:
         """This configuration as a loader of ``split`` (``"train"``, ``"valid"``, ``"test"`` or

@@ -8,8 +8,8 @@ returns megaload's :class:`~megaload.loader.MegatronDataLoader`, so
     from megaload.megatron import build_pretraining_data_loader, cyclic_iter
 
 in training.py switches the loaders. :func:`data_loader_config` is the
-:class:`~megaload.config.DataLoaderConfig` it reads (also
-``DataLoaderConfig.from_megatron_args``).
+:class:`~megaload.config.DataLoaderConfig` it reads; the configuration knows nothing of
+Megatron-LM (this adapter depends on it, never the reverse).
 
 Read from the arguments: ``micro_batch_size``, ``global_batch_size``, ``dataloader_type``
 (None is ``single``, as Megatron-LM's parser sets it), ``eval_micro_batch_size``,
