@@ -5,11 +5,20 @@ came from."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
 
-from megaload import DataLoaderConfig, LoaderStateError, PhaseDataError, ResumeError, SamplerError
+from megaload import (
+    SAMPLERS,
+    DataLoaderConfig,
+    HybridCPMegatronPretrainingSampler,
+    LoaderStateError,
+    PhaseDataError,
+    ResumeError,
+    SamplerError,
+)
 from megaload.phases import PhasedDataLoader
 
 
@@ -103,3 +112,25 @@ def test_saved_states_with_impossible_counts_are_refused(seed: int) -> None:
         match = "consumed_samples'\\] is .* end at sample"
     with pytest.raises(LoaderStateError, match=match):
         PhasedDataLoader(phases(), 0, CONFIG).load_state_dict(bad)
+
+
+@pytest.mark.parametrize("name", ["hybrid_cp", "global_share"])
+def test_a_global_batch_sampler_gives_one_batch_per_iteration_whatever_its_name(
+    monkeypatch, name
+) -> None:
+    """Phases ask the sampler whether it is a GlobalBatchSampler, not its name: under any name,
+    a batch is the rank's share of a whole global batch, one per iteration."""
+    monkeypatch.setitem(
+        SAMPLERS._registered, "global_share", HybridCPMegatronPretrainingSampler.from_config
+    )
+    loader = PhasedDataLoader(phases(), 0, dataclasses.replace(CONFIG, dataloader_type=name))
+    assert loader.batches_per_iteration == 1
+    batches = list(loader)
+    # rank 1's slices (samples 2-3 of each 4) of both micro-batches of each global batch of 8
+    assert batches[:4] == [
+        [2, 3, 6, 7],
+        [10, 11, 14, 15],
+        [18, 19, 22, 23],
+        [1002, 1003, 1006, 1007],
+    ]
+    assert len(batches) == 3 + 2 + 5

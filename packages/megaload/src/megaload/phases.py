@@ -24,10 +24,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from megaload.accounting import consumed_in_phase, num_micro_batches
+from megaload.batch_sampler import GlobalBatchSampler
 from megaload.checks import COUNT, COUNTS, INTEGER, MAPPING, check_count, check_state
 from megaload.config import DataLoaderConfig
 from megaload.errors import LoaderStateError, PhaseDataError, ResumeError, SamplerError
-from megaload.hybrid_cp_sampler import HYBRID_CP_SAMPLER
 from megaload.loader import MegatronDataLoader
 
 #: the version of ``PhasedDataLoader.state_dict``
@@ -65,11 +65,6 @@ class PhasedDataLoader:
         micro_batches = num_micro_batches(
             config.global_batch_size, config.micro_batch_size, config.data_parallel_size
         )
-        #: loader batches per iteration on each rank: its micro-batches, or one under the
-        #: ``hybrid_cp`` sampler, whose batch is the rank's share of a whole global batch
-        self.batches_per_iteration = (
-            1 if config.dataloader_type == HYBRID_CP_SAMPLER else micro_batches
-        )
         consumed_samples = check_count("consumed_samples", consumed_samples)
         iteration, leftover = divmod(consumed_samples, config.global_batch_size)
         if leftover:
@@ -82,6 +77,15 @@ class PhasedDataLoader:
             MegatronDataLoader(dataset, self._start_in(index, iteration), config)
             for index, (_, dataset) in enumerate(phases)
         ]
+        #: loader batches per iteration on each rank: its micro-batches, fewer where the
+        #: sampler's batch holds several (a GlobalBatchSampler, as ``hybrid_cp``'s: one batch,
+        #: the rank's share of a whole global batch)
+        sampler = self.loaders[self.phase].batch_sampler
+        self.batches_per_iteration = (
+            micro_batches // sampler.num_micro_batches
+            if isinstance(sampler, GlobalBatchSampler)
+            else micro_batches
+        )
         #: batches this rank has read of the current phase
         self.taken_in_phase = (iteration - starts[self.phase]) * self.batches_per_iteration
 
