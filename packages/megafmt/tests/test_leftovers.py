@@ -138,3 +138,22 @@ def test_a_preprocess_killed_mid_input_leaves_only_what_the_next_run_clears(tmp_
     assert main(["preprocess", "--input", str(fifo), "--output-prefix", prefix]) == 0
     assert not any(path.exists() for path in left)
     assert sorted(os.listdir(out)) == [".mega", "o_text_document.bin", "o_text_document.idx"]
+
+
+def test_leftovers_of_several_paths_are_found_with_one_listing_of_their_folder(
+    tmp_path, monkeypatch
+):
+    dead = 2**22 + 54321  # beyond pid_max: a writer that no longer runs
+    live = os.getpid()
+    paths = [str(tmp_path / f"entry-{table}.npy") for table in ("a", "b")]
+    stale = [f"{path}.{dead}-0badf00d{PARTIAL_SUFFIX}" for path in paths]
+    running = f"{paths[0]}.{live}-0badf00d{PARTIAL_SUFFIX}"
+    unrelated = str(tmp_path / f"other.npy.{dead}-0badf00d{PARTIAL_SUFFIX}")
+    for path in [*stale, running, unrelated]:
+        Path(path).write_bytes(b"half")
+    listings = []
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda folder: listings.append(folder) or listdir(folder))
+    assert sorted(remove_stale_partials(*paths)) == sorted(stale)
+    assert listings == [str(tmp_path)]
+    assert os.path.exists(running) and os.path.exists(unrelated)

@@ -15,7 +15,6 @@ file opened by ``open()`` does.
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import os
 import re
@@ -64,6 +63,10 @@ def partial_path(path: str) -> str:
     return f"{_partial_stem(path)}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
 
 
+#: what follows the stem in a temporary name: ``.<pid>-<hex>.partial`` (the pid captured)
+_PARTIAL_TAIL = r"\.(\d+)-[0-9a-f]+" + re.escape(PARTIAL_SUFFIX) + "$"
+
+
 def remove_quietly(path: str) -> None:
     """Delete ``path`` if it exists."""
     with contextlib.suppress(FileNotFoundError):
@@ -80,22 +83,33 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
-def remove_stale_partials(path: str) -> list[str]:
-    """Delete the ``*.partial`` files and folders that writers of ``path`` left behind when
+def remove_stale_partials(*paths: str) -> list[str]:
+    """Delete the ``*.partial`` files and folders that writers of ``paths`` left behind when
     they were killed (their process no longer exists); returns what was removed. Those of
-    writers still running are left alone."""
+    writers still running are left alone. Each folder is listed once, whatever the number of
+    paths in it (an index cache of thousands of corpora holds tens of thousands of files)."""
     removed = []
-    stem = _partial_stem(path)
-    pattern = re.compile(re.escape(stem) + r"\.(\d+)-[0-9a-f]+" + re.escape(PARTIAL_SUFFIX) + "$")
-    for candidate in glob.glob(glob.escape(stem) + ".*" + PARTIAL_SUFFIX):
-        match = pattern.match(candidate)
-        if match is None or _process_exists(int(match.group(1))):
+    by_folder: dict[str, list[str]] = {}
+    for path in paths:
+        folder, stem = os.path.split(_partial_stem(path))
+        by_folder.setdefault(folder, []).append(stem)
+    for folder, stems in by_folder.items():
+        try:
+            names = [n for n in os.listdir(folder or ".") if n.endswith(PARTIAL_SUFFIX)]
+        except FileNotFoundError:
             continue
-        if os.path.isdir(candidate):
-            shutil.rmtree(candidate, ignore_errors=True)
-        else:
-            remove_quietly(candidate)
-        removed.append(candidate)
+        for stem in stems:
+            pattern = re.compile(re.escape(stem) + _PARTIAL_TAIL)
+            for name in names:
+                match = pattern.match(name)
+                if match is None or _process_exists(int(match.group(1))):
+                    continue
+                candidate = os.path.join(folder, name)
+                if os.path.isdir(candidate):
+                    shutil.rmtree(candidate, ignore_errors=True)
+                else:
+                    remove_quietly(candidate)
+                removed.append(candidate)
     return removed
 
 

@@ -222,9 +222,8 @@ class IndexCache:
         directory = self.entry.directory
         try:
             os.makedirs(directory, exist_ok=True)
-            for path in (*self.entry.files(), self.entry.sidecar_path):
-                for leftover in remove_stale_partials(path):
-                    logger.info("removed %s, left by a build that was killed", leftover)
+            for leftover in remove_stale_partials(*self.entry.files(), self.entry.sidecar_path):
+                logger.info("removed %s, left by a build that was killed", leftover)
             # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB)
             with ThreadPoolExecutor(max(1, len(self.entry.tables))) as pool:
                 list(
