@@ -111,7 +111,13 @@ def assert_equals_the_seed(seed, case: int, arguments: dict) -> None:
     try:
         reference = seed.call("seed_budget:budget", arguments)
     except SeedRaised as raised:
-        assert raised.is_a("AssertionError"), raised
+        if raised.is_a("ZeroDivisionError"):  # a missing valid count, without eval_interval
+            assert not arguments["eval_interval"] and not arguments["consumed_valid_samples"]
+            if not arguments["eval_iters"]:  # nothing was evaluated: 0 here, on purpose
+                assert ours(arguments)["consumed_valid_samples"] == 0, case
+                return
+        else:
+            assert raised.is_a("AssertionError"), raised
         with pytest.raises(BackfillError):
             ours(arguments)
         return
@@ -139,13 +145,15 @@ def test_budget_and_backfill_equal_the_seed_commit_s(seed, case: int) -> None:
 
 @pytest.mark.parametrize("case", range(20))
 def test_skip_train_without_eval_interval_equals_the_seed_commit_s(seed, case: int) -> None:
-    """``--skip-train --eval-interval 0`` (evaluation only): the seed reads no interval there."""
+    """``--skip-train --eval-interval 0`` (evaluation only): the seed reads no interval for the
+    budget. Resumed from a checkpoint that lacks its consumed validation samples (half the
+    resumed cases), the seed's backfill divides by the interval and fails: ours refuses with a
+    BackfillError naming eval_interval, or, with no eval_iters (nothing was evaluated), counts
+    0."""
     rng = random.Random(f"skip-train-{case}")
     arguments = random_arguments(rng)
     arguments.update(skip_train=True, eval_interval=0)
     resume(rng, arguments)
-    if arguments["iteration"]:
-        # a checkpoint that records its consumed validation samples: the seed's backfill of a
-        # missing count divides by the interval
+    if arguments["iteration"] and rng.random() < 0.5:
         arguments["consumed_valid_samples"] = arguments["eval_global_batch_size"]
     assert_equals_the_seed(seed, case, arguments)

@@ -26,6 +26,18 @@ def test_a_sample_based_run_without_counts_is_refused_as_megatron_asserts():
     assert isinstance(raised.value, AssertionError)
 
 
+def test_a_missing_valid_count_without_eval_interval():
+    """eval_interval 0 (a --skip-train run): nothing evaluated counts 0; evaluations of an
+    unknown interval are refused, naming eval_interval (Megatron-LM divides by it)."""
+    assert backfilled_consumed(5, 40, 0, global_batch_size=8, eval_interval=0) == (40, 0)
+    with pytest.raises(BackfillError, match="eval_interval is 0"):
+        backfilled_consumed(5, 40, 0, global_batch_size=8, eval_interval=0, eval_iters=2)
+    assert backfilled_consumed(5, 40, 16, global_batch_size=8, eval_interval=0, eval_iters=2) == (
+        40,
+        16,
+    )
+
+
 def test_a_phase_starts_its_loader_at_its_own_first_sample():
     assert consumed_in_phase(7, 4, 28, [5, 12]) == 8
     assert consumed_in_phase(7, 4, 28) == 28

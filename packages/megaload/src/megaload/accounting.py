@@ -49,7 +49,10 @@ def backfilled_consumed(
     ``iteration x global_batch_size`` train samples, and the validation batches of every
     evaluation point passed (from ``start_eval_at_iter`` on). Only an iteration-based run can
     be filled in: with ``train_samples`` the batch size may have changed on the way, and a
-    missing train count is refused (:class:`BackfillError`)."""
+    missing train count is refused (:class:`BackfillError`). So is a missing valid count
+    without an ``eval_interval`` (0 or None, as ``--skip-train`` runs may have), where
+    Megatron-LM divides by it and fails; with no ``eval_iters`` nothing was evaluated, and the
+    count is 0."""
     train, valid = consumed_train_samples, consumed_valid_samples
     if iteration > 0 and train == 0:
         if train_samples is not None:
@@ -61,7 +64,12 @@ def backfilled_consumed(
         train = consumed_after(iteration, global_batch_size)
     if iteration > 0 and valid == 0 and train_samples is None:
         if eval_iters and not eval_interval:
-            raise SamplerError("eval_iters needs eval_interval to count the evaluation points")
+            raise BackfillError(
+                f"the checkpoint at iteration {iteration} records no consumed_valid_samples, and "
+                f"with eval_iters {eval_iters} they are counted per evaluation interval, but "
+                f"eval_interval is {eval_interval!r}: give the eval_interval the run trained "
+                "with, or the checkpoint's consumed_valid_samples"
+            )
         skipped = (start_eval_at_iter or 0) // eval_interval if eval_iters else 0
         points = max(0, iteration // eval_interval - skipped) if eval_iters else 0
         valid = points * eval_iters * (eval_global_batch_size or global_batch_size)
