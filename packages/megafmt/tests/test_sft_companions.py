@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from megafmt import FormatError, get_bin_path, get_idx_path
+from megafmt.manifest import read_manifest
 from megafmt.sft import (
     JsonlLineIndex,
     SFTTokenizer,
@@ -20,6 +21,7 @@ from megafmt.sft import (
     write_tokenized,
 )
 from megafmt.sft.testing import write_sft_jsonl, write_sft_tokenizer
+from megafmt.sft.tokenized import preprocess_sft
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +56,22 @@ def test_a_folder_where_the_loss_mask_goes_is_refused_before_anything_is_written
         write_tokenized(JsonlLineIndex(path), tokenizer, prefix)
     assert not os.path.exists(get_bin_path(prefix)) and not os.path.exists(get_idx_path(prefix))
     assert not any(name.endswith(".partial") for name in os.listdir(tmp_path))
+
+
+def test_the_manifest_records_the_tokenizer_and_another_one_is_refused(tmp_path, tokenizer):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 5)
+    nano = "nemotron-nano-v2"
+    prefix = preprocess_sft(path, str(tmp_path / "out"), tokenizer.path, nano)
+    made = read_manifest(prefix)["tokenizer"]
+    assert made["type"] == "SFTTokenizer" and made["prompt_format"] == nano
+    assert made["fingerprint"] == SFTTokenizer(tokenizer.path, nano).fingerprint
+    assert made["vocab_size"] == tokenizer.vocab_size
+    TokenizedConversations(prefix, SFTTokenizer(tokenizer.path, nano))  # the same: fine
+    with pytest.raises(FormatError, match=rf"prompt_format '{nano}' -> 'nemotron-h-aligned'"):
+        TokenizedConversations(prefix, SFTTokenizer(tokenizer.path))  # another prompt format
+    smaller = write_sft_tokenizer(tmp_path / "smaller", vocab_size=270)  # other, fewer ids
+    with pytest.raises(FormatError, match=r"vocab_size \d+ -> 270, fingerprint") as error:
+        TokenizedConversations(prefix, SFTTokenizer(str(smaller), nano))
+    assert f"pre-tokenized with the SFT tokenizer at {tokenizer.path}" in str(error.value)
+    TokenizedConversations(prefix)  # no tokenizer to compare: read as it is

@@ -90,8 +90,8 @@ class SFTDataset(MegatronDataset):
     def build_low_level_dataset(dataset_path: str, config: GPTDatasetConfig) -> Any:
         """The pre-tokenized corpus at ``dataset_path`` when its ``.idx`` exists, else the jsonl
         at ``dataset_path`` (local or any fsspec URL) through its cached line index."""
-        if IndexedDataset.exists(dataset_path):
-            return TokenizedConversations(dataset_path)
+        if IndexedDataset.exists(dataset_path):  # checked against the tokenizer it was made with
+            return TokenizedConversations(dataset_path, config.tokenizer)
         masked = masks_prompts(config.tokenizer)
         if isinstance(config, SFTDatasetConfig):
             return JsonlLineIndex(

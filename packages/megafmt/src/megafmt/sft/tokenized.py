@@ -11,6 +11,8 @@ this form as it reads the jsonl and gives the same samples.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
+from importlib.metadata import version
 from typing import Any
 
 import numpy
@@ -22,6 +24,7 @@ from megafmt.dtypes import DType
 from megafmt.errors import FormatError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.limits import naming_full_disk
+from megafmt.manifest import read_manifest, remove_manifest, write_manifest
 from megafmt.progress import Progress
 from megafmt.readers import is_url
 from megafmt.readers.file_reader import FileBinReader
@@ -92,7 +95,9 @@ def preprocess_sft(
         input_path, skip_bad_lines=skip_bad_lines, masked_turns=tokenizer.format.masks
     )
     prefix = f"{output_prefix}_{SFT_KEY}_document"
+    remove_manifest(prefix)  # an old corpus's never describes the new one
     conversations = write_tokenized(lines, tokenizer, prefix)
+    write_manifest(prefix, sft_manifest(tokenizer, input_path, len(lines), conversations))
     print(
         f"{redact(input_path)}: {len(lines)} lines, {conversations} conversations -> "
         f"{prefix}.bin/.idx/{LOSS_MASK_SUFFIX[1:]} ({lines.bad_lines} bad lines skipped)"
@@ -100,11 +105,64 @@ def preprocess_sft(
     return prefix
 
 
+def sft_manifest(
+    tokenizer: SFTTokenizer, input_path: str, lines: int, conversations: int
+) -> dict[str, Any]:
+    """What a pre-tokenized SFT corpus records of how it was made: the tokenizer (folder,
+    prompt format, fingerprint, sizes) its ids and loss mask depend on, and its input."""
+    return {
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "megafmt": version("megafmt"),
+        "kind": "sft",
+        "tokenizer": {
+            "type": "SFTTokenizer",
+            "path": tokenizer.path,
+            "prompt_format": tokenizer.prompt_format,
+            "fingerprint": tokenizer.fingerprint,
+            "vocab_size": tokenizer.vocab_size,
+            "eod": tokenizer.eod,
+            "pad": tokenizer.pad,
+        },
+        "inputs": [{"path": input_path, "size": file_size(input_path)}],
+        "lines": lines,
+        "conversations": conversations,
+    }
+
+
+def check_made_with(path_prefix: str, tokenizer: SFTTokenizer) -> None:
+    """Refuse to train the pre-tokenized corpus at ``path_prefix`` with an SFT tokenizer other
+    than the one its manifest records (other ids, or prompts masked otherwise, would train
+    without an error); a corpus without a manifest (made before it was written) is not judged."""
+    made = (read_manifest(path_prefix) or {}).get("tokenizer")
+    if not made or made.get("type") != "SFTTokenizer":
+        return
+    given = {
+        "prompt_format": tokenizer.prompt_format,
+        "vocab_size": tokenizer.vocab_size,
+        "fingerprint": tokenizer.fingerprint,
+    }
+    differ = [
+        f"{key} {made.get(key)!r} -> {value!r}"
+        for key, value in given.items()
+        if made.get(key) != value
+    ]
+    if differ:
+        raise FormatError(
+            f"{path_prefix}: pre-tokenized with the SFT tokenizer at {made.get('path')} "
+            f"({made.get('prompt_format')}), trained with the one at {tokenizer.path} "
+            f"({tokenizer.prompt_format}); they differ in {', '.join(differ)}. Train with the "
+            "tokenizer it was made with, or run mega preprocess --sft again with this one"
+        )
+
+
 class TokenizedConversations:
     """A pre-tokenized SFT corpus: one element per jsonl line, its conversations' ids and
-    targets read from the pair and the loss mask."""
+    targets read from the pair and the loss mask. Given the SFT tokenizer it is trained with,
+    that tokenizer must be the one its manifest records (:func:`check_made_with`)."""
 
-    def __init__(self, path_prefix: str) -> None:
+    def __init__(self, path_prefix: str, tokenizer: Any = None) -> None:
+        if isinstance(tokenizer, SFTTokenizer):
+            check_made_with(path_prefix, tokenizer)
         self.path_prefix = path_prefix
         self.tokens = IndexedDataset(path_prefix)
         self.mask_path = get_loss_mask_path(path_prefix)

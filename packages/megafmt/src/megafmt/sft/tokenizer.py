@@ -25,6 +25,7 @@ The library is ``tokenizers`` (``pip install megafmt[huggingface]``); no file is
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,7 +37,7 @@ import numpy
 from megafmt.errors import FormatError, MissingFileError, PluginError
 from megafmt.sft.messages import Message, conversation_problem, split_conversations
 from megafmt.tokenizers.base import TokenizerOptions, fingerprint_of, import_library
-from megafmt.tokenizers.huggingface import configured_tokens
+from megafmt.tokenizers.huggingface import CONFIG_FILES, configured_tokens
 from megafmt.tokenizers.identity import megatron_identifiers
 
 #: a target position that takes no loss (the prompt)
@@ -156,6 +157,15 @@ class SFTTokenizer:
     @property
     def pad_id(self) -> int | None:
         return self.pad
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the files and the prompt format that decide the ids and targets: equal
+        fingerprints, equal conversations (what a pre-tokenized corpus's manifest records)."""
+        names = ("tokenizer.json", *CONFIG_FILES)
+        files = [os.path.join(self.path, name) for name in names]
+        existing = [path for path in files if os.path.isfile(path)]
+        return fingerprint_of("SFTTokenizer", existing, self.prompt_format)
 
     @property
     def unique_identifiers(self) -> OrderedDict:
