@@ -75,3 +75,21 @@ def test_arrays_outlive_a_released_reader(make_corpus, small_pool):
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match="capacity of at least 1"):
         ReaderPool(0)
+
+
+def test_the_capacity_fits_the_open_files_limit(monkeypatch):
+    from megafmt.readers import pool
+
+    monkeypatch.setattr(pool, "_open_files_limit", lambda: 256)
+    monkeypatch.delenv("MEGAFMT_MAX_OPEN_BIN", raising=False)
+    assert pool._capacity_from_environment() == 128  # half a small limit by default
+    monkeypatch.setenv("MEGAFMT_MAX_OPEN_BIN", "192")
+    assert pool._capacity_from_environment() == 192
+    monkeypatch.setenv("MEGAFMT_MAX_OPEN_BIN", "1000")
+    with pytest.raises(ValueError) as raised:
+        pool._capacity_from_environment()
+    message = str(raised.value)
+    assert "ulimit -n, RLIMIT_NOFILE: 256 files" in message
+    assert "set MEGAFMT_MAX_OPEN_BIN to at most 192" in message
+    monkeypatch.setattr(pool, "_open_files_limit", lambda: None)  # unlimited
+    assert pool._capacity_from_environment() == 1000

@@ -3,10 +3,11 @@
 A blend of a thousand corpora opens a thousand datasets. The ``mmap`` reader holds no descriptor
 (:mod:`megafmt.mapping`), but readers that do (``file``, and any reader that does not say
 ``holds_descriptor = False``) register here when their dataset opens them; past ``capacity``
-(the ``MEGAFMT_MAX_OPEN_BIN`` environment variable, default 512) the pool releases the reader of
-a dataset not read from recently (a CLOCK sweep: every read marks its dataset, the sweep spares
-marked datasets once), and that dataset reopens its reader on its next read. Arrays already
-handed out stay valid.
+(the ``MEGAFMT_MAX_OPEN_BIN`` environment variable; default 512, or half the open-files limit
+where that is lower; a value the limit cannot hold is refused, naming the limit) the pool
+releases the reader of a dataset not read from recently (a CLOCK sweep: every read marks its
+dataset, the sweep spares marked datasets once), and that dataset reopens its reader on its next
+read. Arrays already handed out stay valid.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import weakref
 from collections import deque
 from typing import Protocol
 
+try:
+    import resource
+except ImportError:  # not POSIX: no limit to respect
+    resource = None
+
 DEFAULT_CAPACITY = 512
+#: descriptors left to the rest of the process (sockets, DataLoader pipes, logs, the cache)
+RESERVED_DESCRIPTORS = 64
 
 
 class Releasable(Protocol):
@@ -65,14 +73,36 @@ class ReaderPool:
                 candidate.release_reader()
 
 
+def _open_files_limit() -> int | None:
+    """The soft open-files limit (``ulimit -n``), or None when unlimited or unknown."""
+    if resource is None:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _capacity_from_environment() -> int:
-    value = os.environ.get("MEGAFMT_MAX_OPEN_BIN", str(DEFAULT_CAPACITY))
+    """``MEGAFMT_MAX_OPEN_BIN``, refused when the open-files limit leaves it no room (the
+    readers would fail with "Too many open files" part way through a run); unset, the default,
+    lowered to half the limit where the limit is small."""
+    limit = _open_files_limit()
+    room = None if limit is None else limit - RESERVED_DESCRIPTORS
+    value = os.environ.get("MEGAFMT_MAX_OPEN_BIN")
+    if value is None:
+        return DEFAULT_CAPACITY if limit is None else max(1, min(DEFAULT_CAPACITY, limit // 2))
     try:
         capacity = int(value)
     except ValueError:
         capacity = 0
     if capacity < 1:
         raise ValueError(f"MEGAFMT_MAX_OPEN_BIN={value!r}: expected a positive number of readers")
+    if room is not None and capacity > room:
+        raise ValueError(
+            f"MEGAFMT_MAX_OPEN_BIN={capacity} open .bin readers do not fit the open-files limit "
+            f"(ulimit -n, RLIMIT_NOFILE: {limit} files, {RESERVED_DESCRIPTORS} of them kept for "
+            f"the rest of the process): set MEGAFMT_MAX_OPEN_BIN to at most {max(room, 1)}, or "
+            "raise the limit"
+        )
     return capacity
 
 
