@@ -75,3 +75,21 @@ def test_the_manifest_records_the_tokenizer_and_another_one_is_refused(tmp_path,
         TokenizedConversations(prefix, SFTTokenizer(str(smaller), nano))
     assert f"pre-tokenized with the SFT tokenizer at {tokenizer.path}" in str(error.value)
     TokenizedConversations(prefix)  # no tokenizer to compare: read as it is
+
+
+def test_a_loss_mask_of_another_corpus_of_the_same_size_is_refused(tmp_path, tokenizer):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 30, seed=4)
+    prefix = preprocess_sft(path, str(tmp_path / "out"), tokenizer.path)
+    mask = get_loss_mask_path(prefix)
+    with open(mask, "rb") as stream:
+        own = stream.read()
+    copied = tmp_path / "copy.lossmask"  # the same bytes written anew: still its own
+    copied.write_bytes(own)
+    os.replace(copied, mask)
+    TokenizedConversations(prefix)
+    # another corpus's mask of the same size: its own positions are prompts there, and so on
+    with open(mask, "wb") as stream:
+        stream.write(bytes(1 - byte for byte in own))
+    with pytest.raises(FormatError, match=r"its \.lossmask is not the one mega preprocess --sft"):
+        TokenizedConversations(prefix)

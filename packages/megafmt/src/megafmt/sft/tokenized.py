@@ -22,6 +22,7 @@ from megafmt.builder import IndexedDatasetBuilder
 from megafmt.dataset import IndexedDataset
 from megafmt.dtypes import DType
 from megafmt.errors import FormatError
+from megafmt.fingerprint import corpus_fingerprint, file_version
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.limits import naming_full_disk
 from megafmt.manifest import read_manifest, remove_manifest, write_manifest
@@ -97,7 +98,8 @@ def preprocess_sft(
     prefix = f"{output_prefix}_{SFT_KEY}_document"
     remove_manifest(prefix)  # an old corpus's never describes the new one
     conversations = write_tokenized(lines, tokenizer, prefix)
-    write_manifest(prefix, sft_manifest(tokenizer, input_path, len(lines), conversations))
+    manifest = sft_manifest(tokenizer, input_path, len(lines), conversations)
+    write_manifest(prefix, {**manifest, **companion_versions(prefix)})
     print(
         f"{redact(input_path)}: {len(lines)} lines, {conversations} conversations -> "
         f"{prefix}.bin/.idx/{LOSS_MASK_SUFFIX[1:]} ({lines.bad_lines} bad lines skipped)"
@@ -127,6 +129,34 @@ def sft_manifest(
         "lines": lines,
         "conversations": conversations,
     }
+
+
+def companion_versions(path_prefix: str) -> dict[str, Any]:
+    """What ties the corpus's three files together in its manifest: the pair's fingerprint
+    (the whole ``.idx``'s checksum, sampled ``.bin`` blocks) and the ``.lossmask``'s sampled
+    blocks, so a mask of another corpus of the same size, or a pair replaced under the mask, is
+    noticed at open without reading the files through."""
+    mask_bytes, mask_hash = file_version(get_loss_mask_path(path_prefix), "loss mask")
+    return {
+        "pair": corpus_fingerprint(path_prefix),
+        "lossmask": {"bytes": mask_bytes, "hash": mask_hash},
+    }
+
+
+def check_companions(path_prefix: str) -> None:
+    """Refuse the corpus at ``path_prefix`` when its files are not those its manifest was
+    written with (a corpus without a manifest, or one that records none, is not judged)."""
+    manifest = read_manifest(path_prefix) or {}
+    if "pair" not in manifest or "lossmask" not in manifest:
+        return
+    found = companion_versions(path_prefix)
+    for name, what in (("lossmask", "its .lossmask"), ("pair", "its .bin/.idx")):
+        if found[name] != manifest[name]:
+            raise FormatError(
+                f"{path_prefix}: {what} is not the one mega preprocess --sft made with this "
+                f"corpus (recorded {manifest[name]}, found {found[name]}): a file of another "
+                "corpus, or one changed since; run mega preprocess --sft again"
+            )
 
 
 def check_made_with(path_prefix: str, tokenizer: SFTTokenizer) -> None:
@@ -176,6 +206,8 @@ class TokenizedConversations:
         # read, not mapped: a mask truncated under a mapping kills the process (SIGBUS); a
         # reader's short read is a FormatError naming the file and the byte
         self._mask = None if is_url(self.mask_path) else FileBinReader(self.mask_path)
+        if not is_url(path_prefix):
+            check_companions(path_prefix)
 
     def __len__(self) -> int:
         return len(self.tokens.document_indices) - 1
