@@ -28,7 +28,7 @@ from typing import Any
 import numpy
 
 from megafmt.atomic import atomic_write
-from megafmt.errors import BadInputError
+from megafmt.errors import BadInputError, ObjectChangedError
 from megafmt.fingerprint import file_version
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir, read_range
@@ -49,6 +49,11 @@ def _version(path: str) -> dict[str, Any]:
     if not is_url(path):
         version["mtime_ns"] = os.stat(path).st_mtime_ns
     return version
+
+
+def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    """Which file, as it was: device, inode, size and modification time."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 def index_path(path: str) -> str:
@@ -140,6 +145,8 @@ class JsonlLineIndex:
             found = _scan(path, skip_bad_lines, workers, check, masked_turns)
             _store(self.index_path, *found)
         arrays, meta = found
+        #: the local file the offsets are of: every read checks that its descriptor is still it
+        self._identity = None if is_url(path) else _identity(os.stat(path))
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
         self.checked: bool = meta.get("checked", True)
         self.bad_lines: int = meta["bad_lines"]
@@ -170,6 +177,13 @@ class JsonlLineIndex:
             return read_range(self.path, start, end - start)
         if self._pid != os.getpid():  # opened once per process (DataLoader workers fork)
             self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        found = _identity(os.fstat(self._fd))
+        if found != self._identity:  # an fstat: microseconds next to parsing the line
+            raise ObjectChangedError(
+                f"{self.path} changed since it was indexed (device, inode, size, mtime_ns "
+                f"{self._identity} then, {found} now: replaced or edited in place); its lines "
+                "would be read at the old offsets. Open it again to index it anew"
+            )
         return os.pread(self._fd, end - start, start)
 
     def __getitem__(self, idx: int) -> list[Message]:

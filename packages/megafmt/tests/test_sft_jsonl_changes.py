@@ -1,0 +1,54 @@
+"""An SFT jsonl that changes under its line index: replaced after it was opened (a loader
+worker opens it by path later), or edited in place at the same size. Its lines would be read
+at the old offsets; every read checks the descriptor is still the file indexed."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from megafmt.errors import ObjectChangedError
+from megafmt.sft import JsonlLineIndex
+from megafmt.sft.testing import write_sft_jsonl
+
+
+@pytest.fixture
+def indexed(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    lines = write_sft_jsonl(path, 6, seed=2)
+    return path, lines, JsonlLineIndex(str(path))
+
+
+def test_unchanged_lines_read_as_written(indexed):
+    _path, lines, index = indexed
+    assert [index[i] for i in range(len(index))] == lines
+    worker = pickle.loads(pickle.dumps(index))  # as a loader worker gets it
+    assert worker[5] == lines[5]
+
+
+def test_a_file_replaced_after_opening_is_refused_in_a_worker(indexed, tmp_path):
+    path, _lines, index = indexed
+    worker = pickle.loads(pickle.dumps(index))
+    other = tmp_path / "other.jsonl"
+    write_sft_jsonl(other, 6, seed=3)
+    os.replace(other, path)
+    with pytest.raises(ObjectChangedError, match=r"chat\.jsonl changed since it was indexed"):
+        worker[0]
+
+
+def test_a_file_edited_in_place_at_the_same_size_is_refused(indexed):
+    path, lines, index = indexed
+    assert index[0] == lines[0]  # the descriptor is open now
+    size = os.path.getsize(path)
+    with open(path, "r+b") as stream:  # one letter of a line, the size kept
+        data = stream.read()
+        at = data.index(b'"content": "') + len(b'"content": "')
+        stream.seek(at)
+        stream.write(b"X" if data[at : at + 1] != b"X" else b"Y")
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # a later tick
+    assert os.path.getsize(path) == size
+    with pytest.raises(ObjectChangedError, match="edited in place"):
+        index[1]
