@@ -56,6 +56,14 @@ def test_a_byte_level_bpe_is_encoded_by_gigatoken_with_the_reference_ids(tmp_pat
     assert [ids.tolist() for ids in arrays] == reference_ids(folder, TEXTS)
 
 
+def test_text_to_ids_for_fill_in_the_middle_goes_through_the_chosen_backend(tmp_path):
+    folder = trained(tmp_path, "<mask>", template="<s> $A")
+    fast = load_tokenizer("huggingface", TokenizerOptions(model=folder))
+    texts = stress_texts(["<mask>", "<s>"])
+    assert [fast.text_to_ids(text) for text in texts] == reference_ids(folder, texts)
+    assert fast.backend_choice.backend == "gigatoken"
+
+
 def test_a_tokenizer_gigatoken_gets_wrong_falls_back_and_says_on_which_text(tmp_path):
     """gigatoken 0.10 does not honour single_word: the check finds it, the run is still exact."""
     folder = trained(tmp_path)
