@@ -68,6 +68,12 @@ BENCHMARKS = (
     ),
     Benchmark("preprocess", BOTH, "--size-mb 20", "--size-mb 0.3 --vocab-size 600"),
     Benchmark(
+        "tokenize",
+        ("megatron-core",),
+        "--size-mb 4 --rounds 3",
+        "--size-mb 0.2 --rounds 1 --vocab-size 600 --workers 1 --corpora multilingual",
+    ),
+    Benchmark(
         "s3",
         BOTH,
         "--megabytes 32 --samples 200",
