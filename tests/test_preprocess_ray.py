@@ -126,3 +126,18 @@ def test_a_task_killed_mid_shard_is_retried(cluster, corpus, tmp_path):
     print(f"killed the worker {killed} while it wrote its shard")
     shards = check_run(process, str(prefix), reference, storage)
     assert max(s["attempts"] for s in shards) == 2
+
+
+def test_a_killed_drivers_run_folder_is_cleared_by_the_next_run(cluster, corpus, tmp_path):
+    """A driver killed before its cleanup leaves its run's folder in the storage, named after
+    its process; the next run of the same output removes it (a live driver's is kept)."""
+    folder, reference = corpus
+    prefix, storage = tmp_path / "out" / "out", tmp_path / "storage"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = storage / f"out.{int(dead.stdout)}-0123abcd.partial"
+    (stale / "000000-5f5f5f5f5f5f").mkdir(parents=True)
+    (stale / "000000-5f5f5f5f5f5f" / "shard_text_document.bin").write_bytes(b"half")
+    process = mega_preprocess(folder, prefix, storage, env_address=cluster.address)
+    check_run(process, str(prefix), reference, storage)  # the storage is left empty
