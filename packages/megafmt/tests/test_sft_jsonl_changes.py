@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import pickle
 
+import fsspec
 import pytest
 
 from megafmt.errors import ObjectChangedError
 from megafmt.sft import JsonlLineIndex
+from megafmt.sft import lines as lines_module
 from megafmt.sft.testing import write_sft_jsonl
 
 
@@ -52,3 +54,19 @@ def test_a_file_edited_in_place_at_the_same_size_is_refused(indexed):
     assert os.path.getsize(path) == size
     with pytest.raises(ObjectChangedError, match="edited in place"):
         index[1]
+
+
+def test_a_url_is_read_through_one_client_per_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    local = tmp_path / "chat.jsonl"
+    lines = write_sft_jsonl(local, 8, seed=5)
+    url = "memory://sft-one-client/chat.jsonl"
+    fsspec.filesystem("memory").pipe(url, local.read_bytes())
+    made = []
+    real = lines_module.filesystem
+    monkeypatch.setattr(lines_module, "filesystem", lambda *a, **k: made.append(a) or real(*a, **k))
+    index = JsonlLineIndex(url)
+    assert [index[i] for i in range(8)] + [index[3]] == [*lines, lines[3]]
+    assert len(made) == 1  # one client for nine reads (one per read before)
+    worker = pickle.loads(pickle.dumps(index))
+    assert worker[7] == lines[7] and len(made) == 2  # a process's own (the copy's)

@@ -31,7 +31,7 @@ from megafmt.atomic import atomic_write
 from megafmt.errors import BadInputError, ObjectChangedError
 from megafmt.fingerprint import file_version
 from megafmt.readers import is_url
-from megafmt.remote import default_cache_dir, read_range
+from megafmt.remote import default_cache_dir, fetch_range, filesystem
 from megafmt.sft.messages import Message, parse_line
 from megafmt.sft.scan import line_ranges, scan
 from megafmt.sft.tokenizer import tokenize_line
@@ -126,6 +126,7 @@ class JsonlLineIndex:
     ) -> None:
         self._fd: int | None = None
         self._pid = -1
+        self._client: tuple[Any, str] | None = None  # a URL's file system, per process
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, found {check!r}")
         if skip_bad_lines and check != "all":
@@ -147,6 +148,8 @@ class JsonlLineIndex:
         arrays, meta = found
         #: the local file the offsets are of: every read checks that its descriptor is still it
         self._identity = None if is_url(path) else _identity(os.stat(path))
+        #: the object's version (ETag) the offsets are of: every read of a URL is bound to it
+        self._etag = str(meta["version"]["hash"]) if is_url(path) else None
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
         self.checked: bool = meta.get("checked", True)
         self.bad_lines: int = meta["bad_lines"]
@@ -168,13 +171,13 @@ class JsonlLineIndex:
         return len(self.starts)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None, "_pid": -1}
+        return {**self.__dict__, "_fd": None, "_pid": -1, "_client": None}
 
     def raw(self, idx: int) -> bytes:
         """The bytes of good line ``idx`` (0-based among the good lines)."""
         start, end = int(self.starts[idx]), int(self.ends[idx])
         if is_url(self.path):
-            return read_range(self.path, start, end - start)
+            return self._fetch(start, end)
         if self._pid != os.getpid():  # opened once per process (DataLoader workers fork)
             self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
         found = _identity(os.fstat(self._fd))
@@ -185,6 +188,20 @@ class JsonlLineIndex:
                 "would be read at the old offsets. Open it again to index it anew"
             )
         return os.pread(self._fd, end - start, start)
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of the object, through one client per process bound to
+        the version indexed (a replaced object fails the read, HTTP 412, on S3)."""
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = filesystem(self.path, if_match=self._etag), os.getpid()
+        fs, inner = self._client
+        try:
+            return fetch_range(fs, inner, self.path, start, end)
+        except ObjectChangedError as error:
+            raise ObjectChangedError(
+                f"{self.path} changed since it was indexed (ETag {self._etag} then); its lines "
+                "would be read at the old offsets. Open it again to index it anew"
+            ) from error
 
     def __getitem__(self, idx: int) -> list[Message]:
         """The ``messages`` of good line ``idx``, as Megatron-LM's low-level SFT dataset gives
