@@ -4,8 +4,10 @@ at the old offsets; every read checks the descriptor is still the file indexed."
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
+import time
 
 import fsspec
 import pytest
@@ -70,3 +72,34 @@ def test_a_url_is_read_through_one_client_per_process(tmp_path, monkeypatch):
     assert len(made) == 1  # one client for nine reads (one per read before)
     worker = pickle.loads(pickle.dumps(index))
     assert worker[7] == lines[7] and len(made) == 2  # a process's own (the copy's)
+
+
+def _open_at_once(path, barrier, results):
+    barrier.wait()
+    results.put(len(JsonlLineIndex(path, workers=1)))
+
+
+def test_data_ranks_opening_a_new_jsonl_at_once_scan_it_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 30, seed=6)
+    scans = tmp_path / "scans"
+    real = lines_module._scan
+
+    def slow_scan(*args, **kwargs):  # long enough that the others arrive meanwhile
+        with open(scans, "a") as stream:
+            stream.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lines_module, "_scan", slow_scan)
+    context = multiprocessing.get_context("fork")  # the ranks inherit the counting scan
+    barrier, results = context.Barrier(4), context.Queue()
+    ranks = [context.Process(target=_open_at_once, args=(path, barrier, results)) for _ in "abcd"]
+    for rank in ranks:
+        rank.start()
+    found = [results.get(timeout=120) for _ in ranks]
+    for rank in ranks:
+        rank.join(timeout=60)
+    assert found == [30] * 4 and all(rank.exitcode == 0 for rank in ranks)
+    assert len(scans.read_text().splitlines()) == 1  # one scan; the others loaded its index

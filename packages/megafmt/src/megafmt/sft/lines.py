@@ -28,6 +28,7 @@ from typing import Any
 import numpy
 
 from megafmt.atomic import atomic_write
+from megafmt.checked import one_checker
 from megafmt.errors import BadInputError, ObjectChangedError
 from megafmt.fingerprint import file_version
 from megafmt.readers import is_url
@@ -41,6 +42,8 @@ INDEX_FORMAT = 2
 #: when lines are checked: all of them while indexing, or each when it is read
 CHECKS = ("all", "on_read")
 SUFFIX = ".sftlines.npz"
+#: the notes' kind whose locks let one process per machine scan a new jsonl
+SCANS = "sft-scans"
 
 
 def _version(path: str) -> dict[str, Any]:
@@ -97,6 +100,11 @@ def _load(cache: str, path: str) -> tuple[dict[str, numpy.ndarray], dict[str, An
     return arrays, meta
 
 
+def _serves(meta: dict[str, Any], check: str, masked_turns: bool) -> bool:
+    """Whether a stored index (its ``meta``) serves a reader with these settings."""
+    return (check != "all" or meta["checked"]) and meta["masked_turns"] == masked_turns
+
+
 def _store(cache: str, arrays: dict[str, numpy.ndarray], meta: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(cache), exist_ok=True)
     buffer = io.BytesIO()
@@ -137,15 +145,7 @@ class JsonlLineIndex:
         self.path = path
         self.masked_turns = masked_turns
         self.index_path = index_path(path)
-        found = _load(self.index_path, path)
-        if (
-            found is None
-            or (check == "all" and not found[1]["checked"])
-            or found[1]["masked_turns"] != masked_turns
-        ):
-            found = _scan(path, skip_bad_lines, workers, check, masked_turns)
-            _store(self.index_path, *found)
-        arrays, meta = found
+        arrays, meta = self._indexed(skip_bad_lines, workers, check)
         #: the local file the offsets are of: every read checks that its descriptor is still it
         self._identity = None if is_url(path) else _identity(os.stat(path))
         #: the object's version (ETag) the offsets are of: every read of a URL is bound to it
@@ -156,6 +156,23 @@ class JsonlLineIndex:
         self.shown_bad_lines: list[tuple[int, str]] = [tuple(b) for b in meta["shown_bad_lines"]]
         if self.bad_lines:
             self._report_bad_lines(skip_bad_lines)
+
+    def _indexed(
+        self, skip_bad_lines: bool, workers: int | None, check: str
+    ) -> tuple[dict[str, numpy.ndarray], dict[str, Any]]:
+        """The stored index when it serves these settings, else a new scan, stored. One process
+        of this machine scans (with a pool of its cores); the others, every data rank at once,
+        wait for it and load what it stored."""
+        found = _load(self.index_path, self.path)
+        if found is not None and _serves(found[1], check, self.masked_turns):
+            return found
+        with one_checker(self.path, SCANS):
+            found = _load(self.index_path, self.path)
+            if found is not None and _serves(found[1], check, self.masked_turns):
+                return found
+            scanned = _scan(self.path, skip_bad_lines, workers, check, self.masked_turns)
+            _store(self.index_path, *scanned)
+            return scanned
 
     def _report_bad_lines(self, skip_bad_lines: bool) -> None:
         number, problem = self.shown_bad_lines[0]
