@@ -92,6 +92,7 @@ def faults_on_rank(seed: int) -> dict:
         "one_exhausted": run([] if dp_rank else good),
         "all_exhausted": run([]),
         "malformed": run([[sample(bad_bounds)]] if dp_rank else good),
+        "empty": run([[sample([0, 0, 0])]] if dp_rank else good),
         "other_tensors": run([[sample([0, 8], loss_mask=torch.ones(8))]] if dp_rank else good),
         "other_dtypes": run([[{**sample([0, 8]), "labels": torch.ones(8)}]] if dp_rank else good),
         "reordered": {gid: {k: v.tolist() for k, v in p.items()} for gid, p in received.items()},
@@ -111,6 +112,8 @@ def test_every_dp_rank_stops_at_the_same_step_with_a_clear_error(seed: int) -> N
         assert kind == "BatchError" and "DP ranks [1] cannot be cut" in message
         if rank == 1:  # the rank at fault says what is wrong
             assert report["expected"] in message and "sample 0's cu_seqlens" in message
+        kind, message = report["empty"]
+        assert kind == "BatchError" and "DP ranks [1] have no non-empty sub-sequence" in message
         for case in ("other_tensors", "other_dtypes"):
             kind, message = report[case]
             assert kind == "BatchError" and "hold different tensors" in message, report[case]
