@@ -17,6 +17,7 @@ from megafmt.sft import (
     JsonlLineIndex,
     SFTTokenizer,
     TokenizedConversations,
+    check_vocabulary,
     get_loss_mask_path,
     write_tokenized,
 )
@@ -93,3 +94,13 @@ def test_a_loss_mask_of_another_corpus_of_the_same_size_is_refused(tmp_path, tok
         stream.write(bytes(1 - byte for byte in own))
     with pytest.raises(FormatError, match=r"its \.lossmask is not the one mega preprocess --sft"):
         TokenizedConversations(prefix)
+
+
+def test_a_smaller_vocabulary_than_the_corpus_was_made_with_is_refused(tmp_path, tokenizer):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 3)
+    prefix = preprocess_sft(path, str(tmp_path / "out"), tokenizer.path)
+    check_vocabulary(prefix, tokenizer.vocab_size)  # the same: fine
+    check_vocabulary(prefix, tokenizer.vocab_size + 128)  # a padded one: fine
+    with pytest.raises(FormatError, match=rf"vocabulary of {tokenizer.vocab_size} ids .* of 256"):
+        check_vocabulary(prefix, 256)

@@ -162,3 +162,27 @@ def test_samples_asked_of_an_empty_split_are_refused_at_build(tmp_path):
         "sft", [3, 0, None], lambda: True, config
     ).build()
     assert len(train) == 3 and (valid is None or len(valid) == 0)
+
+
+def test_a_pretokenized_corpus_refuses_a_smaller_megatron_style_tokenizer(tmp_path):
+    pytest.importorskip("tokenizers")
+    from megafmt.sft import preprocess_sft
+    from megafmt.sft.testing import write_sft_jsonl, write_sft_tokenizer
+
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 4)
+    tokenizer_dir = str(write_sft_tokenizer(tmp_path / "tokenizer"))
+    prefix = preprocess_sft(path, str(tmp_path / "out"), tokenizer_dir)
+
+    def build(vocab_size):
+        tokenizer = IdsTokenizer()
+        tokenizer.vocab_size = vocab_size
+        config = SFTDatasetConfig(
+            random_seed=1, sequence_length=8, blend=([prefix], None), split="100,0,0",
+            tokenizer=tokenizer,
+        )  # fmt: skip
+        return BlendedMegatronDatasetBuilder("sft", [2, None, None], lambda: True, config).build()
+
+    assert len(build(1000)[0]) == 2  # a larger vocabulary reads it
+    with pytest.raises(ValueError, match="trained with a tokenizer of 256"):
+        build(256)

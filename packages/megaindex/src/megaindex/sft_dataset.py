@@ -36,11 +36,12 @@ from megafmt.sft import (
     JsonlLineIndex,
     SFTTokenizer,
     TokenizedConversations,
+    check_vocabulary,
     describe_tokens,
     tokenize_line,
 )
 from megaindex.batch_merge import in_row_order
-from megaindex.config import GPTDatasetConfig
+from megaindex.config import GPTDatasetConfig, SizedVocabulary
 from megaindex.errors import ConfigError, EmptySplitError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.sft_pack import IGNORE_INDEX, Pack, pack_conversations
@@ -91,6 +92,8 @@ class SFTDataset(MegatronDataset):
         """The pre-tokenized corpus at ``dataset_path`` when its ``.idx`` exists, else the jsonl
         at ``dataset_path`` (local or any fsspec URL) through its cached line index."""
         if IndexedDataset.exists(dataset_path):  # checked against the tokenizer it was made with
+            if isinstance(config.tokenizer, SizedVocabulary):
+                check_vocabulary(dataset_path, config.tokenizer.vocab_size)
             return TokenizedConversations(dataset_path, config.tokenizer)
         masked = masks_prompts(config.tokenizer)
         if isinstance(config, SFTDatasetConfig):

@@ -18,6 +18,7 @@ from megafmt.sft.messages import (
 from megafmt.sft.show import describe_tokens, loss_runs
 from megafmt.sft.tokenized import (
     TokenizedConversations,
+    check_vocabulary,
     get_loss_mask_path,
     preprocess_sft,
     write_tokenized,
@@ -38,6 +39,7 @@ __all__ = [
     "JsonlLineIndex",
     "SFTTokenizer",
     "TokenizedConversations",
+    "check_vocabulary",
     "conversation_problem",
     "describe_tokens",
     "get_loss_mask_path",

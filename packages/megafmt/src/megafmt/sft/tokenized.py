@@ -159,6 +159,19 @@ def check_companions(path_prefix: str) -> None:
             )
 
 
+def check_vocabulary(path_prefix: str, vocab_size: int) -> None:
+    """Refuse to train the pre-tokenized corpus at ``path_prefix`` with a tokenizer of a smaller
+    vocabulary than the one it was made with (its ids would pass the model's embedding); for
+    tokenizers other than megafmt's SFT tokenizer, whose files cannot be compared."""
+    made = ((read_manifest(path_prefix) or {}).get("tokenizer") or {}).get("vocab_size")
+    if isinstance(made, int) and made > vocab_size:
+        raise FormatError(
+            f"{path_prefix}: pre-tokenized with a vocabulary of {made} ids (its manifest), "
+            f"trained with a tokenizer of {vocab_size}: ids at or past {vocab_size} would pass "
+            "the model's embedding. Train with the tokenizer it was made with"
+        )
+
+
 def check_made_with(path_prefix: str, tokenizer: SFTTokenizer) -> None:
     """Refuse to train the pre-tokenized corpus at ``path_prefix`` with an SFT tokenizer other
     than the one its manifest records (other ids, or prompts masked otherwise, would train
