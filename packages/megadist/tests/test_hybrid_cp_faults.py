@@ -45,16 +45,20 @@ def sample(bounds: list, length: int = 8, **extra) -> dict:
     }
 
 
-def malformed(rng: random.Random) -> tuple[list, str]:
-    """A cu_seqlens a sample of 8 tokens cannot be cut at, and what its error says."""
-    kind = rng.choice(["decrease", "start", "past", "float"])
+#: the ways cu_seqlens can be malformed
+MALFORMED = ("decrease", "start", "past", "float")
+
+
+def malformed(rng: random.Random, kind: str) -> tuple[list, str]:
+    """A cu_seqlens of ``kind`` a sample of 8 tokens cannot be cut at (drawn by ``rng``), and
+    what its error says."""
     if kind == "decrease":
         cut = rng.randrange(2, 8)
         return [0, cut, cut - rng.randrange(1, cut), 8], "decrease at position 2"
     if kind == "start":
         return [rng.randrange(1, 4), 8], "do not start at 0"
     if kind == "past":
-        return [0, 4, 8 + rng.randrange(1, 5)], "past its 'labels'"
+        return [0, 4, 8 + rng.randrange(1, 5)], "past its 'tokens'"
     return [0.0, 4.0, 8.0], "expected integers"
 
 
@@ -74,7 +78,7 @@ def faults_on_rank(seed: int) -> dict:
     topology = layout.topology(1, 8)
     dp_rank = dist.get_rank(layout.hybrid_cp.dp_group)
     rng = random.Random(seed)
-    bad_bounds, expected = malformed(rng)
+    bad = [malformed(rng, kind) for kind in MALFORMED]
 
     def run(feed: list) -> tuple[str, str]:
         wrapper = HybridCPDataLoaderWrapper(iter(feed), topology, 8, scheduler="every_id_alone")
@@ -88,10 +92,10 @@ def faults_on_rank(seed: int) -> dict:
     )
     received, _ = next(wrapper)
     return {
-        "expected": expected,
+        "expected": [expected for _, expected in bad],
         "one_exhausted": run([] if dp_rank else good),
         "all_exhausted": run([]),
-        "malformed": run([[sample(bad_bounds)]] if dp_rank else good),
+        "malformed": [run([[sample(bounds)]] if dp_rank else good) for bounds, _ in bad],
         "empty": run([[sample([0, 0, 0])]] if dp_rank else good),
         "other_tensors": run([[sample([0, 8], loss_mask=torch.ones(8))]] if dp_rank else good),
         "other_dtypes": run([[{**sample([0, 8]), "labels": torch.ones(8)}]] if dp_rank else good),
@@ -108,10 +112,10 @@ def test_every_dp_rank_stops_at_the_same_step_with_a_clear_error(seed: int) -> N
         assert kind == "BatchError", report
         assert "data iterators of DP ranks [1] are exhausted while DP ranks [0]" in message
         assert report["all_exhausted"] == ("StopIteration", "")
-        kind, message = report["malformed"]
-        assert kind == "BatchError" and "DP ranks [1] cannot be cut" in message
-        if rank == 1:  # the rank at fault says what is wrong
-            assert report["expected"] in message and "sample 0's cu_seqlens" in message
+        for (kind, message), expected in zip(report["malformed"], report["expected"], strict=True):
+            assert kind == "BatchError" and "DP ranks [1] cannot be cut" in message
+            if rank == 1:  # the rank at fault says what is wrong
+                assert expected in message and "sample 0's cu_seqlens" in message
         kind, message = report["empty"]
         assert kind == "BatchError" and "DP ranks [1] have no non-empty sub-sequence" in message
         for case in ("other_tensors", "other_dtypes"):
