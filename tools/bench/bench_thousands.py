@@ -194,6 +194,7 @@ def bench_warm_start(report: benchreport.Report, nodes: int, per_node: int) -> N
     from megafmt.testing import write_corpus
 
     folder = WORKDIR / "warm"
+    folder.mkdir(parents=True, exist_ok=True)
     corpora = [write_corpus(str(folder / f"corpus{n}"), 50 * (n + 1), seed=n) for n in range(4)]
     job = Job("s3://shared/cache", corpora, [0.1, 0.2, 0.3, 0.4], samples=2000)
     with moto_endpoint(separate_process=True):

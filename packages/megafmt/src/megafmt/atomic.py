@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -63,8 +62,16 @@ def partial_path(path: str) -> str:
     return f"{_partial_stem(path)}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
 
 
-#: what follows the stem in a temporary name: ``.<pid>-<hex>.partial`` (the pid captured)
-_PARTIAL_TAIL = r"\.(\d+)-[0-9a-f]+" + re.escape(PARTIAL_SUFFIX) + "$"
+def _writer_of(name: str, stem: str) -> int | None:
+    """The pid in ``name`` when it is a temporary name of ``stem``
+    (``<stem>.<pid>-<hex>.partial``), else None. Plain string tests: a regular expression per
+    stem fills the ``re`` module's cache when thousands of entries are saved."""
+    if not (name.startswith(stem + ".") and name.endswith(PARTIAL_SUFFIX)):
+        return None
+    pid, dash, token = name[len(stem) + 1 : -len(PARTIAL_SUFFIX)].partition("-")
+    if not (pid.isdigit() and dash and token) or token.strip("0123456789abcdef"):
+        return None
+    return int(pid)
 
 
 def remove_quietly(path: str) -> None:
@@ -99,10 +106,9 @@ def remove_stale_partials(*paths: str) -> list[str]:
         except FileNotFoundError:
             continue
         for stem in stems:
-            pattern = re.compile(re.escape(stem) + _PARTIAL_TAIL)
             for name in names:
-                match = pattern.match(name)
-                if match is None or _process_exists(int(match.group(1))):
+                pid = _writer_of(name, stem)
+                if pid is None or _process_exists(pid):
                     continue
                 candidate = os.path.join(folder, name)
                 if os.path.isdir(candidate):

@@ -46,6 +46,9 @@ from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 logger = logging.getLogger(__name__)
 
 SIDECAR_FORMAT = 1
+#: tables (and corpora) smaller than this are written (and fingerprinted) on the calling
+#: thread: a blend of thousands of small corpora would spend its time starting threads
+SIDE_BY_SIDE_BYTES = 16 << 20
 
 
 class DamagedCacheError(MegaindexError):
@@ -224,13 +227,19 @@ class IndexCache:
             os.makedirs(directory, exist_ok=True)
             for leftover in remove_stale_partials(*self.entry.files(), self.entry.sidecar_path):
                 logger.info("removed %s, left by a build that was killed", leftover)
-            # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB)
-            with ThreadPoolExecutor(max(1, len(self.entry.tables))) as pool:
-                list(
-                    pool.map(
-                        lambda table: self._write_table(table, tables[table]), self.entry.tables
+            # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB); small
+            # tables one after the other (starting threads costs more than the writes)
+            if sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES:
+                for table in self.entry.tables:
+                    self._write_table(table, tables[table])
+            else:
+                with ThreadPoolExecutor(max(1, len(self.entry.tables))) as pool:
+                    list(
+                        pool.map(
+                            lambda table: self._write_table(table, tables[table]),
+                            self.entry.tables,
+                        )
                     )
-                )
             if sidecar is not None:  # with the identity of each table file now in place
                 stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
                 sidecar = {**sidecar, "table_files": stats}

@@ -35,6 +35,7 @@ from megafmt.checked import one_checker
 from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megaindex import distributed
 from megaindex.cache import (
+    SIDE_BY_SIDE_BYTES,
     CacheEntry,
     DamagedCacheError,
     IndexCache,
@@ -207,11 +208,14 @@ class CachedTables:
             sizes, sizing = {}, ""
         check_fits(recipe.where, sizes, sizing)
         corpus = recipe.corpus if self._cache is not None else None
-        # the sidecar's fingerprint of the corpus (a pass over its .idx) is taken meanwhile
-        with ThreadPoolExecutor(1, thread_name_prefix="megaindex-fingerprint") as pool:
-            fingerprint = None if corpus is None else pool.submit(corpus_fingerprint, corpus)
+        if sum(sizes.values()) < SIDE_BY_SIDE_BYTES:  # small: one after the other
             built = recipe.build()
-            self._corpus_fingerprint = None if fingerprint is None else fingerprint.result()
+            self._corpus_fingerprint = None if corpus is None else corpus_fingerprint(corpus)
+        else:  # the sidecar's fingerprint of the corpus (a pass over its .idx) meanwhile
+            with ThreadPoolExecutor(1, thread_name_prefix="megaindex-fingerprint") as pool:
+                fingerprint = None if corpus is None else pool.submit(corpus_fingerprint, corpus)
+                built = recipe.build()
+                self._corpus_fingerprint = None if fingerprint is None else fingerprint.result()
         self.source.seconds.update(built.seconds)
         self._notes = built.notes
         return built.tables
