@@ -4,7 +4,7 @@ against the tool itself is tests/compat/test_prepare_cache_compat.py)."""
 import pytest
 
 from megafmt.cli.main import main
-from megaindex.cli import data_parallel_size
+from megaindex.dataset_flags import data_parallel_size
 
 
 def build(corpus, cache, *flags):

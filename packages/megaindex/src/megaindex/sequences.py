@@ -15,7 +15,7 @@ from typing import Any
 
 from megafmt import IndexedDataset
 from megafmt.atomic import atomic_write
-from megaindex.cli import blends_of, data_path_arguments
+from megaindex.dataset_flags import blends_of, data_path_arguments
 
 
 def blend_prefixes(blend: Any, blend_per_split: Sequence[Any] | None) -> list[str]:

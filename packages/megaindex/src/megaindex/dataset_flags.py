@@ -1,8 +1,6 @@
-"""``mega index``: build a GPTDataset index cache offline, inspect a cache, explain a sample.
-
-``mega index build`` takes the arguments a Megatron job gives its dataset (data path, split,
-sequence length, seed, sample counts, tokenizer identity) and builds the cache before the job
-starts, reporting each phase; the job then finds every table cached.
+"""Megatron-LM's dataset flags (data path, split, sequence length, seed, sample counts, tokenizer
+identity, parallel layout) and the datasets they describe, built or loaded from the cache:
+what ``mega index`` and megaload's dataset provider (``mega load simulate``) read.
 """
 
 from __future__ import annotations
@@ -10,32 +8,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 import warnings
-from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
-
-import numpy
 
 from megafmt.cli.command import non_negative_int, positive_int
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
-from megafmt.redaction import redact
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, SFTTokenizer
 from megafmt.tokenizers import TokenizerOptions, load_text_tokenizer
 from megaindex.blend import default_split, get_blend_and_blend_per_split
-from megaindex.blended_dataset import BlendedDataset
 from megaindex.budget import StepBatchSizeSchedule, get_train_valid_test_num_samples
 from megaindex.builder import BlendedMegatronDatasetBuilder
-from megaindex.cache_report import inspect_cache
 from megaindex.config import GPTDatasetConfig, SizedVocabulary, padded_vocab_size
 from megaindex.fim_cli import add_fim_arguments, fim_fields
 from megaindex.fim_dataset import GPTFIMDataset, GPTFIMDatasetConfig
-from megaindex.gpt_dataset import GPTDataset
-from megaindex.megatron_flags import add_ignored_megatron_flags
 from megaindex.mix_resume import MixState
 from megaindex.mock import MockGPTDataset
-from megaindex.phase_report import describe_phases, phase_reports
 from megaindex.phases import PhaseSchedule, build_phase_datasets
 from megaindex.plugins import DATASETS
 from megaindex.sft_dataset import SFTDataset, SFTDatasetConfig
@@ -101,7 +89,7 @@ def _layout_arguments(parser: argparse.ArgumentParser) -> None:
     parallel.add_argument("--hybrid-context-parallel", action="store_true")
 
 
-def _dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> None:
+def dataset_arguments(parser: argparse.ArgumentParser, layout: bool = True) -> None:
     """The dataset flags; ``layout`` adds the parallel-layout ones (``mega load simulate``
     has its own micro batch and data-parallel flags, and leaves them out)."""
     data = parser.add_argument_group("data (Megatron-LM's flags)")
@@ -488,259 +476,3 @@ def _sft_settings(args: argparse.Namespace) -> dict[str, Any]:
         "context_parallel_size": args.context_parallel_size,
         "skip_bad_lines": args.skip_bad_lines,
     }
-
-
-class DatasetProvider:
-    """megaindex's provider for ``mega load simulate``: the datasets of any
-    ``megaindex.datasets`` plugin (``--dataset``), from Megatron-LM's flags."""
-
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        _dataset_arguments(parser, layout=False)
-
-    def build(self, args: argparse.Namespace) -> list[Any]:
-        return build_datasets(args)
-
-    def build_resumed(self, args: argparse.Namespace, state: Mapping[str, Any]) -> list[Any]:
-        """The datasets, the training blend continuing the corpora of a loader's saved
-        ``state`` (megaload's ``MixResumingProvider``)."""
-        return build_datasets(args, MixState.from_loader_state(state))
-
-    def build_phases(self, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
-        """``(first iteration, training dataset)`` of each phase of ``--phases``, or None
-        without it (megaload's ``PhasedProvider``)."""
-        return self.build_continuing_phases(args, continue_corpora=False)
-
-    def build_continuing_phases(
-        self, args: argparse.Namespace, continue_corpora: bool = True
-    ) -> list[tuple[int, Any]] | None:
-        """As :meth:`build_phases`, each phase continuing the corpora where the one before
-        left them (megaload's ``MixResumingProvider``)."""
-        if not args.phases:
-            return None
-        phases = build_phases(args, continue_corpora)
-        return [(first, datasets[Split.train.value]) for first, datasets in phases]
-
-
-def _report_built(split: Split, dataset: Any, indent: str = "") -> str:
-    if isinstance(dataset, list):  # multiple validation sets
-        return "\n".join(_report_built(split, d, indent) for d in dataset)
-    if not isinstance(dataset, (GPTDataset, BlendedDataset)):  # a third party's class
-        return f"{indent}{split.name:<5} {len(dataset):>12,} samples  {type(dataset).__name__}"
-    source = dataset.index_source
-    key = source.cache_entry.base if source.cache_entry else "(not cached)"
-    what = f"blend of {len(dataset.datasets)}  " if isinstance(dataset, BlendedDataset) else ""
-    line = f"{indent}{split.name:<5} {len(dataset):>12,} samples  {what}{source.kind:<6}  {key}"
-    if source.seconds:
-        phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in source.seconds.items())
-        line += f"\n{indent}      {phases}"
-    if isinstance(dataset, BlendedDataset):
-        parts = [line] + [_report_built(split, d, indent + "    ") for d in dataset.datasets]
-        return "\n".join(parts)
-    plan = dataset.epoch_plan
-    line += (
-        f"\n{indent}      {plan.num_epochs} epoch(s) of {plan.tokens_per_epoch:,} tokens, "
-        f"separate final epoch: {'yes' if plan.separate_final_epoch else 'no'}"
-    )
-    return line
-
-
-def _plot(reports: list, path: str) -> None:
-    """Cumulative share of each source over the samples of each blend, if matplotlib exists."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as pyplot
-    except ImportError as error:
-        raise ValueError(f"--plot needs matplotlib ({error})") from None
-    blends = [r for r in reports if r.sources]
-    figure, axes = pyplot.subplots(
-        len(blends) or 1, 1, figsize=(8, 3 * max(1, len(blends))), squeeze=False
-    )
-    for axis, report in zip(axes[:, 0], blends, strict=False):
-        index = report.dataset_index()
-        seen = numpy.arange(1, len(index) + 1)
-        for number, source in enumerate(report.sources):
-            axis.plot(
-                seen,
-                numpy.cumsum(index == number) / seen,
-                label=f"{source.dataset_path} (weight {source.weight:.3f})",
-            )
-            axis.axhline(source.weight, linestyle=":", linewidth=0.8)
-        axis.set_title(f"{report.description.get('split')} blend {report.base[:8]}")
-        axis.set_xlabel("samples")
-        axis.set_ylabel("share so far")
-        axis.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path)
-
-
-class IndexCommand:
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        commands = parser.add_subparsers(dest="index_command", metavar="SUBCOMMAND", required=True)
-        build = commands.add_parser("build", help="build the index cache before a job starts")
-        _dataset_arguments(build)
-        add_ignored_megatron_flags(build)  # last: it skips the flags read above
-        inspect = commands.add_parser("inspect", help="what a cache directory holds")
-        inspect.add_argument("cache_dir", metavar="CACHE_DIR")
-        inspect.add_argument(
-            "--first",
-            type=int,
-            default=10000,
-            help="blend shares are also shown over the first N samples",
-        )
-        inspect.add_argument("--plot", metavar="PNG", help="plot blend shares (needs matplotlib)")
-        inspect.add_argument("--json", action="store_true", help="print JSON")
-        inspect.add_argument(
-            "--phases",
-            nargs="+",
-            metavar="START:DATA_PATH",
-            help="show this schedule's phases (as mega index build --phases built them): "
-            "per phase its blend, samples, tokens and each corpus's epochs",
-        )
-        explain = commands.add_parser("explain", help="which documents a sample is cut from")
-        _dataset_arguments(explain)
-        explain.add_argument("--sample", type=int, required=True, help="sample number")
-        explain.add_argument(
-            "--split-name",
-            choices=[s.name for s in Split],
-            default="train",
-            help="the split the sample belongs to",
-        )
-        explain.add_argument("--tokens", action="store_true", help="print the token ids too")
-
-    def run(self, args: argparse.Namespace) -> int:
-        return {"build": self._build, "inspect": self._inspect, "explain": self._explain}[
-            args.index_command
-        ](args)
-
-    def _build(self, args: argparse.Namespace) -> int:
-        start = time.perf_counter()
-        for flag in ("dataloader_fast_cache_load", "dataloader_defer_npy_index_mmap"):
-            if vars(args)[flag]:  # taken, and set aside as prepare_cache.py does
-                print(f"> ignoring --{flag.replace('_', '-')} during cache preparation")
-        phases = build_phases(args) if args.phases else [(None, build_datasets(args))]
-        for first, datasets in phases:
-            if first is not None:
-                print(f"phase from iteration {first}:")
-            for split, dataset in zip(Split, datasets, strict=True):
-                if dataset is not None:
-                    print(_report_built(split, dataset))
-        print(f"done in {time.perf_counter() - start:.2f} s")
-        return 0
-
-    def _inspect(self, args: argparse.Namespace) -> int:
-        reports = inspect_cache(args.cache_dir, args.first)
-        if args.phases:
-            phases = phase_reports(PhaseSchedule.parse(args.phases), reports)
-            if args.json:
-                print(json.dumps([asdict(phase) for phase in phases], indent=2))
-            else:
-                print("\n".join(describe_phases(phases)))
-            return 0
-        if args.plot:
-            _plot(reports, args.plot)
-        if args.json:
-            print(
-                json.dumps(
-                    [asdict(r) | {"bytes_on_disk": r.bytes_on_disk} for r in reports], indent=2
-                )
-            )
-            return 0
-        if not reports:
-            print(f"{args.cache_dir}: no cached datasets")
-        for report in reports:
-            print(report.base)
-            print(_describe_report(report, args.first))
-        return 0
-
-    def _explain(self, args: argparse.Namespace) -> int:
-        split = Split[args.split_name]
-        dataset = build_datasets(args)[split.value]
-        if dataset is None:
-            raise ValueError(f"the {split.name} split is empty with --split {args.split}")
-        if not 0 <= args.sample < len(dataset):
-            raise IndexError(
-                f"sample {args.sample} out of range: the {split.name} split has {len(dataset)}"
-            )
-        sample = args.sample
-        if isinstance(dataset, BlendedDataset):
-            number = int(dataset.dataset_index[sample])
-            sample = int(dataset.dataset_sample_index[sample])
-            dataset = dataset.datasets[number]
-            print(
-                f"{split.name} sample {args.sample} is sample {sample} of dataset {number} "
-                f"({redact(dataset.dataset_path)}) of the blend"
-            )
-        if isinstance(dataset, SFTDataset):
-            print(f"{split.name} " + "\n".join(dataset.describe(sample)))
-            return 0
-        row = int(dataset.shuffle_index[sample])
-        (begin, begin_offset), (end, end_offset) = dataset.sample_index[row : row + 2].tolist()
-        extra = int(dataset.config.add_extra_token_to_sequence)
-        print(
-            f"{split.name} sample {sample} is row {row} of the sample index: from "
-            f"document_index[{begin}] offset {begin_offset} to document_index[{end}] offset "
-            f"{end_offset} (+{extra} extra token)"
-        )
-        for document, first, count in zip(*dataset.sample_spans(sample), strict=True):
-            length = int(dataset.dataset.sequence_lengths[document])
-            last = length if count is None else first + count
-            print(f"  document {document:>10}  tokens [{first}, {last}) of {length}")
-        if args.tokens:
-            if isinstance(dataset, GPTFIMDataset):
-                print(
-                    "rearranged for fill-in-the-middle as a fresh dataset's first read (the FIM "
-                    "stream is stateful; --fim-sample-seeded gives each sample its own)"
-                )
-            text, _ = dataset._query_document_sample_shuffle_indices(sample)
-            print(" ".join(map(str, text.tolist())))
-            decoder = dataset.config.tokenizer
-            if isinstance(decoder, IdentifiedTokenizer) and decoder.text is not None:
-                print("decoded (special tokens as written):")
-                print(decoder.text.ids_to_text(text, remove_special_tokens=False))
-        return 0
-
-
-def _describe_report(report: Any, first: int) -> str:
-    described = report.description
-    lines = []
-    if described.get("class") == "BlendedDataset":
-        lines.append(
-            f"  BlendedDataset {described.get('split')}: "
-            f"{len(described.get('datasets', []))} datasets, size {described.get('size')}"
-        )
-    else:
-        lines.append(
-            f"  {described.get('class')} {described.get('index_split')} of "
-            f"{described.get('dataset_path')}: seq {described.get('sequence_length')}, "
-            f"seed {described.get('random_seed')}, split {described.get('split')}"
-        )
-    samples = report.samples
-    lines.append(f"  samples: {samples:,}" if samples is not None else "  samples: unknown")
-    if report.plan:
-        lines.append(
-            f"  epochs: {report.plan['num_epochs']}, separate final epoch: "
-            f"{'yes' if report.plan['separate_final_epoch'] else 'no'}"
-        )
-    elif described.get("class") != "BlendedDataset":
-        lines.append("  epochs: not recorded (built by megatron-core)")
-    for table, info in report.tables.items():
-        shape = info.get("shape", info.get("error"))
-        lines.append(
-            f"  {table:<20} {info.get('dtype', '?'):<7} {shape!s:<16} {info['bytes']:>14,} bytes"
-        )
-    lines.append(f"  total {report.bytes_on_disk:,} bytes")
-    if report.sources:
-        lines.append(
-            f"  {'source':<40} {'weight':>8} {'first ' + str(first):>12} "
-            f"{'all':>8} {'samples':>10} {'epochs':>8}"
-        )
-        for source in report.sources:
-            epochs = "?" if source.epochs is None else f"{source.epochs:.3f}"
-            lines.append(
-                f"  {str(source.dataset_path)[-40:]:<40} {source.weight:>8.4f} "
-                f"{source.share_first:>12.4f} {source.share_all:>8.4f} "
-                f"{source.samples_drawn:>10,} {epochs:>8}"
-            )
-    return "\n".join(lines)
