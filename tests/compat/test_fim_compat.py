@@ -99,6 +99,24 @@ def random_reads(rng: random.Random, lengths: list[int]) -> list[tuple[int, int 
     return reads
 
 
+def seed_fim_samples(
+    seed, corpus, tokenizer_dir, ours_tokenizer, sizes, fields, cache, reads, *classes
+) -> dict:
+    """The seed commit's FIM datasets over ``corpus`` (``fields`` with their cache at
+    ``cache``), read at ``reads``; ``classes``: the builder and dataset to take from megaindex
+    instead (seedside/seed_fim.py)."""
+    tokenizer = (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS)
+    return seed.call(
+        "seed_fim:fim_samples",
+        corpus,
+        tokenizer,
+        sizes,
+        {**fields, "path_to_cache": cache},
+        reads,
+        *classes,
+    )
+
+
 def build_ours(corpus, tokenizer, sizes, fields, cache):
     config = megaindex.GPTFIMDatasetConfig(
         blend=([corpus], None),
@@ -134,14 +152,8 @@ def test_samples_equal_the_seed_commits(
     sizes, fields = random_case(rng)
     ours = build_ours(corpus, ours_tokenizer, sizes, fields, str(tmp_path / "ours"))
     reads = random_reads(rng, [0 if d is None else len(d) for d in ours])
-    seed_tokenizer = (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS)
-    theirs = seed.call(
-        "seed_fim:fim_samples",
-        corpus,
-        seed_tokenizer,
-        sizes,
-        {**fields, "path_to_cache": str(tmp_path / "seed")},
-        reads,
+    theirs = seed_fim_samples(
+        seed, corpus, tokenizer_dir, ours_tokenizer, sizes, fields, str(tmp_path / "seed"), reads
     )
     for split, dataset in enumerate(ours):
         if dataset is None:
@@ -212,13 +224,8 @@ def test_an_unset_fragment_rate_is_accepted_as_the_seed_accepts_it(
     sizes = [200, 0, 0]
     ours = build_ours(corpus, ours_tokenizer, sizes, fields, str(tmp_path / "ours"))
     reads = [(0, idx) for idx in range(60)]
-    theirs = seed.call(
-        "seed_fim:fim_samples",
-        corpus,
-        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
-        sizes,
-        {**fields, "path_to_cache": str(tmp_path / "seed")},
-        reads,
+    theirs = seed_fim_samples(
+        seed, corpus, tokenizer_dir, ours_tokenizer, sizes, fields, str(tmp_path / "seed"), reads
     )
     failed = theirs["failed"]
     assert (failed is None) == (fim_rate == 0.0), failed
@@ -240,21 +247,17 @@ def test_megatron_lm_s_own_fim_config_builds_with_our_builder_and_dataset(
     sizes, fields = random_case(random.Random(8))
     fields.update(fim_rate=0.8, fim_split_sample=FILE_SEP, fim_fragment_rate=0.5)
     reads = [(0, idx) for idx in [*range(30), None, -1, -7, 3]]
-    tokenizer = (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS)
-    theirs = seed.call(
-        "seed_fim:fim_samples",
-        corpus,
-        tokenizer,
-        sizes,
-        {**fields, "path_to_cache": str(tmp_path / "seed")},
-        reads,
+    theirs = seed_fim_samples(
+        seed, corpus, tokenizer_dir, ours_tokenizer, sizes, fields, str(tmp_path / "seed"), reads
     )
-    mixed = seed.call(
-        "seed_fim:fim_samples",
+    mixed = seed_fim_samples(
+        seed,
         corpus,
-        tokenizer,
+        tokenizer_dir,
+        ours_tokenizer,
         sizes,
-        {**fields, "path_to_cache": str(tmp_path / "mixed")},
+        fields,
+        str(tmp_path / "mixed"),
         reads,
         builder,
         cls,
@@ -279,14 +282,7 @@ def test_the_seed_and_ours_share_the_cache(seed, corpus, tokenizer_dir, ours_tok
     assert json.loads(ours[0].unique_description)["class"] == "GPTFIMDataset"
     written = sorted(p.name for p in Path(cache).iterdir())
     assert all("-GPTFIMDataset-" in name for name in written)
-    seed.call(
-        "seed_fim:fim_samples",
-        corpus,
-        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
-        sizes,
-        {**fields, "path_to_cache": cache},
-        [],
-    )
+    seed_fim_samples(seed, corpus, tokenizer_dir, ours_tokenizer, sizes, fields, cache, [])
     assert sorted(p.name for p in Path(cache).iterdir()) == written
 
 
@@ -317,12 +313,14 @@ def test_without_the_extra_token_the_seed_reads_one_token_more(
     fields.update(add_extra_token_to_sequence=False, fim_rate=0.0, sequence_length=16)
     ours = build_ours(corpus, ours_tokenizer, [200, 40, 10], fields, str(tmp_path / "ours"))
     reads = [(0, idx) for idx in range(20)]
-    theirs = seed.call(
-        "seed_fim:fim_samples",
+    theirs = seed_fim_samples(
+        seed,
         corpus,
-        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
+        tokenizer_dir,
+        ours_tokenizer,
         [200, 40, 10],
-        {**fields, "path_to_cache": str(tmp_path / "seed")},
+        fields,
+        str(tmp_path / "seed"),
         reads,
     )
     for (_, idx), reference in zip(reads, theirs["samples"], strict=True):
@@ -385,13 +383,8 @@ def test_a_megatron_tokenizer_gives_the_seed_commits_samples(
     megatron_tokenizer = MegatronCoreTokenizer(tokenizer_dir, ours_tokenizer.eod)
     ours = build_ours(corpus, megatron_tokenizer, sizes, fields, str(tmp_path / "ours"))
     reads = random_reads(rng, [0 if d is None else len(d) for d in ours])
-    theirs = seed.call(
-        "seed_fim:fim_samples",
-        corpus,
-        (tokenizer_dir, ours_tokenizer.eod, IDENTIFIERS),
-        sizes,
-        {**fields, "path_to_cache": str(tmp_path / "seed")},
-        reads,
+    theirs = seed_fim_samples(
+        seed, corpus, tokenizer_dir, ours_tokenizer, sizes, fields, str(tmp_path / "seed"), reads
     )
     for number, (split, idx) in enumerate(reads):
         assert_same(theirs["samples"][number], ours[split][idx], f"read {number} {fields}")

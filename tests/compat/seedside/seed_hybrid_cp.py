@@ -90,7 +90,6 @@ def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
-    from megatron.core import utils as core_utils
     from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper
 
     _without_cuda()
@@ -133,25 +132,7 @@ def hybrid_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
                 (micro_batches,) = rest
                 shares = []
                 for loaded in micro_batches:
-                    batch = core_utils.get_batch_on_this_tp_rank(
-                        read_on_source(loaded, tp_rank),
-                        is_sft=False,
-                        is_hybrid_cp=True,
-                        create_attention_mask_in_dataloader=False,
-                        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
-                        broadcast_group=mpu.get_tensor_model_parallel_group(),
-                        cp_size=cp,
-                        tp_rank=tp_rank,
-                        micro_batch_size=1,
-                        seq_length=0,
-                        mtp_on_this_rank=False,
-                    )
-                    batch = core_utils.get_batch_on_this_cp_rank(
-                        batch,
-                        is_hybrid_cp=True,
-                        cp_group=mpu.get_context_parallel_group(),
-                        hybrid_cp_group_func=mpu.get_hybrid_data_context_parallel_groups,
-                    )
+                    batch = _seed_share(read_on_source(loaded, tp_rank), cp, tp_rank, False, 1, 0)
                     shares.append(_numpy(batch))
                 answers.append(shares)
             mpu.destroy_model_parallel()
@@ -170,7 +151,6 @@ def defaults_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
-    from megatron.core import utils as core_utils
     from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper
 
     from megadist import megatron as switched
@@ -223,23 +203,8 @@ def defaults_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
                 )
                 answer["seed_shares"] = [
                     _numpy(
-                        core_utils.get_batch_on_this_cp_rank(
-                            core_utils.get_batch_on_this_tp_rank(
-                                read_on_source(loaded, tp_rank),
-                                is_sft=False,
-                                is_hybrid_cp=True,
-                                create_attention_mask_in_dataloader=True,
-                                broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
-                                broadcast_group=mpu.get_tensor_model_parallel_group(),
-                                cp_size=cp,
-                                tp_rank=tp_rank,
-                                micro_batch_size=mbs,
-                                seq_length=args.seq_length,
-                                mtp_on_this_rank=False,
-                            ),
-                            is_hybrid_cp=True,
-                            cp_group=mpu.get_context_parallel_group(),
-                            hybrid_cp_group_func=mpu.get_hybrid_data_context_parallel_groups,
+                        _seed_share(
+                            read_on_source(loaded, tp_rank), cp, tp_rank, True, mbs, seq_length
                         )
                     )
                     for loaded in micro_batches
@@ -250,6 +215,36 @@ def defaults_run(rank: int, world: int, rendezvous: str, cases: list) -> list:
         return answers
     finally:
         dist.destroy_process_group()
+
+
+def _seed_share(
+    loaded, cp: int, tp_rank: int, attention_mask: bool, micro_batch_size: int, seq_length: int
+) -> dict:
+    """The seed's get_batch under hybrid CP for one micro-batch (``loaded`` on TP rank 0, None
+    elsewhere): ``get_batch_on_this_tp_rank`` then ``get_batch_on_this_cp_rank``, as
+    pretrain_gpt.py calls them, with ``--create-attention-mask-in-dataloader`` as given."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core import utils as core_utils
+
+    batch = core_utils.get_batch_on_this_tp_rank(
+        loaded,
+        is_sft=False,
+        is_hybrid_cp=True,
+        create_attention_mask_in_dataloader=attention_mask,
+        broadcast_src_rank=mpu.get_tensor_model_parallel_src_rank(),
+        broadcast_group=mpu.get_tensor_model_parallel_group(),
+        cp_size=cp,
+        tp_rank=tp_rank,
+        micro_batch_size=micro_batch_size,
+        seq_length=seq_length,
+        mtp_on_this_rank=False,
+    )
+    return core_utils.get_batch_on_this_cp_rank(
+        batch,
+        is_hybrid_cp=True,
+        cp_group=mpu.get_context_parallel_group(),
+        hybrid_cp_group_func=mpu.get_hybrid_data_context_parallel_groups,
+    )
 
 
 def _source(steps: list, dp_rank: int, tp_rank: int):
