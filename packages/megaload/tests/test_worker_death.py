@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -30,6 +31,9 @@ class DiesAtSample:
 
     def __getitem__(self, index: int) -> int:
         if index == self.fatal and torch.utils.data.get_worker_info() is not None:
+            # after the trainer has taken every batch before it and waits for this one: torch's
+            # SIGCHLD handler raises in whatever the trainer runs, which is then the loader
+            time.sleep(2.0)
             os.kill(os.getpid(), signal.SIGKILL)
         return index
 

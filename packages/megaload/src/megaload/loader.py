@@ -174,6 +174,7 @@ class MegatronDataLoader:
         # persistent workers keep their slots from pass to pass; new workers make new ones
         persistent = self.loader.persistent_workers
         slots = self.slots if persistent else SlotReader(self.slots.pin_memory)
+        died = None
         try:
             for item in self.loader:
                 batch = slots.read(item)  # at once: the worker reuses the slot later
@@ -183,14 +184,16 @@ class MegatronDataLoader:
             if not str(error).startswith(TORCH_WORKER_DIED):
                 raise
             died = self._worker_died(error)
-            # the dead worker's iterator goes with its loader: torch then stops the others and
-            # no longer watches their pids; another pass starts new workers at this position
-            error.__traceback__ = None
-            self.loader = self._build(self.consumed_samples)
-            raise died from None
         finally:
             if not persistent:
                 slots.close()
+        if died is not None:
+            # raised here, not in the handler: torch's error, its cause and their frames (which
+            # hold the dead loader's iterator) are gone, and the iterator with its loader, so
+            # torch stops the other workers and no longer watches their pids (its SIGCHLD
+            # handler would raise again anywhere); another pass starts new workers here
+            self.loader = self._build(self.consumed_samples)
+            raise died
 
     def _worker_died(self, error: RuntimeError) -> WorkerDiedError:
         """torch's error for a worker that died, with what it was reading and the likely cause:
