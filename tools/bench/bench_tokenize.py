@@ -11,8 +11,10 @@ trained on it. For each worker count the contenders are:
 - ``seed tool``: the seed commit's tools/preprocess_data.py, in a seed worker process (left out,
   with a line saying so, where the seed's source is absent);
 - ``megatron-core``: megatron-core 0.16.1's tool steps (tools/compat/megatron_preprocess.py);
-- ``tokenizers``: the library alone, ``encode_batch_fast`` of the texts already in memory
-  (``TOKENIZERS_PARALLELISM`` off for 1 worker);
+- ``tokenizers``: the library alone, ``encode_batch_fast`` of the texts already in memory, on
+  its own thread pool whatever the worker count (setting ``TOKENIZERS_PARALLELISM`` here would
+  keep it on in the reference's forked workers, which then wait forever on a pool that the
+  fork did not copy);
 - ``gigatoken bulk``: gigatoken's own ``encode_files`` of the jsonl (one thread for 1 worker,
   its pool for more): the floor to approach;
 - ``mega preprocess``: with ``--tokenizer-backend auto`` (gigatoken after its self-check) and
@@ -28,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import filecmp
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -100,7 +101,6 @@ def contenders(work: Path, source: Path, workers: int, seed: SeedProcess | None)
     fast = gigatoken.Tokenizer.from_json((work / "tokenizer.json").read_text())
 
     def library_alone() -> None:
-        os.environ["TOKENIZERS_PARALLELISM"] = "true" if workers > 1 else "false"
         library.encode_batch_fast(texts, add_special_tokens=False)
 
     def gigatoken_bulk() -> None:
