@@ -275,3 +275,23 @@ def test_a_cache_of_the_very_files_saved_needs_no_note_and_no_lock(
     loaded = build(make_config())
     assert loaded.index_source.kind == "cache" and "checksums" not in loaded.index_source.seconds
     assert not (tmp_path / "notes" / "verified").exists()
+
+
+def test_a_folder_untouched_since_this_process_saved_into_it_is_not_listed_again(
+    tmp_path, monkeypatch
+):
+    from megaindex.cache import CacheEntry, IndexCache
+
+    listings = []
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda folder: listings.append(folder) or listdir(folder))
+    for number in range(3):
+        entry = CacheEntry(str(tmp_path), f"{number:032x}-GPTDataset-train", ("table",))
+        IndexCache(entry, "described").save({"table": numpy.arange(4)}, None)
+    assert listings.count(str(tmp_path)) == 1  # the first save only
+    dead = 2**22 + 777
+    leftover = tmp_path / f"{3:032x}-GPTDataset-train-table.npy.{dead}-0badf00d.partial"
+    leftover.write_bytes(b"half")  # another writer touched the folder: it is listed again
+    entry = CacheEntry(str(tmp_path), f"{3:032x}-GPTDataset-train", ("table",))
+    IndexCache(entry, "described").save({"table": numpy.arange(4)}, None)
+    assert listings.count(str(tmp_path)) == 2 and not leftover.exists()

@@ -49,6 +49,8 @@ SIDECAR_FORMAT = 1
 #: tables (and corpora) smaller than this are written (and fingerprinted) on the calling
 #: thread: a blend of thousands of small corpora would spend its time starting threads
 SIDE_BY_SIDE_BYTES = 16 << 20
+#: each cache folder's modification time right after this process last saved into it
+_unchanged_since_save: dict[str, int] = {}
 
 
 class DamagedCacheError(MegaindexError):
@@ -225,8 +227,12 @@ class IndexCache:
         directory = self.entry.directory
         try:
             os.makedirs(directory, exist_ok=True)
-            for leftover in remove_stale_partials(*self.entry.files(), self.entry.sidecar_path):
-                logger.info("removed %s, left by a build that was killed", leftover)
+            # a folder nobody wrote to since this process's last save here holds no new
+            # leftovers: listing it for every entry of a large blend is quadratic in its size
+            if _unchanged_since_save.get(directory) != os.stat(directory).st_mtime_ns:
+                files = (*self.entry.files(), self.entry.sidecar_path)
+                for leftover in remove_stale_partials(*files):
+                    logger.info("removed %s, left by a build that was killed", leftover)
             # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB); small
             # tables one after the other (starting threads costs more than the writes)
             if sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES:
@@ -248,6 +254,7 @@ class IndexCache:
                     stream.write(text.encode())
             with atomic_write(self.entry.description_path) as stream:
                 stream.write(self.description.encode("utf-8"))
+            _unchanged_since_save[directory] = os.stat(directory).st_mtime_ns
         except OSError as error:
             raise CacheError(
                 f"cannot write the index cache to {directory}: {error}. By default the cache "
