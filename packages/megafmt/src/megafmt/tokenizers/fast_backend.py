@@ -156,10 +156,13 @@ class GigatokenEncoder:
         gigatoken: Any = __import__("gigatoken")
         return cls(gigatoken.Tokenizer.from_json(tokenizer_json), before, after)
 
-    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
-        """The ids of each text, the fixed ids around them."""
+    def encode_batch_arrays(
+        self, texts: Sequence[str], parallel: bool | None = None
+    ) -> list[numpy.ndarray]:
+        """The ids of each text, the fixed ids around them; ``parallel`` as gigatoken takes it
+        (None: its thread pool, except in a forked worker)."""
         awkward: Any = __import__("awkward")
-        rows = self._tokenizer.encode_batch(list(texts))
+        rows = self._tokenizer.encode_batch(list(texts), parallel=parallel)
         flat = awkward.to_numpy(awkward.flatten(rows))
         if self._renumber is not None:
             flat = self._renumber[flat]
@@ -178,9 +181,10 @@ def choose_backend(
     library: str = "tokenizers",
 ) -> tuple[GigatokenEncoder | None, BackendChoice]:
     """The gigatoken encoder ``build`` makes if ``backend`` allows it and it passes the check
-    against ``reference`` (the library's whole-text ids of a list of texts), with the choice
-    and its reason (``library`` names the reference there). Raises ``PluginError`` where
-    ``backend`` is gigatoken and the check fails."""
+    against ``reference`` (the library's whole-text ids of a list of texts, text by text: a
+    library's thread pool started before the run's workers fork stays off in them), with the
+    choice and its reason (``library`` names the reference there). Raises ``PluginError``
+    where ``backend`` is gigatoken and the check fails."""
     if backend == REFERENCE:
         return None, BackendChoice(REFERENCE, f"{library} (--tokenizer-backend reference)")
     encoder, why = _checked(build, reference, added_tokens, library)
@@ -205,8 +209,8 @@ def _checked(
     except Exception as error:  # gigatoken's loader refuses a tokenizer with plain exceptions
         return None, f"gigatoken cannot load this tokenizer ({error})"
     texts = stress_texts(added_tokens)
-    try:
-        fast = [ids.tolist() for ids in encoder.encode_batch_arrays(texts)]
+    try:  # on this thread: a pool started here would be one more for the forked workers
+        fast = [ids.tolist() for ids in encoder.encode_batch_arrays(texts, parallel=False)]
     except Exception as error:
         return None, f"gigatoken failed on the stress sample ({error})"
     expected = reference(texts)

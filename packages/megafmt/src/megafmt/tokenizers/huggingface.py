@@ -267,8 +267,8 @@ class HuggingFaceTokenizer:
             return GigatokenEncoder.from_json(description, *around)
 
         def reference(texts: list[str]) -> list[list[int]]:
-            encodings = self._encode(texts, add_special_tokens=self._special)
-            return [encoding.ids for encoding in encodings]
+            encode = self._tokenizer.encode  # one by one: no thread pool (see choose_backend)
+            return [encode(text, add_special_tokens=self._special).ids for text in texts]
 
         added = [token.content for token in self._tokenizer.get_added_tokens_decoder().values()]
         return choose_backend(self._backend, build, reference, added)
