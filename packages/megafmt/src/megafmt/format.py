@@ -45,6 +45,8 @@ MODE_DTYPE = "i1"
 
 IDX_SUFFIX = ".idx"
 BIN_SUFFIX = ".bin"
+#: the loss-mask sidecar of a pre-tokenized SFT corpus (``mega preprocess --sft``)
+LOSS_MASK_SUFFIX = ".lossmask"
 
 
 def get_idx_path(path_prefix: str) -> str:
@@ -55,6 +57,11 @@ def get_idx_path(path_prefix: str) -> str:
 def get_bin_path(path_prefix: str) -> str:
     """The token file of a corpus prefix."""
     return path_prefix + BIN_SUFFIX
+
+
+def get_loss_mask_path(path_prefix: str) -> str:
+    """The loss-mask sidecar of the pre-tokenized SFT corpus at ``path_prefix``."""
+    return path_prefix + LOSS_MASK_SUFFIX
 
 
 def implied_token_count(last_pointer: int, last_length: int, itemsize: int) -> int:

@@ -14,12 +14,11 @@ from megafmt.atomic import remove_quietly, remove_stale_partials
 from megafmt.builder import IndexedDatasetBuilder
 from megafmt.errors import FormatError, MissingFileError
 from megafmt.folders import make_folder
-from megafmt.format import BIN_SUFFIX, IDX_SUFFIX, get_bin_path, get_idx_path
+from megafmt.format import BIN_SUFFIX, IDX_SUFFIX, get_bin_path, get_idx_path, get_loss_mask_path
 from megafmt.index import Index
 from megafmt.limits import naming_full_disk
 from megafmt.manifest import remove_manifest
 from megafmt.progress import Progress
-from megafmt.sft.tokenized import get_loss_mask_path
 
 
 @dataclass(frozen=True)

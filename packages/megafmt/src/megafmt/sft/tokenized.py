@@ -23,7 +23,7 @@ from megafmt.dataset import IndexedDataset
 from megafmt.dtypes import DType
 from megafmt.errors import FormatError
 from megafmt.fingerprint import corpus_fingerprint, file_version
-from megafmt.format import get_bin_path, get_idx_path
+from megafmt.format import LOSS_MASK_SUFFIX, get_bin_path, get_idx_path, get_loss_mask_path
 from megafmt.limits import naming_full_disk
 from megafmt.manifest import read_manifest, remove_manifest, write_manifest
 from megafmt.progress import Progress
@@ -34,14 +34,8 @@ from megafmt.remote import file_size, read_range
 from megafmt.sft.lines import JsonlLineIndex
 from megafmt.sft.tokenizer import DEFAULT_PROMPT_FORMAT, IGNORE_INDEX, SFTTokenizer, tokenize_line
 
-LOSS_MASK_SUFFIX = ".lossmask"
 #: the json key the output is named after, as preprocess names ``<prefix>_<key>_document``
 SFT_KEY = "messages"
-
-
-def get_loss_mask_path(path_prefix: str) -> str:
-    """The loss-mask sidecar of the pre-tokenized SFT corpus at ``path_prefix``."""
-    return path_prefix + LOSS_MASK_SUFFIX
 
 
 def write_tokenized(lines: JsonlLineIndex, tokenizer: Any, output_prefix: str) -> int:
