@@ -84,21 +84,30 @@ def test_file_reader_gives_up_after_its_retries(flaky):
     assert len(calls) == 4 and len(sleeps) == 3 and reader.retries == 3
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        TypeError("connection reset by peer"),
-        ValueError("503 Service Unavailable"),
-        OSError(errno.EINVAL, "Invalid argument"),
-    ],
-    ids=repr,
-)
-def test_file_reader_raises_what_no_retry_can_help_at_once(flaky, error):
+def test_file_reader_raises_what_no_retry_can_help_at_once(flaky):
     reader, failures, calls, sleeps = flaky
+    error = OSError(errno.EINVAL, "Invalid argument")
     failures[:] = [error]
     with pytest.raises(ReadError, match="corpus.bin: reading 16 bytes at offset 0: ") as raised:
         reader.read(numpy.int32, 4, 0)
     assert raised.value.__cause__ is error
+    assert len(calls) == 1 and sleeps == [] and reader.retries == 0
+    assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [TypeError("connection reset by peer"), ValueError("503 Service Unavailable")],
+    ids=repr,
+)
+def test_file_reader_raises_a_bug_inside_a_read_as_itself_at_once(flaky, error):
+    """A failure that is no I/O error is a bug, whatever its message says: not retried, not
+    relabelled a ReadError."""
+    reader, failures, calls, sleeps = flaky
+    failures[:] = [error]
+    with pytest.raises(type(error)) as raised:
+        reader.read(numpy.int32, 4, 0)
+    assert raised.value is error
     assert len(calls) == 1 and sleeps == [] and reader.retries == 0
     assert reader.read(numpy.int32, 4, 0).tolist() == [1, 2, 3, 4]
 
