@@ -213,7 +213,7 @@ def bench_warm_start(report: benchreport.Report, nodes: int, per_node: int) -> N
         len([r for r in reports if r["node"] == node and sum(r["requests"].values())])
         for node in range(nodes)
     ]
-    conditions = f"{nodes} nodes x {per_node} processes, gloo, moto S3 on loopback, 5 tables"
+    conditions = f"{nodes} nodes x {per_node} processes, gloo, moto S3 on loopback, 5 cache entries"
     report.note(
         f"warm start ({conditions}): first batch on the slowest rank {slowest:.1f} s after the "
         f"launch, {after_import:.1f} s after the import of torch on the slowest rank; "
