@@ -6,7 +6,12 @@ Each rank runs Megatron-LM's own code from the archive (testing/seedref.py): its
 parser and validation, ``parallel_state.initialize_model_parallel``, pretrain_gpt's dataset
 provider, training.py's ``build_train_valid_test_data_iterators`` and pretrain_gpt's
 ``get_batch``, for a few iterations of the training, validation and test iterators. Switched,
-those are megaindex's datasets, megaload's loader and megadist's get_batch.
+those are megaindex's datasets, megaload's loader and megadist's get_batch. The jobs: GPT on
+TP2 x DP2 and TP2 x CP2; ``--fim-data``, ``--sft``, phases (resumed inside the second) and a
+Hugging Face tokenizer without a pad token whose post-processor adds a BOS, on TP2 x DP2; and
+seeded random cases, each a tokenizer of any type with its options (the files and command lines
+of test_tokenizer_seed_compat.py), a jsonl of random documents ``mega preprocess`` tokenizes
+with it, a layout and data-path flags.
 
 Stubs, only for what needs CUDA or files the archive leaves out:
 
@@ -23,9 +28,11 @@ Stubs, only for what needs CUDA or files the archive leaves out:
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +46,16 @@ pytestmark = [pytest.mark.compat, pytest.mark.distributed]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from megatron_switch import SWITCHES, apply, switched_text  # noqa: E402  (tools/ is put on the path first)
+sys.path.insert(0, str(Path(__file__).parent))
+# tools/ and this folder are put on the path first
+import test_tokenizer_seed_compat  # noqa: E402
+from megatron_switch import SWITCHES, apply, switched_text  # noqa: E402
+from test_tokenizer_seed_compat import PREPROCESSED, TYPES, flag_sets, write_jsonl  # noqa: E402
 
 STEPS = 3
+
+#: the tokenizer compat test's files of every tokenizer type (made once per module)
+tokenizer_files = test_tokenizer_seed_compat.files
 
 
 def cuda_stubs() -> None:
@@ -62,9 +76,10 @@ def cuda_stubs() -> None:
         sys.modules[name] = stand_in
 
 
-def rank_pipeline(root: str, argv: list[str], steps: int) -> dict[str, Any]:
-    """One gloo rank of a Megatron-LM run from ``root``: the first ``steps`` values of
-    get_batch on each of its train, valid and test iterators, as numpy."""
+def rank_pipeline(root: str, argv: list[str], steps: int, iteration: int = 0) -> dict[str, Any]:
+    """One gloo rank of a Megatron-LM run from ``root``, started (or resumed) at ``iteration``:
+    the first ``steps`` values of get_batch on each of its train, valid and test iterators, as
+    numpy."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -81,7 +96,8 @@ def rank_pipeline(root: str, argv: list[str], steps: int) -> dict[str, Any]:
     from megatron.training.arguments import parse_and_validate_args
 
     args = parse_and_validate_args()
-    args.iteration = args.consumed_train_samples = args.consumed_valid_samples = 0
+    args.iteration, args.consumed_valid_samples = iteration, 0
+    args.consumed_train_samples = iteration * args.global_batch_size
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
@@ -89,6 +105,8 @@ def rank_pipeline(root: str, argv: list[str], steps: int) -> dict[str, Any]:
     )
     import pretrain_gpt
     from megatron.training import training
+
+    training.update_train_iters(args)  # as pretrain() does: a sample-based run's iterations
 
     provider = pretrain_gpt.train_valid_test_datasets_provider
     provider.is_distributed = True
@@ -143,52 +161,116 @@ def code_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return prefix, directory
 
 
-def data_flags(job: str, corpus: str, code_corpus: tuple[str, str]) -> list[str]:
-    """The data and tokenizer flags of a job: GPT over the NullTokenizer corpus, or
-    ``--fim-data`` over the code corpus (every FIM option the seed's parser has)."""
+@pytest.fixture(scope="module")
+def chat_jsonl(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Conversations and the SFT tokenizer folder (no pad token), for ``--sft``."""
+    from megafmt.sft.testing import write_sft_jsonl, write_sft_tokenizer
+
+    root = tmp_path_factory.mktemp("sft")
+    write_sft_jsonl(root / "chat.jsonl", 60, seed=4, conversations=3)
+    return str(root / "chat.jsonl"), str(write_sft_tokenizer(root / "tokenizer"))
+
+
+TP2 = ["--tensor-model-parallel-size", "2"]
+CP2 = ["--context-parallel-size", "2"]
+GPT = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+#: data-path flags the random cases draw from: each changes what a sample holds
+DATA_OPTIONS = [["--reset-position-ids"], ["--reset-attention-mask"], ["--eod-mask-loss"],
+                ["--no-create-attention-mask-in-dataloader"]]  # fmt: skip
+
+
+def job_flags(job: str, inputs: dict[str, Any]) -> list[str]:
+    """The data, tokenizer and length flags of a hand-picked job: ``gpt`` over the
+    NullTokenizer corpus; ``fim`` over the code corpus (every FIM option the seed's parser
+    has); ``sft`` over conversations, packed as the seed packs them (one pack a micro-batch, no
+    attention mask: the seed's SFTDataset asserts both); ``phases``, the second of
+    three phases (``--phase-transition-iterations``: the test resumes the run inside it);
+    ``hf``, a corpus of a Hugging Face tokenizer that has no pad token and whose
+    post-processor adds a BOS."""
     if job == "gpt":
-        return ["--data-path", corpus, "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
-    prefix, directory = code_corpus
+        return ["--data-path", inputs["corpus"], *GPT, "--train-iters", "10"]
+    if job == "phases":
+        return ["--data-path", inputs["corpus"], *GPT, "--train-samples", "96",
+                "--phase-transition-iterations", "4,8"]  # fmt: skip
+    if job == "sft":
+        jsonl, tokenizer = inputs["chat"]
+        return ["--data-path", jsonl, "--sft", "--tokenizer-type", "SFTTokenizer",
+                "--tokenizer-model", tokenizer, "--seq-length", "64",
+                "--max-position-embeddings", "64", "--micro-batch-size", "1",
+                "--no-create-attention-mask-in-dataloader", "--train-iters", "10"]  # fmt: skip
+    if job == "hf":
+        return ["--data-path", inputs["tokenized"]("huggingface", 0, 5), "--tokenizer-type",
+                "HuggingFaceTokenizer", "--tokenizer-model", inputs["files"]["hf"],
+                "--train-iters", "10"]  # fmt: skip
+    prefix, directory = inputs["code"]
     return [
         "--data-path", prefix, "--tokenizer-type", "HuggingFaceTokenizer",
         "--tokenizer-model", directory, "--fim-data", "--fim-rate", "0.8",
         "--fim-spm-rate", "0.5", "--fim-split-sample", "<file_sep>", "--fim-fragment-rate", "0.5",
+        "--train-iters", "10",
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("layout", "job"),
-    [
-        (["--tensor-model-parallel-size", "2"], "gpt"),  # TP2 x DP2
-        (["--tensor-model-parallel-size", "2", "--context-parallel-size", "2"], "gpt"),
-        (["--tensor-model-parallel-size", "2"], "fim"),
-    ],
-    ids=["tp2-dp2", "tp2-cp2", "fim-tp2-dp2"],
-)
-def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
-    checkouts: dict[str, Path],
-    corpus: str,
-    code_corpus: tuple[str, str],
-    tmp_path: Path,
-    layout: list[str],
-    job: str,
-) -> None:
-    """``fim``: the switched run builds megaindex's GPTFIMDataset from megaindex's
-    GPTFIMDatasetConfig (the seed runs Megatron-LM's)."""
+def random_job(seed: int, inputs: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """A seeded random case: a tokenizer of any type the seed builds (its command line drawn
+    from the tokenizer compat test's), a jsonl of seeded random documents tokenized with it by
+    ``mega preprocess``, a layout and data-path flags; (layout, flags)."""
+    rng = random.Random(seed)
+    kind = rng.choice(TYPES)
+    usable = [
+        n
+        for n in PREPROCESSED[kind]  # the legacy sentencepiece wrapper has no EOD to train with
+        if "--tokenizer-sentencepiece-legacy" not in flag_sets(inputs["files"])[kind][n]
+    ]
+    number = rng.choice(usable)
+    layout = rng.choice([TP2, [*TP2, *CP2], CP2])
+    options = [flag for option in DATA_OPTIONS if rng.random() < 0.4 for flag in option]
+    flags = [
+        "--data-path", inputs["tokenized"](kind, number, seed),
+        *flag_sets(inputs["files"])[kind][number], *options, "--train-iters", "10",
+    ]  # fmt: skip
+    return layout, flags
+
+
+@pytest.fixture
+def tokenized(tokenizer_files: dict[str, str], tmp_path: Path) -> Callable[[str, int, int], str]:
+    """``(kind, number, seed) -> prefix``: seeded random documents tokenized by ``mega
+    preprocess`` with command line ``number`` of ``kind``'s in the tokenizer compat test."""
+    from megafmt.cli.main import main
+
+    def tokenize(kind: str, number: int, seed: int) -> str:
+        source = tmp_path / f"{kind}-{number}-{seed}.jsonl"
+        write_jsonl(source, kind, seed)
+        prefix = str(tmp_path / f"{kind}-{number}-{seed}")
+        flags = flag_sets(tokenizer_files)[kind][number]
+        common = ["--input", str(source), "--json-keys", "text", "--append-eod", "--workers", "1"]
+        assert main(["preprocess", *common, *flags, "--output-prefix", prefix]) == 0
+        return f"{prefix}_text_document"
+
+    return tokenize
+
+
+def run_both(
+    checkouts: dict[str, Path], argv: list[str], cache: Path, iteration: int = 0
+) -> dict[str, list[dict[str, Any]]]:
+    """Every rank's batches from the seed checkout and the switched one, on 4 gloo ranks."""
     results = {}
     for name, root in checkouts.items():
-        argv = [
-            *layout,
+        full = [
             "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "16",
             "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
-            "--num-attention-heads", "2", "--lr", "1e-4",
-            "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
-            "--split", "90,8,2", *data_flags(job, corpus, code_corpus),
-            "--data-cache-path", str(tmp_path / f"cache-{name}"), "--num-workers", "0",
+            "--num-attention-heads", "2", "--lr", "1e-4", "--eval-interval", "5",
+            "--eval-iters", "2", "--split", "90,8,2", *argv,
+            "--data-cache-path", str(cache / f"cache-{name}"), "--num-workers", "0",
         ]  # fmt: skip
         results[name] = run_distributed(
-            rank_pipeline, 4, str(root), argv, STEPS, timeout=600, group_timeout=300
+            rank_pipeline, 4, str(root), full, STEPS, iteration, timeout=600, group_timeout=300
         )
+    return results
+
+
+def assert_same_batches(results: dict[str, list[dict[str, Any]]], cache: Path) -> None:
+    """Every rank, split and step: the same get_batch values; and the same cache files."""
     for seed_rank, switched_rank in zip(results["seed"], results["switched"], strict=True):
         for split in ("train", "valid", "test"):
             for step, (theirs, ours) in enumerate(
@@ -201,12 +283,70 @@ def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
                     if a is not None:
                         numpy.testing.assert_array_equal(a, b, err_msg=f"{where}, value {index}")
     # the two runs wrote the same cache: the same names, byte for byte
-    seed_cache, our_cache = tmp_path / "cache-seed", tmp_path / "cache-switched"
+    seed_cache, our_cache = cache / "cache-seed", cache / "cache-switched"
     seed_files = sorted(p.relative_to(seed_cache) for p in seed_cache.rglob("*.npy"))
     our_files = sorted(p.relative_to(our_cache) for p in our_cache.rglob("*.npy"))
-    assert seed_files and seed_files == our_files
+    assert seed_files == our_files
     for name in seed_files:
         assert (seed_cache / name).read_bytes() == (our_cache / name).read_bytes(), name
+
+
+@pytest.fixture
+def offline_hub(tokenizer_files: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks read "gpt2" from the Hub cache the tokenizer files hold (the seed's
+    GPT2BPETokenizer asks the Hub for it), offline."""
+    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_HOME", tokenizer_files["hub_home"])
+
+
+@pytest.fixture
+def inputs(
+    corpus: str,
+    code_corpus: tuple[str, str],
+    chat_jsonl: tuple[str, str],
+    tokenizer_files: dict[str, str],
+    tokenized: Callable[[str, int, int], str],
+) -> dict[str, Any]:
+    return {"corpus": corpus, "code": code_corpus, "chat": chat_jsonl, "files": tokenizer_files,
+            "tokenized": tokenized}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "job", "iteration"),
+    [
+        (TP2, "gpt", 0),  # TP2 x DP2
+        ([*TP2, *CP2], "gpt", 0),
+        (TP2, "fim", 0),
+        (TP2, "sft", 0),
+        (TP2, "phases", 6),  # resumed in the second phase, 2 of its 4 iterations taken
+        (TP2, "hf", 0),
+    ],
+    ids=["tp2-dp2", "tp2-cp2", "fim-tp2-dp2", "sft-tp2-dp2", "phases-tp2-dp2", "hf-tp2-dp2"],
+)
+def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
+    checkouts: dict[str, Path],
+    inputs: dict[str, Any],
+    tmp_path: Path,
+    layout: list[str],
+    job: str,
+    iteration: int,
+) -> None:
+    """``fim``: the switched run builds megaindex's GPTFIMDataset from megaindex's
+    GPTFIMDatasetConfig (the seed runs Megatron-LM's); ``sft``: megaindex's SFTDataset from
+    megaindex's GPTDatasetConfig, with an SFT tokenizer that has no pad token; ``hf``: the
+    tokenizer's pad is None."""
+    results = run_both(checkouts, [*layout, *job_flags(job, inputs)], tmp_path, iteration)
+    assert_same_batches(results, tmp_path)
+
+
+@pytest.mark.usefixtures("offline_hub")
+@pytest.mark.parametrize("seed", [2701, 2702])
+def test_seeded_random_tokenizers_and_jsonl_give_the_seed_commit_s_batches(
+    checkouts: dict[str, Path], inputs: dict[str, Any], tmp_path: Path, seed: int
+) -> None:
+    layout, flags = random_job(seed, inputs)
+    assert_same_batches(run_both(checkouts, [*layout, *flags], tmp_path), tmp_path)
 
 
 def test_pretrain_gpt_s_fim_and_sft_datasets_come_from_megaindex(
