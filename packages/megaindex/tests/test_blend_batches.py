@@ -1,6 +1,6 @@
 """One batch path: a blend groups a batch's rows by part, asks each part for its rows and has
 the parts' class merge them in order, whatever that class (GPT, a third party's, SFT: see
-tests/test_blend_batches.py for SFT through megaload); the data-path Protocols are told apart
+tests/test_sft_blend_batches.py for SFT through megaload); the data-path Protocols are told apart
 by their member names, and a dataset plugin that claims one only in part is refused."""
 
 from collections import OrderedDict
@@ -12,7 +12,7 @@ from torch.utils.data import default_collate
 from megafmt import IndexedDataset, PluginError
 from megafmt.protocols import BatchAssembly, CollatedBatch, PlannedPrefetch, protocol_members
 from megafmt.registry import Registry
-from megaindex import BlendedDataset, ConfigError, MegatronDataset, Split
+from megaindex import BlendedDataset, MegatronDataset, Split
 from megaindex.batch_merge import in_row_order, merge_rows
 from megaindex.plugins import DATASETS
 
@@ -105,19 +105,33 @@ def test_merge_rows_puts_each_row_in_its_place_and_names_what_does_not_stack():
         merge_rows([first, second], [[0, 1], [2, 3]])
 
 
-def test_a_blend_of_parts_that_cannot_batch_is_refused_naming_what_they_lack(make_config):
+def test_a_blend_of_a_class_that_is_no_batch_assembly_batches_as_its_samples(make_config):
+    """Parts of a class that only makes samples (megatron-core's own dataset classes, say) are
+    read one by one, collated and merged row by row, as MegatronDataset's defaults read."""
+
     class OnlyItems:
         index_split = Split.train
-        unique_identifiers = OrderedDict(name="x")
+
+        def __init__(self, name):
+            self.unique_identifiers = OrderedDict(name=name)
+            self.offset = 100 if name == "b" else 0
 
         def __len__(self):
-            return 5
+            return 50
 
         def __getitem__(self, idx):
-            return {"tokens": torch.zeros(2)}
+            return {"tokens": torch.arange(3) + idx + self.offset, "loss_mask": torch.ones(3)}
 
-    with pytest.raises(ConfigError, match="OnlyItems lacks __getitems__, merge_batches"):
-        BlendedDataset([OnlyItems(), OnlyItems()], [0.5, 0.5], 4, make_config())
+    assert not isinstance(OnlyItems("a"), BatchAssembly)
+    blend = BlendedDataset([OnlyItems("a"), OnlyItems("b")], [0.5, 0.5], 20, make_config())
+    indices = [0, 5, None, 1, 19]
+    batch = blend.__getitems__(indices).collated
+    expected = default_collate([blend[idx] for idx in indices])
+    assert list(batch) == list(expected)
+    for key, value in expected.items():
+        assert torch.equal(batch[key], torch.as_tensor(value)), key
+    assert set(batch["dataset_id"].tolist()) == {0, 1}
+    assert batch["loss_mask"][2].sum() == 0  # the padding row has no loss
 
 
 def test_protocols_are_told_apart_by_their_member_names(corpus):

@@ -6,10 +6,12 @@ max-error rule (or the exhaustive rule when ``size`` is None), held and cached b
 :class:`megaindex.tables.CachedTables` under megatron-core's names
 (``<md5>-BlendedDataset-<split>-...``), and every sample carries its ``dataset_id``.
 
-A blend implements the data path's Protocols by delegating to its parts (each of which must
-be a :class:`~megafmt.protocols.BatchAssembly`): ``__getitems__`` groups the batch's rows by
-part, asks each part for its rows and has the parts' class merge them in order
-(:mod:`megaindex.batch_merge`), or, where the parts' class reads a blend whole
+A blend implements the data path's Protocols by delegating to its parts: ``__getitems__``
+groups the batch's rows by part, asks each part for its rows and has the parts' class merge
+them in order (:mod:`megaindex.batch_merge`; parts of a class that is no
+:class:`~megafmt.protocols.BatchAssembly`, such as megatron-core's own dataset classes, are
+read as a :class:`~megaindex.MegatronDataset` reads by default: their samples one by one,
+collated, merged row by row), or, where the parts' class reads a blend whole
 (:class:`~megaindex.batch_merge.BlendGathering`: GPT datasets), lets it; and
 ``prefetch_samples`` hands each part its own samples.
 """
@@ -30,7 +32,6 @@ from megafmt.protocols import (
     CollatedBatch,
     PlannedPrefetch,
     announced,
-    protocol_members,
 )
 from megaindex.batch_merge import BlendGatherer, BlendGathering, merge_rows
 from megaindex.cache import CacheEntry, TableSpec
@@ -47,6 +48,7 @@ from megaindex.megatron_dataset import (
     describe,
     one_sample_at_a_time,
     resolve_indices,
+    samples_one_by_one,
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
 from megaindex.mix_resume import blend_mix_state, sample_origin
@@ -234,12 +236,19 @@ class BlendedDataset(torch.utils.data.Dataset):
     def _merged_parts(self, positions: list[int], ids: numpy.ndarray) -> dict[str, Any]:
         """Each part's rows of the batch, read by the part, merged in order by its class."""
         samples = self.tables["dataset_sample_index"][positions]
+        first = self.datasets[0]
+        assembles = isinstance(first, BatchAssembly)
         batches, rows = [], []
         for dataset_id in dict.fromkeys(ids.tolist()):  # in order of first use
             where = numpy.flatnonzero(ids == dataset_id)
-            batches.append(self.datasets[dataset_id].__getitems__(samples[where].tolist()))
+            part, wanted = self.datasets[dataset_id], samples[where].tolist()
+            if assembles:
+                batches.append(part.__getitems__(wanted))
+            else:
+                batches.append(samples_one_by_one(part, wanted))
             rows.append(where.tolist())
-        return dict(self.datasets[0].merge_batches(batches, rows).collated)
+        merge = first.merge_batches if assembles else merge_rows
+        return dict(merge(batches, rows).collated)
 
     def blend_gatherer(self) -> BlendGatherer | None:
         """What reads this blend's batches whole, made by the parts' class on first use (GPT
@@ -336,13 +345,6 @@ def _check_blend(datasets: list[Any], weights: list[int | float], size: int | No
     classes = sorted({type(d).__name__ for d in datasets})
     if len(classes) > 1:
         raise ConfigError(f"the datasets of a blend must all be of one class, found {classes}")
-    if not isinstance(datasets[0], BatchAssembly):
-        lacking = [m for m in protocol_members(BatchAssembly) if not hasattr(datasets[0], m)]
-        raise ConfigError(
-            f"a blend reads its batches through its parts' __getitems__ and merge_batches "
-            f"(megafmt.protocols.BatchAssembly), but {classes[0]} lacks {', '.join(lacking)}: "
-            "subclass megaindex.MegatronDataset, or implement them"
-        )
     splits = sorted({d.index_split.name for d in datasets})
     if len(splits) > 1:
         raise ConfigError(f"the datasets of a blend must all belong to one split, found {splits}")
