@@ -3,6 +3,7 @@
 
 import numpy
 import pytest
+import torch
 
 from megafmt.testing import write_corpus
 from megaindex import BlendedMegatronDatasetBuilder
@@ -70,6 +71,19 @@ def test_a_resume_without_change_serves_what_the_blend_serves(corpora, build):
     assert stream(resumed, 120, 300) == stream(blend, 120, 300)
     with pytest.raises(IndexError, match="sample 119 is outside the resumed run's samples"):
         resumed[119]
+
+
+def test_a_resumed_blend_reads_a_batch_as_its_samples_one_by_one(corpora, build):
+    first = build(corpora[:2], [0.7, 0.3], 200)
+    resumed = build(corpora, [1, 1, 1], 300, MixState(consumed_samples=90, **first.mix_state(90)))
+    indices = [90, 140, 91, 299, 200, 95]
+    batch = resumed.__getitems__(indices).collated
+    samples = [resumed[idx] for idx in indices]
+    assert len(set(batch["dataset_id"].tolist())) == 3  # every corpus gives rows
+    for key in batch:
+        assert torch.equal(batch[key], torch.stack([torch.as_tensor(s[key]) for s in samples]))
+    with pytest.raises(IndexError, match="sample 89 is outside the resumed run's samples"):
+        resumed.__getitems__([90, 89])
 
 
 def test_a_new_mix_continues_each_corpus_and_a_removed_one_returns(corpora, build):

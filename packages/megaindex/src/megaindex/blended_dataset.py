@@ -8,10 +8,9 @@ max-error rule (or the exhaustive rule when ``size`` is None), held and cached b
 
 A blend implements the data path's Protocols by delegating to its parts: ``__getitems__``
 groups the batch's rows by part, asks each part for its rows and has the parts' class merge
-them in order (:mod:`megaindex.batch_merge`; parts of a class that is no
-:class:`~megafmt.protocols.BatchAssembly`, such as megatron-core's own dataset classes, are
-read as a :class:`~megaindex.MegatronDataset` reads by default: their samples one by one,
-collated, merged row by row), or, where the parts' class reads a blend whole
+them in order (:mod:`megaindex.part_batches`, which also reads parts of a class that is no
+:class:`~megafmt.protocols.BatchAssembly`, megatron-core's own dataset classes), or, where the
+parts' class reads a blend whole
 (:class:`~megaindex.batch_merge.BlendGathering`: GPT datasets), lets it; and
 ``prefetch_samples`` hands each part its own samples.
 """
@@ -28,7 +27,6 @@ import numpy
 import torch
 
 from megafmt.protocols import (
-    BatchAssembly,
     CollatedBatch,
     PlannedPrefetch,
     announced,
@@ -48,10 +46,10 @@ from megaindex.megatron_dataset import (
     describe,
     one_sample_at_a_time,
     resolve_indices,
-    samples_one_by_one,
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
 from megaindex.mix_resume import blend_mix_state, sample_origin
+from megaindex.part_batches import read_by_part
 from megaindex.shared_cache import cache_location
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
@@ -236,19 +234,7 @@ class BlendedDataset(torch.utils.data.Dataset):
     def _merged_parts(self, positions: list[int], ids: numpy.ndarray) -> dict[str, Any]:
         """Each part's rows of the batch, read by the part, merged in order by its class."""
         samples = self.tables["dataset_sample_index"][positions]
-        first = self.datasets[0]
-        assembles = isinstance(first, BatchAssembly)
-        batches, rows = [], []
-        for dataset_id in dict.fromkeys(ids.tolist()):  # in order of first use
-            where = numpy.flatnonzero(ids == dataset_id)
-            part, wanted = self.datasets[dataset_id], samples[where].tolist()
-            if assembles:
-                batches.append(part.__getitems__(wanted))
-            else:
-                batches.append(samples_one_by_one(part, wanted))
-            rows.append(where.tolist())
-        merge = first.merge_batches if assembles else merge_rows
-        return dict(merge(batches, rows).collated)
+        return dict(read_by_part(self.datasets, ids, samples).collated)
 
     def blend_gatherer(self) -> BlendGatherer | None:
         """What reads this blend's batches whole, made by the parts' class on first use (GPT

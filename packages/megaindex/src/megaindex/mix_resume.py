@@ -30,9 +30,12 @@ from typing import Any
 import numpy
 import torch
 
+from megafmt.protocols import CollatedBatch
+from megaindex.batch_merge import merge_rows
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import build_blending_indices
+from megaindex.part_batches import read_by_part
 from megaindex.utils import normalize
 
 #: the unique identifiers of a corpus that do not shape its order (the sample count does only
@@ -293,6 +296,20 @@ class MixResumedBlend(torch.utils.data.Dataset):
         dataset_id = self.dataset_index[position]
         sample = self.datasets[dataset_id][self.dataset_sample_index[position]]
         return {"dataset_id": dataset_id, **sample}
+
+    def __getitems__(self, indices: Sequence[int]) -> CollatedBatch:
+        """The samples at ``indices``, collated: each corpus reads its rows of the batch, and
+        their class merges them in order, as a blend's batch is read."""
+        positions = numpy.array([self._position(idx) for idx in indices], dtype=numpy.int64)
+        ids = self.dataset_index[positions]
+        batch = read_by_part(self.datasets, ids, self.dataset_sample_index[positions])
+        return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch.collated})
+
+    def merge_batches(
+        self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
+    ) -> CollatedBatch:
+        """One batch with row ``j`` of ``batches[i]`` at row ``rows[i][j]``."""
+        return merge_rows(batches, rows)
 
     def mix_state(self, consumed_samples: int) -> dict[str, Any]:
         """Each corpus's record after the run consumed ``consumed_samples`` (megafmt's
