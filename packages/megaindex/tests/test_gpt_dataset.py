@@ -20,6 +20,7 @@ from megaindex import (
     EmptySplitError,
     GPTDataset,
     IndexBuildError,
+    MegatronDataset,
     Split,
     StaleCacheError,
 )
@@ -323,3 +324,32 @@ def test_the_tables_of_a_remote_corpus_are_cached_under_its_host_and_key(make_co
     folder = tmp_path / "objects" / "memory" / "megaindex-tables" / "web" / "c" / "cache"
     assert train.index_source.cache_entry.directory == str(folder / "GPTDataset_indices")
     assert not [path for path in (tmp_path / "objects").rglob("*") if "s3cr3t" in str(path)]
+
+
+class Described(MegatronDataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, idx):
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("path", "described"),
+    [
+        ("s3://KEY:SECRET@bucket/web_text_document", "s3://***@bucket/web_text_document"),
+        (
+            "https://host/web?X-Amz-Credential=AKIA1&X-Amz-Signature=f00d&part=2",
+            "https://host/web?X-Amz-Credential=***&X-Amz-Signature=***&part=2",
+        ),
+        ("s3://bucket/web_text_document", "s3://bucket/web_text_document"),
+        # a local path is described as given (megatron-core's description), whatever it holds
+        ("data/token=5/user:pass@host", "data/token=5/user:pass@host"),
+    ],
+)
+def test_a_url_s_credentials_stay_out_of_the_description(make_config, path, described):
+    dataset = Described(None, path, None, 1, Split.train, make_config())
+    assert dataset.unique_identifiers["dataset_path"] == described
+    assert "SECRET" not in dataset.unique_description and "f00d" not in dataset.unique_description
+    resigned = Described(None, path.replace("f00d", "beef"), None, 1, Split.train, make_config())
+    assert resigned.unique_description_hash == dataset.unique_description_hash

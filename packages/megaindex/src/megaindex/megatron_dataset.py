@@ -23,6 +23,8 @@ from torch.utils.data import default_collate
 
 from megafmt import IndexedDataset
 from megafmt.protocols import CollatedBatch
+from megafmt.readers import is_url
+from megafmt.redaction import redact
 from megaindex.batch_merge import merge_rows
 from megaindex.config import BlendedMegatronDatasetConfig
 from megaindex.utils import Split, index_array
@@ -86,6 +88,14 @@ def one_sample_at_a_time(cls: type) -> None:
         cls.assembles_batches = False  # type: ignore[attr-defined]
 
 
+def described_path(path: str | None) -> str | None:
+    """``path`` as a dataset's description records it: a URL without its credentials (user
+    info, a presigned URL's signature), since the description is written beside the tables and
+    names them (a new signature of the same object finds the same tables); any other path as
+    given, as megatron-core's description holds it."""
+    return redact(path) if path is not None and is_url(path) else path
+
+
 def samples_one_by_one(self: Any, indices: Sequence[Any]) -> CollatedBatch:
     """The samples ``self[idx]`` of ``indices``, collated as torch's default collation
     collates them: the batch of a class that makes its samples in ``__getitem__``."""
@@ -133,7 +143,7 @@ class MegatronDataset(ABC, torch.utils.data.Dataset):
 
         self.unique_identifiers: OrderedDict = OrderedDict()
         self.unique_identifiers["class"] = type(self).__name__
-        self.unique_identifiers["dataset_path"] = self.dataset_path
+        self.unique_identifiers["dataset_path"] = described_path(self.dataset_path)
         self.unique_identifiers["num_samples"] = self.num_samples
         self.unique_identifiers["index_split"] = self.index_split.name
         for attribute in self._key_config_attributes():
