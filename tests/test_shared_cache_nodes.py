@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -25,6 +26,13 @@ from megafmt.testing import write_corpus
 pytestmark = pytest.mark.s3
 
 NODES, PER_NODE = 2, 4
+
+
+def fresh_bucket() -> str:
+    """A new bucket (moto keeps its buckets for the whole test process)."""
+    name = f"shared-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
 
 
 def corpora(folder) -> list[str]:
@@ -46,8 +54,8 @@ def requests_of(reports: list[dict], node: int, kind: str | None = None) -> int:
 
 def test_two_nodes_start_cold_with_one_build_and_warm_with_one_download_per_node(tmp_path):
     with moto_endpoint():
-        boto3.client("s3").create_bucket(Bucket="shared")
-        job = Job("s3://shared/cache", corpora(tmp_path), [0.2, 0.3, 0.5], samples=200)
+        bucket = fresh_bucket()
+        job = Job(f"s3://{bucket}/cache", corpora(tmp_path), [0.2, 0.3, 0.5], samples=200)
         cold = launch(job, tmp_path / "cold", NODES, PER_NODE)
         # global rank 0 built every table and uploaded it; nobody else built anything
         assert set(cold[0]["kinds"]) == {"built"}
@@ -71,8 +79,8 @@ def test_two_nodes_start_cold_with_one_build_and_warm_with_one_download_per_node
 
 def test_a_node_that_dies_while_building_is_replaced_by_one_rebuild(tmp_path):
     with moto_endpoint():
-        boto3.client("s3").create_bucket(Bucket="shared")
-        job = Job("s3://shared/cache", corpora(tmp_path), [0.2, 0.3, 0.5], samples=200)
+        bucket = fresh_bucket()
+        job = Job(f"s3://{bucket}/cache", corpora(tmp_path), [0.2, 0.3, 0.5], samples=200)
         workdir = tmp_path / "jobs"
         workdir.mkdir()
         env = {**os.environ, "MEGAINDEX_SHARED_CACHE_LEASE_SECONDS": "2"}
@@ -98,6 +106,6 @@ def test_a_node_that_dies_while_building_is_replaced_by_one_rebuild(tmp_path):
         output = survivor.communicate(timeout=300)[0]
         assert survivor.returncode == 0, output
         assert output.count("stopped sending heartbeats for 2 s; building again here") == 1
-        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="shared")["Contents"]]
+        keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"]]
         assert not [key for key in keys if "-lease-" in key]
         assert sum(key.endswith("-description.txt") for key in keys) == 4
