@@ -43,8 +43,9 @@ def file_checksum(path: str, what: str) -> tuple[int, str]:
     """The size of the file at ``path`` and the CRC-32 of all its bytes (hex)."""
     fd = open_readonly(path, what)
     running, size = 0, 0
-    buffer = bytearray(READ_BYTES)
     try:
+        # no larger than the file: a small .idx is not read through 16 MiB zeroed for it
+        buffer = bytearray(min(READ_BYTES, os.fstat(fd).st_size + 1))
         while got := os.readv(fd, [buffer]):
             running = checksum(memoryview(buffer)[:got], running)
             size += got
