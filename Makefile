@@ -1,5 +1,7 @@
 # The two commands of the README: `make demo` (set up, then run the demo) and `make test`.
 PYTHON ?= python3
+# what the checks that use .venv ask for first (`make test` makes it once, before them)
+SETUP ?= setup
 PACKAGES := $(shell $(PYTHON) tools/venvs.py list)
 
 .PHONY: setup demo test checks lint test-packages test-cross release docs fuzz bench clean \
@@ -19,12 +21,12 @@ demo: setup
 # `make test`. Two checks run at a time (the longest, test-cross, starts first), each one's
 # output printed whole when it ends, with its slowest tests.
 TEST_JOBS ?= 2
-test:
-	$(MAKE) --keep-going --jobs=$(TEST_JOBS) --output-sync=target checks
+test: setup
+	$(MAKE) --keep-going --jobs=$(TEST_JOBS) --output-sync=target checks SETUP=
 
 checks: lint test-cross test-packages release docs
 
-lint: setup
+lint: $(SETUP)
 	.venv/bin/ruff check packages tests tools testing
 	.venv/bin/ruff format --check packages tests tools testing
 
@@ -35,17 +37,17 @@ $(addprefix test-,$(PACKAGES)): test-%:
 	.venvs/$*/bin/python tools/check_isolation.py $*
 	.venvs/$*/bin/python -m pytest --durations=15 packages/$*/tests
 
-test-cross: setup
+test-cross: $(SETUP)
 	.venv/bin/python -m pytest --durations=25 tests
 
 # sdists and wheels of the four packages, built the standard way, installed into fresh venvs
 # (megafmt alone, without torch; all four) and smoke-tested there
-release: setup
+release: $(SETUP)
 	.venv/bin/python tools/release_check.py
 
 # the documentation site (mkdocs-material, the API reference from the docstrings) in build/site;
 # a warning fails it
-docs: setup
+docs: $(SETUP)
 	.venv/bin/python -m pip install --quiet -c requirements/constraints.txt -r requirements/docs.txt
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
