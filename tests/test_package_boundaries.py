@@ -30,6 +30,7 @@ LENT_MODULES = {
     "megafmt.cli.tokenizer_flags",
     "megafmt.confinement",
     "megafmt.fingerprint",
+    "megafmt.folders",
     "megafmt.mapping",
     "megafmt.progress",
     "megafmt.readers",

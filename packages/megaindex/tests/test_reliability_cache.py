@@ -13,7 +13,7 @@ import time
 import numpy
 import pytest
 
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, StaleCacheError
+from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
 
 SIZES = [1000, 50, 10]
 
@@ -295,3 +295,14 @@ def test_a_folder_untouched_since_this_process_saved_into_it_is_not_listed_again
     entry = CacheEntry(str(tmp_path), f"{3:032x}-GPTDataset-train", ("table",))
     IndexCache(entry, "described").save({"table": numpy.arange(4)}, None)
     assert listings.count(str(tmp_path)) == 2 and not leftover.exists()
+
+
+def test_a_cache_folder_that_is_a_link_to_nothing_is_named_as_such(make_config, tmp_path):
+    dangling = tmp_path / "cache"
+    os.symlink(tmp_path / "gone", dangling)
+    with pytest.raises(
+        CacheError,
+        match=r"the index cache folder must be a folder, found a symbolic link to .*gone', which "
+        "does not exist",
+    ):
+        build(make_config(path_to_cache=str(dangling)))

@@ -39,6 +39,7 @@ import numpy
 
 from megafmt.atomic import atomic_write, remove_stale_partials
 from megafmt.fingerprint import checksum, file_identity
+from megafmt.folders import make_folder
 from megafmt.mapping import map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
@@ -226,7 +227,7 @@ class IndexCache:
         """Write the tables, then the sidecar (if any), then the description (the commit mark)."""
         directory = self.entry.directory
         try:
-            os.makedirs(directory, exist_ok=True)
+            make_folder(directory, "the index cache folder")
             # a folder nobody wrote to since this process's last save here holds no new
             # leftovers: listing it for every entry of a large blend is quadratic in its size
             if _unchanged_since_save.get(directory) != os.stat(directory).st_mtime_ns:
