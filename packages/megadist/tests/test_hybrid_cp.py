@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from hybridcptesting import EveryIdAlone
 
 from megadist import (
     HYBRID_CP_SCHEDULERS,
@@ -23,19 +24,6 @@ from megadist.spawn import run_distributed
 pytestmark = pytest.mark.distributed
 
 SEQ = 16
-
-
-class EveryIdAlone:
-    """Global id g to rank g mod ranks, one group."""
-
-    def __init__(self, max_seq_len_per_rank: int, total_ranks: int) -> None:
-        self.total_ranks = total_ranks
-
-    def schedule(self, sub_sequences):
-        ranks = [[] for _ in range(self.total_ranks)]
-        for gid, _ in sub_sequences:
-            ranks[gid % self.total_ranks].append(gid)
-        return [ranks]
 
 
 def micro_batch(length: int, cp: int) -> dict:

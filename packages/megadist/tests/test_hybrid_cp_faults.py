@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
+from hybridcptesting import EveryIdAlone
 
 from megadist import HYBRID_CP_SCHEDULERS, BatchError, HybridCPDataLoaderWrapper
 from megadist.hybrid_cp_checks import packed_problem
@@ -21,19 +22,6 @@ from megadist.spawn import run_distributed
 
 #: short, so that a rank left waiting fails the test with a CollectiveError, not a hang
 GROUP_TIMEOUT = 60.0
-
-
-class EveryIdAlone:
-    """Global id g to rank g mod ranks, one group."""
-
-    def __init__(self, max_seq_len_per_rank: int, total_ranks: int) -> None:
-        self.total_ranks = total_ranks
-
-    def schedule(self, sub_sequences):
-        ranks = [[] for _ in range(self.total_ranks)]
-        for gid, _ in sub_sequences:
-            ranks[gid % self.total_ranks].append(gid)
-        return [ranks]
 
 
 def sample(bounds: list, length: int = 8, **extra) -> dict:
