@@ -484,3 +484,30 @@ def test_a_type_error_that_is_no_refused_text_stops_the_run(monkeypatch):
     monkeypatch.setattr(encoder, "_encode_batch", broken)
     with pytest.raises(TypeError, match="a bug"):
         encoder.encode(Chunk("in.jsonl", 1, 0, [b'{"text": "a"}'], 13))
+
+
+@pytest.mark.parametrize("name", ["pipe.jsonl", "pipe.jsonl.gz"])
+def test_input_from_a_named_pipe_gives_the_bytes_of_the_file(tmp_path, name):
+    """A pipe (``mkfifo``, a shell's ``<(zcat ...)``) is read as a stream: fsspec's local
+    files seek to their end when opened, which a pipe refuses."""
+    import threading
+
+    text = "".join(json.dumps({"text": f"document {n} é"}) + "\n" for n in range(50)).encode()
+    plain = tmp_path / "in.jsonl"
+    plain.write_bytes(text)
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    payload = gzip.compress(text) if name.endswith(".gz") else text
+
+    def write() -> None:
+        with open(fifo, "wb") as writer:  # opens once the run opens the pipe
+            writer.write(payload)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert main(["preprocess", "--input", str(fifo), "--output-prefix", str(tmp_path / "a")]) == 0
+    writer.join(timeout=60)
+    assert main(["preprocess", "--input", str(plain), "--output-prefix", str(tmp_path / "b")]) == 0
+    for suffix in (".bin", ".idx"):
+        piped = (tmp_path / f"a_text_document{suffix}").read_bytes()
+        assert piped == (tmp_path / f"b_text_document{suffix}").read_bytes()

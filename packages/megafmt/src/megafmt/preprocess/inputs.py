@@ -10,11 +10,15 @@ documents into partitions the way Megatron's tool does.
 from __future__ import annotations
 
 import glob
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+from fsspec.compression import compr
+from fsspec.utils import infer_compression
 
 from megafmt.errors import MissingFileError, PluginError, ReadError
 
@@ -89,6 +93,10 @@ def expand_input(spec: str) -> list[InputFile]:
 
 
 def _open(path: str) -> Any:
+    if _is_pipe(path):  # read as a stream: fsspec's local files seek to their end when opened
+        compression = infer_compression(path)
+        stream = open(path, "rb")  # noqa: SIM115 (the caller closes it)
+        return stream if compression is None else compr[compression](stream, mode="rb")
     try:
         return fsspec.open(path, "rb", compression="infer").open()
     except ValueError as error:
@@ -97,6 +105,14 @@ def _open(path: str) -> Any:
                 f"{path}: reading .zst input needs zstandard: pip install zstandard"
             ) from None
         raise
+
+
+def _is_pipe(path: str) -> bool:
+    """Whether ``path`` is a local named pipe (``mkfifo``, a shell's ``<(zcat ...)``)."""
+    try:
+        return "://" not in path and stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _lines(stream: Any, limit: int | None = None, block_bytes: int = 1 << 20) -> Iterator[bytes]:
