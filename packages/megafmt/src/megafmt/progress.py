@@ -6,8 +6,9 @@ terminal and kept apart from other output written through tqdm; without tqdm the
 are one line redrawn in place a few times a second. Elsewhere (CI logs, files) a plain line is
 printed every ``log_interval`` seconds so logs stay short and free of control characters; tqdm
 is never used there. ``close`` prints a summary. Set ``MEGA_PROGRESS=0`` to silence progress
-lines (summaries still print). Every line passes through :func:`~megafmt.redaction.redact`: a
-description or summary that quotes a signed or credentialed URL shows no secret.
+lines (summaries still print). The description and a given summary pass through
+:func:`~megafmt.redaction.redact` once, where they come in: one that quotes a signed or
+credentialed URL shows no secret, and the lines redrawn from them need no redaction each.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _terminal_bar(description: str, total: float | None, unit: str, stream: Text
     if _zero_width(stream):
         return None
     return tqdm(
-        desc=redact(description),
+        desc=description,
         total=total,
         unit=unit,
         unit_scale=unit in BYTE_UNITS,
@@ -74,7 +75,7 @@ class Progress:
         also: tuple[str, ...] = (),
         every: float | None = None,
     ) -> None:
-        self.description = description
+        self.description = redact(description)  # may quote a signed URL
         self.total = total
         self.unit = unit
         self.done = 0.0
@@ -85,7 +86,7 @@ class Progress:
         self._enabled = os.environ.get("MEGA_PROGRESS", "1") != "0"
         self._interval = 0.2 if self._tty else log_interval
         self._bar = (
-            _terminal_bar(description, total, unit, self._stream)
+            _terminal_bar(self.description, total, unit, self._stream)
             if self._tty and self._enabled
             else None
         )
@@ -143,7 +144,6 @@ class Progress:
         return " ".join(parts)
 
     def _write(self, line: str, final: bool) -> None:
-        line = redact(line)  # a description or summary may quote a signed URL
         if self._tty:
             self._stream.write("\r\x1b[K" + line + ("\n" if final else ""))
         else:
@@ -152,8 +152,7 @@ class Progress:
 
     def close(self, summary: str | None = None) -> None:
         """Finish with ``summary``, or the final count and rate; ``""`` just clears the line."""
-        if summary is None:
-            summary = self._line()
+        summary = self._line() if summary is None else redact(summary)
         if self._bar is not None:
             self._bar.close()  # leave=False: the bar's line is cleared
             self._bar = None
