@@ -137,10 +137,9 @@ def companion_versions(path_prefix: str) -> dict[str, Any]:
     }
 
 
-def check_companions(path_prefix: str) -> None:
-    """Refuse the corpus at ``path_prefix`` when its files are not those its manifest was
+def check_companions(path_prefix: str, manifest: dict[str, Any]) -> None:
+    """Refuse the corpus at ``path_prefix`` when its files are not those its ``manifest`` was
     written with (a corpus without a manifest, or one that records none, is not judged)."""
-    manifest = read_manifest(path_prefix) or {}
     if "pair" not in manifest or "lossmask" not in manifest:
         return
     found = companion_versions(path_prefix)
@@ -166,11 +165,11 @@ def check_vocabulary(path_prefix: str, vocab_size: int) -> None:
         )
 
 
-def check_made_with(path_prefix: str, tokenizer: SFTTokenizer) -> None:
+def check_made_with(path_prefix: str, manifest: dict[str, Any], tokenizer: SFTTokenizer) -> None:
     """Refuse to train the pre-tokenized corpus at ``path_prefix`` with an SFT tokenizer other
-    than the one its manifest records (other ids, or prompts masked otherwise, would train
+    than the one its ``manifest`` records (other ids, or prompts masked otherwise, would train
     without an error); a corpus without a manifest (made before it was written) is not judged."""
-    made = (read_manifest(path_prefix) or {}).get("tokenizer")
+    made = manifest.get("tokenizer")
     if not made or made.get("type") != "SFTTokenizer":
         return
     given = {
@@ -198,8 +197,9 @@ class TokenizedConversations:
     that tokenizer must be the one its manifest records (:func:`check_made_with`)."""
 
     def __init__(self, path_prefix: str, tokenizer: Any = None) -> None:
+        manifest = read_manifest(path_prefix) or {}  # read once for both checks
         if isinstance(tokenizer, SFTTokenizer):
-            check_made_with(path_prefix, tokenizer)
+            check_made_with(path_prefix, manifest, tokenizer)
         self.path_prefix = path_prefix
         self.tokens = IndexedDataset(path_prefix)
         self.mask_path = get_loss_mask_path(path_prefix)
@@ -214,7 +214,7 @@ class TokenizedConversations:
         # reader's short read is a FormatError naming the file and the byte
         self._mask = None if is_url(self.mask_path) else FileBinReader(self.mask_path)
         if not is_url(path_prefix):
-            check_companions(path_prefix)
+            check_companions(path_prefix, manifest)
 
     def __len__(self) -> int:
         return len(self.tokens.document_indices) - 1
