@@ -74,17 +74,24 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(
     assert sorted(os.listdir(small_disk)) in ([], [".mega"])  # no .partial, no pair
 
 
+def run_limited(limit: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``mega argv`` run in a child process whose resource ``limit`` (the arguments of
+    ``resource.setrlimit``, as source) is set before the command starts."""
+    script = (
+        "import resource, sys; from megafmt.cli.main import main; "
+        f"resource.setrlimit(resource.{limit}); sys.exit(main({argv!r}))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=RUN_SECONDS
+    )
+
+
 @pytest.mark.parametrize("command", ["preprocess", "merge"])
 def test_the_file_size_limit_is_named_and_leaves_nothing(jsonl, corpus, tmp_path, command):
     out = tmp_path / "out"
     out.mkdir()
-    script = (
-        "import resource, sys; from megafmt.cli.main import main; "
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY)); "
-        f"sys.exit(main({commands(jsonl, corpus, out)[command]!r}))"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=RUN_SECONDS
+    run = run_limited(
+        "RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY)", commands(jsonl, corpus, out)[command]
     )
     assert run.returncode == 1, run.stderr
     assert "File too large" in run.stderr and "RLIMIT_FSIZE: 65,536 bytes" in run.stderr
@@ -93,15 +100,8 @@ def test_the_file_size_limit_is_named_and_leaves_nothing(jsonl, corpus, tmp_path
 
 
 def test_the_open_files_limit_is_named(jsonl, tmp_path):
-    script = (
-        "import resource, sys; from megafmt.cli.main import main; "
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16)); "
-        f"sys.exit(main(['preprocess', '--input', {str(jsonl)!r}, '--output-prefix', "
-        f"{str(tmp_path / 'o')!r}, '--workers', '8']))"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=RUN_SECONDS
-    )
+    argv = ["preprocess", "--input", str(jsonl), "--output-prefix", str(tmp_path / "o")]
+    run = run_limited("RLIMIT_NOFILE, (16, 16)", [*argv, "--workers", "8"])
     assert run.returncode == 1, run.stderr
     assert "RLIMIT_NOFILE: 16 files" in run.stderr and "fewer --workers" in run.stderr
     assert "Traceback" not in run.stderr
