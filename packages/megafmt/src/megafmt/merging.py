@@ -118,8 +118,7 @@ def merge(
     # like mega preprocess, the output's folder is made when missing, and what killed merges
     # into the same output left is cleared
     make_folder(os.path.dirname(os.path.abspath(output_prefix)), "the output's folder")
-    for path in output_paths:
-        remove_stale_partials(path)
+    remove_stale_partials(*output_paths)  # their folder is listed once for both
     # the companions of a corpus replaced (--force) describe the old one: never the new
     remove_manifest(output_prefix)
     remove_quietly(get_loss_mask_path(output_prefix))
