@@ -1,7 +1,9 @@
 """Importing a dataset class imports neither preprocessing nor a command line, and only the SFT
 dataset imports SFT: a training job that builds GPT datasets pays for none of them (issue 31).
 
-Each import runs in a fresh interpreter, so what other tests imported does not count.
+Each import runs in a fresh fork of one fresh interpreter that has loaded only the third-party
+libraries they share (torch, numpy), none of the project's modules: what other tests or the other
+dataset modules imported does not count, and torch is imported once, not once per module.
 """
 
 import json
@@ -37,8 +39,42 @@ def what_it_is(module: str) -> str | None:
     return None
 
 
-def modules_after_importing(module: str) -> list[str]:
-    program = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+#: one interpreter: the shared third-party libraries, then each module in a fork of its own, its
+#: ``sys.modules`` sent back through a pipe; ``{module: [modules loaded]}`` on the last line
+PROGRAM = """
+import importlib, json, os, sys, traceback
+import numpy, torch
+ours = {ours!r}
+preloaded = sorted(m for m in sys.modules if m.split(".")[0] in ours)
+assert not preloaded, f"importing torch and numpy imported {{preloaded}}"
+loaded = {{}}
+for module in {modules!r}:
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read)
+        try:
+            importlib.import_module(module)
+            with os.fdopen(write, "w") as pipe:
+                json.dump(sorted(sys.modules), pipe)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        sent = pipe.read()
+    _, status = os.waitpid(child, 0)
+    assert status == 0, f"importing {{module}} failed"
+    loaded[module] = json.loads(sent)
+print(json.dumps(loaded))
+"""
+
+
+@pytest.fixture(scope="module")
+def modules_after_importing() -> dict[str, list[str]]:
+    """``{dataset module: the modules loaded after importing it}``, each import in isolation."""
+    program = PROGRAM.format(ours=sorted(OURS), modules=DATASET_MODULES)
     done = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, check=False
     )
@@ -51,11 +87,13 @@ def test_the_shipped_dataset_modules_are_found():
 
 
 @pytest.mark.parametrize("module", DATASET_MODULES)
-def test_importing_a_dataset_class_imports_no_preprocessing_cli_or_foreign_sft(module):
+def test_importing_a_dataset_class_imports_no_preprocessing_cli_or_foreign_sft(
+    module, modules_after_importing
+):
     allowed = {"SFT"} if what_it_is(module) == "SFT" else set()
     unwanted = {
         loaded: kind
-        for loaded in modules_after_importing(module)
+        for loaded in modules_after_importing[module]
         if (kind := what_it_is(loaded)) is not None and kind not in allowed
     }
     assert unwanted == {}, f"importing {module} imported {unwanted}"
