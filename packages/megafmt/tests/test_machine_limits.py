@@ -147,3 +147,17 @@ def test_naming_full_disk_keeps_errors_that_name_a_file():
     with written as caught, naming_full_disk("out.bin", "out.idx"):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert caught.value.errno == errno.ENOSPC
+
+
+def test_soft_limit_is_the_soft_value_or_none_when_unlimited():
+    script = (
+        "import resource; from megafmt.limits import soft_limit; "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY)); "
+        "small = soft_limit('RLIMIT_FSIZE'); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2); "
+        "print(small, soft_limit('RLIMIT_FSIZE'))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=RUN_SECONDS
+    )
+    assert run.stdout.split() == ["65536", "None"], run.stderr

@@ -80,7 +80,7 @@ def test_capacity_must_be_positive():
 def test_the_capacity_fits_the_open_files_limit(monkeypatch):
     from megafmt.readers import pool
 
-    monkeypatch.setattr(pool, "_open_files_limit", lambda: 256)
+    monkeypatch.setattr(pool, "soft_limit", {"RLIMIT_NOFILE": 256}.get)
     monkeypatch.delenv("MEGAFMT_MAX_OPEN_BIN", raising=False)
     assert pool._capacity_from_environment() == 128  # half a small limit by default
     monkeypatch.setenv("MEGAFMT_MAX_OPEN_BIN", "192")
@@ -91,5 +91,5 @@ def test_the_capacity_fits_the_open_files_limit(monkeypatch):
     message = str(raised.value)
     assert "ulimit -n, RLIMIT_NOFILE: 256 files" in message
     assert "set MEGAFMT_MAX_OPEN_BIN to at most 192" in message
-    monkeypatch.setattr(pool, "_open_files_limit", lambda: None)  # unlimited
+    monkeypatch.setattr(pool, "soft_limit", {"RLIMIT_NOFILE": None}.get)  # unlimited
     assert pool._capacity_from_environment() == 1000

@@ -23,12 +23,19 @@ except ImportError:  # not POSIX: no limits to name
 FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def _limit(name: str) -> str | None:
-    """The soft limit ``resource.<name>`` as text, or None when it is unlimited or unknown."""
+def soft_limit(name: str) -> int | None:
+    """The soft limit ``resource.<name>`` (``"RLIMIT_NOFILE"`` ...), or None when it is
+    unlimited or unknown (not POSIX)."""
     if resource is None:
         return None
     soft, _ = resource.getrlimit(getattr(resource, name))
-    return None if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _limit(name: str) -> str | None:
+    """The soft limit ``resource.<name>`` as text, or None when it is unlimited or unknown."""
+    soft = soft_limit(name)
+    return None if soft is None else f"{soft:,}"
 
 
 def limit_hint(error: BaseException) -> str:

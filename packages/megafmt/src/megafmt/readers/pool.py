@@ -18,10 +18,7 @@ import weakref
 from collections import deque
 from typing import Protocol
 
-try:
-    import resource
-except ImportError:  # not POSIX: no limit to respect
-    resource = None
+from megafmt.limits import soft_limit
 
 DEFAULT_CAPACITY = 512
 #: descriptors left to the rest of the process (sockets, DataLoader pipes, logs, the cache)
@@ -73,19 +70,11 @@ class ReaderPool:
                 candidate.release_reader()
 
 
-def _open_files_limit() -> int | None:
-    """The soft open-files limit (``ulimit -n``), or None when unlimited or unknown."""
-    if resource is None:
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
 def _capacity_from_environment() -> int:
     """``MEGAFMT_MAX_OPEN_BIN``, refused when the open-files limit leaves it no room (the
     readers would fail with "Too many open files" part way through a run); unset, the default,
     lowered to half the limit where the limit is small."""
-    limit = _open_files_limit()
+    limit = soft_limit("RLIMIT_NOFILE")  # ulimit -n
     room = None if limit is None else limit - RESERVED_DESCRIPTORS
     value = os.environ.get("MEGAFMT_MAX_OPEN_BIN")
     if value is None:
