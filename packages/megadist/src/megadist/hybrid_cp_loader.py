@@ -130,8 +130,8 @@ class HybridCPDataLoaderWrapper:
             problem = packed_problem(samples)
             status = Status.MALFORMED if problem else Status.READY
         lengths = sub_sequence_lengths(samples) if status == Status.READY else []
-        self._agree(status, len(lengths), samples, problem)
-        everyone, offsets = self._gather_lengths(lengths)
+        counts = self._agree(status, len(lengths), samples, problem)
+        everyone, offsets = self._gather_lengths(lengths, counts)
         dp_rank = dist.get_rank(self.groups.dp_group)
         mine = range(offsets[dp_rank], offsets[dp_rank] + len(lengths))
         schedule = self.scheduler.schedule(list(enumerate(everyone)))
@@ -139,20 +139,22 @@ class HybridCPDataLoaderWrapper:
 
     def _agree(
         self, status: Status, count: int, samples: list[Mapping[str, Any]], problem: str | None
-    ) -> None:
+    ) -> list[int]:
         """Share this rank's header with its DP group; raise on every rank alike when any rank
-        cannot go on (:func:`~megadist.hybrid_cp_checks.check_headers`)."""
+        cannot go on (:func:`~megadist.hybrid_cp_checks.check_headers`). Returns every DP
+        rank's sub-sequence count, in DP order: the header carries it, so the lengths need no
+        all-gather of their own for it."""
         digest = schema_digest(samples) if status == Status.READY else 0
         header = torch.tensor([int(status), count, digest], dtype=torch.int64, device=self.device)
         headers = collectives.all_gather(header, self.groups.dp_group, "DP").tolist()
         schema = tensor_schema(samples[0]) if samples else []
         check_headers(headers, dist.get_rank(self.groups.dp_group), problem, schema)
+        return [header[1] for header in headers]
 
-    def _gather_lengths(self, lengths: list[int]) -> tuple[list[int], list[int]]:
-        """Every DP rank's lengths, concatenated in DP order, and where each rank's start."""
+    def _gather_lengths(self, lengths: list[int], counts: list[int]) -> tuple[list[int], list[int]]:
+        """Every DP rank's lengths (``counts`` of them each, from the headers), concatenated in
+        DP order, and where each rank's start."""
         group = self.groups.dp_group
-        count = torch.tensor([len(lengths)], dtype=torch.int32, device=self.device)
-        counts = collectives.all_gather(count, group, "DP").reshape(-1).tolist()
         padded = torch.zeros(max(counts), dtype=torch.int32, device=self.device)
         padded[: len(lengths)] = torch.tensor(lengths, dtype=torch.int32)
         rows = collectives.all_gather(padded, group, "DP").tolist()
