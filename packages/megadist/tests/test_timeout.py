@@ -4,8 +4,10 @@ rank that waited and the rank it waited for."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
@@ -17,6 +19,7 @@ from megadist import (
     build_parallel_groups,
     get_batch,
 )
+from megadist.layout import job_timeout
 from megadist.spawn import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -62,3 +65,14 @@ def test_the_default_timeout_is_the_job_s_and_seconds_are_accepted() -> None:
 def test_a_timeout_must_be_positive() -> None:
     with pytest.raises(TopologyError, match="a group timeout must be positive, found 0:00:00"):
         build_parallel_groups(tp=1, timeout=0)
+
+
+def test_without_torch_s_backend_options_the_job_timeout_falls_back_to_megatron_s(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a torch release (or backend) whose world group has no readable backend options
+    monkeypatch.setattr(dist, "group", SimpleNamespace(WORLD=object()))
+    with caplog.at_level(logging.WARNING, logger="megadist.layout"):
+        assert job_timeout() == timedelta(minutes=10)
+    assert "cannot read the job's process-group timeout from torch" in caplog.text
+    assert "pass build_parallel_groups(timeout=...) to choose" in caplog.text

@@ -9,15 +9,19 @@ outermost. With expert parallelism left out, global rank
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from megadist.errors import TopologyError
 from megadist.topology import BatchTopology, HybridCPGroups, PipelinePosition
+
+logger = logging.getLogger(__name__)
 
 #: the layout's dimensions, innermost first
 DIMENSIONS = ("tp", "cp", "dp", "pp")
@@ -80,9 +84,23 @@ def job_timeout() -> timedelta:
     """The timeout the job gave ``init_process_group`` (the default group's; the longest of its
     backends', which are the same unless set apart): Megatron-LM gives its groups the same
     ``--distributed-timeout-minutes`` as the world, and torch's ``new_group`` without one would
-    take torch's own default (30 minutes for gloo) instead."""
+    take torch's own default (30 minutes for gloo) instead.
+
+    torch has no public reader of a group's timeout, so this is the one place that reads its
+    private backend options; where they are missing (another torch release, a backend without
+    them) it falls back to :data:`DEFAULT_TIMEOUT`, Megatron-LM's default, and logs that."""
     world = dist.group.WORLD
-    return max(world._get_backend(device).options._timeout for device in world._device_types)
+    try:
+        return max(world._get_backend(device).options._timeout for device in world._device_types)
+    except (AttributeError, RuntimeError, ValueError) as error:
+        logger.warning(
+            "cannot read the job's process-group timeout from torch %s (%s); the groups wait "
+            "%s, Megatron-LM's default: pass build_parallel_groups(timeout=...) to choose",
+            torch.__version__,
+            error,
+            DEFAULT_TIMEOUT,
+        )
+        return DEFAULT_TIMEOUT
 
 
 def as_timeout(timeout: timedelta | float | None) -> timedelta:
