@@ -78,7 +78,11 @@ def messages_problem(messages: Any, masked_turns: bool = True) -> str | None:
 
 def lone_surrogate_at(text: str) -> int | None:
     """The position of the first lone surrogate in ``text`` (JSON's ``\\ud800`` decodes to
-    one; UTF-8 cannot encode it, so a tokenizer fails on it), or None."""
+    one; UTF-8 cannot encode it, so a tokenizer fails on it), or None. Checked for every turn
+    of every line scanned: ASCII text, which holds none, is not encoded (``isascii`` reads a
+    flag of the string, the encoding copies it)."""
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
