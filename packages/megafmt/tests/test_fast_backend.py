@@ -10,7 +10,7 @@ import pytest
 
 from megafmt.cli.main import main
 from megafmt.errors import PluginError
-from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+from megafmt.tokenizers import TokenizerOptions, fast_backend, load_tokenizer
 from megafmt.tokenizers.fast_backend import fixed_ids, stress_texts
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -81,6 +81,19 @@ def test_a_tokenizer_gigatoken_gets_wrong_falls_back_and_says_on_which_text(tmp_
         load_tokenizer(
             "huggingface", TokenizerOptions(model=folder, backend="gigatoken")
         ).encode_batch(TEXTS)
+
+
+def test_a_tokenizer_is_checked_once_per_process(tmp_path, monkeypatch):
+    """Loaded again (by a run's in-process encoder, by the workers it forks), the same
+    tokenizer builds gigatoken's encoder without encoding the stress sample again."""
+    folder = trained(tmp_path, "<checked-once>")
+    samples = []
+    monkeypatch.setattr(fast_backend, "stress_texts", lambda added: samples.append(added) or [])
+    for _ in range(3):
+        tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=folder))
+        assert tokenizer.encode_batch(TEXTS) == reference_ids(folder, TEXTS)
+        assert tokenizer.backend_choice.backend == "gigatoken"
+    assert len(samples) == 1
 
 
 def test_the_reference_backend_never_loads_gigatoken(tmp_path):

@@ -9,6 +9,10 @@ reference library's whole-text ids for each text; where one differs, or gigatoke
 tokenizer, the run encodes with the reference library and :class:`BackendChoice` says why in one
 line. ``backend="gigatoken"`` makes a failed check an error instead of a fallback.
 
+The check runs once per process and tokenizer (:data:`_VERDICTS`, by the tokenizer's digest):
+the same tokenizer loaded again, and the workers a checked run forks, build the encoder
+without encoding the stress sample again.
+
 The post-processor's fixed ids around a single text (a BOS, say) are added here (gigatoken
 encodes the text alone); a post-processor that does more than that keeps the reference library.
 """
@@ -26,6 +30,10 @@ from megafmt.errors import PluginError
 #: ``--tokenizer-backend`` values: check gigatoken and fall back, gigatoken or fail, reference
 AUTO, GIGATOKEN, REFERENCE = "auto", "gigatoken", "reference"
 BACKENDS = (AUTO, GIGATOKEN, REFERENCE)
+
+#: the check's verdict on each tokenizer this process (or the one that forked it) checked:
+#: its digest -> whether gigatoken passed, and the line saying why
+_VERDICTS: dict[str, tuple[bool, str]] = {}
 
 #: every character Python, Oniguruma or a pre-tokenizer regex may count as whitespace
 WHITESPACE = (
@@ -178,21 +186,41 @@ def choose_backend(
     build: Callable[[], GigatokenEncoder],
     reference: Callable[[list[str]], list[list[int]]],
     added_tokens: Sequence[str],
+    digest: str,
     library: str = "tokenizers",
 ) -> tuple[GigatokenEncoder | None, BackendChoice]:
     """The gigatoken encoder ``build`` makes if ``backend`` allows it and it passes the check
     against ``reference`` (the library's whole-text ids of a list of texts, text by text: a
     library's thread pool started before the run's workers fork stays off in them), with the
-    choice and its reason (``library`` names the reference there). Raises ``PluginError``
-    where ``backend`` is gigatoken and the check fails."""
+    choice and its reason (``library`` names the reference there). ``digest`` names the
+    tokenizer (all that decides its ids): a tokenizer this process checked before is not
+    checked again. Raises ``PluginError`` where ``backend`` is gigatoken and the check fails."""
     if backend == REFERENCE:
         return None, BackendChoice(REFERENCE, f"{library} (--tokenizer-backend reference)")
-    encoder, why = _checked(build, reference, added_tokens, library)
+    encoder, why = _checked_once(build, reference, added_tokens, library, digest)
     if encoder is not None:
         return encoder, BackendChoice(GIGATOKEN, why)
     if backend == GIGATOKEN:
         raise PluginError(f"--tokenizer-backend gigatoken: {why}; use auto or reference")
     return None, BackendChoice(REFERENCE, f"{library}, not gigatoken: {why}")
+
+
+def _checked_once(
+    build: Callable[[], GigatokenEncoder],
+    reference: Callable[[list[str]], list[list[int]]],
+    added_tokens: Sequence[str],
+    library: str,
+    digest: str,
+) -> tuple[GigatokenEncoder | None, str]:
+    """:func:`_checked`, or its verdict on ``digest`` from before: the encoder built again
+    where it passed."""
+    verdict = _VERDICTS.get(digest)
+    if verdict is None:
+        encoder, why = _checked(build, reference, added_tokens, library)
+        _VERDICTS[digest] = (encoder is not None, why)
+        return encoder, why
+    passed, why = verdict
+    return (build() if passed else None), why
 
 
 def _checked(

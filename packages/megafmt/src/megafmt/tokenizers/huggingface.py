@@ -18,6 +18,7 @@ special tokens are the ones the config files declare (named, plus ``extra_specia
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -253,7 +254,7 @@ class HuggingFaceTokenizer:
     @functools.cached_property
     def _checked_backend(self) -> tuple[GigatokenEncoder | None, BackendChoice]:
         """gigatoken's encoder if it passes the check on this tokenizer, and the choice: made
-        on the first batch, so that a tokenizer loaded for decoding or FIM does not pay it."""
+        on the first encoding, so that a tokenizer loaded only to decode does not pay it."""
         description = self._tokenizer.to_str()
         config = json.loads(description)
         around = fixed_ids(config.get("post_processor")) if self._special else ([], [])
@@ -271,7 +272,8 @@ class HuggingFaceTokenizer:
             return [encode(text, add_special_tokens=self._special).ids for text in texts]
 
         added = [token.content for token in self._tokenizer.get_added_tokens_decoder().values()]
-        return choose_backend(self._backend, build, reference, added)
+        digest = hashlib.sha256(f"{self._special}:{description}".encode()).hexdigest()
+        return choose_backend(self._backend, build, reference, added, digest)
 
     # ---- Megatron's library tokenizer methods (megafmt.protocols.TextTokenizer) --------------
 

@@ -182,7 +182,9 @@ class TikTokenTokenizer:
         def reference(texts: list[str]) -> list[list[int]]:
             return [self._encode_array(text).tolist() for text in texts]
 
-        return choose_backend(self._backend, self._gigatoken, reference, stressed, "tiktoken")
+        return choose_backend(
+            self._backend, self._gigatoken, reference, stressed, self.fingerprint, "tiktoken"
+        )
 
     def _gigatoken(self) -> GigatokenEncoder:
         """gigatoken's encoder of this vocabulary: the ranks from 0 in a .tiktoken file, the
