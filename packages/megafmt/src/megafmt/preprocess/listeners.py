@@ -74,14 +74,10 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
-def exposed_listeners(root_pid: int | None = None) -> list[str]:
-    """``"ADDRESS:PORT (process name, pid)"`` of every TCP socket that ``root_pid`` (default:
-    this process) or a process below it listens on, on an address other than loopback; sorted.
-    Empty where there is no ``/proc``."""
-    if not os.path.isdir("/proc/self/fd"):
-        return []
-    inodes = _socket_inodes(_descendants(root_pid or os.getpid()))
-    found = []
+def _listening_beyond_loopback() -> dict[int, str]:
+    """socket inode -> ``"ADDRESS:PORT"`` of every TCP socket of this network namespace that
+    listens on an address other than loopback (``/proc/net/tcp`` and ``tcp6``)."""
+    found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii") as stream:
@@ -91,13 +87,30 @@ def exposed_listeners(root_pid: int | None = None) -> list[str]:
         for row in rows:
             fields = row.split()
             local, state, inode = fields[1], fields[3], int(fields[9])
-            if state != LISTEN_STATE or inode not in inodes:
+            if state != LISTEN_STATE:
                 continue
             host, port = local.split(":")
             address = _address(host)
             if ipaddress.ip_address(address).is_loopback:
                 continue
-            pid = inodes[inode]
             shown = f"[{address}]" if ":" in address else address
-            found.append(f"{shown}:{int(port, 16)} ({_process_name(pid)}, pid {pid})")
-    return sorted(found)
+            found[inode] = f"{shown}:{int(port, 16)}"
+    return found
+
+
+def exposed_listeners(root_pid: int | None = None) -> list[str]:
+    """``"ADDRESS:PORT (process name, pid)"`` of every TCP socket that ``root_pid`` (default:
+    this process) or a process below it listens on, on an address other than loopback; sorted.
+    Empty where there is no ``/proc``. The socket tables are read first: where nothing listens
+    beyond loopback, no process is looked at."""
+    if not os.path.isdir("/proc/self/fd"):
+        return []
+    listening = _listening_beyond_loopback()
+    if not listening:
+        return []
+    holders = _socket_inodes(_descendants(root_pid or os.getpid()))
+    return sorted(
+        f"{shown} ({_process_name(pid)}, pid {pid})"
+        for inode, shown in listening.items()
+        if (pid := holders.get(inode)) is not None
+    )
