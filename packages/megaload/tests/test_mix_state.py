@@ -1,6 +1,6 @@
 """The loader's per-corpus accounts (state version 4's ``mix``) and the resume_with_new_mix
 mode, over datasets that account for two corpora by a fixed rule (megaindex's blends are tested
-in tests/test_mix_resume_chain.py)."""
+in tests/compat/test_mix_resume_compat.py)."""
 
 import pytest
 import torch

@@ -107,10 +107,15 @@ class PhasedDataLoader:
             return None
         return (self.starts[phase + 1] - self.starts[phase]) * self.batches_per_iteration
 
+    @property
+    def _samples_per_batch(self) -> int:
+        """Samples of one loader batch, all ranks together."""
+        return self.config.global_batch_size // self.batches_per_iteration
+
     def _ran_out(self, limit: int) -> PhaseDataError:
         """The error for a phase whose dataset ended before its last iteration: the run would
         otherwise stop there and never read the later phases."""
-        per_batch = self.config.global_batch_size // self.batches_per_iteration
+        per_batch = self._samples_per_batch
         iteration = self.starts[self.phase] + self.taken_in_phase // self.batches_per_iteration
         size = len(self.loaders[self.phase].dataset)
         return PhaseDataError(
@@ -189,7 +194,7 @@ class PhasedDataLoader:
                 f"{self.starts[phase + 1] - 1})"
             )
         check_state(loader_state, {"consumed_samples": COUNT}, "phased loader state['loader']")
-        expected = taken * (self.config.global_batch_size // self.batches_per_iteration)
+        expected = taken * self._samples_per_batch
         if loader_state["consumed_samples"] != expected:
             raise LoaderStateError(
                 f"phased loader state['loader']['consumed_samples'] is "
