@@ -72,3 +72,11 @@ def test_phases_with_the_flag_run_and_refuse_a_state(simulate, tmp_path, capsys)
     assert "step 3 rank 0 phase 1" in capsys.readouterr().out
     assert simulate("1 web", 1, 8, 4, *phases, "--save-state", "a.json") != 0
     assert "--phases does not take --load-state, --save-state" in capsys.readouterr().err
+
+
+def test_an_unreadable_state_is_refused_naming_the_file(simulate, tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("{")
+    assert simulate("1 web", 1, 8, 1, "--load-state", "bad.json") != 0
+    assert f"--load-state {tmp_path / 'bad.json'}: " in capsys.readouterr().err
+    assert main(["load", "explain", str(tmp_path / "missing.json")]) != 0
+    assert f"{tmp_path / 'missing.json'}: [Errno 2]" in capsys.readouterr().err

@@ -65,11 +65,17 @@ def read_state(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if args.resume_at:
         raise SimulationError("--load-state gives the resume point: drop --resume-at")
+    return _load_state(args.load_state, f"--load-state {args.load_state}")
+
+
+def _load_state(path: str, named: str) -> dict[str, Any]:
+    """The JSON state at ``path``; an unreadable one is a SimulationError that begins with
+    ``named``."""
     try:
-        with open(args.load_state) as file:
+        with open(path) as file:
             return json.load(file)
     except (OSError, ValueError) as error:
-        raise SimulationError(f"--load-state {args.load_state}: {error}") from error
+        raise SimulationError(f"{named}: {error}") from error
 
 
 def build_phases(provider: Any, args: argparse.Namespace) -> list[tuple[int, Any]] | None:
@@ -129,11 +135,7 @@ class SampleLog:
 
 def explain(path: str) -> str:
     """``mega load explain STATE``: where a saved loader state stands, corpus by corpus."""
-    try:
-        with open(path) as file:
-            state = json.load(file)
-    except (OSError, ValueError) as error:
-        raise SimulationError(f"{path}: {error}") from error
+    state = _load_state(path, path)
     lines = [
         f"{path}: {state.get('consumed_samples')} samples consumed (state version "
         f"{state.get('version')}, sampler {state.get('sampler')!r})"
