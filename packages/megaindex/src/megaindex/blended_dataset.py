@@ -31,7 +31,7 @@ from megafmt.protocols import (
     PlannedPrefetch,
     announced,
 )
-from megaindex.batch_merge import BlendGatherer, BlendGathering, merge_rows
+from megaindex.batch_merge import BlendGatherer, merge_rows
 from megaindex.cache import CacheEntry, TableSpec
 from megaindex.config import BlendedMegatronDatasetConfig, GPTDatasetConfig, own_field
 from megaindex.errors import ConfigError, IndexBuildError
@@ -49,7 +49,7 @@ from megaindex.megatron_dataset import (
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
 from megaindex.mix_resume import blend_mix_state, sample_origin
-from megaindex.part_batches import read_by_part
+from megaindex.part_batches import BlendReader
 from megaindex.shared_cache import cache_location
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
@@ -178,8 +178,7 @@ class BlendedDataset(torch.utils.data.Dataset):
             isinstance(dataset, PlannedPrefetch) and dataset.prefetches_samples
             for dataset in datasets
         )
-        self._gatherer: BlendGatherer | None = None
-        self._gatherer_asked = False
+        self._reader = BlendReader(datasets)
 
     @property
     def index_split(self) -> Split:
@@ -223,33 +222,19 @@ class BlendedDataset(torch.utils.data.Dataset):
         if self._prefetches:
             self.prefetch_samples(announced(indices))
         positions, padding = resolve_indices(indices, self.__len__)
-        ids = self.tables["dataset_index"][positions]
-        gatherer = self.blend_gatherer()
-        if gatherer is not None:
-            batch = gatherer.gather(positions, padding)
-        else:
-            batch = _without_loss(self._merged_parts(positions, ids), padding)
-        return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch})
-
-    def _merged_parts(self, positions: list[int], ids: numpy.ndarray) -> dict[str, Any]:
-        """Each part's rows of the batch, read by the part, merged in order by its class."""
-        samples = self.tables["dataset_sample_index"][positions]
-        return dict(read_by_part(self.datasets, ids, samples).collated)
+        dataset_index = self.tables["dataset_index"]
+        batch = self._reader.read(
+            positions, padding, dataset_index, self.tables["dataset_sample_index"]
+        )
+        return CollatedBatch({"dataset_id": torch.from_numpy(dataset_index[positions]), **batch})
 
     def blend_gatherer(self) -> BlendGatherer | None:
         """What reads this blend's batches whole, made by the parts' class on first use (GPT
         datasets of one configuration: every window in one array, in one native call where
         every ``.bin`` is mapped); None where the parts are read one by one and merged."""
-        if not self._gatherer_asked:
-            first = self.datasets[0]
-            if isinstance(first, BlendGathering):
-                self._gatherer = first.blend_gatherer(
-                    self.datasets,
-                    self.tables["dataset_index"],
-                    self.tables["dataset_sample_index"],
-                )
-            self._gatherer_asked = True
-        return self._gatherer
+        return self._reader.gatherer(
+            self.tables["dataset_index"], self.tables["dataset_sample_index"]
+        )
 
     def merge_batches(
         self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
@@ -307,15 +292,6 @@ class BlendedDataset(torch.utils.data.Dataset):
             self.recipe.names,
             remote,
         )
-
-
-def _without_loss(batch: dict[str, Any], padding: list[bool]) -> dict[str, Any]:
-    """``batch`` with no loss on its padding rows (a copy of its ``loss_mask`` where any)."""
-    if not any(padding):
-        return batch
-    loss_mask = batch["loss_mask"].clone()
-    loss_mask[torch.tensor(padding)] = 0
-    return {**batch, "loss_mask": loss_mask}
 
 
 def _where(dataset: Any) -> str:

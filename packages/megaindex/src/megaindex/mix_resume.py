@@ -35,7 +35,7 @@ from megaindex.batch_merge import merge_rows
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import build_blending_indices
-from megaindex.part_batches import read_by_part
+from megaindex.part_batches import BlendReader
 from megaindex.utils import normalize
 
 #: the unique identifiers of a corpus that do not shape its order (the sample count does only
@@ -251,6 +251,7 @@ class MixResumedBlend(torch.utils.data.Dataset):
         self.unique_description_hash = hashlib.md5(
             description.encode(), usedforsecurity=False
         ).hexdigest()
+        self._reader = BlendReader(datasets)
 
     def _check_held(self) -> None:
         drawn = numpy.bincount(self.dataset_index, minlength=len(self.datasets))
@@ -298,12 +299,15 @@ class MixResumedBlend(torch.utils.data.Dataset):
         return {"dataset_id": dataset_id, **sample}
 
     def __getitems__(self, indices: Sequence[int]) -> CollatedBatch:
-        """The samples at ``indices``, collated: each corpus reads its rows of the batch, and
-        their class merges them in order, as a blend's batch is read."""
-        positions = numpy.array([self._position(idx) for idx in indices], dtype=numpy.int64)
+        """The samples at ``indices``, collated, read as a blend's batch is read: whole by the
+        corpora's class where it can, else each corpus reads its rows and their class merges
+        them in order."""
+        positions = [self._position(idx) for idx in indices]
+        batch = self._reader.read(
+            positions, [False] * len(positions), self.dataset_index, self.dataset_sample_index
+        )
         ids = self.dataset_index[positions]
-        batch = read_by_part(self.datasets, ids, self.dataset_sample_index[positions])
-        return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch.collated})
+        return CollatedBatch({"dataset_id": torch.from_numpy(ids), **batch})
 
     def merge_batches(
         self, batches: Sequence[CollatedBatch], rows: Sequence[Sequence[int]]
