@@ -104,3 +104,16 @@ def test_a_smaller_vocabulary_than_the_corpus_was_made_with_is_refused(tmp_path,
     check_vocabulary(prefix, tokenizer.vocab_size + 128)  # a padded one: fine
     with pytest.raises(FormatError, match=rf"vocabulary of {tokenizer.vocab_size} ids .* of 256"):
         check_vocabulary(prefix, 256)
+
+
+def test_a_pair_changed_under_its_loss_mask_is_refused(tmp_path, tokenizer):
+    path = str(tmp_path / "chat.jsonl")
+    write_sft_jsonl(path, 10, seed=5)
+    prefix = preprocess_sft(path, str(tmp_path / "out"), tokenizer.path)
+    TokenizedConversations(prefix)
+    with open(get_bin_path(prefix), "r+b") as stream:  # one token's byte, the size kept
+        first = stream.read(1)
+        stream.seek(0)
+        stream.write(bytes([first[0] ^ 1]))
+    with pytest.raises(FormatError, match=r"its \.bin/\.idx is not the one mega preprocess --sft"):
+        TokenizedConversations(prefix)
