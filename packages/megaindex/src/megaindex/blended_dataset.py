@@ -174,9 +174,12 @@ class BlendedDataset(torch.utils.data.Dataset):
             fast_load=config.fast_cache_load,
         )
         log_blended_tables(type(self).__name__, self.tables.source, config.path_to_cache)
+        # which parts take announcements, asked once: a runtime-checkable Protocol's
+        # isinstance inspects the object's members each time, too slow for every batch
+        self._planned = [isinstance(dataset, PlannedPrefetch) for dataset in datasets]
         self._prefetches = any(
-            isinstance(dataset, PlannedPrefetch) and dataset.prefetches_samples
-            for dataset in datasets
+            planned and dataset.prefetches_samples
+            for planned, dataset in zip(self._planned, datasets, strict=True)
         )
         self._reader = BlendReader(datasets)
 
@@ -257,9 +260,8 @@ class BlendedDataset(torch.utils.data.Dataset):
         ids = self.tables["dataset_index"][positions]
         samples = self.tables["dataset_sample_index"][positions]
         for dataset_id in dict.fromkeys(ids.tolist()):  # in order of first use
-            dataset = self.datasets[dataset_id]
-            if isinstance(dataset, PlannedPrefetch):
-                dataset.prefetch_samples(samples[ids == dataset_id].tolist())
+            if self._planned[dataset_id]:
+                self.datasets[dataset_id].prefetch_samples(samples[ids == dataset_id].tolist())
 
     def mix_state(self, consumed_samples: int) -> dict[str, Any] | None:
         """Each corpus's consumed samples and order once the run consumed ``consumed_samples``,
