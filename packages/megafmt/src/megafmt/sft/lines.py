@@ -143,13 +143,14 @@ class JsonlLineIndex:
                 "line is checked before the first is read"
             )
         self.path = path
+        self._remote = is_url(path)  # decided once: every read goes one way or the other
         self.masked_turns = masked_turns
         self.index_path = index_path(path)
         arrays, meta = self._indexed(skip_bad_lines, workers, check)
         #: the local file the offsets are of: every read checks that its descriptor is still it
-        self._identity = None if is_url(path) else _identity(os.stat(path))
+        self._identity = None if self._remote else _identity(os.stat(path))
         #: the object's version (ETag) the offsets are of: every read of a URL is bound to it
-        self._etag = str(meta["version"]["hash"]) if is_url(path) else None
+        self._etag = str(meta["version"]["hash"]) if self._remote else None
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
         self.checked: bool = meta.get("checked", True)
         self.bad_lines: int = meta["bad_lines"]
@@ -193,7 +194,7 @@ class JsonlLineIndex:
     def raw(self, idx: int) -> bytes:
         """The bytes of good line ``idx`` (0-based among the good lines)."""
         start, end = int(self.starts[idx]), int(self.ends[idx])
-        if is_url(self.path):
+        if self._remote:
             return self._fetch(start, end)
         if self._pid != os.getpid():  # opened once per process (DataLoader workers fork)
             self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
