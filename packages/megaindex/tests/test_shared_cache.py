@@ -13,6 +13,7 @@ import fsspec
 import numpy
 import pytest
 
+from megafmt.errors import NotAFolderError
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
 from megaindex.cache import CacheEntry
 from megaindex.shared_cache import (
@@ -189,3 +190,10 @@ def test_the_lease_length_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", "soon")
     with pytest.raises(Exception, match="expected a number of seconds above 0"):
         SharedCacheConfig.from_environment("s3://b/c")
+
+
+def test_a_file_in_the_way_of_the_local_copy_is_named(store, tmp_path):
+    (tmp_path / "node1").write_text("not a folder")
+    cache = SharedTableCache(SharedCacheConfig(store))
+    with pytest.raises(NotAFolderError, match="the local copy of the shared index cache must be"):
+        cache.obtain(entry_in(tmp_path / "node1"), "described", lambda: None, may_build=True)

@@ -50,6 +50,7 @@ import fsspec
 
 from megafmt.atomic import atomic_write
 from megafmt.confinement import confined_path, url_components
+from megafmt.folders import make_folder
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir
 from megaindex.cache import CacheEntry
@@ -315,7 +316,7 @@ class SharedTableCache:
                 f"the {len(description)} characters this config describes, found "
                 f"{len(found)} bytes of another): the store holds other tables under this name"
             )
-        os.makedirs(entry.directory, exist_ok=True)
+        make_folder(entry.directory, "the local copy of the shared index cache")
         sidecar = os.path.basename(entry.sidecar_path)
         if self.store.exists(sidecar):
             self.store.download(sidecar, entry.sidecar_path)
@@ -347,7 +348,7 @@ class SharedTableCache:
     @contextmanager
     def _node_lock(self, entry: CacheEntry) -> Iterator[None]:
         """Hold this node's lock of ``entry``, logging every ``message_seconds`` who holds it."""
-        os.makedirs(entry.directory, exist_ok=True)
+        make_folder(entry.directory, "the local copy of the shared index cache")
         path = entry.path("node.lock")
         with open(path, "a+") as stream:
             last_message = time.monotonic()
