@@ -155,9 +155,10 @@ class _Store:
             shutil.copyfileobj(source, stream, COPY_BYTES)
 
     def upload(self, local: str, name: str) -> None:
+        """Copy the file ``local`` to the object (streamed by the file system: a table of a
+        large run is GBs, not read into memory whole)."""
         requests_sent["put"] += 1
-        with open(local, "rb") as stream:
-            self.fs.pipe_file(self.key(name), stream.read())
+        self.fs.put_file(local, self.key(name))
 
     def write(self, name: str, data: bytes) -> None:
         requests_sent["put"] += 1
