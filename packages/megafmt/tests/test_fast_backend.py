@@ -4,12 +4,15 @@ the ``tokenizers`` library where it does not, and the one line that says which a
 from __future__ import annotations
 
 import base64
+import io
 import json
+import os
 
 import pytest
 
 from megafmt.cli.main import main
 from megafmt.errors import PluginError
+from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.tokenizers import TokenizerOptions, fast_backend, load_tokenizer
 from megafmt.tokenizers.fast_backend import fixed_ids, stress_texts
 
@@ -94,6 +97,34 @@ def test_a_tokenizer_is_checked_once_per_process(tmp_path, monkeypatch):
         assert tokenizer.encode_batch(TEXTS) == reference_ids(folder, TEXTS)
         assert tokenizer.backend_choice.backend == "gigatoken"
     assert len(samples) == 1
+
+
+def test_a_run_checks_the_backend_before_its_workers_fork(tmp_path, monkeypatch):
+    """A run through the library (no CLI) checks in its own process, once: its forked workers
+    inherit the verdict instead of each checking again."""
+    folder = trained(tmp_path, "<checked-by-the-run>")
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": text}) + "\n" for text in TEXTS * 50))
+    checks = tmp_path / "checks"
+    original = fast_backend.stress_texts
+
+    def counted(added):
+        with checks.open("a") as stream:
+            stream.write(f"{os.getpid()}\n")
+        return original(added)
+
+    monkeypatch.setattr(fast_backend, "stress_texts", counted)
+    outputs = {}
+    for backend in ("auto", "reference"):
+        options = TokenizerOptions(model=folder, backend=backend)
+        prefix = str(tmp_path / backend)
+        config = PreprocessConfig(
+            str(source), prefix, "huggingface", options, workers=2, chunk_bytes=256
+        )
+        preprocess(config, stream=io.StringIO())
+        outputs[backend] = (tmp_path / f"{backend}_text_document.bin").read_bytes()
+    assert checks.read_text().split() == [str(os.getpid())]
+    assert outputs["auto"] == outputs["reference"]
 
 
 def test_the_reference_backend_never_loads_gigatoken(tmp_path):

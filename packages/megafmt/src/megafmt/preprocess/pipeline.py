@@ -38,7 +38,13 @@ from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.preprocess.writer import PartitionedOutput
 from megafmt.progress import Progress, format_count
-from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer, plugin_name
+from megafmt.tokenizers import (
+    Tokenizer,
+    TokenizerOptions,
+    checked_backend,
+    load_tokenizer,
+    plugin_name,
+)
 
 #: bad lines named in the summary (all are counted)
 SHOWN_BAD_LINES = 5
@@ -202,6 +208,7 @@ def load_checked_tokenizer(config: PreprocessConfig) -> Tokenizer:
         )
     if config.split_sentences:
         load_splitter(config.lang, config.keep_newlines)  # fail here, not in every worker
+    checked_backend(tokenizer)  # here once, before the workers fork: not in every worker
     return tokenizer
 
 

@@ -16,7 +16,7 @@ from megafmt.errors import PluginError
 from megafmt.protocols import TextTokenizer
 from megafmt.registry import Registry
 from megafmt.tokenizers.base import ChoosesBackend, Tokenizer, TokenizerOptions
-from megafmt.tokenizers.fast_backend import AUTO
+from megafmt.tokenizers.fast_backend import AUTO, BackendChoice
 
 TOKENIZERS: Registry[type] = Registry(
     "megafmt.tokenizers",
@@ -56,6 +56,14 @@ def load_tokenizer(tokenizer_type: str, options: TokenizerOptions) -> Tokenizer:
     return tokenizer
 
 
+def checked_backend(tokenizer: Tokenizer) -> BackendChoice | None:
+    """The library ``tokenizer`` encodes with, its self-check run now if not yet in this
+    process (the workers a run forks after this inherit the verdict, and do not check again);
+    None for a tokenizer with one library only. Raises ``PluginError`` where the gigatoken
+    backend was asked for and the check fails."""
+    return tokenizer.backend_choice if isinstance(tokenizer, ChoosesBackend) else None
+
+
 def with_checked_backend(
     tokenizer_type: str, options: TokenizerOptions, stream: TextIO | None = None
 ) -> TokenizerOptions:
@@ -64,10 +72,9 @@ def with_checked_backend(
     checks once, and its workers build the chosen one. Other options come back as they are."""
     if options.backend != AUTO:
         return options
-    tokenizer = load_tokenizer(tokenizer_type, options)
-    if not isinstance(tokenizer, ChoosesBackend):
+    choice = checked_backend(load_tokenizer(tokenizer_type, options))
+    if choice is None:
         return options
-    choice = tokenizer.backend_choice
     print(f"tokenizer backend: {choice.reason}", file=stream or sys.stderr)
     return dataclasses.replace(options, backend=choice.backend)
 
@@ -89,6 +96,7 @@ __all__ = [
     "TextTokenizer",
     "Tokenizer",
     "TokenizerOptions",
+    "checked_backend",
     "load_text_tokenizer",
     "load_tokenizer",
     "plugin_name",
