@@ -180,11 +180,28 @@ def blend_mix_state(
 ) -> dict[str, Any]:
     """A Megatron blend's ``mix`` after ``consumed`` samples: counts from its ``dataset_index``
     (the greedy rule gives each corpus its samples 0, 1, 2, ... in turn), one segment from 0."""
-    counts = numpy.bincount(dataset_index[:consumed], minlength=len(datasets))
     names = [d.dataset_path for d in datasets]
+    offsets = numpy.zeros(len(datasets), dtype=numpy.int64)
+    return mix_record(datasets, names, weights, dataset_index[:consumed], 0, offsets)
+
+
+def mix_record(
+    datasets: Sequence[Any],
+    names: Sequence[str],
+    weights: Sequence[float],
+    served: numpy.ndarray,
+    start: int,
+    offsets: numpy.ndarray,
+    carried: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``mix`` of a segment that began at sample ``start`` with each corpus at its
+    ``offsets`` and has served the corpora ``served`` (its ``dataset_index`` so far): each
+    corpus's record (with the ``carried`` ones of corpora it no longer holds), and the segment.
+    One rule for a Megatron blend (one segment from 0) and a resumed one."""
+    counts = offsets + numpy.bincount(served, minlength=len(datasets))
     return {
-        "corpora": corpus_records(datasets, counts.tolist()),
-        "segment": segment(names, weights, 0, [0] * len(datasets)),
+        "corpora": corpus_records(datasets, counts.tolist(), carried),
+        "segment": segment(names, weights, start, offsets.tolist()),
     }
 
 
@@ -319,11 +336,9 @@ class MixResumedBlend(torch.utils.data.Dataset):
         """Each corpus's record after the run consumed ``consumed_samples`` (megafmt's
         ``CorpusAccounting``), with the corpora the blend no longer holds, and the segment."""
         served = self.dataset_index[: self._position(consumed_samples, end=1)]
-        counts = self.offsets + numpy.bincount(served, minlength=len(self.datasets))
-        return {
-            "corpora": corpus_records(self.datasets, counts.tolist(), self.carried),
-            "segment": segment(self.names, self.weights, self.start, self.offsets.tolist()),
-        }
+        return mix_record(
+            self.datasets, self.names, self.weights, served, self.start, self.offsets, self.carried
+        )
 
     def sample_origin(self, idx: int) -> dict[str, Any]:
         """Which corpus sample ``idx`` comes from, its index there and its documents."""
