@@ -46,6 +46,14 @@ def test_a_tokenizer_file_without_its_type_is_refused(jsonl, tmp_path, flags):
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+def test_find_optimal_num_workers_with_ray_is_refused_before_the_tokenizer_loads(jsonl, tmp_path):
+    missing = str(tmp_path / "no-such-tokenizer")
+    argv = ["preprocess", "--input", jsonl, "--output-prefix", str(tmp_path / "o")]
+    argv += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", missing]
+    with pytest.raises(SystemExit, match="does not combine with --ray"):
+        main([*argv, "--ray", "--find-optimal-num-workers"])
+
+
 def test_without_a_type_or_a_file_the_bytes_tokenizer_is_used(jsonl, tmp_path, capsys):
     out = str(tmp_path / "o")
     status, _, err = mega(capsys, "preprocess", "--input", jsonl, "--output-prefix", out)

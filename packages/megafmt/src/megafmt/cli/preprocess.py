@@ -144,14 +144,19 @@ class PreprocessCommand:
                 args.skip_bad_lines,
             )
             return 0
+        if args.find_optimal_num_workers and on_ray is not None:
+            raise SystemExit(
+                "mega preprocess: --find-optimal-num-workers times local workers; "
+                "it does not combine with --ray"
+            )
         # the backend's self-check runs once here, said in one line; the workers (and Ray's
         # shards) get the library it chose
-        options = with_checked_backend(tokenizer_type(args), tokenizer_options(args))
+        kind = tokenizer_type(args)
         config = PreprocessConfig(
             input=args.input,
             output_prefix=args.output_prefix,
-            tokenizer_type=tokenizer_type(args),
-            tokenizer_options=options,
+            tokenizer_type=kind,
+            tokenizer_options=with_checked_backend(kind, tokenizer_options(args)),
             json_keys=tuple(args.json_keys),
             append_eod=args.append_eod,
             workers=args.workers,
@@ -164,11 +169,6 @@ class PreprocessCommand:
             log_interval=args.log_interval,
             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
         )
-        if args.find_optimal_num_workers and on_ray is not None:
-            raise SystemExit(
-                "mega preprocess: --find-optimal-num-workers times local workers; "
-                "it does not combine with --ray"
-            )
         if args.find_optimal_num_workers:
             preprocess_with_best_workers(config, args.workers_to_check, args.max_documents)
         elif on_ray is not None:
