@@ -56,8 +56,9 @@ def packed_problem(samples: Sequence[Mapping[str, Any]]) -> str | None:
                     f"sample {index}'s cu_seqlens {values} decrease at position {position} "
                     f"({start} then {end})"
                 )
-        if tensor_schema(sample) != schema:
-            return f"sample {index} holds tensors {tensor_schema(sample)}; sample 0 holds {schema}"
+        held = tensor_schema(sample) if index else schema
+        if held != schema:
+            return f"sample {index} holds tensors {held}; sample 0 holds {schema}"
         for key, value in sample.items():
             if key in PACKING_KEYS:
                 continue
@@ -80,9 +81,9 @@ def tensor_schema(sample: Mapping[str, Any]) -> list[str]:
     return described
 
 
-def schema_digest(samples: Sequence[Mapping[str, Any]]) -> int:
-    """A number that equals another rank's exactly when its samples hold the same tensors."""
-    return zlib.crc32(";".join(tensor_schema(samples[0])).encode()) if samples else 0
+def schema_digest(schema: list[str]) -> int:
+    """A number that equals another rank's exactly when its :func:`tensor_schema` is the same."""
+    return zlib.crc32(";".join(schema).encode())
 
 
 def check_headers(

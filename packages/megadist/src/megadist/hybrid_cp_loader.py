@@ -144,10 +144,10 @@ class HybridCPDataLoaderWrapper:
         cannot go on (:func:`~megadist.hybrid_cp_checks.check_headers`). Returns every DP
         rank's sub-sequence count, in DP order: the header carries it, so the lengths need no
         all-gather of their own for it."""
-        digest = schema_digest(samples) if status == Status.READY else 0
+        schema = tensor_schema(samples[0]) if samples else []
+        digest = schema_digest(schema) if status == Status.READY else 0
         header = torch.tensor([int(status), count, digest], dtype=torch.int64, device=self.device)
         headers = collectives.all_gather(header, self.groups.dp_group, "DP").tolist()
-        schema = tensor_schema(samples[0]) if samples else []
         check_headers(headers, dist.get_rank(self.groups.dp_group), problem, schema)
         return [header[1] for header in headers]
 
