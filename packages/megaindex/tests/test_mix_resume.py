@@ -5,8 +5,9 @@ import numpy
 import pytest
 import torch
 
+from megafmt import IndexedDataset
 from megafmt.testing import write_corpus
-from megaindex import BlendedMegatronDatasetBuilder
+from megaindex import BlendedMegatronDatasetBuilder, Split
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.errors import ConfigError
 from megaindex.gpt_dataset import GPTDataset
@@ -176,3 +177,22 @@ def test_a_corpus_keeps_the_tables_it_was_built_with_where_they_suffice(corpora,
     assert [d.unique_description_hash for d in resumed.datasets] == [
         d.unique_description_hash for d in first.datasets
     ]
+
+
+def test_a_corpus_read_through_a_credentialed_url_is_named_without_them(tmp_path, make_config):
+    """The state names a corpus as its description does (no secret), and a resume finds the
+    record under that name: the corpora continue at the blend's own next samples (hand-checked:
+    a 50/50 blend gives each corpus samples 0..29 in its first 60)."""
+    config = make_config(split="100,0,0", sequence_length=16)
+    parts = []
+    for number, name in enumerate("ab"):
+        source = IndexedDataset(write_corpus(str(tmp_path / name), 200, seed=number))
+        url = f"s3://AKIA:secret@bucket/{name}"
+        indices = numpy.arange(len(source), dtype=numpy.int32)
+        parts.append(GPTDataset(source, url, indices, 150, Split.train, config))
+    blend = BlendedDataset(parts, [0.5, 0.5], 200, config)
+    mix = blend.mix_state(60)
+    assert counts(mix) == {"s3://***@bucket/a": 30, "s3://***@bucket/b": 30}
+    resumed = MixResumedBlend(parts, [0.5, 0.5], 200, MixState(consumed_samples=60, **mix))
+    assert [origin[1] for origin in stream(resumed, 60, 64)] == [30, 30, 31, 31]
+    assert counts(resumed.mix_state(64)) == {"s3://***@bucket/a": 32, "s3://***@bucket/b": 32}

@@ -35,6 +35,7 @@ from megaindex.batch_merge import merge_rows
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import build_blending_indices
+from megaindex.megatron_dataset import described_path
 from megaindex.part_batches import BlendReader
 from megaindex.utils import normalize
 
@@ -63,7 +64,18 @@ def consumption_from_megatron(
     (its checkpoint's count)."""
     _check_distinct(prefixes, "the blend")
     counts = greedy_counts(normalize(list(weights)), consumed_train_samples)
-    return {prefix: int(count) for prefix, count in zip(prefixes, counts, strict=True)}
+    return {_named(prefix): int(count) for prefix, count in zip(prefixes, counts, strict=True)}
+
+
+def corpus_name(dataset: Any) -> str:
+    """How the loader state names a corpus: its path prefix as its description records it (a
+    URL without its credentials), so that the state holds no secret and a resume under a new
+    signature of the same objects finds the corpus's record."""
+    return _named(dataset.dataset_path)
+
+
+def _named(prefix: str) -> str:
+    return described_path(prefix) or prefix
 
 
 def corpus_order(dataset: Any) -> dict[str, Any]:
@@ -90,7 +102,7 @@ def corpus_records(
     no longer holds."""
     records = {name: dict(record) for name, record in (carried or {}).items()}
     for dataset, count in zip(datasets, counts, strict=True):
-        records[dataset.dataset_path] = {
+        records[corpus_name(dataset)] = {
             "consumed": int(count),
             "order": corpus_order(dataset),
             "num_samples": dataset.num_samples,
@@ -101,7 +113,7 @@ def corpus_records(
 def sample_origin(dataset: Any, sample: int) -> dict[str, Any]:
     """Corpus ``dataset``'s sample ``sample``: its prefix, index and documents."""
     documents = [int(d) for d in dataset.sample_spans(sample)[0]]
-    return {"corpus": dataset.dataset_path, "sample": int(sample), "documents": documents}
+    return {"corpus": corpus_name(dataset), "sample": int(sample), "documents": documents}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +171,9 @@ class MixState:
         return cls(
             consumed_samples=consumed_train_samples,
             corpora={prefix: {"consumed": count} for prefix, count in counts.items()},
-            segment=segment(prefixes, normalize(list(weights)), 0, [0] * len(prefixes)),
+            segment=segment(
+                [_named(p) for p in prefixes], normalize(list(weights)), 0, [0] * len(prefixes)
+            ),
         )
 
 
@@ -180,7 +194,7 @@ def blend_mix_state(
 ) -> dict[str, Any]:
     """A Megatron blend's ``mix`` after ``consumed`` samples: counts from its ``dataset_index``
     (the greedy rule gives each corpus its samples 0, 1, 2, ... in turn), one segment from 0."""
-    names = [d.dataset_path for d in datasets]
+    names = [corpus_name(d) for d in datasets]
     offsets = numpy.zeros(len(datasets), dtype=numpy.int64)
     return mix_record(datasets, names, weights, dataset_index[:consumed], 0, offsets)
 
@@ -385,7 +399,7 @@ def resumed_part_sizes(
     remaining = max(0, size - state.consumed_samples)
     sizes = []
     for prefix, weight in zip(prefixes, normalize(list(weights)), strict=True):
-        record = state.corpora.get(prefix, {})
+        record = state.corpora.get(_named(prefix), {})
         needed = int(record.get("consumed", 0))
         needed += math.ceil(math.ceil(remaining * weight) * (1 + surplus))
         sizes.append(max(needed, int(record.get("num_samples") or 0)))
