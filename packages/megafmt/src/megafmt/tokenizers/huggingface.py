@@ -287,7 +287,7 @@ class HuggingFaceTokenizer:
         of every rearranged sample), else the library."""
         if self._fast is None:
             return self._tokenizer.encode(text, add_special_tokens=self._special).ids
-        return self._fast.encode_batch_arrays([text])[0].tolist()
+        return self._fast.encode_array(text).tolist()
 
     def ids_to_text(self, ids: Sequence[int], remove_special_tokens: bool = True) -> str:
         """The text of ``ids`` as Megatron's HuggingFaceTokenizer gives it over transformers:
