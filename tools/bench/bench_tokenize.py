@@ -156,6 +156,7 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
     for workers in args.workers:
         runs = contenders(work, source, workers, seed)
         seconds: dict[str, list[float]] = {name: [] for name in runs}
+        same = True  # in every round
         for _ in range(args.rounds):
             for folder in ("seed", "core", "ours-auto", "ours-reference"):
                 shutil.rmtree(work / folder, ignore_errors=True)
@@ -165,7 +166,7 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
             outputs = {name: out for name, (_, out) in runs.items() if out}
             ours_out = outputs.pop("mega preprocess")
             theirs = outputs.get("seed tool", outputs["megatron-core 0.16.1"])
-            same = all(
+            same &= all(
                 filecmp.cmp(ours_out + x, theirs + x, shallow=False) for x in (".bin", ".idx")
             )
         tokens = int(IndexedDataset(ours_out).sequence_lengths.sum())
