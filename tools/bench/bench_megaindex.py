@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import resource
 import shutil
-import subprocess
 import sys
 import time
 import warnings
@@ -124,23 +123,7 @@ def child(side: str, prefix: str, cache: str, samples: int) -> None:
 
 def run_child(side: str, prefix: str, cache: str, samples: int) -> dict:
     """``child`` in a fresh process that imports the same reference as this one."""
-    output = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--child",
-            side,
-            prefix,
-            cache,
-            str(samples),
-            "--reference",
-            REFERENCE,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(output.strip().splitlines()[-1])
+    return benchreport.child_json(__file__, side, prefix, cache, samples, "--reference", REFERENCE)
 
 
 def synthetic_corpus(prefix: str, documents: int) -> tuple[int, int]:

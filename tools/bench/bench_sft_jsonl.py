@@ -23,7 +23,6 @@ import json
 import random
 import resource
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -97,9 +96,7 @@ def child(mode: str, path: str, reads: int, cache: str) -> None:
 
 
 def run(mode: str, path: Path, reads: int, cache: Path) -> dict:
-    command = [sys.executable, __file__, "--child", mode, str(path), str(reads), str(cache)]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return benchreport.child_json(__file__, mode, path, reads, cache)
 
 
 def main() -> None:

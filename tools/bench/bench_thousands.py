@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -143,13 +142,6 @@ def child(side: str, blend_file: str, cache: str, samples: int) -> None:
     print(json.dumps(answer))
 
 
-def run_child(side: str, blend_file: Path, cache: Path, samples: int) -> dict:
-    command = [sys.executable, __file__, "--child", side, str(blend_file), str(cache)]
-    command += [str(samples), "--reference", REFERENCE]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    return json.loads(output.strip().splitlines()[-1])
-
-
 def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
     start = time.perf_counter()
     prefixes, weights = write_corpora(WORKDIR / "corpora", corpora)
@@ -163,9 +155,10 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
     results = {}
     for side in ("megaindex", "megatron"):
         cache = WORKDIR / f"cache-{side}"
+        arguments = (side, blend_file, cache, samples, "--reference", REFERENCE)
         results[side] = (
-            run_child(side, blend_file, cache, samples),
-            run_child(side, blend_file, cache, samples),
+            benchreport.child_json(__file__, *arguments),  # the cold build
+            benchreport.child_json(__file__, *arguments),  # the cache hit
         )
     (ours_cold, ours_hit), (theirs_cold, theirs_hit) = results["megaindex"], results["megatron"]
     if ours_cold["samples"] != theirs_cold["samples"]:

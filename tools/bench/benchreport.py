@@ -27,6 +27,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import warnings
 from dataclasses import asdict, dataclass
@@ -119,6 +120,15 @@ def evict_page_cache(folder: Path) -> None:
                 os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(descriptor)
+
+
+def child_json(script: str | Path, *arguments: object) -> dict:
+    """Run ``script --child ARGUMENTS`` in a fresh process and return the JSON object its last
+    printed line holds: a benchmark's cold start, where nothing this process imported or cached
+    counts (its stderr is kept apart; a failed child raises CalledProcessError)."""
+    command = [sys.executable, str(script), "--child", *(str(a) for a in arguments)]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def parser(
