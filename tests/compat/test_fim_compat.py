@@ -44,6 +44,13 @@ def document_text(rng: random.Random) -> str:
 
 
 @pytest.fixture(scope="module")
+def seed(shared_seed):
+    """The session's seed worker (not one of this module's own, ~20 s to start): every call
+    builds its datasets afresh, into a cache folder of its own, and leaves nothing behind."""
+    return shared_seed
+
+
+@pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     pytest.importorskip("tokenizers")
     pytest.importorskip("transformers")
