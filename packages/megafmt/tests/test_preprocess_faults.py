@@ -14,6 +14,8 @@ import pytest
 
 from megafmt.errors import PluginError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
+from megafmt.preprocess.inputs import InputFile
+from megafmt.preprocess.on_ray import _wait_for_shards
 from megafmt.tokenizers import TokenizerOptions
 
 WORDS = ["alpha", "beta", "\u65e5\u672c", ""]
@@ -76,3 +78,39 @@ def test_append_eod_with_a_bare_tokenizer_json_says_where_the_eod_is_looked_for(
     message = str(caught.value)
     assert str(bare / "tokenizer.json") in message
     assert "tokenizer_config.json" in message and "eos_token" in message
+
+
+class ShardZeroFails:
+    """The Ray calls ``_wait_for_shards`` makes, where shard 0's task fails while the other
+    shards are still waiting (whatever the machine's load: no cluster, no timing)."""
+
+    class exceptions:  # as Ray spells its module
+        class RayError(Exception):
+            pass
+
+        class RayTaskError(RayError):
+            def as_instanceof_cause(self) -> BadInputError:
+                return BadInputError("in.jsonl bytes 0-100, line 1: not JSON")
+
+    def __init__(self) -> None:
+        self.cancelled: list[int] = []
+
+    def wait(self, refs, num_returns, timeout):
+        return [ref for ref in refs if ref == 0], [ref for ref in refs if ref != 0]
+
+    def get(self, ref):
+        raise self.exceptions.RayTaskError()
+
+    def cancel(self, ref, force):
+        self.cancelled.append(ref)
+
+
+def test_the_first_failed_ray_shard_cancels_the_waiting_ones_at_once():
+    ray = ShardZeroFails()
+    shards = [InputFile("in.jsonl", 300, start=100 * n, end=100 * (n + 1)) for n in range(3)]
+    with pytest.raises(BadInputError, match="line 1: not JSON") as caught:
+        _wait_for_shards(ray, [0, 1, 2], shards, board=None, progress=None)
+    assert ray.cancelled == [1, 2]
+    assert caught.value.__notes__ == [
+        "in Ray shard 0 of 3 (in.jsonl, bytes 0 to 100); 2 unfinished shards were cancelled"
+    ]
