@@ -39,6 +39,7 @@ def test_a_figure_of_zero_makes_the_ratio_undefined_not_a_division_error():
 
 
 @pytest.mark.seed
+@pytest.mark.slow
 def test_run_all_quick_writes_one_table_with_both_references(tmp_path):
     output = tmp_path / "benchmarks.md"
     done = subprocess.run(

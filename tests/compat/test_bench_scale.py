@@ -22,6 +22,7 @@ def load_bench():
 
 
 @pytest.mark.seed
+@pytest.mark.slow
 def test_both_sides_build_identical_tables_at_a_minute_scale(tmp_path, capsys):
     bench = load_bench()
     results = bench.run(scale=1e-5, workdir=tmp_path / "work", hit_processes=0)

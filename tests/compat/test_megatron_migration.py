@@ -319,14 +319,15 @@ def inputs(
 @pytest.mark.parametrize(
     ("layout", "job", "iteration"),
     [
-        (TP2, "gpt", 0),  # TP2 x DP2
-        ([*TP2, *CP2], "gpt", 0),
-        (TP2, "fim", 0),
-        (TP2, "sft", 0),
-        (TP2, "phases", 6),  # resumed in the second phase, 2 of its 4 iterations taken
-        (TP2, "hf", 0),
+        pytest.param(TP2, "gpt", 0, id="tp2-dp2"),
+        # the other jobs take minutes each (two 4-rank runs): `make test-slow` runs them
+        pytest.param([*TP2, *CP2], "gpt", 0, id="tp2-cp2", marks=pytest.mark.slow),
+        pytest.param(TP2, "fim", 0, id="fim-tp2-dp2", marks=pytest.mark.slow),
+        pytest.param(TP2, "sft", 0, id="sft-tp2-dp2", marks=pytest.mark.slow),
+        # resumed in the second phase, 2 of its 4 iterations taken
+        pytest.param(TP2, "phases", 6, id="phases-tp2-dp2", marks=pytest.mark.slow),
+        pytest.param(TP2, "hf", 0, id="hf-tp2-dp2", marks=pytest.mark.slow),
     ],
-    ids=["tp2-dp2", "tp2-cp2", "fim-tp2-dp2", "sft-tp2-dp2", "phases-tp2-dp2", "hf-tp2-dp2"],
 )
 def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
     checkouts: dict[str, Path],
@@ -345,7 +346,7 @@ def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
 
 
 @pytest.mark.usefixtures("offline_hub")
-@pytest.mark.parametrize("seed", [2701, 2702])
+@pytest.mark.parametrize("seed", [2701, pytest.param(2702, marks=pytest.mark.slow)])
 def test_seeded_random_tokenizers_and_jsonl_give_the_seed_commit_s_batches(
     checkouts: dict[str, Path], inputs: dict[str, Any], tmp_path: Path, seed: int
 ) -> None:
