@@ -196,3 +196,21 @@ def test_a_corpus_read_through_a_credentialed_url_is_named_without_them(tmp_path
     resumed = MixResumedBlend(parts, [0.5, 0.5], 200, MixState(consumed_samples=60, **mix))
     assert [origin[1] for origin in stream(resumed, 60, 64)] == [30, 30, 31, 31]
     assert counts(resumed.mix_state(64)) == {"s3://***@bucket/a": 32, "s3://***@bucket/b": 32}
+
+
+def test_a_state_worked_out_from_blend_arguments_is_the_one_resumed_blends_record(corpora, build):
+    """MixState.after (a switched Megatron-LM's checkpoints, which record only the launch's
+    blend, the state it resumed from and the consumed count) along a chain of changes."""
+    first = build(corpora[:2], [0.7, 0.3], 200)
+    state = MixState.from_megatron(corpora[:2], [0.7, 0.3], 80)
+    assert counts(first.mix_state(80)) == counts(vars(state))
+    chain = [(corpora[1:], [1, 1], 300, 170), (corpora, [1, 3, 1], 400, 260),
+             (corpora, [1, 3, 1], 400, 330), (corpora[:1], [1], 500, 420)]  # fmt: skip
+    for prefixes, weights, size, consumed in chain:
+        resumed = build(prefixes, weights, size, state)
+        state = state.after(prefixes, weights, consumed)
+        recorded = resumed.mix_state(consumed)  # with each corpus's order, not checked here
+        assert counts(recorded) == counts(vars(state))
+        assert recorded["segment"] == state.segment
+    with pytest.raises(ConfigError, match="the run consumed 10 samples, fewer than the 420"):
+        state.after(corpora, [1, 1, 1], 10)

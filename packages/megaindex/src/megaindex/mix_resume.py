@@ -167,14 +167,52 @@ class MixState:
         ``--data-path``) that consumed ``consumed_train_samples`` (its checkpoint's count). The
         corpora's orders were not recorded, so they are not checked: resume with the run's
         seed, sequence length and split."""
-        counts = consumption_from_megatron(prefixes, weights, consumed_train_samples)
-        return cls(
-            consumed_samples=consumed_train_samples,
-            corpora={prefix: {"consumed": count} for prefix, count in counts.items()},
-            segment=segment(
-                [_named(p) for p in prefixes], normalize(list(weights)), 0, [0] * len(prefixes)
-            ),
+        return cls(consumed_samples=0).after(prefixes, weights, consumed_train_samples)
+
+    def after(
+        self, prefixes: Sequence[str], weights: Sequence[float], consumed_samples: int
+    ) -> MixState:
+        """The state of a run resumed from this one under the blend ``prefixes`` and
+        ``weights`` once it consumed ``consumed_samples`` (counted from the run's start): what
+        :meth:`MixResumedBlend.mix_state` records, worked out from the blend's arguments alone
+        (a Megatron-LM checkpoint's saved ones), so that chains of changes compose."""
+        names = [_named(prefix) for prefix in prefixes]
+        _check_distinct(names, "the blend")
+        if consumed_samples < self.consumed_samples:
+            raise ConfigError(
+                f"the run consumed {consumed_samples} samples, fewer than the "
+                f"{self.consumed_samples} of the state it resumed from"
+            )
+        weights = normalize(list(weights))
+        counts = [int(self.corpora.get(name, {}).get("consumed", 0)) for name in names]
+        start, offsets = resume_point(self, names, weights, counts)
+        totals = numpy.array(offsets, dtype=numpy.int64)
+        totals += greedy_counts(weights, consumed_samples - start)
+        corpora = {name: dict(record) for name, record in self.corpora.items()}
+        for name, total in zip(names, totals.tolist(), strict=True):
+            corpora[name] = {**corpora.get(name, {}), "consumed": int(total)}
+        return MixState(
+            consumed_samples=consumed_samples,
+            corpora=corpora,
+            segment=segment(names, weights, start, offsets),
         )
+
+
+def resume_point(
+    state: MixState, names: Sequence[str], weights: Sequence[float], counts: Sequence[int]
+) -> tuple[int, list[int]]:
+    """Where the greedy rule of a blend of corpora ``names`` and normalised ``weights`` resumed
+    from ``state`` starts: the state's segment's first sample and offsets where the corpora and
+    weights are that segment's (a restart without a change), else the state's consumed count
+    and each corpus's ``counts`` there."""
+    saved = state.segment
+    if (
+        saved is not None
+        and list(saved["corpora"]) == list(names)
+        and [float(w) for w in saved["weights"]] == list(weights)
+    ):
+        return int(saved["start"]), [int(o) for o in saved["offsets"]]
+    return state.consumed_samples, [int(c) for c in counts]
 
 
 def segment(
@@ -245,14 +283,7 @@ class MixResumedBlend(torch.utils.data.Dataset):
         counts = [
             _check_order(d, state.corpora.get(n)) for d, n in zip(datasets, names, strict=True)
         ]
-        saved = state.segment
-        continues = (
-            saved is not None
-            and list(saved["corpora"]) == names
-            and [float(w) for w in saved["weights"]] == self.weights
-        )
-        self.start = int(saved["start"]) if continues else state.consumed_samples
-        offsets = saved["offsets"] if continues else counts
+        self.start, offsets = resume_point(state, names, self.weights, counts)
         self.offsets = numpy.array(offsets, dtype=numpy.int64)
         remaining = size - self.start
         self.dataset_index = numpy.zeros(remaining, dtype=numpy.int16)
@@ -269,8 +300,7 @@ class MixResumedBlend(torch.utils.data.Dataset):
         self.dataset_sample_index += self.offsets[self.dataset_index]
         self._check_held()
         self.first = state.consumed_samples
-        if continues:
-            self._check_continues(state, counts)
+        self._check_continues(state, counts)  # holds trivially unless a segment continues
         description = json.dumps(
             {
                 "class": type(self).__name__,
