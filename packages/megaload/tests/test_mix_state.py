@@ -83,3 +83,25 @@ def test_the_mode_refuses_a_dataset_that_does_not_continue_each_corpus():
 def test_the_mode_needs_the_sequential_sampler():
     with pytest.raises(SamplerError, match="resume_with_new_mix needs dataloader_type 'single'"):
         config(resume_with_new_mix=True, dataloader_type="cyclic")
+
+
+class AlternatingValid(Alternating):
+    """:class:`Alternating` as a validation split."""
+
+    index_split = "valid"
+
+
+def test_the_mode_refuses_a_valid_split_over_other_data_naming_the_split():
+    """Only the training blend is resumed from a state: a valid (or test) loader's state is
+    restored over its own data, which the mode checks as it does any split's."""
+    state = build_pretraining_data_loader(AlternatingValid(40), 10, config()).state_dict()
+    mode = config(resume_with_new_mix=True)
+    same = build_pretraining_data_loader(AlternatingValid(40), 0, mode)
+    same.load_state_dict(state)
+    assert next(iter(same))["tokens"][:, 0].tolist() == [10, 11]
+    other = AlternatingValid(60, start=10, offsets=(6, 4))
+    with pytest.raises(
+        ResumeError,
+        match="reads the valid split, and resume_with_new_mix continues the training split only",
+    ):
+        build_pretraining_data_loader(other, 0, mode).load_state_dict(state)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from megafmt.protocols import CorpusAccounting
+from megafmt.protocols import CorpusAccounting, split_name
 from megaload.errors import ResumeError
 
 
@@ -59,10 +59,22 @@ def check_resumed_mix(dataset: Any, state: Mapping[str, Any]) -> None:
     if mine is None:
         raise ResumeError(f"{type(dataset).__name__} keeps no per-corpus accounts")
     before, after = consumed_counts(state["mix"]), consumed_counts(mine)
+    split = split_name(dataset)
     for name in sorted(set(before) | set(after)):
-        if before.get(name, 0) != after.get(name, 0):
+        if before.get(name, 0) == after.get(name, 0):
+            continue
+        where = (
+            f"corpus {name} gave {before.get(name, 0)} samples before the state was saved, "
+            f"the dataset continues it at sample {after.get(name, 0)}"
+        )
+        if split in ("valid", "test"):
             raise ResumeError(
-                f"corpus {name} gave {before.get(name, 0)} samples before the state was saved, "
-                f"the dataset continues it at sample {after.get(name, 0)}: build the blend with "
-                "resume_with_new_mix set to this state (megaindex's config field)"
+                f"{where}: this loader reads the {split} split, and resume_with_new_mix "
+                f"continues the training split only (megaindex resumes only the training "
+                f"blend from a state); restore the {split} loader's state over its saved "
+                f"{split} data, or build it afresh from consumed_samples 0"
             )
+        raise ResumeError(
+            f"{where}: build the blend with resume_with_new_mix set to this state (megaindex's "
+            "config field)"
+        )
