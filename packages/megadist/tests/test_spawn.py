@@ -1,5 +1,6 @@
 """The rank spawner every multi-rank run uses: real gloo groups, failures and hangs reported."""
 
+import os
 import time
 
 import pytest
@@ -30,6 +31,21 @@ def test_ranks_share_one_group():
     assert run_distributed(_sum_of_ranks, 3, 10) == [33, 33, 33]
 
 
+def _probed_environment():
+    return os.environ.get("MEGADIST_SPAWN_PROBE")
+
+
+@pytest.mark.distributed
+def test_ranks_see_the_callers_environment_as_it_is_at_each_call(monkeypatch):
+    # the first call starts the fork server; the variable set after it reaches the second's ranks
+    monkeypatch.setenv("MEGADIST_SPAWN_PROBE", "first")
+    assert run_distributed(_probed_environment, 2) == ["first", "first"]
+    monkeypatch.setenv("MEGADIST_SPAWN_PROBE", "second")
+    assert run_distributed(_probed_environment, 2) == ["second", "second"]
+    monkeypatch.delenv("MEGADIST_SPAWN_PROBE")
+    assert run_distributed(_probed_environment, 2) == [None, None]
+
+
 @pytest.mark.distributed
 def test_a_failing_rank_is_reported_with_its_traceback():
     with pytest.raises(RuntimeError, match=r"(?s)rank 1:\n.*ValueError: rank one broke"):
@@ -38,10 +54,11 @@ def test_a_failing_rank_is_reported_with_its_traceback():
 
 @pytest.mark.distributed
 def test_a_hanging_rank_is_named_and_killed():
-    # rank 1 sleeps 600 s: returning at all shows it was killed. The bound leaves rank 0 a
-    # minute to start and import torch on a loaded machine.
-    with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish within 60"):
-        run_distributed(_rank_one_never_returns, 2, timeout=60)
+    # rank 1 sleeps 600 s: returning at all shows it was killed. The bound leaves rank 0
+    # half a minute to be forked from the fork server (torch already imported there) on a
+    # loaded machine.
+    with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 did not finish within 30"):
+        run_distributed(_rank_one_never_returns, 2, timeout=30)
 
 
 _IN_FLIGHT = []
