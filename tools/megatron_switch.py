@@ -17,7 +17,12 @@ Edits, in the checkout (the seed commit's layout, e03878b5f):
 - ``megatron/training/training.py``: ``def cyclic_iter`` becomes
   ``from megaload.megatron import cyclic_iter``, and where it imports hybrid context
   parallelism's ``HybridCPDataLoaderWrapper`` from ``megatron.core.datasets.data_schedule``
-  (the seed commit does), the import comes from ``megadist.megatron``.
+  (the seed commit does), the import comes from ``megadist.megatron``;
+- ``--resume-with-new-mix`` (issue 32, :mod:`megaindex.megatron_mix`): three definitions are
+  wrapped, each rebound after it: ``megatron/training/arguments.py``'s ``_add_data_args`` (the
+  flag), ``megatron/training/checkpointing.py``'s ``check_checkpoint_args`` (where the
+  checkpoint's run left each corpus, from its saved arguments) and pretrain_gpt.py's
+  ``core_gpt_dataset_config_from_args`` (the dataset config resumes the training blend from it).
 
 Definitions are found with ``ast``, so formatting does not matter; a file already switched is
 left alone. Prints the unified diff of each file it changes; ``--check`` prints it and writes
@@ -37,12 +42,15 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Switch:
     """One file's edits: definitions replaced by an import, import lines rewritten (those of
-    ``imports_if_present`` only where the file has them: a checkout may predate them)."""
+    ``imports_if_present`` only where the file has them: a checkout may predate them), and
+    definitions wrapped: each of ``wrapped`` names a function of megaindex.megatron_mix that
+    takes the definition (and the further arguments given), rebound after it."""
 
     path: str
     definitions: dict[str, str]
     imports: dict[str, str]
     imports_if_present: dict[str, str] = field(default_factory=dict)
+    wrapped: dict[str, str] = field(default_factory=dict)
 
 
 LOADER_IMPORT = "from megaload.megatron import build_pretraining_data_loader"
@@ -63,6 +71,25 @@ SWITCHES = (
             "from megatron.training.datasets.sft_dataset import SFTDataset": (
                 "from megaindex import SFTDataset"
             ),
+        },
+        wrapped={
+            "core_gpt_dataset_config_from_args": (
+                "with_resumed_mix(core_gpt_dataset_config_from_args)"
+            )
+        },
+    ),
+    Switch(
+        "megatron/training/arguments.py",
+        {},
+        {},
+        wrapped={"_add_data_args": "mix_resume_arguments(_add_data_args)"},
+    ),
+    Switch(
+        "megatron/training/checkpointing.py",
+        {},
+        {},
+        wrapped={
+            "check_checkpoint_args": "keeping_checkpoint_mix(check_checkpoint_args, get_args)"
         },
     ),
     Switch(
@@ -92,16 +119,30 @@ def switched_text(path: Path, switch: Switch) -> str:
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
     tree = ast.parse(text, filename=str(path))
-    spans = {}
+    edits = []  # (first line, end line, the lines in their place)
+    defined = {}
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in switch.definitions:
+        if isinstance(node, ast.FunctionDef):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            spans[node.name] = (first - 1, node.end_lineno)
+            defined[node.name] = (first - 1, node.end_lineno)
     for name, replacement in switch.definitions.items():
-        if name not in spans and replacement + "\n" not in lines:
+        if name in defined:
+            edits.append((*defined[name], [replacement + "\n"]))
+        elif replacement + "\n" not in lines:
             raise SwitchError(f"{path}: no top-level 'def {name}' to switch")
-    for name, (start, end) in sorted(spans.items(), key=lambda item: -item[1][0]):
-        lines[start:end] = [switch.definitions[name] + "\n"]
+    for name, call in switch.wrapped.items():
+        wrapper = [
+            f"from megaindex.megatron_mix import {call.split('(')[0]}\n",
+            f"{name} = {call}\n",
+        ]
+        if wrapper[1] in lines:
+            continue
+        if name not in defined:
+            raise SwitchError(f"{path}: no top-level 'def {name}' to wrap")
+        end = defined[name][1]
+        edits.append((end, end, wrapper))
+    for start, end, replacement in sorted(edits, key=lambda edit: -edit[0]):
+        lines[start:end] = replacement
     result = "".join(lines)
     for old, new in switch.imports.items():
         if old in result:
