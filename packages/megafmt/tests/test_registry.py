@@ -88,6 +88,21 @@ def test_register_refuses_silent_replacement(registry):
         registry.register("bad", object())
 
 
+def test_unregister_removes_only_what_register_added(registry):
+    class Reader:
+        def read(self):
+            return 1
+
+    registry.register("mine", Reader)
+    registry.register("good", Reader, replace=True)
+    registry.unregister("mine")
+    assert "mine" not in registry and "mine" not in registry.available()
+    registry.unregister("good")  # the entry point it replaced is what "good" names again
+    assert registry.get("good").__name__ == "MMapBinReader"
+    with pytest.raises(PluginError, match="'good' was not added with register.*registered: none"):
+        registry.unregister("good")
+
+
 def test_the_home_distribution_wins_its_own_names(monkeypatch):
     from megafmt.readers.mmap_reader import MMapBinReader
 

@@ -85,4 +85,4 @@ def test_dataloader_types_come_from_the_sampler_registry(providers, capsys):
             simulate("--dataloader-type", "random")
         assert "invalid choice: 'random'" in capsys.readouterr().err
     finally:
-        SAMPLERS._registered.pop("sequential_too")
+        SAMPLERS.unregister("sequential_too")

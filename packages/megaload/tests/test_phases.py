@@ -116,13 +116,13 @@ def test_saved_states_with_impossible_counts_are_refused(seed: int) -> None:
 
 @pytest.mark.parametrize("name", ["hybrid_cp", "global_share"])
 def test_a_global_batch_sampler_gives_one_batch_per_iteration_whatever_its_name(
-    monkeypatch, name
+    request, name
 ) -> None:
     """Phases ask the sampler whether it is a GlobalBatchSampler, not its name: under any name,
     a batch is the rank's share of a whole global batch, one per iteration."""
-    monkeypatch.setitem(
-        SAMPLERS._registered, "global_share", HybridCPMegatronPretrainingSampler.from_config
-    )
+    if name == "global_share":
+        SAMPLERS.register(name, HybridCPMegatronPretrainingSampler.from_config)
+        request.addfinalizer(lambda: SAMPLERS.unregister(name))
     loader = PhasedDataLoader(phases(), 0, dataclasses.replace(CONFIG, dataloader_type=name))
     assert loader.batches_per_iteration == 1
     batches = list(loader)

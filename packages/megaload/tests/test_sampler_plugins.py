@@ -102,7 +102,7 @@ def registered():
 
     yield register
     for name in names:
-        SAMPLERS._registered.pop(name)
+        SAMPLERS.unregister(name)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -117,6 +117,17 @@ class Registry(Generic[T]):
             self._check(name, obj, origin=repr(obj))
             self._registered[name] = obj
 
+    def unregister(self, name: str) -> None:
+        """Remove what ``register(name, ...)`` added (a plugin for one test or one session);
+        entry points are not removed: they come with an installed distribution."""
+        with self._lock:
+            if name not in self._registered:
+                raise PluginError(
+                    f"{self.kind} {name!r} was not added with register(), so it cannot be "
+                    f"unregistered; registered: {sorted(self._registered) or 'none'}"
+                )
+            del self._registered[name]
+
     def _load(self, point: EntryPoint) -> T:
         distribution = point.dist.name if point.dist is not None else "an unknown distribution"
         origin = f"entry point {point.name} = {point.value} in {distribution}"
