@@ -70,8 +70,14 @@ def test_phases_with_the_flag_run_and_refuse_a_state(simulate, tmp_path, capsys)
     phases = ["--phases", f"0:1 {web} 1 {code}", f"2:1 {code} 1 {math}"]
     assert simulate("1 web", 1, 8, 4, *phases, "--resume-with-new-mix") == 0
     assert "step 3 rank 0 phase 1" in capsys.readouterr().out
-    assert simulate("1 web", 1, 8, 4, *phases, "--save-state", "a.json") != 0
-    assert "--phases does not take --load-state, --save-state" in capsys.readouterr().err
+    assert simulate("1 web", 1, 8, 4, *phases, "--resume-at", "16", "--resume-with-new-mix") == 0
+    assert "step 1 rank 0 phase 1" in capsys.readouterr().out  # resumed in the second phase
+    (tmp_path / "a.json").write_text("{}")
+    for flag in ("--save-state", "--load-state", "--sample-log"):
+        assert simulate("1 web", 1, 8, 4, *phases, flag, "a.json") != 0
+        error = capsys.readouterr().err
+        assert "--phases does not take --load-state, --save-state or --sample-log" in error
+        assert "resume a phased run with --resume-at S (its consumed samples)" in error
 
 
 def test_an_unreadable_state_is_refused_naming_the_file(simulate, tmp_path, capsys):

@@ -135,7 +135,11 @@ class LoadCommand:
         if phases is not None:
             if state is not None or args.save_state or args.sample_log:
                 raise SimulationError(
-                    "--phases does not take --load-state, --save-state or --sample-log"
+                    "--phases does not take --load-state, --save-state or --sample-log (a "
+                    "phase change is a change of mix, which those flags' single-blend state "
+                    "does not describe): resume a phased run with --resume-at S (its consumed "
+                    "samples), and add --resume-with-new-mix for each phase to continue every "
+                    "corpus where the phases before left it"
                 )
             if args.dry_run_resume is not None:
                 raise SimulationError("--dry-run-resume does not take --phases: use --resume-at")
