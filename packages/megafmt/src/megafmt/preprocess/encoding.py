@@ -5,7 +5,9 @@ tokenized on its own; a list value is a list of sentences (a string is one sente
 by punkt with ``--split-sentences``); sentences that tokenize to nothing are dropped; with
 ``--append-eod`` a document that has tokens gets the EOD id at the end of its last sentence; a
 document without tokens is still a document (with no sequences). What differs is the speed: a
-chunk's texts go to the tokenizer in one batch and come back as flat numpy arrays.
+chunk's texts go to the tokenizer in one batch and come back as flat numpy arrays; where the
+block path applies (:mod:`megafmt.preprocess.blocks`) the chunk is parsed and encoded whole,
+without a Python object per line.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy
 
 from megafmt.errors import MegafmtError
+from megafmt.preprocess.blocks import BlockEncoder
+from megafmt.preprocess.encoded import EncodedChunk, EncodedKey
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.tokenizers import TokenizerOptions, load_tokenizer
@@ -51,44 +55,6 @@ class EncodeSettings:
     processes already keep the cores busy, and more threads would only contend."""
 
 
-@dataclass
-class EncodedKey:
-    """The documents of one json key in one chunk, ready for ``add_documents``."""
-
-    tokens: numpy.ndarray
-    sequence_lengths: numpy.ndarray
-    sequences_per_document: numpy.ndarray
-
-    def select(self, documents: numpy.ndarray) -> EncodedKey:
-        """The documents where the boolean mask ``documents`` is true."""
-        count = self.sequences_per_document.size
-        document_of_sequence = numpy.repeat(numpy.arange(count), self.sequences_per_document)
-        tokens_per_document = numpy.bincount(
-            document_of_sequence, weights=self.sequence_lengths, minlength=count
-        ).astype(numpy.int64)
-        return EncodedKey(
-            self.tokens[numpy.repeat(documents, tokens_per_document)],
-            self.sequence_lengths[numpy.repeat(documents, self.sequences_per_document)],
-            self.sequences_per_document[documents],
-        )
-
-
-@dataclass
-class EncodedChunk:
-    file: str
-    start: int
-    documents: numpy.ndarray
-    """The offset in the chunk of each line that became a document."""
-    keys: dict[str, EncodedKey]
-    bad_lines: list[tuple[int, str]] = field(default_factory=list)
-    """(line number in ``file``, why) of each line that did not."""
-    nbytes: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return sum(int(key.tokens.size) for key in self.keys.values())
-
-
 class Encoder:
     """Encodes chunks with one tokenizer (and splitter), built once per process."""
 
@@ -106,6 +72,12 @@ class Encoder:
             load_splitter(settings.lang, settings.keep_newlines)
             if settings.split_sentences
             else None
+        )
+        self._blocks = BlockEncoder.for_tokenizer(
+            self.tokenizer,
+            settings.split_sentences,
+            settings.json_keys,
+            self.tokenizer.eod if settings.append_eod else None,
         )
 
     def _sentences(self, raw: object) -> dict[str, list[str]]:
@@ -155,6 +127,12 @@ class Encoder:
 
     def encode(self, chunk: Chunk) -> EncodedChunk:
         """The documents of ``chunk``, and the lines that are not documents and why."""
+        keys = self._blocks.encode(chunk) if self._blocks is not None else None
+        if keys is not None and all(self._fits(encoded.tokens) for encoded in keys.values()):
+            for encoded in keys.values():
+                encoded.tokens = encoded.tokens.astype(self.dtype)
+            every_line = numpy.arange(len(chunk.lines), dtype=numpy.int64)
+            return EncodedChunk(chunk.file, chunk.start, every_line, keys, [], chunk.nbytes)
         bad: list[tuple[int, str]] = []
         offsets: list[int] = []
         documents: list[dict[str, list[str]]] = []

@@ -24,7 +24,7 @@ from megafmt.builder import IndexedDatasetBuilder
 from megafmt.folders import make_folder
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.manifest import remove_manifest
-from megafmt.preprocess.encoding import EncodedChunk
+from megafmt.preprocess.encoded import EncodedChunk
 
 
 def output_prefix_of(output_prefix: str, key: str, level: str) -> str:

@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy
 
@@ -133,6 +133,27 @@ class ArrayTokenizer(Protocol):
 
     def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
         """The ids of each text, as ``encode_batch`` gives them, as 1-D integer arrays."""
+        ...
+
+
+@runtime_checkable
+class FlatEncoder(Protocol):
+    """An encoder of a whole block of texts in one call, giving one flat array back."""
+
+    def encode_flat(self, texts: Any) -> tuple[numpy.ndarray, numpy.ndarray]:
+        """The ids of all ``texts`` (an awkward array of strings) back to back, and how many
+        ids each text has."""
+        ...
+
+
+@runtime_checkable
+class BlockTokenizer(Protocol):
+    """A tokenizer that can encode a block of texts held in one UTF-8 buffer in one call
+    (preprocessing's block path, :mod:`megafmt.preprocess.blocks`)."""
+
+    def flat_encoder(self) -> FlatEncoder | None:
+        """The encoder of such blocks, or None where this tokenizer's chosen library encodes
+        text by text (its ids then come through ``encode_batch``)."""
         ...
 
 

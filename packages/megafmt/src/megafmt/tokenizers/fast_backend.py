@@ -178,16 +178,44 @@ class GigatokenEncoder:
     ) -> list[numpy.ndarray]:
         """The ids of each text, the fixed ids around them; ``parallel`` as gigatoken takes it
         (None: its thread pool, except in a forked worker)."""
+        flat, counts = self.encode_flat(list(texts), parallel)
+        return numpy.split(flat, numpy.cumsum(counts)[:-1]) if len(counts) else []
+
+    def encode_flat(
+        self, texts: Any, parallel: bool | None = None
+    ) -> tuple[numpy.ndarray, numpy.ndarray]:
+        """The ids of all ``texts`` back to back, the fixed ids around each, and how many ids
+        each text has: gigatoken's one buffer as it comes, for callers that never need an
+        object per text. ``texts``: a list of str, or an awkward array of strings (whose
+        buffers gigatoken reads in place)."""
         awkward: Any = __import__("awkward")
-        rows = self._tokenizer.encode_batch(list(texts), parallel=parallel)
+        rows = self._tokenizer.encode_batch(texts, parallel=parallel)
         flat = awkward.to_numpy(awkward.flatten(rows))
+        counts = awkward.to_numpy(awkward.num(rows)).astype(numpy.int64)
         if self._renumber is not None:
             flat = self._renumber[flat]
-        ends = numpy.cumsum(awkward.to_numpy(awkward.num(rows)))
-        arrays = numpy.split(flat, ends[:-1]) if len(texts) else []
-        if self._before.size or self._after.size:
-            return [numpy.concatenate([self._before, ids, self._after]) for ids in arrays]
-        return arrays
+        if not (self._before.size or self._after.size):
+            return flat, counts
+        return _around(flat, counts, self._before, self._after)
+
+
+def _around(
+    flat: numpy.ndarray, counts: numpy.ndarray, before: numpy.ndarray, after: numpy.ndarray
+) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """``flat`` (texts of ``counts`` ids back to back) with ``before`` and ``after`` around
+    each text, and the new counts."""
+    wrapped = counts + before.size + after.size
+    ends = numpy.cumsum(wrapped)
+    starts = ends - wrapped
+    out = numpy.empty(int(ends[-1]) if ends.size else 0, dtype=flat.dtype)
+    text = numpy.ones(out.size, dtype=bool)
+    fixed = [(starts + n, i) for n, i in enumerate(before)]
+    fixed += [(ends - after.size + n, i) for n, i in enumerate(after)]
+    for positions, token in fixed:
+        out[positions] = token
+        text[positions] = False
+    out[text] = flat
+    return out, wrapped
 
 
 def choose_backend(

@@ -241,6 +241,11 @@ class HuggingFaceTokenizer:
             return [numpy.asarray(ids, dtype=numpy.int64) for ids in self.encode_batch(texts)]
         return self._fast.encode_batch_arrays(texts)
 
+    def flat_encoder(self) -> GigatokenEncoder | None:
+        """gigatoken's encoder, where its self-check passed: it takes a block of texts in one
+        buffer (preprocessing's block path)."""
+        return self._fast
+
     @property
     def backend_choice(self) -> BackendChoice:
         """Which library encodes, and why (checked on the first call: see

@@ -168,6 +168,11 @@ class TikTokenTokenizer:
                 pass
         return [self._encode_array(text) for text in texts]
 
+    def flat_encoder(self) -> GigatokenEncoder | None:
+        """gigatoken's encoder, where its self-check passed: it takes a block of texts in one
+        buffer (preprocessing's block path)."""
+        return self._checked_backend[0]
+
     @property
     def backend_choice(self) -> BackendChoice:
         """Which library encodes, and why (:mod:`megafmt.tokenizers.fast_backend`)."""

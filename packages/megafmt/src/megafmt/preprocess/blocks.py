@@ -1,0 +1,168 @@
+"""The block path: a chunk of jsonl lines parsed in one call and encoded in one call.
+
+Where it applies (no ``--split-sentences``, a tokenizer whose chosen library takes a block of
+texts in one buffer, pyarrow installed), each chunk's lines are parsed by pyarrow's JSON reader
+into one UTF-8 buffer per json key, that buffer is encoded by one call that gives one flat array
+of ids and a count per text, and the documents are assembled from those two arrays: no Python
+object per line or per token.
+
+The line path (Python's ``json.loads`` of each line, the rules of Megatron's tool) stays the
+definition. A chunk where the block path could read anything differently goes to the line path
+whole, which then finds and names its bad lines as before: bytes that are not UTF-8, a line
+that pyarrow takes and Python refuses (a bare ``Inf`` value, a leading byte-order mark), a line
+pyarrow refuses or reads as no row or as two, a key missing or not a string (a list of sentences,
+say), ids that do not fit the output dtype, an encoder that raises.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy
+
+from megafmt.preprocess.encoded import EncodedKey
+from megafmt.preprocess.inputs import Chunk
+from megafmt.tokenizers.base import BlockTokenizer, FlatEncoder
+from megafmt.tokenizers.fast_backend import GIGATOKEN
+
+#: what pyarrow reads in a line that Python's json refuses: a bare Inf or -Inf value (not
+#: Infinity), a line that starts with a UTF-8 byte-order mark. A line holding either (in a
+#: string, too: "Information") is checked by json.loads itself.
+SUSPECT = re.compile(rb"Inf(?!inity)|\xef\xbb\xbf")
+
+
+def block_path_note(tokenizer_backend: str, split_sentences: bool) -> str:
+    """How a run reads its jsonl, in one line for the log: by blocks, or line by line and why.
+    ``tokenizer_backend``: the library the tokenizer's self-check chose."""
+    why = _why_not(tokenizer_backend == GIGATOKEN, split_sentences)
+    if why is None:
+        return "jsonl read by blocks (a chunk parsed by pyarrow, encoded by one gigatoken call)"
+    return f"jsonl read line by line: {why}"
+
+
+def _why_not(encodes_blocks: bool, split_sentences: bool) -> str | None:
+    if split_sentences:
+        return "--split-sentences splits each text on its own"
+    if not encodes_blocks:
+        return "the tokenizer's library encodes text by text (gigatoken encodes blocks)"
+    try:
+        import pyarrow.json  # noqa: F401
+    except ImportError:
+        return "pyarrow is not installed (pip install megafmt[parquet])"
+    return None
+
+
+class BlockEncoder:
+    """Parses and encodes whole chunks of jsonl lines; ``encode`` gives None for a chunk the
+    line path has to take."""
+
+    def __init__(self, encoder: FlatEncoder, json_keys: tuple[str, ...], eod: int | None) -> None:
+        import pyarrow
+        import pyarrow.json
+
+        self._encoder = encoder
+        self._keys = json_keys
+        self._eod = eod
+        self._pyarrow = pyarrow
+        self._parse_options = pyarrow.json.ParseOptions(
+            explicit_schema=pyarrow.schema([(key, pyarrow.string()) for key in json_keys]),
+            unexpected_field_behavior="ignore",
+        )
+
+    @classmethod
+    def for_tokenizer(
+        cls, tokenizer: object, split_sentences: bool, json_keys: tuple[str, ...], eod: int | None
+    ) -> BlockEncoder | None:
+        """The block encoder of a run with ``tokenizer``, or None where the run reads line by
+        line (:func:`block_path_note` says why)."""
+        encoder = tokenizer.flat_encoder() if isinstance(tokenizer, BlockTokenizer) else None
+        if _why_not(encoder is not None, split_sentences) is not None:
+            return None
+        return cls(encoder, json_keys, eod)  # type: ignore[arg-type]
+
+    def encode(self, chunk: Chunk) -> dict[str, EncodedKey] | None:
+        """Each json key's documents of ``chunk``, one per line, or None where the line path
+        has to read it."""
+        if not chunk.lines or not isinstance(chunk.lines[0], bytes):
+            return None  # rows already read (parquet)
+        columns = self._parse(b"".join(chunk.lines), len(chunk.lines))
+        if columns is None:
+            return None
+        documents = {}
+        for key, (data, offsets) in columns.items():
+            try:
+                flat, counts = self._encoder.encode_flat(_strings(data, offsets))
+            except Exception:  # the line path finds the document and says why, or raises
+                return None
+            documents[key] = self._assemble(flat, counts)
+        return documents
+
+    def _parse(self, block: bytes, lines: int) -> dict[str, tuple[Any, Any]] | None:
+        """Each key's texts as (UTF-8 bytes, int64 offsets), where pyarrow reads ``block``
+        (``lines`` lines) exactly as Python's json reads each line."""
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if _python_refuses_a_suspect(block):
+            return None
+        pyarrow = self._pyarrow
+        options = pyarrow.json.ReadOptions(use_threads=False, block_size=len(block) + 1)
+        try:
+            table = pyarrow.json.read_json(
+                pyarrow.py_buffer(block), read_options=options, parse_options=self._parse_options
+            )
+        except pyarrow.ArrowInvalid:
+            return None
+        if table.num_rows != lines:  # a blank line (no row), two objects on one line (two)
+            return None
+        columns = {}
+        for key in self._keys:
+            column = table.column(key).combine_chunks()
+            if column.null_count:
+                return None
+            _, offsets, data = column.buffers()
+            first = column.offset
+            offsets = numpy.frombuffer(offsets, numpy.int32, len(column) + 1, first * 4)
+            data = numpy.frombuffer(data, numpy.uint8) if data is not None else numpy.empty(0)
+            columns[key] = (data[offsets[0] : offsets[-1]], (offsets - offsets[0]).astype("i8"))
+        return columns
+
+    def _assemble(self, flat: numpy.ndarray, counts: numpy.ndarray) -> EncodedKey:
+        """One document per text: the texts with ids are its sequences (the EOD after each);
+        an empty one is a document without sequences."""
+        has_tokens = counts > 0
+        lengths = counts[has_tokens]
+        tokens = flat
+        if self._eod is not None:
+            tokens = numpy.insert(flat, numpy.cumsum(counts)[has_tokens], self._eod)
+            lengths = lengths + 1
+        return EncodedKey(tokens, lengths.astype(numpy.int32), has_tokens.astype(numpy.int64))
+
+
+def _python_refuses_a_suspect(block: bytes) -> bool:
+    """Whether Python's json refuses a line of ``block`` that holds a :data:`SUSPECT`."""
+    checked = -1  # the end of the last line checked
+    for hit in SUSPECT.finditer(block):
+        if hit.start() < checked:
+            continue
+        start = block.rfind(b"\n", 0, hit.start()) + 1
+        end = block.find(b"\n", hit.end())
+        checked = len(block) if end < 0 else end
+        try:
+            json.loads(block[start:checked].decode("utf-8"))
+        except (ValueError, RecursionError):
+            return True
+    return False
+
+
+def _strings(data: numpy.ndarray, offsets: numpy.ndarray) -> Any:
+    """An awkward array of the strings in ``data`` at ``offsets``, over the same buffers."""
+    awkward: Any = __import__("awkward")
+    characters = awkward.contents.NumpyArray(data, parameters={"__array__": "char"})
+    strings = awkward.contents.ListOffsetArray(
+        awkward.index.Index64(offsets), characters, parameters={"__array__": "string"}
+    )
+    return awkward.Array(strings)
