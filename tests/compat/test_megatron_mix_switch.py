@@ -99,9 +99,11 @@ def resumed_rank(root: str, argv: list[str], old: list[str], cache: str) -> dict
         return numpy.asarray(parts[corpus][sample]["tokens"])
 
     iterator = training.build_train_valid_test_data_iterators(provider)[0]
-    served = [
-        (train.sample_origin(i)["corpus"], train.sample_origin(i)["sample"])
-        for i in range(CONSUMED, CONSUMED + 2 * MICRO_BATCHES)
+    taken = range(CONSUMED, CONSUMED + 2 * MICRO_BATCHES)
+    served = [(train.sample_origin(i)["corpus"], train.sample_origin(i)["sample"]) for i in taken]
+    megatron = [
+        (after.datasets[after.dataset_index[i]].dataset_path, int(after.dataset_sample_index[i]))
+        for i in taken
     ]
     batches = [pretrain_gpt.get_batch(iterator)[-1].numpy() for _ in range(MICRO_BATCHES)]
     return {
@@ -114,6 +116,7 @@ def resumed_rank(root: str, argv: list[str], old: list[str], cache: str) -> dict
             )
         ],
         "served": served,
+        "megatron": megatron,
         "tokens": numpy.concatenate(batches),
         "seed_tokens": numpy.stack([seed_tokens(c, s) for c, s in served]),
         "train_class": type(train).__name__,
@@ -128,32 +131,45 @@ def switched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_a_switched_run_resumed_under_a_new_mix_continues_each_corpus(
-    switched: Path, tmp_path: Path
-) -> None:
-    """Before: ``0.7 web 0.3 code`` for 40 samples (Megatron-LM's checkpoint). After: ``0.5
-    code 0.5 math``, global batch 16 instead of 8: code continues at its next unseen sample,
-    math starts at 0, web is left where it stopped; no corpus sample repeats or is skipped, and
-    every token is the seed GPTDataset's for that corpus sample."""
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """web, code and math."""
     from megafmt.testing import write_corpus
 
-    web, code, math = (
-        write_corpus(str(tmp_path / name), 400, vocab=999, eod=999, seed=number)
+    folder = tmp_path_factory.mktemp("corpora")
+    return [
+        write_corpus(str(folder / name), 400, vocab=999, eod=999, seed=number)
         for number, name in enumerate(["web", "code", "math"])
-    )
+    ]
+
+
+def resumed(switched: Path, folder: Path, new: list[str], old: list[str]) -> dict[str, Any]:
+    """The switched run with ``--data-path new`` and a global batch of 16, resumed with the
+    flag from a Megatron-LM checkpoint of ``--data-path old`` and a global batch of 8."""
     argv = [
         "--micro-batch-size", "2", "--global-batch-size", "16", "--seq-length", "16",
         "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
         "--num-attention-heads", "2", "--lr", "1e-4", "--eval-interval", "5",
         "--eval-iters", "1", "--split", "100,0,0", "--train-iters", "10",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--num-workers", "0",
-        "--data-cache-path", str(tmp_path / "cache"), "--resume-with-new-mix",
-        "--data-path", "0.5", code, "0.5", math,
+        "--data-cache-path", str(folder / "cache"), "--resume-with-new-mix", "--data-path", *new,
     ]  # fmt: skip
-    old = ["0.7", web, "0.3", code]
-    seed_cache = str(tmp_path / "seed-cache")
+    seed_cache = str(folder / "seed-cache")
     (report,) = run_distributed(resumed_rank, 1, str(switched), argv, old, seed_cache)
     assert report["train_class"] == "MixResumedBlend"
+    numpy.testing.assert_array_equal(report["tokens"], report["seed_tokens"])
+    return report
+
+
+def test_a_switched_run_resumed_under_a_new_mix_continues_each_corpus(
+    switched: Path, corpora: list[str], tmp_path: Path
+) -> None:
+    """Before: ``0.7 web 0.3 code`` for 40 samples (Megatron-LM's checkpoint). After: ``0.5
+    code 0.5 math``, global batch 16 instead of 8: code continues at its next unseen sample,
+    math starts at 0, web is left where it stopped; no corpus sample repeats or is skipped, and
+    every token is the seed GPTDataset's for that corpus sample."""
+    web, code, math = corpora
+    report = resumed(switched, tmp_path, ["0.5", code, "0.5", math], ["0.7", web, "0.3", code])
     by_corpus: dict[str, list[int]] = {}
     for corpus, sample in [*report["before"], *report["served"]]:
         by_corpus.setdefault(corpus, []).append(sample)
@@ -163,9 +179,19 @@ def test_a_switched_run_resumed_under_a_new_mix_continues_each_corpus(
     before = [c for c, _ in report["before"]]
     assert by_corpus[web] == list(range(before.count(web)))  # left where it stopped
     assert report["served"][:2] == [(code, before.count(code)), (math, 0)]
-    numpy.testing.assert_array_equal(report["tokens"], report["seed_tokens"])
     recorded = report["resumed_from"]["corpora"]  # saved into the run's own checkpoints
     assert {name: record["consumed"] for name, record in recorded.items()} == {
         web: before.count(web),
         code: before.count(code),
     }
+
+
+@pytest.mark.slow  # ~30 s, as the test above; that one runs by default
+def test_a_switched_run_resumed_under_the_same_mix_serves_megatron_s_blend(
+    switched: Path, corpora: list[str], tmp_path: Path
+) -> None:
+    """The flag on, the blend unchanged (the global batch changed): the samples are the seed's
+    blend's from the checkpoint's count on, as Megatron-LM's resumed run serves them."""
+    blend = ["0.6", corpora[0], "0.4", corpora[2]]
+    report = resumed(switched, tmp_path, blend, blend)
+    assert report["served"] == report["megatron"]
