@@ -2,15 +2,17 @@
 pyarrow is installed; a file, a glob, a directory or any fsspec URL.
 
 Files are read in sorted order (Megatron's tool takes ``glob.glob``'s order, which the file
-system decides) and cut into chunks of whole lines, so memory stays bounded however large the
-input. Lines are numbered per file for error messages and counted across files to deal
-documents into partitions the way Megatron's tool does.
+system decides) and cut into chunks of whole lines (about ``chunk_bytes``, in whole block
+reads), so memory stays bounded however large the input. Lines are numbered per file for
+error messages and counted across files to deal documents into partitions the way Megatron's
+tool does.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ from megafmt.errors import MissingFileError, PluginError, ReadError
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSION_SUFFIXES = ("", ".gz", ".zst", ".zstd", ".bz2", ".xz")
 PARQUET_SUFFIX = ".parquet"
+#: one line and its newline
+LINE = re.compile(rb"[^\n]*\n")
 INPUT_SUFFIXES = (
     *(name + compression for name in JSONL_SUFFIXES for compression in COMPRESSION_SUFFIXES),
     PARQUET_SUFFIX,
@@ -115,19 +119,23 @@ def _is_pipe(path: str) -> bool:
         return False
 
 
-def _lines(stream: Any, limit: int | None = None, block_bytes: int = 1 << 20) -> Iterator[bytes]:
+def _line_blocks(
+    stream: Any, limit: int | None = None, block_bytes: int = 1 << 20
+) -> Iterator[tuple[list[bytes], int]]:
     """The lines of a binary stream, each with its newline (the last may lack one), up to
-    ``limit`` bytes; block reads, since decompressing streams do not all iterate by line."""
+    ``limit`` bytes, a block read's worth at a time with their size in bytes: block reads,
+    since decompressing streams do not all iterate by line, and one C call cuts each block."""
     rest = b""
     left = float("inf") if limit is None else limit
     while left > 0 and (block := stream.read(int(min(block_bytes, left)))):
         left -= len(block)
-        pieces = (rest + block).split(b"\n")
-        rest = pieces.pop()
-        for piece in pieces:
-            yield piece + b"\n"
+        data = rest + block
+        cut = data.rfind(b"\n") + 1
+        rest = data[cut:]
+        if cut:
+            yield LINE.findall(data, 0, cut), cut
     if rest:
-        yield rest
+        yield [rest], len(rest)
 
 
 def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Iterator[list[dict]]:
@@ -166,9 +174,9 @@ def read_chunks(
                 if file.start:
                     stream.seek(file.start)
                 limit = None if file.end is None else file.end - file.start
-                for line in _lines(stream, limit):
-                    lines.append(line)
-                    size += len(line)
+                for block, block_size in _line_blocks(stream, limit, min(1 << 20, chunk_bytes)):
+                    lines += block
+                    size += block_size
                     if size >= chunk_bytes:
                         yield Chunk(name, first, start, lines, size)
                         first += len(lines)
