@@ -1,7 +1,7 @@
 """Tokenizing side by side: every way to turn a jsonl corpus into ids, on the same input, in one
 run (issue 28's table).
 
-    .venv/bin/python tools/bench/bench_tokenize.py [--size-mb 4] [--rounds 3]
+    .venv/bin/python tools/bench/bench_tokenize.py [--size-mb 20] [--prefix-mb 2] [--rounds 3]
         [--corpora prose code multilingual synthetic] [--workers 1 2] [--rows FILE]
 
 Each corpus (bench_preprocess.py's prose, code and synthetic, and ``multilingual``: paragraphs
@@ -20,9 +20,14 @@ trained on it. For each worker count the contenders are:
 - ``mega preprocess``: with ``--tokenizer-backend auto`` (gigatoken after its self-check) and
   ``reference`` (the tokenizers library whole-text).
 
-MB/s is the jsonl's size over the wall time, tokens/s the output's tokens over it; the median of
-``--rounds`` alternating rounds is reported. The outputs of mega preprocess and of the seed tool
-(else megatron-core's) are compared byte for byte. Files go to ``build/bench/tokenize``.
+Each corpus is ``--size-mb`` of jsonl (a corpus that runs out is repeated), large enough that
+start-up (imports, the backend's self-check, the pool) is a small share for the fast contenders
+(gigatoken bulk, mega preprocess); the slow ones (the seed tool, megatron-core, tokenizers alone,
+mega preprocess with the reference backend) run on its first ``--prefix-mb`` only, said in their
+row. MB/s is the input's size over the wall time, tokens/s the output's tokens over it; the median
+of ``--rounds`` alternating rounds is reported. mega preprocess also runs on the prefix (not
+timed), and its output there and the seed tool's (else megatron-core's) are compared byte for
+byte in every round. Files go to ``build/bench/tokenize``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import filecmp
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -82,6 +88,30 @@ def multilingual_documents(seed: int = 0) -> Iterator[str]:
 
 
 bench_preprocess.CORPORA["multilingual"] = multilingual_documents
+#: mega preprocess on the prefix: not timed, its output compared with the slow tools'
+PREFIX_RUN = "mega preprocess, prefix"
+PREFIX_OUT = "ours-prefix/out_text_document"
+
+
+def make_corpus(path: Path, size_mb: float, corpus: str) -> int:
+    """``size_mb`` MB of ``corpus`` as jsonl, its documents repeated where it runs out; the
+    line count."""
+    lines = bench_preprocess.make_input(path, size_mb, corpus)
+    once = path.read_bytes()
+    copies = max(1, math.ceil(size_mb * 1e6 / len(once)))
+    path.write_bytes(once * copies)
+    return lines * copies
+
+
+def make_prefix(source: Path, prefix: Path, size_mb: float) -> None:
+    """The whole lines of ``source`` within its first ``size_mb`` MB (at least one)."""
+    data = source.read_bytes()
+    cut = data.rfind(b"\n", 0, int(size_mb * 1e6)) + 1 or data.find(b"\n") + 1
+    prefix.write_bytes(data[:cut])
+
+
+def token_count(prefix: str) -> int:
+    return int(IndexedDataset(prefix).sequence_lengths.sum())
 
 
 def timed(run: Callable[[], object]) -> float:
@@ -90,10 +120,13 @@ def timed(run: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def contenders(work: Path, source: Path, workers: int, seed: SeedProcess | None) -> dict:
-    """Each contender's run for ``workers``, and where it writes its output (None: none)."""
+def contenders(
+    work: Path, source: Path, prefix: Path, workers: int, seed: SeedProcess | None
+) -> dict:
+    """Each contender's run for ``workers``, its input (``source`` or its ``prefix``) and where
+    it writes its output (None: none)."""
     options = TokenizerOptions(model=str(work))
-    texts = [json.loads(line)["text"] for line in source.open(encoding="utf-8")]
+    texts = [json.loads(line)["text"] for line in prefix.open(encoding="utf-8")]
     import gigatoken
     import tokenizers
 
@@ -106,10 +139,10 @@ def contenders(work: Path, source: Path, workers: int, seed: SeedProcess | None)
     def gigatoken_bulk() -> None:
         fast.encode_files(gigatoken.JsonlFileSource([str(source)]), parallel=workers > 1)
 
-    def ours(backend: str) -> Callable[[], object]:
+    def ours(backend: str, text: Path, folder: str) -> Callable[[], object]:
         config = PreprocessConfig(
-            input=str(source),
-            output_prefix=str(work / f"ours-{backend}" / "out"),
+            input=str(text),
+            output_prefix=str(work / folder / "out"),
             tokenizer_type="HuggingFaceTokenizer",
             tokenizer_options=TokenizerOptions(model=str(work), backend=backend),
             append_eod=True,
@@ -118,26 +151,28 @@ def contenders(work: Path, source: Path, workers: int, seed: SeedProcess | None)
         )
         return lambda: preprocess(config)
 
-    flags = ["--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer",
+    flags = ["--input", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
              "--tokenizer-model", str(work), "--workers", str(workers), "--append-eod",
              "--log-interval", str(10**9)]  # fmt: skip
     runs = {}
     if seed is not None:
-        prefix = work / "seed" / "out"
+        seed_out = work / "seed" / "out"
         runs["seed tool"] = (
             lambda: seed.call(
-                "seed_tokenizers:preprocess_data", [*flags, "--output-prefix", str(prefix)]
+                "seed_tokenizers:preprocess_data", [*flags, "--output-prefix", str(seed_out)]
             ),
-            f"{prefix}_text_document",
+            prefix,
+            f"{seed_out}_text_document",
         )
     run_core = bench_preprocess.reference_tool(
-        "HuggingFaceTokenizer", options, source, work / "core" / "out", workers
+        "HuggingFaceTokenizer", options, prefix, work / "core" / "out", workers
     )
-    runs["megatron-core 0.16.1"] = (run_core, f"{work}/core/out_text_document")
-    runs["tokenizers alone"] = (library_alone, None)
-    runs["gigatoken bulk"] = (gigatoken_bulk, None)
-    runs["mega preprocess (reference)"] = (ours("reference"), None)
-    runs["mega preprocess"] = (ours("auto"), f"{work}/ours-auto/out_text_document")
+    runs["megatron-core 0.16.1"] = (run_core, prefix, f"{work}/core/out_text_document")
+    runs["tokenizers alone"] = (library_alone, prefix, None)
+    runs["gigatoken bulk"] = (gigatoken_bulk, source, None)
+    runs["mega preprocess (reference)"] = (ours("reference", prefix, "ours-ref"), prefix, None)
+    runs["mega preprocess"] = (ours("auto", source, "ours-auto"), source, None)
+    runs[PREFIX_RUN] = (ours("auto", prefix, "ours-prefix"), prefix, f"{work}/{PREFIX_OUT}")
     return runs
 
 
@@ -146,52 +181,64 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
     work = ROOT / "build" / "bench" / "tokenize"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    source = work / "input.jsonl"
-    lines = bench_preprocess.make_input(source, args.size_mb, corpus)
+    source, prefix = work / "input.jsonl", work / "prefix.jsonl"
+    lines = make_corpus(source, args.size_mb, corpus)
+    make_prefix(source, prefix, args.prefix_mb)
     bench_preprocess.train_tokenizer(work, source, args.vocab_size)
-    megabytes = source.stat().st_size / 1e6
-    conditions = f"{corpus}, {lines:,} documents, {megabytes:.3g} MB, vocab {args.vocab_size}"
+    size = {source: source.stat().st_size / 1e6, prefix: prefix.stat().st_size / 1e6}
+    conditions = (
+        f"{corpus}, {lines:,} documents, {size[source]:.3g} MB (slow tools: the first "
+        f"{size[prefix]:.3g} MB), vocab {args.vocab_size}"
+    )
     report.heading(f"tokenize: {conditions}")
     rows = []
     for workers in args.workers:
-        runs = contenders(work, source, workers, seed)
+        runs = contenders(work, source, prefix, workers, seed)
         seconds: dict[str, list[float]] = {name: [] for name in runs}
         same = True  # in every round
         for _ in range(args.rounds):
-            for folder in ("seed", "core", "ours-auto", "ours-reference"):
+            for folder in ("seed", "core", "ours-auto", "ours-ref", "ours-prefix"):
                 shutil.rmtree(work / folder, ignore_errors=True)
                 (work / folder).mkdir()
-            for name, (run, _) in runs.items():
+            for name, (run, _, _) in runs.items():
                 seconds[name].append(timed(run))
-            outputs = {name: out for name, (_, out) in runs.items() if out}
-            ours_out = outputs.pop("mega preprocess")
-            theirs = outputs.get("seed tool", outputs["megatron-core 0.16.1"])
+            theirs = runs["seed tool" if seed else "megatron-core 0.16.1"][2]
             same &= all(
-                filecmp.cmp(ours_out + x, theirs + x, shallow=False) for x in (".bin", ".idx")
+                filecmp.cmp(runs[PREFIX_RUN][2] + x, theirs + x, shallow=False)
+                for x in (".bin", ".idx")
             )
-        tokens = int(IndexedDataset(ours_out).sequence_lengths.sum())
-        median = {name: statistics.median(times) for name, times in seconds.items()}
-        for name, time_taken in median.items():
+        del seconds[PREFIX_RUN]
+        tokens = {
+            source: int(
+                IndexedDataset(f"{work}/ours-auto/out_text_document").sequence_lengths.sum()
+            ),
+            prefix: int(IndexedDataset(str(work / PREFIX_OUT)).sequence_lengths.sum()),
+        }
+        rate = {name: size[runs[name][1]] / statistics.median(t) for name, t in seconds.items()}
+        for name, megabytes_per_second in rate.items():
+            text = runs[name][1]
+            label = name if text == source else f"{name} (first {size[prefix]:.3g} MB)"
             rows.append(
-                f"| {corpus} | {workers} | {name} | {megabytes / time_taken:.2f} | "
-                f"{tokens / time_taken / 1e6:.2f} | {time_taken / median['mega preprocess']:.2f}x |"
+                f"| {corpus} | {workers} | {label} | {megabytes_per_second:.2f} | "
+                f"{megabytes_per_second * tokens[text] / size[text] / 1e6:.2f} | "
+                f"{rate['mega preprocess'] / megabytes_per_second:.2f}x |"
             )
             print(rows[-1], flush=True)
         for name, reference in (("megatron-core 0.16.1", "megatron-core"), ("seed tool", "seed")):
-            if name in median:
+            if name in rate:
                 benchreport.Report("tokenize", reference, args.rows).compare(
                     f"tokenize {corpus}, {workers} workers",
-                    ours=megabytes / median["mega preprocess"],
-                    theirs=megabytes / median[name],
+                    ours=rate["mega preprocess"],
+                    theirs=rate[name],
                     unit="MB/s",
                     higher_is_better=True,
                     conditions=conditions,
                 )
         report.note(
-            f"{tokens:,} tokens; mega preprocess and "
-            f"{'the seed tool' if seed else 'megatron-core'} byte-identical: "
-            f"{'yes' if same else 'NO'}; mega preprocess's time / gigatoken bulk's: "
-            f"{median['mega preprocess'] / median['gigatoken bulk']:.2f}x"
+            f"{tokens[source]:,} tokens; mega preprocess and "
+            f"{'the seed tool' if seed else 'megatron-core'} byte-identical on the prefix: "
+            f"{'yes' if same else 'NO'}; gigatoken bulk's MB/s / mega preprocess's: "
+            f"{rate['gigatoken bulk'] / rate['mega preprocess']:.2f}x"
         )
     shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -199,7 +246,8 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
 
 def main() -> None:
     parser = benchreport.parser(__doc__)
-    parser.add_argument("--size-mb", type=float, default=4)
+    parser.add_argument("--size-mb", type=float, default=20)
+    parser.add_argument("--prefix-mb", type=float, default=2)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -211,7 +259,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     report = benchreport.Report("tokenize", REFERENCE, args.rows)
-    rows = ["| corpus | workers | contender | MB/s | M tokens/s | its time / mega preprocess's |",
+    rows = ["| corpus | workers | contender | MB/s | M tokens/s | mega preprocess's MB/s / its |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     absent = seed_unavailable()
     if absent:
