@@ -9,6 +9,7 @@ import numpy
 import pytest
 
 from megafmt import IndexedDataset
+from megafmt.cli.main import main
 from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.preprocess.blocks import BlockEncoder, block_path_note
 from megafmt.preprocess.encoding import Encoder, EncodeSettings
@@ -176,3 +177,18 @@ def test_random_corpora_with_bad_lines_give_the_line_path_s_bytes(
     assert results["block"].skipped_lines == results["line"].skipped_lines
     assert results["block"].first_skipped == results["line"].first_skipped
     assert len(IndexedDataset(prefixes[0]).document_indices) > 300
+
+
+def test_the_cli_says_once_how_it_reads_the_jsonl(tmp_path, model, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "the fox"}\n{"text": ""}\n')
+    flags = ["preprocess", "--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer"]
+    flags += ["--tokenizer-model", model, "--append-eod"]
+    assert main([*flags, "--output-prefix", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("input: jsonl read by blocks") == 1
+    assert (
+        main([*flags, "--output-prefix", str(tmp_path / "b"), "--tokenizer-backend", "reference"])
+        == 0
+    )
+    assert "input: jsonl read line by line: the tokenizer's library" in capsys.readouterr().err

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from megafmt.cli.command import positive_float, positive_int
 from megafmt.cli.preprocess_ray import add_ray_arguments, ray_options
 from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_options
 from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.preprocess.blocks import block_path_note
 from megafmt.preprocess.on_ray import preprocess_on_ray
 from megafmt.preprocess.tuning import preprocess_with_best_workers
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
@@ -174,5 +176,7 @@ class PreprocessCommand:
         elif on_ray is not None:
             preprocess_on_ray(config, on_ray)
         else:
+            note = block_path_note(config.tokenizer_options.backend, config.split_sentences)
+            print(f"input: {note}", file=sys.stderr)
             preprocess(config)
         return 0
