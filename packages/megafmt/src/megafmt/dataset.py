@@ -22,7 +22,7 @@ from megafmt.fingerprint import CHANGE_TIME
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.object_storage import is_msc_url
-from megafmt.protocols import Read
+from megafmt.protocols import Read, conforms
 from megafmt.readers import (
     BinReader,
     DescriptorReporting,
@@ -166,11 +166,11 @@ class IndexedDataset:
     def _attach(self, reader: BinReader) -> BinReader:
         """Use ``reader`` (and its whole-file view, if it has one); a reader that holds a file
         descriptor is registered in the pool that bounds how many stay open."""
-        self._tokens = reader.view(self._dtype) if isinstance(reader, ViewableBinReader) else None
-        self._size_check = reader.check_size if isinstance(reader, ShrinkDetecting) else None
+        self._tokens = reader.view(self._dtype) if conforms(reader, ViewableBinReader) else None
+        self._size_check = reader.check_size if conforms(reader, ShrinkDetecting) else None
         self._next_size_check = 0.0
         self._bin_reader = reader
-        if not isinstance(reader, DescriptorReporting) or reader.holds_descriptor:
+        if not conforms(reader, DescriptorReporting) or reader.holds_descriptor:
             POOL.opened(self)
         return reader
 
@@ -212,7 +212,7 @@ class IndexedDataset:
 
     def _local_idx_path(self, bin_reader: BinReader) -> str:
         """Where the ``.idx`` is on this machine; a remote reader may keep a local copy."""
-        if isinstance(bin_reader, IndexCopyingBinReader):
+        if conforms(bin_reader, IndexCopyingBinReader):
             return bin_reader.local_idx_path
         return get_idx_path(self.path_prefix)
 
@@ -282,13 +282,13 @@ class IndexedDataset:
     @property
     def prefetches(self) -> bool:
         """Whether ``prefetch`` does anything: the reader fetches ahead (object storage)."""
-        return isinstance(self.bin_reader, PrefetchingBinReader)
+        return conforms(self.bin_reader, PrefetchingBinReader)
 
     def prefetch(self, reads: Iterable[Read]) -> None:
         """Announce the ``get(idx, offset, length)`` calls coming next: a reader of remote
         storage starts fetching their bytes now, concurrently; local readers ignore it."""
         reader = self.bin_reader
-        if not isinstance(reader, PrefetchingBinReader):
+        if not conforms(reader, PrefetchingBinReader):
             return
         ranges = []
         for idx, offset, length in reads:

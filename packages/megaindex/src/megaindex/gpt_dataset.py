@@ -31,6 +31,7 @@ from megafmt.protocols import (
     StoredTokenSource,
     TokenSource,
     announced,
+    conforms,
 )
 from megafmt.readers import is_url
 from megafmt.remote import default_cache_dir
@@ -89,6 +90,7 @@ class GPTDataset(MegatronDataset):
         self.sample_maker = SampleMaker(config, self._pad_token_id)
         #: the tokens a sample's window holds: the sequence length, and the extra last label
         self.window_length = config.sequence_length + int(config.add_extra_token_to_sequence)
+        self._corpus_prefix = _path_prefix(indexed_dataset)
         entry = self._cache_entry()
         self.recipe = GPTTableRecipe(
             indexed_dataset,
@@ -98,7 +100,7 @@ class GPTDataset(MegatronDataset):
             config.random_seed,
             self._drop_last_partial_sequence,
             config.add_extra_token_to_sequence,
-            None if config.mock else _path_prefix(indexed_dataset),
+            None if config.mock else self._corpus_prefix,
             f"{dataset_path or 'mock data'} ({index_split.name} split)",
             None if entry is None else entry.directory,
         )
@@ -135,7 +137,7 @@ class GPTDataset(MegatronDataset):
                 self._token_windows, self._query_document_sample_shuffle_indices
             )
         self._prefetches = (
-            isinstance(indexed_dataset, PrefetchingSource) and indexed_dataset.prefetches
+            conforms(indexed_dataset, PrefetchingSource) and indexed_dataset.prefetches
         )
         self._token_dtype = (
             numpy.dtype(indexed_dataset.index.dtype)
@@ -310,7 +312,7 @@ class GPTDataset(MegatronDataset):
         dtype = self._token_dtype
         if dtype is None or dtype.kind not in "iu" or numpy.iinfo(dtype).max < limit:
             return None
-        return None if _made_within(_path_prefix(self.dataset), limit) else limit
+        return None if _made_within(self._corpus_prefix, limit) else limit
 
     def _refuse_out_of_vocabulary(self, samples: list[int], out: numpy.ndarray) -> None:
         """Raise naming the corpus, the first sample of ``out`` holding an id the model's
@@ -389,7 +391,7 @@ class GPTDataset(MegatronDataset):
         directory, remote = cache_location(
             self.config.path_to_cache, self.config.object_storage_cache_path
         )
-        base = None if self.config.mock else _path_prefix(self.dataset)
+        base = None if self.config.mock else self._corpus_prefix
         if directory is None and base is not None:
             # beside the corpus, as in megatron-core; a remote corpus keeps its tables on local
             # disk, under object_storage_cache_path (or megafmt's cache folder), at a path made
@@ -435,7 +437,7 @@ def _made_within(prefix: str | None, limit: int) -> bool:
 
 def _path_prefix(source: TokenSource) -> str | None:
     """The corpus's path, when the source is stored as a ``.bin``/``.idx`` pair."""
-    return source.path_prefix if isinstance(source, StoredTokenSource) else None
+    return source.path_prefix if conforms(source, StoredTokenSource) else None
 
 
 def _defined_below(cls: type, base: type) -> set[str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import numpy
 
-from megafmt.protocols import MappedTokenSource, Read, SpanSource, TokenSource
+from megafmt.protocols import MappedTokenSource, Read, SpanSource, TokenSource, conforms
 from megaindex.helpers import WindowGatherer
 from megaindex.tables import CachedTables
 
@@ -170,9 +170,9 @@ def window_reader(source: TokenSource, tables: CachedTables, extra: int, pad: in
     """The fastest reader the declared capabilities of ``source`` allow."""
     reader = (
         SpanWindowReader(source, tables, extra, pad)
-        if isinstance(source, SpanSource)
+        if conforms(source, SpanSource)
         else WindowReader(source, tables, extra, pad)
     )
-    if isinstance(source, MappedTokenSource) and source.tokens_view is not None:
+    if conforms(source, MappedTokenSource) and source.tokens_view is not None:
         return MappedWindowReader(reader)
     return reader

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from megafmt.errors import PluginError
+from megafmt.protocols import conforms
 from megafmt.readers.base import (
     BinReader,
     BinReaderFactory,
@@ -45,7 +46,7 @@ def open_bin_reader(name: str, path: str, **options: Any) -> BinReader:
     """Open ``path`` with the reader registered as ``name``; what it makes must be a
     :class:`BinReader`."""
     reader = READERS.get(name)(path, **options)
-    if not isinstance(reader, BinReader):
+    if not conforms(reader, BinReader):
         raise PluginError(
             f"megafmt reader {name!r} made {type(reader).__name__}, which is not a BinReader "
             "(it needs path, nbytes, read and close)"

@@ -1,0 +1,79 @@
+"""conforms(obj, protocol) answers as isinstance does, for every Protocol of the data path and
+the .bin readers, on megafmt's own objects and on hand-made ones that miss a member, opt out
+of one with None, or hold a data member on the instance only."""
+
+import inspect
+from typing import Protocol
+
+import pytest
+
+from megafmt import IndexedDataset, protocols
+from megafmt.protocols import conforms
+from megafmt.readers import base
+from megafmt.testing import write_corpus
+
+
+def _runtime_protocols(module) -> list[type]:
+    return [
+        value
+        for _, value in inspect.getmembers(module, inspect.isclass)
+        if issubclass(value, Protocol)
+        and value is not Protocol
+        and getattr(value, "_is_runtime_protocol", False)
+    ]
+
+
+PROTOCOLS = _runtime_protocols(protocols) + _runtime_protocols(base)
+
+
+class Stored:
+    """A token source whose path_prefix is an instance attribute, set or not."""
+
+    sequence_lengths = property(lambda self: [])
+
+    def __init__(self, prefix: str | None) -> None:
+        if prefix is not None:
+            self.path_prefix = prefix
+
+    def get(self, idx, offset=0, length=None):
+        return []
+
+
+class OptedOut(Stored):
+    """Declines ``get`` with None, as a class opts out of a method."""
+
+    get = None
+
+
+class NoMethods:
+    pass
+
+
+def _objects(tmp_path) -> list[object]:
+    prefix = write_corpus(str(tmp_path / "corpus"), 20, seed=0)
+    dataset = IndexedDataset(prefix)
+    return [
+        dataset,
+        dataset.bin_reader,
+        IndexedDataset(prefix, mmap=False).bin_reader,
+        Stored("corpus"),
+        Stored(None),
+        OptedOut("corpus"),
+        NoMethods(),
+        object(),
+        "text",
+    ]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_conforms_answers_as_isinstance(protocol, tmp_path):
+    for obj in _objects(tmp_path):
+        first, again = conforms(obj, protocol), conforms(obj, protocol)  # again: remembered
+        assert first == again == isinstance(obj, protocol), (type(obj).__name__, protocol)
+
+
+def test_a_data_member_is_looked_up_on_each_instance():
+    assert conforms(Stored("corpus"), protocols.StoredTokenSource)
+    assert not conforms(Stored(None), protocols.StoredTokenSource)  # same class, no attribute
+    assert conforms(Stored("again"), protocols.StoredTokenSource)
+    assert not conforms(OptedOut("corpus"), protocols.TokenSource)  # get = None: opted out
