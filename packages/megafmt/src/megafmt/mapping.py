@@ -85,7 +85,11 @@ def release_pages(view: numpy.ndarray) -> None:
     """Drop from this process the resident pages of a ``map_file`` mapping that ``view`` covers
     whole: pages read once (a scan of a large index) otherwise count in the process's RSS for
     as long as the mapping lives. The file's bytes are unchanged; reading them again faults the
-    pages back in from the page cache. Does nothing for memory that is not such a mapping."""
+    pages back in from the page cache. Does nothing for memory that is not such a mapping.
+
+    The mapping is found through ``view``'s chain of bases (a view of a view of the array
+    ``map_file`` returned), not by scanning every live mapping: a blend of thousands of corpora
+    holds thousands, and releases pages of each one's tables."""
     if _LIBC is None or not view.nbytes:
         return
     start = view.ctypes.data
@@ -93,7 +97,12 @@ def release_pages(view: numpy.ndarray) -> None:
     last = (start + view.nbytes) // _PAGE * _PAGE
     if last <= first:
         return
-    for address, size in list(_MAPPINGS.items()):  # finalizers may pop entries meanwhile
-        if address <= first and last <= address + size:
-            _LIBC.madvise(first, last - first, _MADV_DONTNEED)
-            return
+    owner: object = view
+    while isinstance(owner, numpy.ndarray):
+        owner = owner.base
+    if not isinstance(owner, ctypes.Array):
+        return
+    address = ctypes.addressof(owner)
+    size = _MAPPINGS.get(address)
+    if size is not None and address <= first and last <= address + size:
+        _LIBC.madvise(first, last - first, _MADV_DONTNEED)
