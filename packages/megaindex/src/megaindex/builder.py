@@ -378,7 +378,8 @@ class BlendedMegatronDatasetBuilder:
                 if bookends is not None and synchronize_ranks:
                     self._barrier()
             return [None] * len(Split)
-        distributed.report(f"opening the corpus {dataset_path}")
+        if synchronize_ranks:  # a blend's corpora: its builder reports for all of them
+            distributed.report(f"opening the corpus {dataset_path}")
         low_level_dataset = self.cls.build_low_level_dataset(dataset_path, self.config)
         num_elements = self.cls.numel_low_level_dataset(low_level_dataset)
         datasets: list[Any] = []
@@ -430,17 +431,21 @@ class BlendedMegatronDatasetBuilder:
     ) -> Any:
         """``cls(*args)``: first on global rank 0, then (after ``barrier``) on the other ranks
         that build datasets; None on ranks that build none. ``what`` names the work in the
-        error of a rank that times out waiting for this one."""
+        error of a rank that times out waiting for this one; it is reported (a write to the
+        process group's store) only where ranks wait for it: a blend's corpora, built without a
+        barrier each, are reported once for the whole blend."""
         rank = distributed.global_rank()
         if rank is None:
             return cls(*args)
         dataset = None
         if rank == 0 and is_built_on_rank():  # an unwritable cache is IndexCache.save's error
-            distributed.report(f"building (or loading from the cache) {what}")
+            if synchronize_ranks:
+                distributed.report(f"building (or loading from the cache) {what}")
             dataset = cls(*args)
         if synchronize_ranks:
             barrier()
         if rank != 0 and is_built_on_rank():
-            distributed.report(f"loading {what}")
+            if synchronize_ranks:
+                distributed.report(f"loading {what}")
             dataset = cls(*args)
         return dataset

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -114,9 +115,31 @@ class CacheEntry:
         return all(os.path.isfile(path) for path in self.files())
 
 
+#: the start of a version 1.0 ``.npy`` file: its magic, its version, then the header's length
+_NPY_V1_MAGIC = b"\x93NUMPY\x01\x00"
+#: the header ``numpy.save`` writes for a plain array (a simple dtype, any shape)
+_PLAIN_NPY_HEADER = re.compile(
+    r"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), "
+    r"'shape': \(((?:\d+, ?)*\d*)\), \}[ ]*\n\Z"
+)
+
+
 def read_npy_header(stream: BinaryIO) -> tuple[tuple[int, ...], bool, numpy.dtype]:
     """The shape, Fortran order and dtype of the ``.npy`` file ``stream`` is at the start of;
-    leaves ``stream`` at the first byte of the data."""
+    leaves ``stream`` at the first byte of the data.
+
+    The header ``numpy.save`` writes for a table (version 1.0, a plain dtype) is read with one
+    regular expression; any other goes through numpy's reader, which evaluates it as a Python
+    literal (a tenth of a millisecond: a cache hit of thousands of corpora reads three each)."""
+    start = stream.tell()
+    prefix = stream.read(len(_NPY_V1_MAGIC) + 2)
+    if prefix[: len(_NPY_V1_MAGIC)] == _NPY_V1_MAGIC and len(prefix) == len(_NPY_V1_MAGIC) + 2:
+        header = stream.read(int.from_bytes(prefix[-2:], "little")).decode("latin1")
+        plain = _PLAIN_NPY_HEADER.match(header)
+        if plain is not None:
+            shape = tuple(int(size) for size in re.findall(r"\d+", plain.group(3)))
+            return shape, plain.group(2) == "True", numpy.dtype(plain.group(1))
+    stream.seek(start)
     version = numpy.lib.format.read_magic(stream)
     if version == (1, 0):
         return numpy.lib.format.read_array_header_1_0(stream)

@@ -14,6 +14,7 @@ int64 epochs as megatron-core makes), which is what keeps peak memory low.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -40,6 +41,9 @@ SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
 #: the smallest document index written to a file before the walk (below, it stays in memory)
 SPILL_MIN_BYTES = 64 << 20
+#: shuffle indices of fewer samples are shuffled on the calling thread, after the walk: for a
+#: blend of thousands of small corpora, starting a thread costs more than the shuffle
+THREADED_SHUFFLE_MIN_SAMPLES = 1 << 20
 #: entries of a split's indices checked at a time (a few MB: the temporaries stay in cache)
 CONSECUTIVE_CHUNK = 1 << 20
 
@@ -169,7 +173,8 @@ def build_gpt_index_tables(
 ) -> GPTIndexTables:
     """All three tables for the split made of the sequences at ``indices``.
 
-    The shuffle index is shuffled on a second thread while the document index is walked.
+    A shuffle index of :data:`THREADED_SHUFFLE_MIN_SAMPLES` or more is shuffled on a second
+    thread while the document index is walked.
     With ``spill_directory``, a document index of at least ``spill_min_bytes`` (None:
     :data:`SPILL_MIN_BYTES`) is written to an unnamed file there once shuffled and walked
     through a read-only mapping whose pages are released behind the walk, so that it is not
@@ -194,10 +199,15 @@ def build_gpt_index_tables(
     document_index = build_document_index(
         indices, plan.num_epochs, random_state, plan.separate_final_epoch
     )
-    with ThreadPoolExecutor(1, thread_name_prefix="megaindex-shuffle-index") as pool:
-        # its draws follow the document index's; the C++ shuffle releases the GIL, so it runs
-        # beside the walk
-        shuffle_job = pool.submit(timed_shuffle_index, first, total, random_state)
+    with contextlib.ExitStack() as stack:
+        # its draws follow the document index's (the walk draws none); the C++ shuffle
+        # releases the GIL, so a large one runs beside the walk
+        shuffle_job = None
+        if total >= THREADED_SHUFFLE_MIN_SAMPLES:
+            pool = stack.enter_context(
+                ThreadPoolExecutor(1, thread_name_prefix="megaindex-shuffle-index")
+            )
+            shuffle_job = pool.submit(timed_shuffle_index, first, total, random_state)
         smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
         if spill_directory is not None and document_index.nbytes >= smallest:
             document_index = spill(document_index, spill_directory)
@@ -222,7 +232,11 @@ def build_gpt_index_tables(
                 f"the sample index holds {sample_index.shape[0] - 1} samples, but the epoch plan "
                 f"counts {total}"
             )
-        shuffle_index, seconds["shuffle_index"] = shuffle_job.result()
+        shuffle_index, seconds["shuffle_index"] = (
+            timed_shuffle_index(first, total, random_state)
+            if shuffle_job is None
+            else shuffle_job.result()
+        )
     logger.info(
         "built GPT index tables: %d samples, %d epochs (separate final epoch: %s) in %.2f s",
         total,
