@@ -8,7 +8,9 @@ arguments of the run before the change (as ``load_checkpoint`` calls it, which t
 ``consumed_train_samples``), training.py's dataset building and data iterators, and
 pretrain_gpt's ``get_batch``. What the run before the change consumed is read from Megatron-LM's
 own blend of the old arguments (the seed's ``BlendedMegatronDatasetBuilder``, which the switched
-checkout still holds); the samples' tokens from the seed's GPTDataset of each corpus.
+checkout still holds); the samples' tokens from the seed's GPTDataset of each corpus. The
+cases: a new blend and global batch size; the same blend (Megatron-LM's stream); a phase
+transition (``--phase-transition-iterations``, the next phase's launch).
 
 Stubs: those of test_megatron_migration.py (``cuda_stubs``: CUDA placement, the GPU's
 architecture, and the stand-in modules pretrain_gpt.py imports for the model).
@@ -29,7 +31,9 @@ from seedref import enter_seed_environment, source_root
 
 from megadist.spawn import run_distributed
 
-pytestmark = [pytest.mark.compat, pytest.mark.distributed, pytest.mark.seed]
+#: slow: each case starts a rank that imports Megatron-LM and builds both sides (30 to 55 s
+#: measured); packages/megaindex/tests/test_megatron_mix.py checks the wrappers by default
+pytestmark = [pytest.mark.compat, pytest.mark.distributed, pytest.mark.seed, pytest.mark.slow]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 sys.path.insert(0, str(Path(__file__).parent))
@@ -37,7 +41,7 @@ from megatron_switch import apply  # noqa: E402
 from test_megatron_migration import cuda_stubs  # noqa: E402
 
 CONSUMED = 40  # the checkpoint's consumed_train_samples: 5 iterations of 8
-MICRO_BATCHES = 24  # taken after the change: 48 samples, three of its iterations of 16
+MICRO_BATCHES = 20  # taken after the change: 40 samples
 
 
 def seed_blend(args: Any, blend: tuple[list[str], list[float]], size: int, cache: str) -> Any:
@@ -98,8 +102,11 @@ def resumed_rank(root: str, argv: list[str], old: list[str], cache: str) -> dict
     def seed_tokens(corpus: str, sample: int) -> numpy.ndarray:
         return numpy.asarray(parts[corpus][sample]["tokens"])
 
+    from megaindex.megatron_mix import phase_starts
+
     iterator = training.build_train_valid_test_data_iterators(provider)[0]
-    taken = range(CONSUMED, CONSUMED + 2 * MICRO_BATCHES)
+    first = CONSUMED - max(s for s in phase_starts(args) if s <= CONSUMED)  # the phase's count
+    taken = range(first, first + 2 * MICRO_BATCHES)
     served = [(train.sample_origin(i)["corpus"], train.sample_origin(i)["sample"]) for i in taken]
     megatron = [
         (after.datasets[after.dataset_index[i]].dataset_path, int(after.dataset_sample_index[i]))
@@ -143,14 +150,18 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     ]
 
 
-def resumed(switched: Path, folder: Path, new: list[str], old: list[str]) -> dict[str, Any]:
-    """The switched run with ``--data-path new`` and a global batch of 16, resumed with the
-    flag from a Megatron-LM checkpoint of ``--data-path old`` and a global batch of 8."""
+def resumed(
+    switched: Path, folder: Path, new: list[str], old: list[str], *flags: str
+) -> dict[str, Any]:
+    """The switched run with ``--data-path new`` and ``flags`` (the global batch and the run's
+    length; default: 16, 10 iterations), resumed with the flag from a Megatron-LM checkpoint of
+    ``--data-path old`` and a global batch of 8."""
     argv = [
-        "--micro-batch-size", "2", "--global-batch-size", "16", "--seq-length", "16",
+        "--micro-batch-size", "2", *(flags or ["--global-batch-size", "16", "--train-iters", "10"]),
+        "--seq-length", "16",
         "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
         "--num-attention-heads", "2", "--lr", "1e-4", "--eval-interval", "5",
-        "--eval-iters", "1", "--split", "100,0,0", "--train-iters", "10",
+        "--eval-iters", "1", "--split", "100,0,0",
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--num-workers", "0",
         "--data-cache-path", str(folder / "cache"), "--resume-with-new-mix", "--data-path", *new,
     ]  # fmt: skip
@@ -170,6 +181,19 @@ def test_a_switched_run_resumed_under_a_new_mix_continues_each_corpus(
     every token is the seed GPTDataset's for that corpus sample."""
     web, code, math = corpora
     report = resumed(switched, tmp_path, ["0.5", code, "0.5", math], ["0.7", web, "0.3", code])
+    assert_each_corpus_continues(report, corpora)
+    before = [c for c, _ in report["before"]]
+    recorded = report["resumed_from"]["corpora"]  # saved into the run's own checkpoints
+    assert {name: record["consumed"] for name, record in recorded.items()} == {
+        web: before.count(web),
+        code: before.count(code),
+    }
+
+
+def assert_each_corpus_continues(report: dict[str, Any], corpora: list[str]) -> None:
+    """Over the change from web and code to code and math: each corpus's samples once each,
+    in its own order; web left where it stopped, code continued, math from 0."""
+    web, code, math = corpora
     by_corpus: dict[str, list[int]] = {}
     for corpus, sample in [*report["before"], *report["served"]]:
         by_corpus.setdefault(corpus, []).append(sample)
@@ -179,14 +203,8 @@ def test_a_switched_run_resumed_under_a_new_mix_continues_each_corpus(
     before = [c for c, _ in report["before"]]
     assert by_corpus[web] == list(range(before.count(web)))  # left where it stopped
     assert report["served"][:2] == [(code, before.count(code)), (math, 0)]
-    recorded = report["resumed_from"]["corpora"]  # saved into the run's own checkpoints
-    assert {name: record["consumed"] for name, record in recorded.items()} == {
-        web: before.count(web),
-        code: before.count(code),
-    }
 
 
-@pytest.mark.slow  # ~30 s, as the test above; that one runs by default
 def test_a_switched_run_resumed_under_the_same_mix_serves_megatron_s_blend(
     switched: Path, corpora: list[str], tmp_path: Path
 ) -> None:
@@ -195,3 +213,19 @@ def test_a_switched_run_resumed_under_the_same_mix_serves_megatron_s_blend(
     blend = ["0.6", corpora[0], "0.4", corpora[2]]
     report = resumed(switched, tmp_path, blend, blend)
     assert report["served"] == report["megatron"]
+
+
+def test_a_phase_transition_continues_each_corpus(
+    switched: Path, corpora: list[str], tmp_path: Path
+) -> None:
+    """``--phase-transition-iterations 5``: the second phase's launch (``0.5 code 0.5 math``)
+    resumed with the flag from the checkpoint the first phase's (``0.7 web 0.3 code``) saved
+    at the transition continues each corpus; its dataset counts from the phase's sample 0, as
+    Megatron-LM's phase launches do."""
+    web, code, math = corpora
+    flags = ["--global-batch-size", "8", "--train-samples", "80",
+             "--phase-transition-iterations", "5"]  # fmt: skip
+    report = resumed(switched, tmp_path, ["0.5", code, "0.5", math], ["0.7", web, "0.3", code],
+                     *flags)  # fmt: skip
+    assert_each_corpus_continues(report, corpora)
+    assert report["resumed_from"]["consumed_samples"] == 0  # the new phase's own count

@@ -13,6 +13,7 @@ from megaindex.megatron_mix import (
     checkpoint_mix,
     keeping_checkpoint_mix,
     mix_resume_arguments,
+    phase_starts,
     resumed_config,
 )
 from megaindex.mix_resume import MixState
@@ -23,7 +24,7 @@ def megatron_args(data_path, **settings):
               "valid_data_path": None, "test_data_path": None, "per_split_data_args_path": None,
               "resume_with_new_mix": True, "mix_resumed_from": None,
               "phase_transition_iterations": None, "dataloader_type": None,
-              "consumed_train_samples": 0}  # fmt: skip
+              "consumed_train_samples": 0, "global_batch_size": 8}  # fmt: skip
     return types.SimpleNamespace(**{**values, **settings})
 
 
@@ -57,6 +58,26 @@ def test_a_checkpoint_of_megatron_lm_gives_its_blend_s_counts_and_chains_compose
         checkpoint_mix(megatron_args(["web", "code"], consumed_train_samples=30))
 
 
+def test_phases_count_each_launch_from_its_phase_s_first_sample():
+    """Transitions at iterations 5 and 9 of 8 samples: phases start at samples 0, 40, 72. A
+    checkpoint at a transition gives the next phase each corpus's count and a fresh blend; one
+    inside a phase, that phase's state at its count there."""
+    args = megatron_args(["1", "code"], phase_transition_iterations=[5, 9])
+    starts = phase_starts(args)
+    assert starts == [0, 40, 72] and phase_starts(megatron_args(["1", "code"])) == [0]
+    first = megatron_args(["0.7", "web", "0.3", "code"], consumed_train_samples=40)
+    at_transition = checkpoint_mix(first, starts)
+    counts = MixState.from_megatron(["web", "code"], [0.7, 0.3], 40).corpora
+    assert at_transition == MixState(consumed_samples=0, corpora=counts)
+    inside = megatron_args(["1", "code", "1", "math"], consumed_train_samples=56,
+                           mix_resumed_from=dataclasses.asdict(at_transition))  # fmt: skip
+    assert checkpoint_mix(inside, starts) == at_transition.after(["code", "math"], [1, 1], 16)
+    inside.consumed_train_samples = 72  # the second phase's launch, at the next transition
+    last = checkpoint_mix(inside, starts)
+    assert last.consumed_samples == 0 and last.segment is None
+    assert last.corpora == at_transition.after(["code", "math"], [1, 1], 32).corpora
+
+
 def test_loading_a_checkpoint_records_where_its_run_left_each_corpus_only_with_the_flag():
     checked = []
     old = megatron_args(["0.5", "web", "0.5", "code"], consumed_train_samples=40)
@@ -80,9 +101,18 @@ def test_the_dataset_config_resumes_from_the_recorded_state():
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"phase_transition_iterations": [4]}, "--resume-with-new-mix with --phase-transition"),
         ({"dataloader_type": "cyclic"}, "needs --dataloader-type single, got cyclic"),
         ({"data_path": ["web", "code"]}, "the arguments blend 2 corpora without weights"),
+        ({"data_path": ["web"]}, "one corpus, web, .* give it as --data-path 1 web"),
+        (
+            {
+                "data_path": None,
+                "train_data_path": ["1", "web"],
+                "valid_data_path": ["web"],
+                "test_data_path": ["web"],
+            },
+            "one corpus, web, which is read as itself",
+        ),
     ],
 )
 def test_what_cannot_continue_each_corpus_is_refused(settings, message):

@@ -16,17 +16,19 @@ checkout's functions with the ones here:
   config gets that state as its ``resume_with_new_mix``, so the training blend is
   :class:`~megaindex.mix_resume.MixResumedBlend`.
 
-A launch that loaded no checkpoint (the run's first) serves Megatron's blend. Refused, with the
-flag: ``--phase-transition-iterations`` (a phase's launch counts samples from the phase's
-start), ``--dataloader-type cyclic`` (a random order consumes no prefix of each corpus), and a
-training blend without weights (give one corpus as ``--data-path 1 PREFIX``).
+A launch that loaded no checkpoint (the run's first) serves Megatron's blend. With
+``--phase-transition-iterations`` (one launch per phase), a phase's launch continues each corpus
+where the phases before left it, as ``build_phase_datasets(..., continue_corpora=True)`` does.
+Refused, with the flag: ``--dataloader-type cyclic`` (a random order consumes no prefix of each
+corpus), a training blend of several corpora without weights, and a new training split of one
+corpus that the builder reads as itself (not as a blend that continues).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from megaindex.dataset_flags import blends_of
@@ -59,16 +61,23 @@ def mix_resume_arguments(
     return add
 
 
-def train_blend(args: Any, which: str) -> tuple[list[str], list[float]]:
+def train_blend(args: Any, which: str, *, resumed: bool = False) -> tuple[list[str], list[float]]:
     """The training blend of Megatron-LM arguments ``args`` (``which`` names them in errors):
-    its prefixes and weights (a single unweighted prefix weighs 1)."""
+    its prefixes and weights. One corpus that the builder reads as itself (no weight, or a
+    split's own) weighs 1: its samples in order; unless ``resumed`` (the blend to build from a
+    state), where it is refused, as it would not be built as a blend that continues."""
     blend, per_split = blends_of(args)
-    if blend is None and per_split is not None:
-        blend = per_split[0]
-    if blend is None:
+    train = blend if blend is not None else per_split[0] if per_split is not None else None
+    if train is None:
         raise ConfigError(f"{FLAG}: {which} give no training data (--data-path)")
-    prefixes, weights = blend
-    if weights is None and len(prefixes) == 1:
+    prefixes, weights = train
+    if len(prefixes) == 1 and (weights is None or blend is None):
+        if resumed:
+            raise ConfigError(
+                f"{FLAG}: the training data is one corpus, {prefixes[0]}, which is read as "
+                f"itself, not as a blend that continues from the checkpoint; give it as "
+                f"--data-path 1 {prefixes[0]}"
+            )
         weights = [1.0]
     if weights is None:
         raise ConfigError(
@@ -78,14 +87,31 @@ def train_blend(args: Any, which: str) -> tuple[list[str], list[float]]:
     return list(prefixes), list(weights)
 
 
-def checkpoint_mix(checkpoint_args: Any) -> MixState:
+def phase_starts(args: Any) -> list[int]:
+    """The first sample of each phase of Megatron-LM arguments ``args`` (``[0]`` without
+    ``--phase-transition-iterations``), as training.py counts them."""
+    transitions = args.phase_transition_iterations or []
+    return [0, *(iteration * args.global_batch_size for iteration in transitions)]
+
+
+def checkpoint_mix(checkpoint_args: Any, starts: Sequence[int] = (0,)) -> MixState:
     """Where the run a checkpoint's arguments describe left each corpus: its blend from the
     state it resumed from (its ``mix_resumed_from``; none for a run that never resumed with
-    the flag, as Megatron-LM's own), for its ``consumed_train_samples``."""
+    the flag, as Megatron-LM's own), for its ``consumed_train_samples``.
+
+    With phases (their first samples ``starts``), a launch's blend and state count from its
+    phase's first sample, as its dataset does; a checkpoint at a transition (saved by the
+    launch of the phase before) gives the next phase's state: each corpus's count, the blend
+    starting afresh at the phase's sample 0."""
+    consumed = int(checkpoint_args.consumed_train_samples)
+    ran_from = max((start for start in starts if start < consumed), default=0)
     saved = getattr(checkpoint_args, RESUMED_FROM, None)  # a Megatron-LM checkpoint lacks it
-    start = MixState(**saved) if saved else MixState(consumed_samples=0)
+    first = MixState(**saved) if saved else MixState(consumed_samples=0)
     prefixes, weights = train_blend(checkpoint_args, "the checkpoint's arguments")
-    return start.after(prefixes, weights, int(checkpoint_args.consumed_train_samples))
+    state = first.after(prefixes, weights, consumed - ran_from)
+    if consumed in starts and consumed > ran_from:
+        return MixState(consumed_samples=0, corpora=state.corpora)
+    return state
 
 
 def keeping_checkpoint_mix(
@@ -99,7 +125,7 @@ def keeping_checkpoint_mix(
         check_checkpoint_args(checkpoint_args)
         args = get_args()
         if args.resume_with_new_mix:
-            state = checkpoint_mix(checkpoint_args)
+            state = checkpoint_mix(checkpoint_args, phase_starts(args))
             setattr(args, RESUMED_FROM, dataclasses.asdict(state))
 
     return check
@@ -110,19 +136,12 @@ def resumed_config(config: Any, args: Any) -> Any:
     the training blend from ``mix_resumed_from`` with :data:`FLAG`."""
     if not args.resume_with_new_mix:
         return config
-    if args.phase_transition_iterations:
-        raise ConfigError(
-            f"{FLAG} with --phase-transition-iterations: each phase's launch counts its samples "
-            "from the phase's start, which a checkpoint's counts do not follow; drop one of the "
-            "two (megaindex's build_phase_datasets(continue_corpora=True) and `mega load "
-            "simulate --phases --resume-with-new-mix` continue the corpora across phases)"
-        )
     if (args.dataloader_type or "single") != "single":
         raise ConfigError(
             f"{FLAG} needs --dataloader-type single, got {args.dataloader_type}: only a "
             "sequential run consumes a prefix of each corpus"
         )
-    train_blend(args, "the arguments")  # refuses an unweighted blend before it is built
+    train_blend(args, "the arguments", resumed=True)  # refuses what would not continue
     saved = getattr(args, RESUMED_FROM)
     if saved is None:  # no checkpoint loaded: the run's first launch, Megatron's blend
         return config
