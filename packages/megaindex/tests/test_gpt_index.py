@@ -5,7 +5,7 @@ import tempfile
 import numpy
 import pytest
 
-from megaindex import EmptySplitError, IndexBuildError, backends, helpers
+from megaindex import EmptySplitError, IndexBuildError, backends, gpt_index, helpers
 from megaindex.gpt_index import (
     UINT32_SHUFFLE_LIMIT,
     EpochPlan,
@@ -102,6 +102,22 @@ def test_tables_follow_the_plan():
     assert tables.document_index.shape == (30,)
     assert tables.sample_index.shape == (34, 2)
     assert sorted(tables.shuffle_index.tolist()) == list(range(33))
+
+
+@pytest.mark.parametrize("separate_final_epoch", [False, True])
+def test_the_shuffle_on_its_own_thread_draws_what_the_inline_one_draws(
+    monkeypatch, separate_final_epoch
+):
+    lengths = numpy.random.default_rng(0).integers(1, 50, 400, dtype=numpy.int32)
+    samples = 330 if separate_final_epoch else 100  # 3 epochs, the last barely used; or one
+    arguments = (lengths, numpy.arange(400, dtype=numpy.int32), samples, 64, 7, True, True)
+    inline = build_gpt_index_tables(*arguments)
+    monkeypatch.setattr(gpt_index, "THREADED_SHUFFLE_MIN_SAMPLES", 0)
+    threaded = build_gpt_index_tables(*arguments)
+    assert inline.plan == threaded.plan
+    assert inline.plan.separate_final_epoch == separate_final_epoch
+    for table in TABLES:
+        assert numpy.array_equal(getattr(inline, table), getattr(threaded, table)), table
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ error naming the file (or are repaired with a warning naming it), never in wrong
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import numpy
 import pytest
 
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
+from megaindex.cache import read_npy_header
 
 SIZES = [1000, 50, 10]
 
@@ -306,3 +308,27 @@ def test_a_cache_folder_that_is_a_link_to_nothing_is_named_as_such(make_config, 
         "does not exist",
     ):
         build(make_config(path_to_cache=str(dangling)))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        numpy.arange(5, dtype=numpy.int32),
+        numpy.zeros((3, 2), dtype=numpy.int64),
+        numpy.zeros((0, 2), dtype=">u2"),
+        numpy.zeros((2, 3), order="F"),
+        numpy.float64(3.0),
+        numpy.zeros(3, dtype=[("a", "<i4")]),  # not numpy.save's plain header: numpy reads it
+        numpy.zeros((1,) * 30, dtype=numpy.uint8),  # a long header, padded past 64 bytes
+    ],
+    ids=lambda array: f"{array.dtype}{array.shape}",
+)
+def test_npy_headers_read_as_numpy_reads_them(array):
+    stream = io.BytesIO()
+    numpy.save(stream, array)
+    stream.seek(0)
+    found, at = read_npy_header(stream), stream.tell()
+    stream.seek(0)
+    numpy.lib.format.read_magic(stream)
+    assert found == numpy.lib.format.read_array_header_1_0(stream)
+    assert at == stream.tell()  # left at the first byte of the data
