@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: when this process's own code began (after the interpreter's start and the standard library)
+STARTED = time.time()
 HERE = Path(__file__).resolve().parent
 #: a worker waits at most this long for its group and its datasets
 WORKER_TIMEOUT = 600
@@ -37,6 +39,8 @@ class Job:
     weights: list[float]
     samples: int
     sequence_length: int = 32
+    builder_threads: int = 1
+    """``num_dataset_builder_threads``: corpora whose tables are obtained at once."""
 
 
 def node_folder(workdir: Path, node: int) -> Path:
@@ -63,9 +67,11 @@ def launch(
     group: bool = True,
     timeout: float = WORKER_TIMEOUT,
     port: int | None = None,
+    profiled: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
     """Run every process of ``nodes x per_node`` and return their reports, by rank; raises
-    naming the rank and its output when one fails."""
+    naming the rank and its output when one fails. The ranks in ``profiled`` write cProfile's
+    statistics of their build to ``workdir/profile-<rank>.prof``."""
     from s3testing import free_port
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +82,14 @@ def launch(
         extra.update(world=world, port=port or free_port())
     processes = [
         subprocess.Popen(
-            worker_command(job, workdir, rank, rank // per_node, **extra),
+            worker_command(
+                job,
+                workdir,
+                rank,
+                rank // per_node,
+                **extra,
+                **({"profile": workdir / f"profile-{rank}.prof"} if rank in profiled else {}),
+            ),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -119,6 +132,7 @@ def _worker(args: argparse.Namespace) -> None:
             rank=args.rank,
             world_size=args.world,
         )
+    grouped = time.time()
     if args.hang_while_building:
         _hang_while_building(args.hang_while_building)
     config = GPTDatasetConfig(
@@ -133,20 +147,36 @@ def _worker(args: argparse.Namespace) -> None:
         reset_attention_mask=False,
         eod_mask_loss=False,
         barrier_timeout=WORKER_TIMEOUT,
+        num_dataset_builder_threads=job.builder_threads,
     )
-    train = BlendedMegatronDatasetBuilder(
-        GPTDataset, [job.samples, 0, 0], lambda: True, config
-    ).build()[0]
+    builder = BlendedMegatronDatasetBuilder(GPTDataset, [job.samples, 0, 0], lambda: True, config)
+    if args.profile:
+        import cProfile
+
+        with cProfile.Profile() as profile:
+            train = builder.build()[0]
+        profile.dump_stats(args.profile)
+    else:
+        train = builder.build()[0]
     first = train[args.rank % len(train)]["tokens"]
     done = time.time()
-    kinds = [train.index_source.kind] + [d.index_source.kind for d in train.datasets]
+    sources = [train.index_source] + [d.index_source for d in train.datasets]
     report = {
         "rank": args.rank,
         "node": args.node,
         "seconds_to_first_batch": done - args.launched,
         "seconds_after_import": done - imported,
+        "seconds_after_group": done - grouped,
+        # the phases, from the launch: this script's first line, torch's import, the group
+        "phases": {
+            "start": STARTED - args.launched,
+            "import": imported - STARTED,
+            "group": grouped - imported,
+            "datasets": done - grouped,
+            "shared_cache": sum(s.seconds.get("shared", 0.0) for s in sources),
+        },
         "first_tokens": first[:8].tolist(),
-        "kinds": kinds,
+        "kinds": [s.kind for s in sources],
         "requests": dict(requests_sent),
     }
     Path(args.workdir, f"report-{args.rank}.json").write_text(json.dumps(report))
@@ -164,6 +194,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=0, help="gloo group size (0: none)")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--hang-while-building", help="touch this file and hang in the build")
+    parser.add_argument("--profile", help="write cProfile's statistics of the build to this file")
     args = parser.parse_args()
     if args.launched is None:
         args.launched = time.time()

@@ -14,7 +14,7 @@ import numpy
 import pytest
 
 from megafmt.errors import NotAFolderError
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, shared_cache
 from megaindex.cache import CacheEntry
 from megaindex.shared_cache import (
     SharedCacheConfig,
@@ -73,15 +73,51 @@ def test_one_node_builds_and_uploads_another_downloads_the_same_tables(
     assert dict(requests_sent) == before
 
 
+def sent_since(before: dict[str, int]) -> dict[str, int]:
+    return {k: n - before.get(k, 0) for k, n in requests_sent.items() if n > before.get(k, 0)}
+
+
+def test_a_fresh_process_lists_the_store_once_and_gets_each_table_once(
+    make_config, store, tmp_path, monkeypatch
+):
+    build_on_node(make_config, store, str(tmp_path / "node0"))
+    monkeypatch.setattr(shared_cache, "_listings", {})  # a process that has not listed it yet
+    before = dict(requests_sent)
+    second = build_on_node(make_config, store, str(tmp_path / "node1"))
+    assert [d.index_source.kind for d in second] == ["cache"] * 3
+    # 3 datasets: their 3 tables and sidecar each; the listed descriptions are not fetched
+    assert sent_since(before) == {"list": 1, "get": 3 * (len(TABLES) + 1)}
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["fetched", "listed"])
 def test_a_store_holding_another_description_under_the_name_is_refused(
-    make_config, store, tmp_path
+    make_config, store, tmp_path, monkeypatch, listed
 ):
     build_on_node(make_config, store, str(tmp_path / "node0"))
     fs = fsspec.filesystem("memory")
     description = next(n for n in fs.ls(store, detail=False) if n.endswith("description.txt"))
     fs.pipe_file(description, b'{"other": "tables"}')
+    if listed:  # a fresh process lists the store: the listed size is another description's
+        monkeypatch.setattr(shared_cache, "_listings", {})
     with pytest.raises(SharedCacheError, match="description does not match"):
         build_on_node(make_config, store, str(tmp_path / "node1"))
+
+
+def test_a_download_shorter_than_the_listed_object_is_refused(
+    make_config, store, tmp_path, monkeypatch
+):
+    build_on_node(make_config, store, str(tmp_path / "node0"))
+    fs = fsspec.filesystem("memory")
+    listing = {n.rsplit("/", 1)[1]: fs.size(n) for n in fs.ls(store, detail=False)}
+    table = next(name for name in listing if name.endswith("-shuffle_index.npy"))
+    listing[table] += 8  # as if the transfer had been cut 8 bytes short
+    monkeypatch.setattr(shared_cache, "_listings", {store: listing})
+    with pytest.raises(SharedCacheError, match=f"{table}: downloaded .* bytes to .*listed"):
+        build_on_node(make_config, store, str(tmp_path / "node1"))
+    assert not list((tmp_path / "node1").rglob("*.partial"))  # no half-downloaded file left
+    base = table.removesuffix("-shuffle_index.npy")
+    # none of that entry's files but the node's lock
+    assert [p.name for p in (tmp_path / "node1").rglob(f"{base}-*")] == [f"{base}-node.lock"]
 
 
 def entry_in(folder) -> CacheEntry:

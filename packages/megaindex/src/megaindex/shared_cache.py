@@ -13,7 +13,12 @@ Every process that needs a dataset's tables then:
    the others wait, and finds the copy that process made;
 3. downloads the tables when the store holds them (the description is uploaded last and is the
    commit mark), compares the description with its own, and loads them through the usual
-   checks (dtype, shape, the sidecar's checksums: a downloaded file is never the one saved);
+   checks (dtype, shape, the sidecar's checksums: a downloaded file is never the one saved).
+   Which entries the store holds complete, and each object's size, come from one listing of
+   the store per process (a LIST, taken when the process first needs an object); an entry
+   committed after it is found by a GET of its description. The entry's objects are then
+   fetched at once, ``FETCH_THREADS`` at a time, each with one GET into a temporary file,
+   checked against the listed size and renamed into place, the description last;
 4. else, where it may build (global rank 0, or a process on its own), claims the build with a
    lease object created by a conditional put (``<base>-lease-<n>.json``, refused when it
    exists): the one process that creates it builds, saves locally, uploads the tables, then
@@ -27,7 +32,8 @@ Every process that needs a dataset's tables then:
    logs every ``message_seconds`` what it waits for: the object, its holder and its last
    heartbeat.
 
-``requests_sent`` counts the requests this process sent to stores, by kind.
+``requests_sent`` counts the requests this process sent to stores, by kind (a listing counts
+once, however many pages the store answers it in).
 """
 
 from __future__ import annotations
@@ -37,18 +43,18 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import fsspec
 
-from megafmt.atomic import atomic_write
+from megafmt.atomic import atomic_write, partial_path, remove_quietly
 from megafmt.confinement import confined_path, url_components
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
@@ -60,12 +66,27 @@ logger = logging.getLogger(__name__)
 
 #: environment variables that override :class:`SharedCacheConfig`'s defaults
 LEASE_SECONDS_VARIABLE = "MEGAINDEX_SHARED_CACHE_LEASE_SECONDS"
-#: bytes copied at a time when downloading a table
-COPY_BYTES = 8 << 20
-#: requests sent to shared caches by this process, by kind (exists, get, put, create, remove)
+#: objects of one entry fetched at once (its tables, sidecar and description)
+FETCH_THREADS = 8
+#: requests sent to shared caches by this process, by kind (list, exists, get, put, create,
+#: remove)
 requests_sent: collections.Counter[str] = collections.Counter()
+#: the first wait for the node's lock, in seconds; each next one is twice as long, up to the
+#: config's ``poll_seconds`` (a process of the node fetches the entry meanwhile, usually within
+#: milliseconds)
+FIRST_LOCK_PAUSE = 0.001
 
 Result = TypeVar("Result")
+
+_counting = threading.Lock()
+#: each store's listing, taken once per process (by URL), and the lock of taking it
+_listings: dict[str, dict[str, int]] = {}
+_listing = threading.Lock()
+
+
+def _count(kind: str) -> None:
+    with _counting:  # the entry's objects are fetched on several threads
+        requests_sent[kind] += 1
 
 
 class SharedCacheError(CacheError):
@@ -138,35 +159,47 @@ class _Store:
         return f"{self.root.rstrip('/')}/{name}"
 
     def exists(self, name: str) -> bool:
-        requests_sent["exists"] += 1
+        _count("exists")
         return self.fs.exists(self.key(name))
 
     def read(self, name: str) -> bytes | None:
-        requests_sent["get"] += 1
+        _count("get")
         try:
             return self.fs.cat_file(self.key(name))
         except FileNotFoundError:
             return None
 
+    def listing(self) -> dict[str, int]:
+        """The objects in the store's folder, by name, with their sizes (one LIST request).
+        The file system's own cache of listings is emptied after: it would answer later
+        existence checks of leases from this snapshot."""
+        _count("list")
+        try:
+            found = self.fs.ls(self.root, detail=True, refresh=True)
+        except FileNotFoundError:
+            found = []
+        finally:
+            self.fs.invalidate_cache(self.root)
+        return {os.path.basename(o["name"].rstrip("/")): int(o.get("size") or 0) for o in found}
+
     def download(self, name: str, local: str) -> None:
-        """Copy the object to ``local`` (atomically, a few MiB at a time)."""
-        requests_sent["get"] += 1
-        with self.fs.open(self.key(name), "rb") as source, atomic_write(local) as stream:
-            shutil.copyfileobj(source, stream, COPY_BYTES)
+        """Copy the object to the file ``local`` (one GET, streamed by the file system)."""
+        _count("get")
+        self.fs.get_file(self.key(name), local)
 
     def upload(self, local: str, name: str) -> None:
         """Copy the file ``local`` to the object (streamed by the file system: a table of a
         large run is GBs, not read into memory whole)."""
-        requests_sent["put"] += 1
+        _count("put")
         self.fs.put_file(local, self.key(name))
 
     def write(self, name: str, data: bytes) -> None:
-        requests_sent["put"] += 1
+        _count("put")
         self.fs.pipe_file(self.key(name), data)
 
     def create(self, name: str, data: bytes) -> bool:
         """Write ``data`` unless the object exists (a conditional put); whether it did."""
-        requests_sent["create"] += 1
+        _count("create")
         try:
             self.fs.pipe_file(self.key(name), data, mode="create")
         except FileExistsError:
@@ -174,7 +207,7 @@ class _Store:
         return True
 
     def remove(self, name: str) -> None:
-        requests_sent["remove"] += 1
+        _count("remove")
         with suppress(FileNotFoundError):
             self.fs.rm_file(self.key(name))
 
@@ -305,29 +338,86 @@ class SharedTableCache:
         self.store.upload(entry.description_path, os.path.basename(entry.description_path))
         logger.info("uploaded the %s tables to %s", entry.base, self.store.url)
 
+    def _listed(self) -> dict[str, int]:
+        """The store's objects and sizes, as this process listed them first."""
+        with _listing:
+            if self.store.url not in _listings:
+                _listings[self.store.url] = self.store.listing()
+            return _listings[self.store.url]
+
     def _download(self, entry: CacheEntry, description: str) -> bool:
-        """Download the entry when the store holds it complete; whether it did."""
+        """Download the entry when the store holds it complete; whether it did.
+
+        A listed description is not fetched: its name is the md5 of its text, and the listed
+        size must be this text's (another size is refused as another description). One
+        committed since the listing is fetched and compared whole."""
         name = os.path.basename(entry.description_path)
-        found = self.store.read(name)
-        if found is None:
-            return False
-        if found.decode("utf-8", "replace") != description:
-            raise SharedCacheError(
-                f"{self._url(name)}: the description does not match this dataset's (expected "
-                f"the {len(description)} characters this config describes, found "
-                f"{len(found)} bytes of another): the store holds other tables under this name"
-            )
-        make_folder(entry.directory, "the local copy of the shared index cache")
+        listed = self._listed()
+        if name in listed:
+            found = description.encode("utf-8")
+            if listed[name] != len(found):
+                self._check_description(name, listed[name], description)
+        else:  # not committed when this process listed the store: ask again
+            fetched = self.store.read(name)
+            if fetched is None:
+                return False
+            self._check_description(name, fetched, description)
+            found = fetched
         sidecar = os.path.basename(entry.sidecar_path)
-        if self.store.exists(sidecar):
-            self.store.download(sidecar, entry.sidecar_path)
-        for table in entry.tables:
-            path = entry.table_path(table)
-            self.store.download(os.path.basename(path), path)
+        wanted = {os.path.basename(entry.table_path(t)): entry.table_path(t) for t in entry.tables}
+        if name not in listed or sidecar in listed:  # where it is not listed, it may exist
+            wanted[sidecar] = entry.sidecar_path
+        make_folder(entry.directory, "the local copy of the shared index cache")
+        partials = {object_name: partial_path(path) for object_name, path in wanted.items()}
+        try:
+            with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="megaindex-fetch") as pool:
+                futures = {
+                    object_name: pool.submit(self._fetch, object_name, partial, listed)
+                    for object_name, partial in partials.items()
+                }
+                missing = [n for n, future in futures.items() if not future.result()]
+            if missing and missing != [sidecar]:
+                # listed, then gone: the store changed since this process listed it
+                with _listing:
+                    _listings.pop(self.store.url, None)
+                return False
+            for object_name, path in wanted.items():
+                if object_name not in missing:
+                    os.replace(partials[object_name], path)
+        finally:
+            for partial in partials.values():
+                remove_quietly(partial)
         with atomic_write(entry.description_path) as stream:  # last: the local commit mark
             stream.write(found)
         logger.info("downloaded the %s tables from %s", entry.base, self.store.url)
         return True
+
+    def _fetch(self, name: str, local: str, listed: dict[str, int]) -> bool:
+        """Download object ``name`` to the file ``local``; False when the store has no such
+        object. Raises when its size is not the listed one."""
+        try:
+            self.store.download(name, local)
+        except FileNotFoundError:
+            return False
+        size = os.path.getsize(local)
+        if name in listed and size != listed[name]:
+            raise SharedCacheError(
+                f"{self._url(name)}: downloaded {size} bytes to {local}, but the store listed "
+                f"the object with {listed[name]}: it changed or the transfer was cut short"
+            )
+        return True
+
+    def _check_description(self, name: str, found: bytes | int, description: str) -> None:
+        """Refuse the store's description ``found`` (its bytes, or its listed size) unless it
+        is ``description``."""
+        if isinstance(found, bytes) and found.decode("utf-8", "replace") == description:
+            return
+        size = found if isinstance(found, int) else len(found)
+        raise SharedCacheError(
+            f"{self._url(name)}: the description does not match this dataset's (expected "
+            f"the {len(description.encode('utf-8'))} bytes this config describes, found "
+            f"{size} bytes of another): the store holds other tables under this name"
+        )
 
     def _waiting(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
         holder = _describe_lease(watch.content)
@@ -352,7 +442,7 @@ class SharedTableCache:
         make_folder(entry.directory, "the local copy of the shared index cache")
         path = entry.path("node.lock")
         with open(path, "a+") as stream:
-            last_message = time.monotonic()
+            last_message, pause = time.monotonic(), FIRST_LOCK_PAUSE
             while True:  # bounded by the holder: the kernel frees the lock when it dies
                 try:
                     fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -368,7 +458,8 @@ class SharedTableCache:
                         stream.read().strip() or "another process",
                         entry.base,
                     )
-                time.sleep(self.config.poll_seconds)
+                time.sleep(pause)
+                pause = min(pause * 2, self.config.poll_seconds)
             try:
                 stream.truncate(0)
                 stream.write(_holder())
