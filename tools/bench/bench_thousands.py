@@ -2,7 +2,8 @@
 many processes from a cache in object storage.
 
     .venv/bin/python tools/bench/bench_thousands.py [--corpora 2400] [--samples 200000]
-        [--nodes 8] [--per-node 8] [--reference megatron-core] [--rows FILE]
+        [--nodes 8] [--per-node 8] [--warm-corpora 4] [--builder-threads 1] [--warm-only]
+        [--reference megatron-core] [--rows FILE]
 
 1. The blend: ``--corpora`` corpora whose document counts spread log-uniformly from 1 to 10,000
    (four orders of magnitude), one-sequence documents of 1..199 uint16 tokens (an ``.idx`` and a
@@ -12,11 +13,13 @@ many processes from a cache in object storage.
    to the datasets in hand (imports excluded), the process's peak RSS, and the most open file
    descriptors seen (sampled every 5 ms from /proc/self/fd).
 2. The warm start (megaindex only: the references have no cache in object storage): the tables
-   of a small blend are put in S3 (moto's server in a process of its own, on loopback) by a
-   cold start, then ``--nodes`` x ``--per-node`` processes, one gloo group, each node with an
-   empty local cache folder, start together (testing/sharednodes.py): the seconds from the
-   launch to the first sample on the slowest rank (torch's import included: every rank
-   imports it), and the requests each node sent.
+   of a blend of ``--warm-corpora`` corpora (made as above) are put in S3 (moto's server in a
+   process of its own, on loopback) by a cold start, then ``--nodes`` x ``--per-node``
+   processes, one gloo group, each node with an empty local cache folder, start together
+   (testing/sharednodes.py, ``--builder-threads`` as ``num_dataset_builder_threads``): the
+   seconds to the first sample on the slowest and the median rank, from the launch (torch's
+   import included: every rank imports it) and from the end of the group's start, and the
+   requests each node sent, by kind. ``--warm-only`` skips part 1.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import sys
 import threading
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
+from statistics import median
 
 import benchreport
 import numpy
@@ -179,39 +184,44 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
             )
 
 
-def bench_warm_start(report: benchreport.Report, nodes: int, per_node: int) -> None:
+def bench_warm_start(
+    report: benchreport.Report, nodes: int, per_node: int, count: int, threads: int
+) -> None:
     import boto3
     from s3testing import moto_endpoint
     from sharednodes import Job, launch
 
-    from megafmt.testing import write_corpus
-
     folder = WORKDIR / "warm"
-    folder.mkdir(parents=True, exist_ok=True)
-    corpora = [write_corpus(str(folder / f"corpus{n}"), 50 * (n + 1), seed=n) for n in range(4)]
-    job = Job("s3://shared/cache", corpora, [0.1, 0.2, 0.3, 0.4], samples=2000)
+    corpora, weights = write_corpora(folder / "corpora", count)
+    job = Job("s3://shared/cache", corpora, weights, samples=2000, builder_threads=threads)
     with moto_endpoint(separate_process=True):
         boto3.client("s3").create_bucket(Bucket="shared")
         launch(job, folder / "cold", 1, 1)  # fills the store
         start = time.perf_counter()
         reports = launch(job, folder / "start", nodes, per_node)
         wall = time.perf_counter() - start
-    slowest = max(r["seconds_to_first_batch"] for r in reports)
-    after_import = max(r["seconds_after_import"] for r in reports)
+    launched = sorted(r["seconds_to_first_batch"] for r in reports)
+    grouped = sorted(r["seconds_after_group"] for r in reports)
+    imports = sorted(r["phases"]["import"] for r in reports)
     per_node_requests = [
-        sum(sum(r["requests"].values()) for r in reports if r["node"] == node)
+        dict(sum((Counter(r["requests"]) for r in reports if r["node"] == node), Counter()))
         for node in range(nodes)
     ]
     fetching = [
         len([r for r in reports if r["node"] == node and sum(r["requests"].values())])
         for node in range(nodes)
     ]
-    conditions = f"{nodes} nodes x {per_node} processes, gloo, moto S3 on loopback, 5 cache entries"
+    conditions = (
+        f"{nodes} nodes x {per_node} processes, gloo, moto S3 on loopback, {count} corpora "
+        f"({count + 1} cache entries), {threads} builder threads"
+    )
     report.note(
-        f"warm start ({conditions}): first batch on the slowest rank {slowest:.1f} s after the "
-        f"launch, {after_import:.1f} s after the import of torch on the slowest rank; "
-        f"launch to exit {wall:.1f} s; requests per node {per_node_requests}; processes that "
-        f"sent any, per node {fetching}; tables built {sum('built' in r['kinds'] for r in reports)}"
+        f"warm start ({conditions}): first batch {launched[-1]:.1f} s (slowest rank) / "
+        f"{median(launched):.1f} s (median) after the launch, {grouped[-1]:.1f} / "
+        f"{median(grouped):.1f} s after the group's start; torch's import {imports[-1]:.1f} / "
+        f"{median(imports):.1f} s; launch to exit {wall:.1f} s; requests per node "
+        f"{per_node_requests}; processes that sent any, per node {fetching}; tables built "
+        f"{sum('built' in r['kinds'] for r in reports)}"
     )
 
 
@@ -224,13 +234,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200_000)
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--per-node", type=int, default=8)
+    parser.add_argument("--warm-corpora", type=int, default=4, help="corpora of the warm start")
+    parser.add_argument("--builder-threads", type=int, default=1, help="in the warm start")
+    parser.add_argument("--warm-only", action="store_true", help="only the warm start")
     args = parser.parse_args()
     report = benchreport.Report("thousands", REFERENCE, args.rows)
     shutil.rmtree(WORKDIR, ignore_errors=True)
     WORKDIR.mkdir(parents=True)
     try:
-        bench_blend(report, args.corpora, args.samples)
-        bench_warm_start(report, args.nodes, args.per_node)
+        if not args.warm_only:
+            bench_blend(report, args.corpora, args.samples)
+        bench_warm_start(report, args.nodes, args.per_node, args.warm_corpora, args.builder_threads)
     finally:
         shutil.rmtree(WORKDIR, ignore_errors=True)
 
