@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 import numpy
 import pytest
@@ -140,6 +141,16 @@ def test_the_estimate_is_checked_against_what_is_available(tmp_path, monkeypatch
 def test_available_memory_reads_the_kernel_figures():
     available = memory.available_memory()
     assert available is None or available > 0
+
+
+def test_the_kernel_figures_are_read_at_most_every_half_second(monkeypatch):
+    reads = []
+    monkeypatch.setattr(memory, "_read_available", lambda: reads.append(1) or 1000 * len(reads))
+    monkeypatch.setattr(memory, "_last_read", [])
+    assert [memory.available_memory() for _ in range(100)] == [1000] * 100  # one read
+    stale = time.monotonic() - memory.REREAD_SECONDS
+    monkeypatch.setattr(memory, "_last_read", [(stale, 1000)])
+    assert memory.available_memory() == 2000  # read again: the figures are older than that
 
 
 BLEND_CASES = [  # (the weights of a blend of the corpus repeated; the message)

@@ -11,6 +11,7 @@ temporaries); that margin is not counted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import numpy
@@ -44,8 +45,26 @@ def _read_number(path: str, prefix: str = "") -> int | None:
     return None
 
 
+#: the kernel's figures are read again after this many seconds, not for every check: a blend of
+#: thousands of corpora checks each one's tables and samples (three file reads a check)
+REREAD_SECONDS = 0.5
+#: (when, what) of the last read of the kernel's figures
+_last_read: list[tuple[float, int | None]] = []
+
+
 def available_memory() -> int | None:
-    """Bytes this process can still allocate without swapping, or None when unknown."""
+    """Bytes this process can still allocate without swapping, or None when unknown (as read
+    at most :data:`REREAD_SECONDS` ago)."""
+    now = time.monotonic()
+    if _last_read and now - _last_read[0][0] < REREAD_SECONDS:
+        return _last_read[0][1]
+    available = _read_available()
+    _last_read[:] = [(now, available)]
+    return available
+
+
+def _read_available() -> int | None:
+    """The kernel's ``MemAvailable`` now, capped by the cgroup's room in a container."""
     available = _read_number("/proc/meminfo", "MemAvailable:")
     limit = _read_number("/sys/fs/cgroup/memory.max")
     used = _read_number("/sys/fs/cgroup/memory.current")
