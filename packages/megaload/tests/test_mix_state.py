@@ -81,7 +81,8 @@ def test_the_mode_refuses_a_dataset_that_does_not_continue_each_corpus():
 
 
 def test_the_mode_needs_the_sequential_sampler():
-    with pytest.raises(SamplerError, match="resume_with_new_mix needs dataloader_type 'single'"):
+    expected = "resume_with_new_mix needs dataloader_type 'single'.* read the run with"
+    with pytest.raises(SamplerError, match=expected):
         config(resume_with_new_mix=True, dataloader_type="cyclic")
 
 

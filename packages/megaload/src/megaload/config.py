@@ -93,7 +93,8 @@ class DataLoaderConfig:
             raise SamplerError(
                 f"resume_with_new_mix needs dataloader_type 'single', got "
                 f"{self.dataloader_type!r}: only a sequential run has consumed a prefix of each "
-                "corpus"
+                "corpus; read the run with dataloader_type 'single', or resume it as Megatron "
+                "does (resume_with_new_mix=False, the same data)"
             )
         if self.num_workers < 0:
             raise SamplerError(f"num_workers must be >= 0, got {self.num_workers}")
