@@ -115,7 +115,7 @@ class BlockEncoder:
             table = pyarrow.json.read_json(
                 pyarrow.py_buffer(block), read_options=options, parse_options=self._parse_options
             )
-        except pyarrow.ArrowInvalid:
+        except pyarrow.ArrowException:  # ArrowInvalid for a line it refuses; any other too
             return None
         if table.num_rows != lines:  # a blank line (no row), two objects on one line (two)
             return None
