@@ -51,6 +51,10 @@ def shares_on_rank() -> dict:
     group = shares[0].hybrid_cp_group
     with pytest.raises(TopologyError, match="no hybrid CP group of 4 ranks"):
         topology.hybrid_cp.group(4)
+    # packed conversations (--sft) two a micro-batch: at TP 2 the seed's broadcast would size
+    # the other TP rank's buffers for two rows where a sub-sequence is one
+    with pytest.raises(TopologyError, match="--micro-batch-size 2 at tensor-parallel size 2"):
+        layout.topology(2, SEQ, packed_sequences=True)
     return {
         "dp_rank": layout.coordinates["dp"],
         "group": dist.get_process_group_ranks(group),
@@ -79,6 +83,9 @@ def routed_on_rank() -> dict:
     HYBRID_CP_SCHEDULERS.register("every_id_alone", EveryIdAlone)
     layout = build_parallel_groups(cp=2, hybrid_cp=True)
     topology = layout.topology(1, SEQ)
+    # at TP 1 packed conversations (--sft) two a micro-batch run: a micro-batch is one
+    # sub-sequence whatever the sampler's size, as at the seed commit
+    assert layout.topology(2, SEQ, packed_sequences=True).micro_batch_size == 2
     dp_rank = layout.coordinates["dp"]
     # DP rank d packs sub-sequences of 2 + d, 0 (empty) and 3 tokens, valued 10 d + position
     sample = {

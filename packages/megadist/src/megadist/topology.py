@@ -165,7 +165,9 @@ class BatchTopology:
                 f"micro_batch_size and seq_length must be positive, found "
                 f"{self.micro_batch_size} and {self.seq_length}"
             )
-        if self.packed_sequences and self.micro_batch_size != 1:
+        # under hybrid CP a micro-batch is one sub-sequence whatever the sampler's size
+        # (_check_hybrid_cp refuses the sizes the seed's broadcast would get wrong)
+        if self.packed_sequences and self.micro_batch_size != 1 and self.hybrid_cp is None:
             raise TopologyError(
                 f"packed sequences need micro_batch_size 1 (one packed row per micro-batch, as "
                 f"in Megatron), found {self.micro_batch_size}"
