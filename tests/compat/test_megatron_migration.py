@@ -76,16 +76,15 @@ def cuda_stubs() -> None:
         sys.modules[name] = stand_in
 
 
-def rank_pipeline(root: str, argv: list[str], steps: int, iteration: int = 0) -> dict[str, Any]:
-    """One gloo rank of a Megatron-LM run from ``root``, started (or resumed) at ``iteration``:
-    the first ``steps`` values of get_batch on each of its train, valid and test iterators, as
-    numpy."""
+def megatron_iterators(root: str, argv: list[str], iteration: int) -> tuple[Any, Any, Any]:
+    """Megatron-LM from ``root`` on this gloo rank, its arguments parsed from ``argv``, its
+    groups initialised and its train, valid and test iterators built, started (or resumed) at
+    ``iteration``: (its ``args``, its ``pretrain_gpt`` module, the three iterators)."""
     import warnings
 
     warnings.simplefilter("ignore")
     enter_seed_environment(root=Path(root))
     cuda_stubs()
-    import torch
     import torch.distributed as dist
 
     # Megatron-LM reads its place in the world from the launcher's environment
@@ -102,6 +101,7 @@ def rank_pipeline(root: str, argv: list[str], steps: int, iteration: int = 0) ->
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
         context_parallel_size=args.context_parallel_size,
+        hybrid_context_parallel=args.hybrid_context_parallel,
     )
     import pretrain_gpt
     from megatron.training import training
@@ -110,17 +110,90 @@ def rank_pipeline(root: str, argv: list[str], steps: int, iteration: int = 0) ->
 
     provider = pretrain_gpt.train_valid_test_datasets_provider
     provider.is_distributed = True
-    iterators = training.build_train_valid_test_data_iterators(provider)
+    return args, pretrain_gpt, training.build_train_valid_test_data_iterators(provider)
+
+
+def as_numpy(values: list[Any]) -> list[Any]:
+    """get_batch's values with each tensor as numpy and a process group (hybrid CP's
+    ``hybrid_cp_group``) as its global ranks: what pickles back from a rank."""
+    import torch
+    import torch.distributed as dist
+
+    return [
+        v.numpy()
+        if isinstance(v, torch.Tensor)
+        else dist.get_process_group_ranks(v)
+        if isinstance(v, dist.ProcessGroup)
+        else v
+        for v in values
+    ]
+
+
+def rank_pipeline(root: str, argv: list[str], steps: int, iteration: int = 0) -> dict[str, Any]:
+    """One gloo rank of a Megatron-LM run from ``root``, started (or resumed) at ``iteration``:
+    the first ``steps`` values of get_batch on each of its train, valid and test iterators, as
+    numpy."""
+    import torch.distributed as dist
+
+    _, pretrain_gpt, iterators = megatron_iterators(root, argv, iteration)
     taken = {}
     for name, iterator in zip(("train", "valid", "test"), iterators, strict=True):
-        taken[name] = [
-            [
-                v.numpy() if isinstance(v, torch.Tensor) else v
-                for v in pretrain_gpt.get_batch(iterator)
-            ]
-            for _ in range(steps)
-        ]
+        taken[name] = [as_numpy(pretrain_gpt.get_batch(iterator)) for _ in range(steps)]
     return {"rank": dist.get_rank(), "batches": taken}
+
+
+def hybrid_rank_pipeline(root: str, argv: list[str], steps: int) -> dict[str, Any]:
+    """One gloo rank of a ``--hybrid-context-parallel`` Megatron-LM run from ``root`` at
+    tensor-parallel size 1: its training iterator wrapped in training.py's
+    ``HybridCPDataLoaderWrapper`` (as ``train()`` wraps it, on the model configuration
+    ``core_transformer_config_from_args`` makes), and for each of the first ``steps`` global
+    batches the wrapper's schedule, the sub-sequences it hands this rank, and get_batch of each
+    sub-sequence this rank is scheduled, one at a time, in the order and with the
+    ``local_cp_size`` the seed's hybrid-CP forward-backward schedule gives them (the count of
+    ranks a sub-sequence is dealt to in its group). Validation and testing are left out:
+    training.py wraps only the training iterator.
+
+    The seed's wrapper hands a sub-sequence as 1-D tensors without ``cu_seqlens``, and its own
+    get_batch reads ``tokens.shape[1]``: at the seed commit that raises. ``raw_get_batch`` is
+    the class of what get_batch raises on the first sub-sequence as handed; the others go to
+    get_batch as one row of their length with ``cu_seqlens`` [[0, length]] and ``max_seqlen``,
+    the shape get_batch reads (test_hybrid_cp_compat.py feeds the same)."""
+    import torch
+    import torch.distributed as dist
+
+    args, pretrain_gpt, iterators = megatron_iterators(root, argv, 0)
+    from megatron.core import parallel_state
+    from megatron.training import training
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    config = core_transformer_config_from_args(args)
+    wrapped = iter(training.HybridCPDataLoaderWrapper(iterators[0], config))
+    here = parallel_state.get_data_parallel_rank(with_context_parallel=True)
+    taken, schedules, raw = [], [], None
+    for _ in range(steps):
+        samples, groups = next(wrapped)
+        handed = {
+            i: dict(zip(s, as_numpy(list(s.values())), strict=True)) for i, s in samples.items()
+        }
+        schedules.append((groups, handed))
+        for group in groups:
+            for sample_id in group[here]:
+                sample = dict(samples[sample_id])
+                sharing = torch.tensor([sum(sample_id in ids for ids in group)], dtype=torch.int32)
+                if raw is None:
+                    try:
+                        pretrain_gpt.get_batch(iter([{**sample, "local_cp_size": sharing}]))
+                        raw = "returned"
+                    except Exception as error:  # compared: the seed's and ours
+                        raw = type(error).__name__
+                length = len(sample["tokens"])
+                row = {key: value[None] for key, value in sample.items()}
+                row["cu_seqlens"] = torch.tensor([[0, length]], dtype=torch.int32)
+                row["max_seqlen"] = torch.tensor([length], dtype=torch.int32)
+                row["local_cp_size"] = sharing
+                taken.append(as_numpy(pretrain_gpt.get_batch(iter([row]))))
+    return {"rank": dist.get_rank(), "batches": {"train": taken}, "schedules": schedules,
+            "raw_get_batch": raw}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -250,21 +323,33 @@ def tokenized(tokenizer_files: dict[str, str], tmp_path: Path) -> Callable[[str,
     return tokenize
 
 
+def full_argv(argv: list[str], cache: Path) -> list[str]:
+    """``argv`` after the model and batch flags every job shares, with a data cache in
+    ``cache`` and no loader workers."""
+    return [
+        "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
+        "--num-attention-heads", "2", "--lr", "1e-4", "--eval-interval", "5",
+        "--eval-iters", "2", "--split", "90,8,2", *argv,
+        "--data-cache-path", str(cache), "--num-workers", "0",
+    ]  # fmt: skip
+
+
 def run_both(
-    checkouts: dict[str, Path], argv: list[str], cache: Path, iteration: int = 0
+    checkouts: dict[str, Path],
+    argv: list[str],
+    cache: Path,
+    iteration: int = 0,
+    hybrid: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every rank's batches from the seed checkout and the switched one, on 4 gloo ranks."""
+    """Every rank's batches from the seed checkout and the switched one, on 4 gloo ranks
+    (``hybrid``: by hybrid_rank_pipeline)."""
     results = {}
     for name, root in checkouts.items():
-        full = [
-            "--micro-batch-size", "2", "--global-batch-size", "8", "--seq-length", "16",
-            "--max-position-embeddings", "16", "--num-layers", "2", "--hidden-size", "8",
-            "--num-attention-heads", "2", "--lr", "1e-4", "--eval-interval", "5",
-            "--eval-iters", "2", "--split", "90,8,2", *argv,
-            "--data-cache-path", str(cache / f"cache-{name}"), "--num-workers", "0",
-        ]  # fmt: skip
+        full = full_argv(argv, cache / f"cache-{name}")
+        pipeline = (hybrid_rank_pipeline, ()) if hybrid else (rank_pipeline, (iteration,))
         results[name] = run_distributed(
-            rank_pipeline, 4, str(root), full, STEPS, iteration, timeout=600, group_timeout=300
+            pipeline[0], 4, str(root), full, STEPS, *pipeline[1], timeout=600, group_timeout=300
         )
     return results
 
@@ -276,9 +361,10 @@ def assert_same_batches(
     which the seed wrote some if ``cached`` (all but the SFT job, whose dataset caches nothing),
     so that an empty cache on both sides does not pass for an equal one."""
     for seed_rank, switched_rank in zip(results["seed"], results["switched"], strict=True):
-        for split in ("train", "valid", "test"):
+        assert seed_rank["batches"].keys() == switched_rank["batches"].keys()
+        for split, seed_batches in seed_rank["batches"].items():
             for step, (theirs, ours) in enumerate(
-                zip(seed_rank["batches"][split], switched_rank["batches"][split], strict=True)
+                zip(seed_batches, switched_rank["batches"][split], strict=True)
             ):
                 where = f"rank {seed_rank['rank']}, {split} step {step}"
                 assert len(theirs) == len(ours) == 10, where
@@ -352,6 +438,69 @@ def test_seeded_random_tokenizers_and_jsonl_give_the_seed_commit_s_batches(
 ) -> None:
     layout, flags = random_job(seed, inputs)
     assert_same_batches(run_both(checkouts, [*layout, *flags], tmp_path), tmp_path)
+
+
+#: hybrid context parallelism with Megatron's defaults where the seed runs them: packed
+#: conversations (the only samples with the ``cu_seqlens`` its wrapper splits), two a
+#: micro-batch, each sub-sequence dealt at most 32 tokens a rank; CP 4, so that the seed's
+#: SFTDataset pads each conversation to a multiple of 8, which a sub-sequence split over up
+#: to 4 ranks needs (unpadded, the seed's get_batch fails on it)
+HYBRID_CP = ["--hybrid-context-parallel", "--calculate-per-token-loss",
+             "--max-seqlen-per-dp-cp-rank", "32", "--micro-batch-size", "2",
+             "--context-parallel-size", "4"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_hybrid_context_parallel_with_megatron_s_defaults_gives_the_seed_commit_s_batches(
+    checkouts: dict[str, Path], inputs: dict[str, Any], tmp_path: Path
+) -> None:
+    """``--hybrid-context-parallel`` on 4 ranks at tensor-parallel size 1 (CP 4), with
+    ``--micro-batch-size 2``: training.py's wrapper (megadist.megatron's, switched) schedules
+    each global batch's sub-sequences over the ranks and get_batch gives each rank its share:
+    on every rank and step the schedule, the sub-sequences handed over and each get_batch share
+    equal the seed's. The seed's get_batch raises on a sub-sequence as its wrapper hands it (an
+    IndexError, see hybrid_rank_pipeline); ours refuses it too, with a BatchError naming the
+    shape it needs. The attention mask stays off: the seed's SFTDataset, the one dataset whose
+    samples hybrid CP can split, asserts it is (megaindex's refuses it when built)."""
+    results = run_both(checkouts, [*job_flags("sft", inputs), *HYBRID_CP], tmp_path, hybrid=True)
+    assert all(rank["batches"]["train"] for rank in results["seed"])  # each rank had a share
+    assert_same_batches(results, tmp_path, cached=False)
+    for seed_rank, our_rank in zip(results["seed"], results["switched"], strict=True):
+        where = f"rank {seed_rank['rank']}"
+        assert (seed_rank["raw_get_batch"], our_rank["raw_get_batch"]) == (
+            "IndexError",
+            "BatchError",
+        ), where
+        for step, ((seed_groups, theirs), (our_groups, ours)) in enumerate(
+            zip(seed_rank["schedules"], our_rank["schedules"], strict=True)
+        ):
+            assert seed_groups == our_groups and theirs.keys() == ours.keys(), (where, step)
+            for sample_id, values in theirs.items():
+                assert values.keys() == ours[sample_id].keys(), (where, step, sample_id)
+                for key, value in values.items():
+                    numpy.testing.assert_array_equal(
+                        value, ours[sample_id][key], err_msg=f"{where}, step {step}, {key}"
+                    )
+
+
+@pytest.mark.slow
+def test_hybrid_context_parallel_above_tensor_parallel_size_1_is_refused_naming_the_flag(
+    checkouts: dict[str, Path], inputs: dict[str, Any], tmp_path: Path
+) -> None:
+    """At tensor-parallel size 2 the seed's get_batch would size the other TP rank's buffers
+    for ``--micro-batch-size`` rows where a hybrid-CP micro-batch is one sub-sequence, and
+    corrupt the batch: the switched run refuses on every rank, naming the flag and the fix."""
+    hybrid = [*job_flags("sft", inputs), *HYBRID_CP, *TP2, "--context-parallel-size", "1"]
+    argv = full_argv(hybrid, tmp_path)
+    with pytest.raises(RuntimeError) as refused:
+        run_distributed(hybrid_rank_pipeline, 4, str(checkouts["switched"]), argv, STEPS,
+                        timeout=600, group_timeout=300)  # fmt: skip
+    message = str(refused.value)
+    for rank in range(4):
+        assert f"rank {rank}:" in message
+    assert message.count("TopologyError: --hybrid-context-parallel with --micro-batch-size 2 at "
+                         "tensor-parallel size 2") == 4  # fmt: skip
+    assert "give --micro-batch-size 1 (or tensor-parallel size 1)" in message
 
 
 def test_pretrain_gpt_s_fim_and_sft_datasets_come_from_megaindex(
