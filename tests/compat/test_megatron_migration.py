@@ -432,7 +432,8 @@ def test_the_switched_data_path_gives_the_seed_commit_s_batches_on_every_rank(
 
 
 @pytest.mark.usefixtures("offline_hub")
-@pytest.mark.parametrize("seed", [2701, pytest.param(2702, marks=pytest.mark.slow)])
+@pytest.mark.slow  # minutes each: `make test-slow`
+@pytest.mark.parametrize("seed", [2701, 2702])
 def test_seeded_random_tokenizers_and_jsonl_give_the_seed_commit_s_batches(
     checkouts: dict[str, Path], inputs: dict[str, Any], tmp_path: Path, seed: int
 ) -> None:
