@@ -65,6 +65,13 @@ AWKWARD_LINES = {
     "not JSON": b'{"text": "a"',
     "an array": b'["a"]',
     "duplicate key": b'{"text": "a", "text": "b"}',
+    "bare -NaN": b'{"text": "a", "x": -NaN}',
+    "a NUL after the object": b'{"text": "a"}\x00',
+    "lone low surrogate": b'{"text": "a\\udc00b"}',
+    # pyarrow reads the block as one stream: 2 rows + 0 rows for 2 lines
+    "two objects, then a blank line": b'{"text": "a"}{"text": "b"}\n',
+    # 2 rows + 1 row for 3 lines
+    "two objects, then an object over two lines": b'{"text": "a"}{"text": "b"}\n{"text":\n "c"}',
 }
 
 

@@ -9,9 +9,12 @@ object per line or per token.
 The line path (Python's ``json.loads`` of each line, the rules of Megatron's tool) stays the
 definition. A chunk where the block path could read anything differently goes to the line path
 whole, which then finds and names its bad lines as before: bytes that are not UTF-8, a line
-that pyarrow takes and Python refuses (a bare ``Inf`` value, a leading byte-order mark), a line
-pyarrow refuses or reads as no row or as two, a key missing or not a string (a list of sentences,
-say), ids that do not fit the output dtype, an encoder that raises.
+that pyarrow takes and Python refuses (a bare ``Inf`` or ``-NaN`` value, a leading byte-order
+mark, a NUL byte, which pyarrow's parser takes for the end of its input), a line that is not one
+object from its first byte to its last (blank, or part of an object over several lines: pyarrow
+reads the block as one stream, so such a line and a line of two objects could give as many rows
+as lines), a line pyarrow refuses, a key missing or not a string (a list of sentences, say), ids
+that do not fit the output dtype, an encoder that raises.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from megafmt.tokenizers.base import BlockTokenizer, FlatEncoder
 from megafmt.tokenizers.fast_backend import GIGATOKEN
 
 #: what pyarrow reads in a line that Python's json refuses: a bare Inf or -Inf value (not
-#: Infinity), a line that starts with a UTF-8 byte-order mark. A line holding either (in a
+#: Infinity), -NaN, a line that starts with a UTF-8 byte-order mark. A line holding one (in a
 #: string, too: "Information") is checked by json.loads itself.
-SUSPECTS = (b"Inf", b"\xef\xbb\xbf")
+SUSPECTS = (b"Inf", b"NaN", b"\xef\xbb\xbf")
+#: the whitespace Python's json skips around a value
+JSON_WHITESPACE = b" \t\r\n"
 #: what may follow a suspect Inf without making it a suspect
 INFINITY_TAIL = b"inity"
 
@@ -88,6 +93,8 @@ class BlockEncoder:
         has to read it."""
         if not chunk.lines or not isinstance(chunk.lines[0], bytes):
             return None  # rows already read (parquet)
+        if not all(_one_object_wide(line) for line in chunk.lines):
+            return None
         columns = self._parse(b"".join(chunk.lines), len(chunk.lines))
         if columns is None:
             return None
@@ -102,10 +109,12 @@ class BlockEncoder:
 
     def _parse(self, block: bytes, lines: int) -> dict[str, tuple[Any, Any]] | None:
         """Each key's texts as (UTF-8 bytes, int64 offsets), where pyarrow reads ``block``
-        (``lines`` lines) exactly as Python's json reads each line."""
+        (``lines`` lines, each one object wide) exactly as Python's json reads each line."""
         try:
             block.decode("utf-8")
         except UnicodeDecodeError:
+            return None
+        if b"\x00" in block:
             return None
         if _python_refuses_a_suspect(block):
             return None
@@ -117,7 +126,7 @@ class BlockEncoder:
             )
         except pyarrow.ArrowException:  # ArrowInvalid for a line it refuses; any other too
             return None
-        if table.num_rows != lines:  # a blank line (no row), two objects on one line (two)
+        if table.num_rows != lines:  # two objects on one line: every line gives one row or more
             return None
         columns = {}
         for key in self._keys:
@@ -127,7 +136,11 @@ class BlockEncoder:
             _, offsets, data = column.buffers()
             first = column.offset
             offsets = numpy.frombuffer(offsets, numpy.int32, len(column) + 1, first * 4)
-            data = numpy.frombuffer(data, numpy.uint8) if data is not None else numpy.empty(0)
+            data = (
+                numpy.frombuffer(data, numpy.uint8)
+                if data is not None
+                else numpy.empty(0, numpy.uint8)
+            )
             columns[key] = (data[offsets[0] : offsets[-1]], (offsets - offsets[0]).astype("i8"))
         return columns
 
@@ -141,6 +154,14 @@ class BlockEncoder:
             tokens = numpy.insert(flat, numpy.cumsum(counts)[has_tokens], self._eod)
             lengths = lengths + 1
         return EncodedKey(tokens, lengths.astype(numpy.int32), has_tokens.astype(numpy.int64))
+
+
+def _one_object_wide(line: bytes) -> bool:
+    """Whether ``line`` opens an object at its first byte and closes one at its last (JSON
+    whitespace aside): then pyarrow starts a new row at each line, and as many rows as lines
+    means one row a line."""
+    value = line.strip(JSON_WHITESPACE)
+    return value[:1] == b"{" and value[-1:] == b"}"
 
 
 def _python_refuses_a_suspect(block: bytes) -> bool:
