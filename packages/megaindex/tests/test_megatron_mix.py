@@ -89,6 +89,19 @@ def test_loading_a_checkpoint_records_where_its_run_left_each_corpus_only_with_t
     assert checked == [old, old]  # Megatron-LM's own check still runs
 
 
+def test_a_checkpoint_of_a_resumed_mix_is_refused_without_the_flag():
+    """Its run served a resumed blend: Megatron's blend at its count would be another stream."""
+    state = checkpoint_mix(megatron_args(["0.5", "web", "0.5", "code"], consumed_train_samples=40))
+    old = megatron_args(["1", "code"], consumed_train_samples=64,
+                        mix_resumed_from=dataclasses.asdict(state))  # fmt: skip
+    args = megatron_args(["1", "code"], resume_with_new_mix=False)
+    with pytest.raises(ConfigError, match="consumed_train_samples 64.*add --resume-with-new-mix"):
+        keeping_checkpoint_mix(lambda checkpoint: None, lambda: args)(old)
+    args.resume_with_new_mix = True
+    keeping_checkpoint_mix(lambda checkpoint: None, lambda: args)(old)
+    assert args.mix_resumed_from == dataclasses.asdict(checkpoint_mix(old))
+
+
 def test_the_dataset_config_resumes_from_the_recorded_state():
     state = MixState.from_megatron(["web", "code"], [1, 1], 40)
     args = megatron_args(["1", "code"], mix_resumed_from=dataclasses.asdict(state))

@@ -127,6 +127,13 @@ def keeping_checkpoint_mix(
         if args.resume_with_new_mix:
             state = checkpoint_mix(checkpoint_args, phase_starts(args))
             setattr(args, RESUMED_FROM, dataclasses.asdict(state))
+        elif getattr(checkpoint_args, RESUMED_FROM, None):
+            raise ConfigError(
+                f"the checkpoint's run (consumed_train_samples "
+                f"{checkpoint_args.consumed_train_samples}) served its blend resumed with "
+                f"{FLAG}; this launch, without it, would serve Megatron's blend from that count "
+                f"instead, repeating some samples and skipping others: add {FLAG}"
+            )
 
     return check
 
