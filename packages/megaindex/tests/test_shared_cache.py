@@ -120,6 +120,25 @@ def test_a_download_shorter_than_the_listed_object_is_refused(
     assert [p.name for p in (tmp_path / "node1").rglob(f"{base}-*")] == [f"{base}-node.lock"]
 
 
+@pytest.mark.parametrize("stale", ["mid-upload", "no sizes"])
+def test_sizes_of_a_listing_taken_before_the_commit_or_not_given_are_not_held_against_it(
+    make_config, store, tmp_path, monkeypatch, stale
+):
+    """A listing taken while a build uploaded (its tables partly there, its descriptions not
+    yet), or from a file system that lists no sizes: the downloads are not refused for it."""
+    build_on_node(make_config, store, str(tmp_path / "node0"))
+    fs = fsspec.filesystem("memory")
+    listing = {n.rsplit("/", 1)[1]: fs.size(n) for n in fs.ls(store, detail=False)}
+    if stale == "mid-upload":
+        listing = {name: size // 2 for name, size in listing.items()
+                   if not name.endswith("description.txt")}  # fmt: skip
+    else:
+        listing = dict.fromkeys(listing)
+    monkeypatch.setattr(shared_cache, "_listings", {store: listing})
+    second = build_on_node(make_config, store, str(tmp_path / "node1"))
+    assert [d.index_source.kind for d in second] == ["cache"] * 3
+
+
 def entry_in(folder) -> CacheEntry:
     return CacheEntry(str(folder), "0123-Tables-train", ("a",))
 

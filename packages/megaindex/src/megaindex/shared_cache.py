@@ -169,8 +169,9 @@ class _Store:
         except FileNotFoundError:
             return None
 
-    def listing(self) -> dict[str, int]:
-        """The objects in the store's folder, by name, with their sizes (one LIST request).
+    def listing(self) -> dict[str, int | None]:
+        """The objects in the store's folder, by name, with their sizes (None where the file
+        system lists none; one LIST request).
         The file system's own cache of listings is emptied after: it would answer later
         existence checks of leases from this snapshot."""
         _count("list")
@@ -180,7 +181,8 @@ class _Store:
             found = []
         finally:
             self.fs.invalidate_cache(self.root)
-        return {os.path.basename(o["name"].rstrip("/")): int(o.get("size") or 0) for o in found}
+        sizes = {os.path.basename(o["name"].rstrip("/")): o.get("size") for o in found}
+        return {name: None if size is None else int(size) for name, size in sizes.items()}
 
     def download(self, name: str, local: str) -> None:
         """Copy the object to the file ``local`` (one GET, streamed by the file system)."""
@@ -338,7 +340,7 @@ class SharedTableCache:
         self.store.upload(entry.description_path, os.path.basename(entry.description_path))
         logger.info("uploaded the %s tables to %s", entry.base, self.store.url)
 
-    def _listed(self) -> dict[str, int]:
+    def _listed(self) -> dict[str, int | None]:
         """The store's objects and sizes, as this process listed them first."""
         with _listing:
             if self.store.url not in _listings:
@@ -349,14 +351,20 @@ class SharedTableCache:
         """Download the entry when the store holds it complete; whether it did.
 
         A listed description is not fetched: its name is the md5 of its text, and the listed
-        size must be this text's (another size is refused as another description). One
-        committed since the listing is fetched and compared whole."""
+        size must be this text's (another size is refused as another description); the
+        entry's other objects were complete before it was committed, so their listed sizes
+        are checked against the downloads. One committed since the listing is fetched and
+        compared whole, and the listing's sizes are not used: they may be of an upload then
+        under way."""
         name = os.path.basename(entry.description_path)
         listed = self._listed()
+        sizes: dict[str, int | None] = {}
         if name in listed:
             found = description.encode("utf-8")
-            if listed[name] != len(found):
-                self._check_description(name, listed[name], description)
+            size = listed[name]
+            if size is not None and size != len(found):
+                self._check_description(name, size, description)
+            sizes = listed
         else:  # not committed when this process listed the store: ask again
             fetched = self.store.read(name)
             if fetched is None:
@@ -372,7 +380,7 @@ class SharedTableCache:
         try:
             with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="megaindex-fetch") as pool:
                 futures = {
-                    object_name: pool.submit(self._fetch, object_name, partial, listed)
+                    object_name: pool.submit(self._fetch, object_name, partial, sizes)
                     for object_name, partial in partials.items()
                 }
                 missing = [n for n, future in futures.items() if not future.result()]
@@ -392,15 +400,15 @@ class SharedTableCache:
         logger.info("downloaded the %s tables from %s", entry.base, self.store.url)
         return True
 
-    def _fetch(self, name: str, local: str, listed: dict[str, int]) -> bool:
+    def _fetch(self, name: str, local: str, listed: dict[str, int | None]) -> bool:
         """Download object ``name`` to the file ``local``; False when the store has no such
-        object. Raises when its size is not the listed one."""
+        object. Raises when its size is not the one ``listed`` (where it lists one)."""
         try:
             self.store.download(name, local)
         except FileNotFoundError:
             return False
         size = os.path.getsize(local)
-        if name in listed and size != listed[name]:
+        if listed.get(name) is not None and size != listed[name]:
             raise SharedCacheError(
                 f"{self._url(name)}: downloaded {size} bytes to {local}, but the store listed "
                 f"the object with {listed[name]}: it changed or the transfer was cut short"
