@@ -1,6 +1,7 @@
 """conforms(obj, protocol) answers as isinstance does, for every Protocol of the data path and
 the .bin readers, on megafmt's own objects and on hand-made ones that miss a member, opt out
-of one with None, or hold a data member on the instance only."""
+of one with None, hold a data member on the instance only, set their methods on the instance
+or serve them from ``__getattr__``."""
 
 import inspect
 from typing import Protocol
@@ -49,6 +50,25 @@ class NoMethods:
     pass
 
 
+class SetOnInstance:
+    """A token source whose methods are set on each instance, not defined by its class."""
+
+    def __init__(self) -> None:
+        self.sequence_lengths = []
+        self.path_prefix = "corpus"
+        self.get = lambda idx, offset=0, length=None: []
+
+
+class Delegating:
+    """A token source that serves every member from the object it wraps (``__getattr__``)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
 def _objects(tmp_path) -> list[object]:
     prefix = write_corpus(str(tmp_path / "corpus"), 20, seed=0)
     dataset = IndexedDataset(prefix)
@@ -60,6 +80,9 @@ def _objects(tmp_path) -> list[object]:
         Stored(None),
         OptedOut("corpus"),
         NoMethods(),
+        SetOnInstance(),
+        Delegating(dataset),
+        Delegating(object()),
         object(),
         "text",
     ]

@@ -8,7 +8,10 @@ Ranks are forked from a fork server that has imported torch once (``forkserver``
 preloaded) instead of each starting a fresh interpreter and importing torch itself: on a
 loaded 2-core machine that import costs seconds a rank. A forked rank takes the caller's
 environment as it is at the call, as a spawned one would (the fork server's is the one it
-started with).
+started with). What torch and its thread libraries read from the environment once, at import
+(``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), is read in the fork server, at the process's first
+call: set those before it. The fork server is the process's one (multiprocessing's): torch
+preloaded there serves every other user of it too.
 """
 
 from __future__ import annotations

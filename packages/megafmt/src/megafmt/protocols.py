@@ -302,14 +302,17 @@ def conforms(obj: object, protocol: type) -> bool:
     """Whether ``obj`` implements the runtime-checkable ``protocol``: what
     ``isinstance(obj, protocol)`` says, at the cost of a dictionary lookup.
 
-    The rule it relies on: a method or property a Protocol asks for is defined by the
-    object's class (as every implementation here does), never set on one instance only; a
-    data member (an annotation of the Protocol, ``path_prefix: str``) may be either, and is
-    looked up on the object each time when its class does not define it. A class attribute
-    set to None does not count (as in ``isinstance``: a class opts out of a method that
-    way)."""
+    A method or property a Protocol asks for is looked for on the object's class (as every
+    implementation here defines them); a data member (an annotation of the Protocol,
+    ``path_prefix: str``) may be on either, and is looked up on the object each time when its
+    class does not define it. A class attribute set to None does not count (as in
+    ``isinstance``: a class opts out of a method that way). Where the class lacks a method,
+    ``isinstance`` itself answers: a plugin may set one on its instances or serve it from
+    ``__getattr__``."""
     on_class, per_object = _members_of(type(obj), protocol)
-    return on_class and all(hasattr(obj, name) for name in per_object)
+    if not on_class:
+        return isinstance(obj, protocol)
+    return all(hasattr(obj, name) for name in per_object)
 
 
 @functools.cache
