@@ -72,6 +72,10 @@ AWKWARD_LINES = {
     "two objects, then a blank line": b'{"text": "a"}{"text": "b"}\n',
     # 2 rows + 1 row for 3 lines
     "two objects, then an object over two lines": b'{"text": "a"}{"text": "b"}\n{"text":\n "c"}',
+    "nested deeper than Python's json reads": b'{"text": "a", "x": '
+    + b"[" * 5000
+    + b"]" * 5000
+    + b"}",
 }
 
 

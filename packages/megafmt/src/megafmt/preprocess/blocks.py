@@ -33,6 +33,9 @@ from megafmt.tokenizers.fast_backend import GIGATOKEN
 #: Infinity), -NaN, a line that starts with a UTF-8 byte-order mark. A line holding one (in a
 #: string, too: "Information") is checked by json.loads itself.
 SUSPECTS = (b"Inf", b"NaN", b"\xef\xbb\xbf")
+#: a line with fewer opening brackets than this cannot be nested too deep for Python's json
+#: (which recursion stops near 1,000 levels); one with more is checked by json.loads itself
+DEEP_ENOUGH = 256
 #: the whitespace Python's json skips around a value
 JSON_WHITESPACE = b" \t\r\n"
 #: what may follow a suspect Inf without making it a suspect
@@ -94,6 +97,8 @@ class BlockEncoder:
         if not chunk.lines or not isinstance(chunk.lines[0], bytes):
             return None  # rows already read (parquet)
         if not all(_one_object_wide(line) for line in chunk.lines):
+            return None
+        if _python_cannot_nest(chunk.lines):
             return None
         columns = self._parse(b"".join(chunk.lines), len(chunk.lines))
         if columns is None:
@@ -162,6 +167,19 @@ def _one_object_wide(line: bytes) -> bool:
     means one row a line."""
     value = line.strip(JSON_WHITESPACE)
     return value[:1] == b"{" and value[-1:] == b"}"
+
+
+def _python_cannot_nest(lines: list[bytes]) -> bool:
+    """Whether one of ``lines`` is nested deeper than Python's json reads (pyarrow reads it)."""
+    for line in lines:
+        if line.count(b"[") + line.count(b"{") >= DEEP_ENOUGH:
+            try:
+                json.loads(line)
+            except RecursionError:
+                return True
+            except ValueError:
+                pass  # refused for another reason: the other checks and pyarrow find it
+    return False
 
 
 def _python_refuses_a_suspect(block: bytes) -> bool:

@@ -88,6 +88,8 @@ class Encoder:
                 raise BadLine(f"invalid UTF-8 at byte {error.start}") from None
             except ValueError as error:
                 raise BadLine(f"not JSON ({error})") from None
+            except RecursionError:
+                raise BadLine("JSON nested deeper than Python's json reads") from None
         if not isinstance(raw, dict):
             raise BadLine(f"expected a JSON object, found {type(raw).__name__}")
         sentences = {}
