@@ -102,6 +102,17 @@ def test_a_checkpoint_of_a_resumed_mix_is_refused_without_the_flag():
     assert args.mix_resumed_from == dataclasses.asdict(checkpoint_mix(old))
 
 
+def test_phases_under_another_global_batch_size_are_refused():
+    """The checkpoint's phases started at iteration x 8 samples; at 16 they would start later."""
+    old = megatron_args(["1", "code"], consumed_train_samples=48, phase_transition_iterations=[5])
+    args = megatron_args(["1", "code"], phase_transition_iterations=[5], global_batch_size=16)
+    with pytest.raises(ConfigError, match="global batch size, 8, got 16"):
+        keeping_checkpoint_mix(lambda checkpoint: None, lambda: args)(old)
+    args.phase_transition_iterations = None  # no phases: another batch size continues
+    keeping_checkpoint_mix(lambda checkpoint: None, lambda: args)(old)
+    assert args.mix_resumed_from == dataclasses.asdict(checkpoint_mix(old))
+
+
 def test_the_dataset_config_resumes_from_the_recorded_state():
     state = MixState.from_megatron(["web", "code"], [1, 1], 40)
     args = megatron_args(["1", "code"], mix_resumed_from=dataclasses.asdict(state))

@@ -125,6 +125,7 @@ def keeping_checkpoint_mix(
         check_checkpoint_args(checkpoint_args)
         args = get_args()
         if args.resume_with_new_mix:
+            _same_phase_batches(checkpoint_args, args)
             state = checkpoint_mix(checkpoint_args, phase_starts(args))
             setattr(args, RESUMED_FROM, dataclasses.asdict(state))
         elif getattr(checkpoint_args, RESUMED_FROM, None):
@@ -136,6 +137,20 @@ def keeping_checkpoint_mix(
             )
 
     return check
+
+
+def _same_phase_batches(checkpoint_args: Any, args: Any) -> None:
+    """Refuse phases whose starts the checkpoint's run counted in another global batch size:
+    its phases began at iteration x its batch size, which this launch would count otherwise."""
+    if not args.phase_transition_iterations:
+        return
+    theirs = getattr(checkpoint_args, "global_batch_size", args.global_batch_size)
+    if theirs != args.global_batch_size:
+        raise ConfigError(
+            f"{FLAG} with --phase-transition-iterations needs the checkpoint's global batch "
+            f"size, {theirs}, got {args.global_batch_size}: the phases start at an iteration "
+            "times the batch size, so another size moves the starts of the phases already run"
+        )
 
 
 def resumed_config(config: Any, args: Any) -> Any:
