@@ -59,7 +59,7 @@ def _why_not(encodes_blocks: bool, split_sentences: bool) -> str | None:
     try:
         import pyarrow.json  # noqa: F401
     except ImportError:
-        return "pyarrow is not installed (pip install megafmt[parquet])"
+        return "pyarrow is not installed (pip install megafmt[huggingface])"
     return None
 
 
