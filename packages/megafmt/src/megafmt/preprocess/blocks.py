@@ -98,9 +98,7 @@ class BlockEncoder:
             return None  # rows already read (parquet)
         if not all(_one_object_wide(line) for line in chunk.lines):
             return None
-        if _python_cannot_nest(chunk.lines):
-            return None
-        columns = self._parse(b"".join(chunk.lines), len(chunk.lines))
+        columns = self._parse(chunk.lines)
         if columns is None:
             return None
         documents = {}
@@ -112,14 +110,15 @@ class BlockEncoder:
             documents[key] = self._assemble(flat, counts)
         return documents
 
-    def _parse(self, block: bytes, lines: int) -> dict[str, tuple[Any, Any]] | None:
-        """Each key's texts as (UTF-8 bytes, int64 offsets), where pyarrow reads ``block``
-        (``lines`` lines, each one object wide) exactly as Python's json reads each line."""
+    def _parse(self, lines: list[bytes]) -> dict[str, tuple[Any, Any]] | None:
+        """Each key's texts as (UTF-8 bytes, int64 offsets), where pyarrow reads ``lines``
+        (each one object wide) exactly as Python's json reads each line."""
+        block = b"".join(lines)
         try:
             block.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        if b"\x00" in block:
+        if b"\x00" in block or _python_cannot_nest(block, lines):
             return None
         if _python_refuses_a_suspect(block):
             return None
@@ -131,7 +130,7 @@ class BlockEncoder:
             )
         except pyarrow.ArrowException:  # ArrowInvalid for a line it refuses; any other too
             return None
-        if table.num_rows != lines:  # two objects on one line: every line gives one row or more
+        if table.num_rows != len(lines):  # two objects on a line: every line gives one row or more
             return None
         columns = {}
         for key in self._keys:
@@ -169,8 +168,12 @@ def _one_object_wide(line: bytes) -> bool:
     return value[:1] == b"{" and value[-1:] == b"}"
 
 
-def _python_cannot_nest(lines: list[bytes]) -> bool:
-    """Whether one of ``lines`` is nested deeper than Python's json reads (pyarrow reads it)."""
+def _python_cannot_nest(block: bytes, lines: list[bytes]) -> bool:
+    """Whether one of ``lines`` (joined: ``block``) is nested deeper than Python's json reads
+    (pyarrow reads it). The lines are looked at one by one only when the whole block holds
+    enough opening brackets for one of them to."""
+    if block.count(b"[") + block.count(b"{") < DEEP_ENOUGH:
+        return False
     for line in lines:
         if line.count(b"[") + line.count(b"{") >= DEEP_ENOUGH:
             try:
