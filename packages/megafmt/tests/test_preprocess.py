@@ -483,7 +483,7 @@ def test_a_type_error_that_is_no_refused_text_stops_the_run(monkeypatch):
 
     monkeypatch.setattr(encoder, "_encode_batch", broken)
     with pytest.raises(TypeError, match="a bug"):
-        encoder.encode(Chunk("in.jsonl", 1, 0, [b'{"text": "a"}'], 13))
+        encoder.encode(Chunk("in.jsonl", 1, 0, b'{"text": "a"}', 13))
 
 
 @pytest.mark.parametrize("name", ["pipe.jsonl", "pipe.jsonl.gz"])

@@ -81,8 +81,8 @@ AWKWARD_LINES = {
 
 def chunk_of(lines: list[bytes]) -> Chunk:
     """A chunk of ``lines`` (an item may hold several, split at its newlines)."""
-    raw = [line + b"\n" for item in lines for line in item.split(b"\n")]
-    return Chunk("in.jsonl", 1, 0, raw, sum(map(len, raw)))
+    raw = b"".join(line + b"\n" for item in lines for line in item.split(b"\n"))
+    return Chunk("in.jsonl", 1, 0, raw, len(raw))
 
 
 def encoder(model: str, **settings) -> Encoder:
@@ -132,6 +132,47 @@ def test_a_byte_order_mark_opening_a_chunk_sends_it_to_the_line_path(model):
     blocks = encoder(model)._blocks
     assert blocks.encode(chunk_of([b'{"text": "\xef\xbb\xbf"}'])) is not None
     assert blocks.encode(chunk_of([b'\xef\xbb\xbf{"text": "a"}'])) is None
+
+
+#: lines the quick screens leave in doubt that Python's json reads as pyarrow does: each chunk
+#: of them stays on the block path, with the line path's bytes
+DOUBTFUL_BUT_CLEAN = {
+    "whitespace around the object": [b' \t{"text": "a b"} \r', b'{"text": "c"}'],
+    "a suspect inside a string": [b'{"text": "NaN Inf \xef\xbb\xbf"}', b'{"text": "Inf"}'],
+    "Infinity in a string at the end": [b'{"text": "x"}', b'{"text": "-Infinity"}'],
+    "nested deep, not too deep": [b'{"text": "a", "x": ' + b"[" * 300 + b"]" * 300 + b"}"],
+    "many brackets over many lines": [b'{"text": "a", "x": [[[{}]]]}'] * 200,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DOUBTFUL_BUT_CLEAN))
+@pytest.mark.parametrize("newline_at_end", [True, False])
+def test_a_line_the_quick_screens_doubt_but_python_reads_stays_on_the_block_path(
+    model, kind, newline_at_end
+):
+    """The screens look at all lines of a chunk at once and at a doubtful line by itself: a
+    doubt that Python's json dispels keeps the block path, whose documents equal the line
+    path's (the last line with its newline or without)."""
+    mine = encoder(model)
+    lines = DOUBTFUL_BUT_CLEAN[kind]
+    raw = b"\n".join(lines) + (b"\n" if newline_at_end else b"")
+    chunk = Chunk("in.jsonl", 1, 0, raw, len(raw))
+    assert chunk.count == len(chunk.lines) == len(lines)
+    assert mine._blocks.encode(chunk) is not None
+    by_block = mine.encode(chunk)
+    mine._blocks = None
+    by_line = mine.encode(chunk)
+    assert not by_block.bad_lines and not by_line.bad_lines
+    assert numpy.array_equal(by_block.documents, by_line.documents)
+    assert numpy.array_equal(by_block.keys["text"].tokens, by_line.keys["text"].tokens)
+
+
+def test_a_suspect_in_the_chunk_s_last_line_without_a_newline_is_found(model):
+    blocks = encoder(model)._blocks
+    raw = b'{"text": "a"}\n{"text": "b", "x": -Inf}'
+    assert blocks.encode(Chunk("in.jsonl", 1, 0, raw, len(raw))) is None
+    raw = b'{"text": "a"}\n{"text": "b", "x": [' + b"[" * 5000 + b"]" * 5000 + b"]}"
+    assert blocks.encode(Chunk("in.jsonl", 1, 0, raw, len(raw))) is None
 
 
 def test_the_block_path_is_off_where_it_cannot_serve_and_the_note_says_why(model):

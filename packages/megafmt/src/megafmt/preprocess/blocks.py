@@ -40,6 +40,8 @@ DEEP_ENOUGH = 256
 JSON_WHITESPACE = b" \t\r\n"
 #: what may follow a suspect Inf without making it a suspect
 INFINITY_TAIL = b"inity"
+#: the bytes of a line's end, an object's brackets and a list's opening one
+NEWLINE, OPEN, CLOSE, OPEN_LIST = b"\n{}["
 
 
 def block_path_note(tokenizer_backend: str, split_sentences: bool) -> str:
@@ -94,11 +96,9 @@ class BlockEncoder:
     def encode(self, chunk: Chunk) -> dict[str, EncodedKey] | None:
         """Each json key's documents of ``chunk``, one per line, or None where the line path
         has to read it."""
-        if not chunk.lines or not isinstance(chunk.lines[0], bytes):
+        if not isinstance(chunk.data, bytes) or not chunk.data:
             return None  # rows already read (parquet)
-        if not all(_one_object_wide(line) for line in chunk.lines):
-            return None
-        columns = self._parse(chunk.lines)
+        columns = self._parse(chunk.data, chunk.count)
         if columns is None:
             return None
         documents = {}
@@ -110,17 +110,14 @@ class BlockEncoder:
             documents[key] = self._assemble(flat, counts)
         return documents
 
-    def _parse(self, lines: list[bytes]) -> dict[str, tuple[Any, Any]] | None:
-        """Each key's texts as (UTF-8 bytes, int64 offsets), where pyarrow reads ``lines``
-        (each one object wide) exactly as Python's json reads each line."""
-        block = b"".join(lines)
+    def _parse(self, block: bytes, lines: int) -> dict[str, tuple[Any, Any]] | None:
+        """Each key's texts as (UTF-8 bytes, int64 offsets), where pyarrow reads ``block``
+        (of ``lines`` lines) exactly as Python's json reads each of its lines."""
         try:
             block.decode("utf-8")
         except UnicodeDecodeError:
             return None
-        if b"\x00" in block or _python_cannot_nest(block, lines):
-            return None
-        if _python_refuses_a_suspect(block):
+        if b"\x00" in block or not _screened(block):
             return None
         pyarrow = self._pyarrow
         options = pyarrow.json.ReadOptions(use_threads=False, block_size=len(block) + 1)
@@ -130,7 +127,7 @@ class BlockEncoder:
             )
         except pyarrow.ArrowException:  # ArrowInvalid for a line it refuses; any other too
             return None
-        if table.num_rows != len(lines):  # two objects on a line: every line gives one row or more
+        if table.num_rows != lines:  # two objects on a line: every line gives one row or more
             return None
         columns = {}
         for key in self._keys:
@@ -160,6 +157,52 @@ class BlockEncoder:
         return EncodedKey(tokens, lengths.astype(numpy.int32), has_tokens.astype(numpy.int64))
 
 
+def _screened(block: bytes) -> bool:
+    """Whether pyarrow reads every line of ``block`` as Python's json reads it, as far as the
+    bytes tell: each line one object wide (:func:`_one_object_wide`), and Python's json takes
+    each line that holds a suspect (:data:`SUSPECTS`) or enough brackets to be nested too deep
+    (:data:`DEEP_ENOUGH`). Found for all lines at once with numpy; only the lines that this
+    leaves in doubt are looked at one by one."""
+    data = numpy.frombuffer(block, numpy.uint8)
+    ends = numpy.flatnonzero(data == NEWLINE)
+    if ends.size == 0 or ends[-1] != data.size - 1:
+        ends = numpy.append(ends, data.size)  # the last line lacks its newline
+    starts = numpy.concatenate(([0], ends[:-1] + 1))
+    nonempty = ends > starts
+    wide = nonempty.copy()
+    wide[nonempty] = (data[starts[nonempty]] == OPEN) & (data[ends[nonempty] - 1] == CLOSE)
+    if not all(_one_object_wide(block[starts[n] : ends[n]]) for n in numpy.flatnonzero(~wide)):
+        return False
+    doubtful = numpy.searchsorted(ends, _suspects(data))
+    # every line holds an opening bracket: more than this many beyond one a line are needed
+    # for one line to hold DEEP_ENOUGH
+    opening = (data == OPEN) | (data == OPEN_LIST)
+    if numpy.count_nonzero(opening) - ends.size + 1 >= DEEP_ENOUGH:
+        brackets = numpy.flatnonzero(opening)
+        per_line = numpy.searchsorted(brackets, ends) - numpy.searchsorted(brackets, starts)
+        doubtful = numpy.concatenate((doubtful, numpy.flatnonzero(per_line >= DEEP_ENOUGH)))
+    lines = sorted(set(doubtful.tolist()))
+    return not any(_python_refuses(block[starts[n] : ends[n]]) for n in lines)
+
+
+def _suspects(data: numpy.ndarray) -> numpy.ndarray:
+    """Where a suspect (:data:`SUSPECTS`) starts in ``data``, an Inf of Infinity aside."""
+    found = []
+    for suspect in SUSPECTS:
+        at = numpy.flatnonzero(data[: max(0, data.size - len(suspect) + 1)] == suspect[0])
+        for offset, byte in enumerate(suspect[1:], start=1):
+            at = at[data[at + offset] == byte]
+        if suspect == SUSPECTS[0]:
+            tail = at + len(suspect)
+            infinity = numpy.ones(at.size, bool)
+            for offset, byte in enumerate(INFINITY_TAIL):
+                inside = tail + offset < data.size
+                infinity &= inside & (data[numpy.where(inside, tail + offset, 0)] == byte)
+            at = at[~infinity]
+        found.append(at)
+    return numpy.concatenate(found)
+
+
 def _one_object_wide(line: bytes) -> bool:
     """Whether ``line`` opens an object at its first byte and closes one at its last (JSON
     whitespace aside): then pyarrow starts a new row at each line, and as many rows as lines
@@ -168,40 +211,12 @@ def _one_object_wide(line: bytes) -> bool:
     return value[:1] == b"{" and value[-1:] == b"}"
 
 
-def _python_cannot_nest(block: bytes, lines: list[bytes]) -> bool:
-    """Whether one of ``lines`` (joined: ``block``) is nested deeper than Python's json reads
-    (pyarrow reads it). The lines are looked at one by one only when the whole block holds
-    enough opening brackets for one of them to."""
-    if block.count(b"[") + block.count(b"{") < DEEP_ENOUGH:
-        return False
-    for line in lines:
-        if line.count(b"[") + line.count(b"{") >= DEEP_ENOUGH:
-            try:
-                json.loads(line)
-            except RecursionError:
-                return True
-            except ValueError:
-                pass  # refused for another reason: the other checks and pyarrow find it
-    return False
-
-
-def _python_refuses_a_suspect(block: bytes) -> bool:
-    """Whether Python's json refuses a line of ``block`` that holds one of :data:`SUSPECTS`
-    (found with ``bytes.find``: a regular expression with two branches scans byte by byte)."""
-    for suspect in SUSPECTS:
-        at = block.find(suspect)
-        while at >= 0:
-            end = block.find(b"\n", at)
-            end = len(block) if end < 0 else end
-            after = at + len(suspect)
-            if suspect != SUSPECTS[0] or block[after : after + len(INFINITY_TAIL)] != INFINITY_TAIL:
-                start = block.rfind(b"\n", 0, at) + 1
-                try:
-                    json.loads(block[start:end].decode("utf-8"))
-                except (ValueError, RecursionError):
-                    return True
-                at = end  # the rest of this line is checked
-            at = block.find(suspect, at + 1)
+def _python_refuses(line: bytes) -> bool:
+    """Whether Python's json refuses ``line`` (UTF-8): not JSON, or nested too deep."""
+    try:
+        json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return True
     return False
 
 

@@ -133,7 +133,7 @@ class Encoder:
         if keys is not None and all(self._fits(encoded.tokens) for encoded in keys.values()):
             for encoded in keys.values():
                 encoded.tokens = encoded.tokens.astype(self.dtype)
-            every_line = numpy.arange(len(chunk.lines), dtype=numpy.int64)
+            every_line = numpy.arange(chunk.count, dtype=numpy.int64)
             return EncodedChunk(chunk.file, chunk.start, every_line, keys, [], chunk.nbytes)
         bad: list[tuple[int, str]] = []
         offsets: list[int] = []

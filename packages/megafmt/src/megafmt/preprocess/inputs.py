@@ -63,9 +63,27 @@ class Chunk:
     """The number (from 1) of the first line in its file."""
     start: int
     """The index of the first line among all lines of all files (from 0)."""
-    lines: list[Any]
-    """Raw lines (bytes), or rows already read as dicts (parquet)."""
+    data: bytes | list[Any]
+    """jsonl: the lines as read, one block of bytes (each line with its newline, the last may
+    lack one), cut into lines only where a worker reads them one by one; parquet: the rows
+    already read, as dicts."""
     nbytes: int
+
+    @property
+    def lines(self) -> list[Any]:
+        """The raw lines (bytes, each with its newline), or the rows (parquet)."""
+        if not isinstance(self.data, bytes):
+            return self.data
+        lines = LINE.findall(self.data)
+        cut = self.data.rfind(b"\n") + 1
+        return [*lines, self.data[cut:]] if cut < len(self.data) else lines
+
+    @property
+    def count(self) -> int:
+        """How many lines (or rows) the chunk holds, without cutting them."""
+        if not isinstance(self.data, bytes):
+            return len(self.data)
+        return self.data.count(b"\n") + (not self.data.endswith(b"\n"))
 
 
 def expand_input(spec: str) -> list[InputFile]:
@@ -121,10 +139,10 @@ def _is_pipe(path: str) -> bool:
 
 def _line_blocks(
     stream: Any, limit: int | None = None, block_bytes: int = 1 << 20
-) -> Iterator[tuple[list[bytes], int]]:
-    """The lines of a binary stream, each with its newline (the last may lack one), up to
-    ``limit`` bytes, a block read's worth at a time with their size in bytes: block reads,
-    since decompressing streams do not all iterate by line, and one C call cuts each block."""
+) -> Iterator[bytes]:
+    """The bytes of a binary stream up to ``limit``, a block read's worth at a time, each
+    block cut after its last newline (the last block may lack one): block reads, since
+    decompressing streams do not all iterate by line, and no Python work per line."""
     rest = b""
     left = float("inf") if limit is None else limit
     while left > 0 and (block := stream.read(int(min(block_bytes, left)))):
@@ -133,9 +151,9 @@ def _line_blocks(
         cut = data.rfind(b"\n") + 1
         rest = data[cut:]
         if cut:
-            yield LINE.findall(data, 0, cut), cut
+            yield data[:cut]
     if rest:
-        yield [rest], len(rest)
+        yield rest
 
 
 def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Iterator[list[dict]]:
@@ -165,7 +183,7 @@ def read_chunks(
                 first += len(rows)
                 start += len(rows)
             continue
-        lines: list[bytes] = []
+        blocks: list[bytes] = []
         size = 0
         first = 1
         name = file.label
@@ -174,18 +192,21 @@ def read_chunks(
                 if file.start:
                     stream.seek(file.start)
                 limit = None if file.end is None else file.end - file.start
-                for block, block_size in _line_blocks(stream, limit, min(1 << 20, chunk_bytes)):
-                    lines += block
-                    size += block_size
+                for block in _line_blocks(stream, limit, min(1 << 20, chunk_bytes)):
+                    blocks.append(block)
+                    size += len(block)
                     if size >= chunk_bytes:
-                        yield Chunk(name, first, start, lines, size)
-                        first += len(lines)
-                        start += len(lines)
-                        lines, size = [], 0
+                        chunk = Chunk(name, first, start, b"".join(blocks), size)
+                        yield chunk
+                        count = chunk.count
+                        first, start = first + count, start + count
+                        blocks, size = [], 0
         except (OSError, EOFError) as error:
+            lines = sum(block.count(b"\n") for block in blocks)
             raise ReadError(
-                f"{name}: reading failed after line {first + len(lines) - 1}: {error}"
+                f"{name}: reading failed after line {first + lines - 1}: {error}"
             ) from None
-        if lines:
-            yield Chunk(name, first, start, lines, size)
-            start += len(lines)
+        if blocks:
+            chunk = Chunk(name, first, start, b"".join(blocks), size)
+            yield chunk
+            start += chunk.count
