@@ -7,12 +7,14 @@ from megafmt.preprocess.pipeline import (
     PreprocessSummary,
     preprocess,
 )
+from megafmt.preprocess.pool import WorkerDiedError
 from megafmt.preprocess.writer import output_prefix_of
 
 __all__ = [
     "BadInputError",
     "PreprocessConfig",
     "PreprocessSummary",
+    "WorkerDiedError",
     "output_prefix_of",
     "preprocess",
 ]

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -35,6 +36,7 @@ from megafmt.preprocess.encoding import (
     start_worker,
 )
 from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks
+from megafmt.preprocess.pool import PoolWatch, worker_context
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.preprocess.writer import PartitionedOutput
 from megafmt.progress import Progress, format_count
@@ -167,13 +169,6 @@ def _manifest(config: PreprocessConfig, tokenizer, dtype, key: str, counts: dict
     }
 
 
-def _worker_context() -> multiprocessing.context.BaseContext:
-    """fork where there is one: workers start at once and a caller's script needs no
-    ``__main__`` guard (as with Megatron's tool); they only ever run the encoder."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-
-
 def _stop_pool(pool: Executor, children: set[multiprocessing.process.BaseProcess]) -> None:
     """Stop the pool after an error, so that the error raised is the run's own: pending chunks
     are cancelled and the running ones waited for (a pool dropped without waiting races its
@@ -266,19 +261,20 @@ def tokenize_into(
     # every key has one document per good line (summary.documents); these differ per key
     summary.key_counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
     start = time.perf_counter()
-    children = set(multiprocessing.active_children())  # the caller's, before the pool's
+    watch = PoolWatch()  # the caller's children now; the pool's workers as they start
     pool = (
         InProcessEncoder(settings)
         if in_process
         else ProcessPoolExecutor(
             config.workers,
-            mp_context=_worker_context(),
+            mp_context=worker_context(),
             initializer=start_worker,
             initargs=(settings,),
         )
     )
+    # each chunk in flight, with where it starts (what a dead worker's error names)
+    window: collections.deque[tuple[Future[EncodedChunk], str]] = collections.deque()
     try:
-        window: collections.deque[Future[EncodedChunk]] = collections.deque()
         chunks = read_chunks(inputs, config.chunk_bytes, settings.json_keys)
 
         def take(result: EncodedChunk) -> None:
@@ -303,17 +299,23 @@ def tokenize_into(
         for chunk in chunks:
             if config.trial_documents is not None and summary.documents >= config.trial_documents:
                 break
-            window.append(pool.submit(encode_in_worker, chunk))
+            where = f"{chunk.file} from line {chunk.first_line}"
+            window.append((pool.submit(encode_in_worker, chunk), where))
+            watch.note_workers()
             if len(window) >= 2 * config.workers + 2:
-                take(window.popleft().result())
+                take(window[0][0].result())
+                window.popleft()
         while window:
-            take(window.popleft().result())
+            take(window[0][0].result())
+            window.popleft()
         pool.shutdown()
         output.finalize()
     except BaseException as error:
-        _stop_pool(pool, children)
+        _stop_pool(pool, watch.before)
         output.abort()
         progress.close("")
+        if isinstance(error, BrokenProcessPool) and window:
+            raise watch.error(window[0][1]) from error
         if isinstance(error, OSError) and error.errno in WRITE_LIMITS and error.filename is None:
             # the OS says the disk is full, not which file was being written: name the outputs
             outputs_named = ", ".join(get_bin_path(prefix) for prefix in output.prefixes.values())

@@ -1,0 +1,125 @@
+"""The preprocess worker pool: how its processes start, and what a run says when one dies.
+
+Start method. ``fork`` starts workers at once and needs no ``__main__`` guard in a caller's
+script (as with Megatron's tool), but a child forked beside other threads inherits their
+half-done state (locks held, structures mid-change), and a library's at-fork handler or the
+first garbage collection in the child can then crash it: a ``make test`` run lost a worker to a
+segmentation fault exactly there, forked from a process that ran a Ray cluster. So workers are
+forked only while the process has no more threads than it had when this module was imported
+(numpy's BLAS pool, which handles fork) and Python started none; a process that has started
+threads since (Ray, torch, a gRPC client, its own) starts them from ``forkserver`` (a clean
+single-threaded process; ``spawn`` where there is none). Such a caller's script needs the
+``if __name__ == "__main__":`` guard, as every script that starts processes that way does.
+
+A dead worker. ``concurrent.futures`` only says that "a process in the process pool was
+terminated abruptly"; :class:`WorkerDiedError` says which worker ended, how (its exit status
+or the signal that killed it, with what usually sends that signal) and which input it was
+given.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from concurrent.futures.process import BrokenProcessPool
+
+from megafmt.errors import MegafmtError
+
+#: what usually sends a signal that kills a worker, said beside its name
+SIGNAL_CAUSES = {
+    signal.SIGKILL: "the kernel's out-of-memory killer sends it (see `dmesg`), as does `kill -9`",
+    signal.SIGSEGV: "a crash in native code (a tokenizer library, or a library's state "
+    "inherited by a forked worker)",
+    signal.SIGBUS: "an input or output file truncated while mapped, or a full /dev/shm",
+    signal.SIGABRT: "a native library aborted",
+    signal.SIGTERM: "someone stopped it (the pool stops the other workers after the first dies)",
+}
+#: the exit status of a worker whose initializer raised (concurrent.futures logs the traceback
+#: on stderr and ends the worker normally)
+INITIALIZER_FAILED = 0
+
+
+class WorkerDiedError(MegafmtError, BrokenProcessPool):
+    """A preprocess worker process ended while it had input to encode; the message names the
+    worker, its exit status or signal, and the input. A ``BrokenProcessPool``, so callers that
+    caught that keep working."""
+
+
+def threads_in_process() -> int:
+    """The threads of this process, native ones included (Linux reads ``/proc``; elsewhere only
+    the threads Python started are seen)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+#: the threads the process had when megafmt's preprocess was imported (numpy's BLAS pool)
+THREADS_AT_IMPORT = threads_in_process()
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """``fork`` while the process has started no thread since this module was imported, else
+    ``forkserver`` where there is one, else ``spawn`` (the module docstring says why)."""
+    methods = multiprocessing.get_all_start_methods()
+    alone = threading.active_count() == 1 and threads_in_process() <= THREADS_AT_IMPORT
+    if "fork" in methods and alone:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, from its ``multiprocessing`` exit code, in words."""
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            number = signal.Signals(-exitcode)
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+        cause = SIGNAL_CAUSES.get(number)
+        return f"was killed by {number.name} (signal {-exitcode})" + (f": {cause}" if cause else "")
+    if exitcode == INITIALIZER_FAILED:
+        return (
+            "exited with status 0 before its work was done: its start (loading the tokenizer) "
+            "failed, and the traceback under 'Exception in initializer' on stderr says why"
+        )
+    return f"exited with status {exitcode}"
+
+
+class PoolWatch:
+    """The worker processes of one pool, noted as they start, so that a broken pool can be
+    explained: which worker ended and how."""
+
+    def __init__(self) -> None:
+        self._before = set(multiprocessing.active_children())
+        self._workers: dict[int, multiprocessing.process.BaseProcess] = {}
+
+    @property
+    def before(self) -> set[multiprocessing.process.BaseProcess]:
+        """The caller's own child processes, started before the pool's."""
+        return self._before
+
+    def note_workers(self) -> None:
+        """Note the pool's processes started since the last call (after each submit: a pool
+        starts its workers on the first submit, or one by one as work arrives)."""
+        for child in set(multiprocessing.active_children()) - self._before:
+            if child.pid is not None:
+                self._workers.setdefault(child.pid, child)
+
+    def error(self, work: str) -> WorkerDiedError:
+        """The error of a run whose pool broke while ``work`` (the input it waited for, in
+        words) was in flight. Call it once the pool is stopped: every worker's end is known
+        then."""
+        ended = {pid: worker.exitcode for pid, worker in sorted(self._workers.items())}
+        # the pool terminates the other workers after the first dies: name the first first
+        first = [pid for pid, code in ended.items() if code != -signal.SIGTERM] or list(ended)
+        described = [f"worker process {pid} {describe_exit(ended[pid])}" for pid in first]
+        others = len(ended) - len(first)
+        return WorkerDiedError(
+            f"a preprocess worker ended while encoding {work}: "
+            + ("; ".join(described) or "no worker process was found")
+            + (f" (the pool then stopped the other {others})" if others else "")
+        )

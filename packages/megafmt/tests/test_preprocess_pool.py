@@ -1,0 +1,156 @@
+"""The preprocess worker pool: workers are forked only from a process with one thread (a child
+forked beside other threads can crash in its first moments), else started from a fork server;
+a worker that dies ends the run with an error naming the worker, how it ended and the input it
+was given, not a bare ``BrokenProcessPool``."""
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from concurrent.futures.process import BrokenProcessPool
+
+import pytest
+
+from megafmt.preprocess import PreprocessConfig, WorkerDiedError, pool, preprocess
+
+needs_fork = pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork here"
+)
+
+#: a script that preprocesses with a tokenizer that SIGKILLs its own process on the text "die";
+#: the plugin is registered at import, so workers started by a fork server have it too
+DYING_RUN = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    from megafmt.preprocess import PreprocessConfig, WorkerDiedError, preprocess
+    from megafmt.preprocess.pool import worker_context
+    from megafmt.tokenizers import TOKENIZERS
+    from megafmt.tokenizers.simple import BytesTokenizer
+
+    class DyingTokenizer(BytesTokenizer):
+        def encode_batch(self, texts):
+            if "die" in texts:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().encode_batch(texts)
+
+    TOKENIZERS.register("dying", DyingTokenizer)
+
+    if __name__ == "__main__":
+        source, prefix, threaded = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+        stop = threading.Event()
+        if threaded:
+            threading.Thread(target=stop.wait).start()
+        print(worker_context().get_start_method())
+        try:
+            config = PreprocessConfig(source, prefix, tokenizer_type="dying", workers=2)
+            preprocess(config)
+        except WorkerDiedError as error:
+            print(error)
+        finally:
+            stop.set()
+    """
+)
+
+
+def test_threads_in_process_counts_each_running_thread():
+    before = pool.threads_in_process()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert pool.threads_in_process() == before + 1
+    finally:
+        stop.set()
+        thread.join()
+
+
+@needs_fork
+@pytest.mark.parametrize(
+    ("more_threads", "python_threads", "method"),
+    [
+        (0, 1, "fork"),
+        (-1, 1, "fork"),
+        (1, 1, "forkserver"),
+        (30, 1, "forkserver"),
+        (0, 2, "forkserver"),
+    ],
+)
+def test_workers_are_forked_only_while_no_thread_was_started(
+    monkeypatch, more_threads, python_threads, method
+):
+    """Native threads beyond those at import, or any thread Python started, mean forkserver."""
+    monkeypatch.setattr(pool, "threads_in_process", lambda: pool.THREADS_AT_IMPORT + more_threads)
+    monkeypatch.setattr(threading, "active_count", lambda: python_threads)
+    assert pool.worker_context().get_start_method() == method
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "words"),
+    [
+        (-signal.SIGKILL, "was killed by SIGKILL (signal 9): the kernel's out-of-memory killer"),
+        (-signal.SIGSEGV, "was killed by SIGSEGV (signal 11): a crash in native code"),
+        (-77, "was killed by signal 77"),
+        (0, "its start (loading the tokenizer) failed"),
+        (3, "exited with status 3"),
+        (None, "is still running"),
+    ],
+)
+def test_an_exit_is_described_by_its_status_or_signal(exitcode, words):
+    assert words in pool.describe_exit(exitcode)
+
+
+def test_the_error_is_a_broken_process_pool_and_a_megafmt_error():
+    from megafmt.errors import MegafmtError
+
+    assert issubclass(WorkerDiedError, BrokenProcessPool)
+    assert issubclass(WorkerDiedError, MegafmtError)
+
+
+@needs_fork
+@pytest.mark.parametrize(("threaded", "method"), [(False, "fork"), (True, "forkserver")])
+def test_a_worker_killed_mid_run_is_named_with_its_signal_and_input(tmp_path, threaded, method):
+    script = tmp_path / "dying_run.py"
+    script.write_text(DYING_RUN)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "fine"}\n{"text": "die"}\n{"text": "fine again"}\n')
+    prefix = tmp_path / "out" / "o"
+    run = subprocess.run(
+        [sys.executable, str(script), str(source), str(prefix), "1" if threaded else "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    chosen, message = run.stdout.strip().splitlines()
+    assert chosen == method
+    assert message.startswith(f"a preprocess worker ended while encoding {source} from line 1: ")
+    assert "was killed by SIGKILL (signal 9): the kernel's out-of-memory killer" in message
+    if method == "fork":  # both workers start at once: one died, the pool stopped the other
+        assert message.endswith("(the pool then stopped the other 1)")
+    assert not prefix.parent.exists() or os.listdir(prefix.parent) == []  # nothing left
+
+
+def test_a_run_from_a_threaded_process_writes_the_bytes_of_a_forked_run(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"text": "line {i} of the corpus"}}\n' for i in range(3000)))
+    outputs = {}
+    for threaded in (False, True):
+        prefix = tmp_path / str(threaded) / "o"
+        stop = threading.Event()
+        thread = threading.Thread(target=stop.wait)
+        if threaded:
+            thread.start()
+        try:
+            preprocess(PreprocessConfig(str(source), str(prefix), workers=2, chunk_bytes=4096))
+        finally:
+            stop.set()
+            if threaded:
+                thread.join()
+        outputs[threaded] = [
+            (tmp_path / str(threaded) / f"o_text_document{suffix}").read_bytes()
+            for suffix in (".bin", ".idx")
+        ]
+    assert outputs[False] == outputs[True]
