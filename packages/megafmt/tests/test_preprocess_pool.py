@@ -154,3 +154,11 @@ def test_a_run_from_a_threaded_process_writes_the_bytes_of_a_forked_run(tmp_path
             for suffix in (".bin", ".idx")
         ]
     assert outputs[False] == outputs[True]
+
+
+def test_a_start_method_this_platform_lacks_is_refused(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a"}\n')
+    config = PreprocessConfig(str(source), str(tmp_path / "o"), start_method="vfork")
+    with pytest.raises(ValueError, match="start_method must be one of .*found 'vfork'"):
+        preprocess(config)

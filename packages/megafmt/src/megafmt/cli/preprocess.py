@@ -22,6 +22,7 @@ from megafmt.cli.tokenizer_flags import add_tokenizer_arguments, tokenizer_optio
 from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.preprocess.blocks import block_path_note
 from megafmt.preprocess.on_ray import preprocess_on_ray
+from megafmt.preprocess.pool import worker_context
 from megafmt.preprocess.tuning import preprocess_with_best_workers
 from megafmt.sft import DEFAULT_PROMPT_FORMAT, PROMPT_FORMATS, preprocess_sft
 from megafmt.tokenizers import with_checked_backend
@@ -154,6 +155,8 @@ class PreprocessCommand:
         # the backend's self-check runs once here, said in one line; the workers (and Ray's
         # shards) get the library it chose
         kind = tokenizer_type(args)
+        # the workers' start, chosen before the self-check's library starts its threads
+        start_method = worker_context().get_start_method()
         config = PreprocessConfig(
             input=args.input,
             output_prefix=args.output_prefix,
@@ -170,6 +173,7 @@ class PreprocessCommand:
             skip_bad_lines=args.skip_bad_lines,
             log_interval=args.log_interval,
             chunk_bytes=max(1, int(args.chunk_mb * (1 << 20))),
+            start_method=start_method,
         )
         if args.find_optimal_num_workers:
             preprocess_with_best_workers(config, args.workers_to_check, args.max_documents)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import errno
 import multiprocessing
 import os
@@ -86,6 +87,10 @@ class PreprocessConfig:
     """Documents between progress lines (off a terminal)."""
     chunk_bytes: int = 1 << 20
     """About this much input goes to a worker per call."""
+    start_method: str | None = None
+    """How the worker processes start (``fork``, ``forkserver``, ``spawn``); None: ``fork``
+    while the process has started no thread since megafmt was imported, else ``forkserver``
+    (:mod:`megafmt.preprocess.pool` says why)."""
     trial_documents: int | None = None
     """A timing trial (``--find-optimal-num-workers``): stop reading input once this many
     documents are written (whole chunks: the last may take it somewhat past)."""
@@ -139,6 +144,11 @@ def check_config(config: PreprocessConfig) -> None:
         raise ValueError(f"--json-keys must name distinct keys, found {list(config.json_keys)}")
     if config.log_interval < 1:
         raise ValueError(f"--log-interval must be at least 1, found {config.log_interval}")
+    methods = multiprocessing.get_all_start_methods()
+    if config.start_method is not None and config.start_method not in methods:
+        raise ValueError(
+            f"start_method must be one of {', '.join(methods)} here, found {config.start_method!r}"
+        )
 
 
 def _manifest(config: PreprocessConfig, tokenizer, dtype, key: str, counts: dict, inputs) -> dict:
@@ -267,7 +277,11 @@ def tokenize_into(
         if in_process
         else ProcessPoolExecutor(
             config.workers,
-            mp_context=worker_context(),
+            mp_context=(
+                multiprocessing.get_context(config.start_method)
+                if config.start_method
+                else worker_context()
+            ),
             initializer=start_worker,
             initargs=(settings,),
         )
@@ -352,6 +366,10 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
     ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
     """
     check_config(config)
+    if config.start_method is None:
+        # chosen before the tokenizer loads: the threads its library starts (its self-check's)
+        # are the run's own, which handle fork, not a caller's
+        config = dataclasses.replace(config, start_method=worker_context().get_start_method())
     inputs = expand_input(config.input)
     tokenizer = load_checked_tokenizer(config)
     progress = new_progress(config, stream)
