@@ -176,7 +176,10 @@ def test_mega_preprocess_says_which_backend_once(tmp_path, capsys):
         assert main(argv) == 0
         outputs[backend] = (tmp_path / f"{backend}_text_document.bin").read_bytes()
         said = [line for line in capsys.readouterr().err.splitlines() if "backend" in line]
-        expected = "tokenizer backend: gigatoken (equal to tokenizers on all 159 stress texts)"
+        expected = (
+            "tokenizer backend: gigatoken (equal to tokenizers on all 159 stress texts); "
+            "checked now"
+        )
         assert said == ([expected] if backend == "auto" else [])
     assert outputs["auto"] == outputs["reference"]
 
@@ -210,3 +213,113 @@ def test_a_tiktoken_vocabulary_takes_gigatoken_for_the_v2_pattern(tmp_path, patt
             assert tokenizer.backend_choice.backend == chosen
             assert "tiktoken" in tokenizer.backend_choice.reason
     assert ids["auto"] == ids["reference"]
+
+
+@pytest.fixture
+def verdicts(tmp_path, monkeypatch):
+    """A folder of remembered verdicts of its own, and no verdict in this process yet."""
+    folder = tmp_path / "verdicts"
+    monkeypatch.setenv("MEGAFMT_BACKEND_CHECKS", str(folder))
+    monkeypatch.setattr(fast_backend, "_VERDICTS", {})
+    return folder
+
+
+@pytest.fixture
+def checks(monkeypatch) -> list[int]:
+    """One item for each self-check that runs."""
+    ran: list[int] = []
+    original = fast_backend._checked
+
+    def counted(*args):
+        ran.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(fast_backend, "_checked", counted)
+    return ran
+
+
+def choice_of(folder: str, monkeypatch, backend: str = "auto"):
+    """The backend choice of a run in a new process (no verdict in memory)."""
+    monkeypatch.setattr(fast_backend, "_VERDICTS", {})
+    tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=folder, backend=backend))
+    tokenizer.encode_batch(TEXTS)
+    return tokenizer.backend_choice
+
+
+def test_a_remembered_verdict_is_used_by_the_next_run(tmp_path, monkeypatch, verdicts, checks):
+    folder = trained(tmp_path, "<remembered>")
+    first = choice_of(folder, monkeypatch)
+    assert first.backend == "gigatoken" and checks == [1]
+    assert f"checked now, remembered in {verdicts}" in first.reason
+    second = choice_of(folder, monkeypatch)
+    assert second.backend == "gigatoken" and checks == [1]
+    assert f"stress texts); remembered from {verdicts}" in second.reason
+    tokenizer = load_tokenizer("huggingface", TokenizerOptions(model=folder))
+    assert tokenizer.encode_batch(TEXTS) == reference_ids(folder, TEXTS)
+
+
+def test_a_changed_tokenizer_file_is_checked_again(tmp_path, monkeypatch, verdicts, checks):
+    folder = trained(tmp_path, "<changed>")
+    choice_of(folder, monkeypatch)
+    path = tmp_path / "tokenizer.json"
+    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer.add_tokens(["<new>"])
+    tokenizer.save(str(path))
+    again = choice_of(folder, monkeypatch)
+    assert checks == [1, 1] and "checked now" in again.reason
+    assert len(list(verdicts.iterdir())) == 2
+
+
+def test_a_failing_verdict_is_remembered_as_failing(tmp_path, monkeypatch, verdicts, checks):
+    folder = trained(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    tokenizer.add_tokens([tokenizers.AddedToken("<w>", single_word=True)])
+    tokenizer.save(str(path))
+    first = choice_of(folder, monkeypatch)
+    second = choice_of(folder, monkeypatch)
+    assert checks == [1]
+    assert first.backend == second.backend == "reference"
+    assert "gigatoken gives" in second.reason and "remembered from" in second.reason
+    with pytest.raises(PluginError, match="gigatoken gives .* remembered from"):
+        choice_of(folder, monkeypatch, backend="gigatoken")
+    assert checks == [1]
+
+
+@pytest.mark.parametrize("damage", ["not JSON", "another key", "cut short", "a link"])
+def test_a_damaged_verdict_is_checked_again_and_rewritten(
+    tmp_path, monkeypatch, verdicts, checks, damage
+):
+    folder = trained(tmp_path, "<damaged>")
+    choice_of(folder, monkeypatch)
+    (note,) = verdicts.iterdir()
+    text = note.read_text()
+    note.unlink()
+    if damage == "a link":
+        (tmp_path / "elsewhere.json").write_text(text)
+        note.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        stored = json.loads(text)
+        damaged = {
+            "not JSON": "{",
+            "another key": json.dumps({**stored, "key": "0" * 64}),
+            "cut short": text[: len(text) // 2],
+        }
+        note.write_text(damaged[damage])
+    again = choice_of(folder, monkeypatch)
+    assert checks == [1, 1] and "checked now" in again.reason and again.backend == "gigatoken"
+    assert not note.is_symlink() and json.loads(note.read_text()) == json.loads(text)
+
+
+def test_an_unwritable_or_switched_off_folder_only_means_checking_every_run(
+    tmp_path, monkeypatch, verdicts, checks
+):
+    folder = trained(tmp_path, "<unwritable>")
+    verdicts.write_text("a file where the folder would be")
+    for _ in range(2):
+        choice = choice_of(folder, monkeypatch)
+        assert choice.backend == "gigatoken" and choice.reason.endswith("; checked now")
+    monkeypatch.setenv("MEGAFMT_BACKEND_CHECKS", "off")
+    for _ in range(2):
+        assert choice_of(folder, monkeypatch).reason.endswith("; checked now")
+    assert checks == [1, 1, 1, 1]

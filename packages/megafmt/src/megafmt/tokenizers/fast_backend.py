@@ -11,7 +11,8 @@ line. ``backend="gigatoken"`` makes a failed check an error instead of a fallbac
 
 The check runs once per process and tokenizer (:data:`_VERDICTS`, by the tokenizer's digest):
 the same tokenizer loaded again, and the workers a checked run forks, build the encoder
-without encoding the stress sample again.
+without encoding the stress sample again. Its verdict is also remembered on disk for the next
+run with the same tokenizer, sample and library versions (:mod:`megafmt.tokenizers.verdicts`).
 
 The post-processor's fixed ids around a single text (a BOS, say) are added here (gigatoken
 encodes the text alone); a post-processor that does more than that keeps the reference library.
@@ -19,6 +20,7 @@ encodes the text alone); a post-processor that does more than that keeps the ref
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 import numpy
 
 from megafmt.errors import PluginError
+from megafmt.tokenizers.verdicts import Verdict, remember, remembered, verdict_key
 
 #: ``--tokenizer-backend`` values: check gigatoken and fall back, gigatoken or fail, reference
 AUTO, GIGATOKEN, REFERENCE = "auto", "gigatoken", "reference"
@@ -249,31 +252,46 @@ def _checked_once(
     library: str,
     digest: str,
 ) -> tuple[GigatokenEncoder | None, str]:
-    """:func:`_checked`, or its verdict on ``digest`` from before: the encoder built again
-    where it passed."""
+    """:func:`_checked`, or its verdict on ``digest`` from before: this process's, else one
+    remembered on disk (:mod:`megafmt.tokenizers.verdicts`); the encoder built again where it
+    passed. The line says whether the check ran now or where its verdict was remembered."""
     verdict = _VERDICTS.get(digest)
-    if verdict is None:
-        encoder, why = _checked(build, reference, added_tokens, library)
-        _VERDICTS[digest] = (encoder is not None, why)
-        return encoder, why
-    passed, why = verdict
-    return (build() if passed else None), why
+    if verdict is not None:
+        passed, why = verdict
+        return (build() if passed else None), why
+    texts = stress_texts(added_tokens)
+    key = verdict_key(digest, texts, library)
+    found = remembered(key) if key is not None else None
+    encoder = None
+    if found is not None:
+        earlier, path = found
+        with contextlib.suppress(Exception):  # it built before: a failure now checks again
+            encoder = build() if earlier.passed else None
+        if encoder is not None or not earlier.passed:
+            why = f"{earlier.reason}; remembered from {path}"
+            _VERDICTS[digest] = (earlier.passed, why)
+            return encoder, why
+    encoder, why = _checked(build, reference, texts, library)
+    path = remember(key, Verdict(encoder is not None, why)) if key is not None else None
+    why = f"{why}; checked now" + (f", remembered in {path}" if path else "")
+    _VERDICTS[digest] = (encoder is not None, why)
+    return encoder, why
 
 
 def _checked(
     build: Callable[[], GigatokenEncoder],
     reference: Callable[[list[str]], list[list[int]]],
-    added_tokens: Sequence[str],
+    texts: list[str],
     library: str,
 ) -> tuple[GigatokenEncoder | None, str]:
-    """The encoder and a line saying it passed, or None and a line saying why not."""
+    """The encoder and a line saying it passed on the stress sample ``texts``, or None and a
+    line saying why not."""
     try:
         encoder = build()
     except ImportError:
         return None, "gigatoken is not installed (pip install gigatoken)"
     except Exception as error:  # gigatoken's loader refuses a tokenizer with plain exceptions
         return None, f"gigatoken cannot load this tokenizer ({error})"
-    texts = stress_texts(added_tokens)
     try:  # on this thread: a pool started here would be one more for the forked workers
         fast = [ids.tolist() for ids in encoder.encode_batch_arrays(texts, parallel=False)]
     except Exception as error:
