@@ -7,7 +7,10 @@ at the sequence count, lengths are non-negative, pointers are the prefix sums of
 and the ``.bin`` is exactly as long as the index implies and can be read to its end (a
 disk's read error or an object that refuses reads is named with the byte offset where
 reading failed). Arrays and the ``.bin`` are read in chunks, so a corpus of any size
-verifies in bounded memory.
+verifies in bounded memory; a local ``.bin`` is read with read-ahead and its pages dropped
+behind the read (:mod:`megafmt.page_cache`), so a pass over a large corpus leaves the page
+cache to other work. With ``progress``, a line follows the index scan (sequences) and the
+``.bin`` read (bytes), and one summary line ends the check.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from megafmt.format import (
 )
 from megafmt.index import Index
 from megafmt.mapping import release_pages
+from megafmt.page_cache import SequentialPass
 from megafmt.prefix_hints import missing_file_hint
-from megafmt.progress import Progress
+from megafmt.progress import Progress, format_count
 from megafmt.remote import file_size, filesystem, local_index_path, read_range
 
 CHUNK = 1 << 16  # elements per step: the temporaries stay in the CPU's cache
 BIN_CHUNK = 8 << 20  # bytes of the .bin read per step: one buffer, reused
+#: off a terminal, a progress line each time this many more bytes of the .bin are read
+BIN_PROGRESS_EVERY = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -108,18 +114,45 @@ def iter_violations(
     yield from index_violations(index, bin_path, sizes[bin_path], meter)
     if meter is not None:
         meter.close("")
-    yield from bin_read_violations(bin_path, sizes[bin_path])
+    reading = (
+        Progress(f"verify {path_prefix}: .bin", sizes[bin_path], "B", every=BIN_PROGRESS_EVERY)
+        if progress
+        else None
+    )
+    completed = False
+    try:
+        yield from bin_read_violations(bin_path, sizes[bin_path], reading)
+        completed = True
+    finally:  # a caller that stops at the first violation closes this generator early
+        if reading is not None:
+            reading.close(_summary(path_prefix, index, reading) if completed else "")
 
 
-def bin_read_violations(bin_path: str, bin_size: int) -> Iterator[Violation]:
+def _summary(path_prefix: str, index: Index, reading: Progress) -> str:
+    """The line that ends a check: what the corpus holds and how fast its ``.bin`` was read."""
+    elapsed = reading.elapsed
+    rate = reading.done / elapsed if elapsed > 0 else 0.0
+    documents = max(len(index.document_indices) - 1, 0)
+    return (
+        f"checked {path_prefix}: {index.sequence_count:,} sequences, {documents:,} documents, "
+        f"{index.num_tokens:,} tokens; {format_count(reading.done)}B of .bin read in "
+        f"{elapsed:.1f} s ({format_count(rate)}B/s)"
+    )
+
+
+def bin_read_violations(
+    bin_path: str, bin_size: int, meter: Progress | None = None
+) -> Iterator[Violation]:
     """A violation when the ``.bin`` (local or a URL) cannot be read from its first to its
     last byte: the offset where reading failed and why, or where it ended early. Streamed
-    through one buffer of :data:`BIN_CHUNK` bytes."""
+    through one buffer of :data:`BIN_CHUNK` bytes, one :class:`SequentialPass` (read-ahead,
+    pages dropped behind the read); ``meter`` counts the bytes read."""
     buffer = bytearray(min(BIN_CHUNK, max(bin_size, 1)))
     offset = 0
     try:
         fs, inner = filesystem(bin_path)
         with fs.open(inner, "rb") as stream:
+            cache = SequentialPass(stream)
             while offset < bin_size:
                 view = memoryview(buffer)[: min(len(buffer), bin_size - offset)]
                 got = stream.readinto(view)
@@ -132,6 +165,10 @@ def bin_read_violations(bin_path: str, bin_size: int) -> Iterator[Violation]:
                     )
                     return
                 offset += got
+                cache.consumed(offset)
+                if meter is not None:
+                    meter.update(got)
+            cache.consumed(offset, final=True)
     except OSError as error:
         yield Violation(
             "bin_read",
