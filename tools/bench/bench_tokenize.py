@@ -18,7 +18,10 @@ trained on it. For each worker count the contenders are:
 - ``gigatoken bulk``: gigatoken's own ``encode_files`` of the jsonl (one thread for 1 worker,
   its pool for more): the floor to approach;
 - ``mega preprocess``: with ``--tokenizer-backend auto`` (gigatoken after its self-check) and
-  ``reference`` (the tokenizers library whole-text).
+  ``reference`` (the tokenizers library whole-text); each run is one ``preprocess()`` call in a
+  fresh process, as the CLI makes it, timed there (its imports aside): this process has
+  started the libraries' threads by then, and a run from it would start its workers from a
+  fork server, which the CLI does not.
 
 Each corpus is ``--size-mb`` of jsonl (a corpus that runs out is repeated), large enough that
 start-up (imports, the backend's self-check, the pool) is a small share for the fast contenders
@@ -38,6 +41,7 @@ import json
 import math
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,7 +58,6 @@ import bench_preprocess  # noqa: E402  (its corpora and tokenizer training)
 from seedref import SeedProcess, seed_unavailable  # noqa: E402
 
 from megafmt import IndexedDataset  # noqa: E402
-from megafmt.preprocess import PreprocessConfig, preprocess  # noqa: E402
 from megafmt.tokenizers import TokenizerOptions  # noqa: E402
 
 #: letters of each script the multilingual corpus draws its pseudo-words from
@@ -115,9 +118,25 @@ def token_count(prefix: str) -> int:
 
 
 def timed(run: Callable[[], object]) -> float:
+    """The seconds ``run`` takes, or those it says it took (a run in another process)."""
     start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    said = run()
+    return said if isinstance(said, float) else time.perf_counter() - start
+
+
+#: one preprocess() call, timed in its own process: input, output prefix, model, backend, workers
+PREPROCESS_ALONE = """
+import sys, time
+from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.tokenizers import TokenizerOptions
+source, prefix, model, backend, workers = sys.argv[1:]
+config = PreprocessConfig(source, prefix, "HuggingFaceTokenizer",
+    TokenizerOptions(model=model, backend=backend), append_eod=True, workers=int(workers),
+    log_interval=10**9)
+start = time.perf_counter()
+preprocess(config)
+print(time.perf_counter() - start)
+"""
 
 
 def contenders(
@@ -139,17 +158,15 @@ def contenders(
     def gigatoken_bulk() -> None:
         fast.encode_files(gigatoken.JsonlFileSource([str(source)]), parallel=workers > 1)
 
-    def ours(backend: str, text: Path, folder: str) -> Callable[[], object]:
-        config = PreprocessConfig(
-            input=str(text),
-            output_prefix=str(work / folder / "out"),
-            tokenizer_type="HuggingFaceTokenizer",
-            tokenizer_options=TokenizerOptions(model=str(work), backend=backend),
-            append_eod=True,
-            workers=workers,
-            log_interval=10**9,
-        )
-        return lambda: preprocess(config)
+    def ours(backend: str, text: Path, folder: str) -> Callable[[], float]:
+        argv = [str(text), str(work / folder / "out"), str(work), backend, str(workers)]
+
+        def run() -> float:
+            command = [sys.executable, "-c", PREPROCESS_ALONE, *argv]
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            return float(done.stdout.split()[-1])
+
+        return run
 
     flags = ["--input", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
              "--tokenizer-model", str(work), "--workers", str(workers), "--append-eod",
