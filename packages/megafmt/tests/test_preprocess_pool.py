@@ -162,3 +162,51 @@ def test_a_start_method_this_platform_lacks_is_refused(tmp_path):
     config = PreprocessConfig(str(source), str(tmp_path / "o"), start_method="vfork")
     with pytest.raises(ValueError, match="start_method must be one of .*found 'vfork'"):
         preprocess(config)
+
+
+#: ``mega preprocess`` with a tokenizer whose loading starts a thread (as a library's self-check
+#: does) and which kills its worker unless the worker was forked from the command's process
+THREADED_TOKENIZER_RUN = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    from megafmt.cli.main import main
+    from megafmt.tokenizers import TOKENIZERS
+    from megafmt.tokenizers.simple import BytesTokenizer
+
+    class ThreadedTokenizer(BytesTokenizer):
+        @classmethod
+        def from_options(cls, options):
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+            return cls()
+
+        def encode_batch(self, texts):
+            if os.getppid() != int(os.environ["MEGA_TEST_CALLER"]):  # not forked from it
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().encode_batch(texts)
+
+    TOKENIZERS.register("threaded", ThreadedTokenizer)
+
+    if __name__ == "__main__":
+        os.environ["MEGA_TEST_CALLER"] = str(os.getpid())
+        sys.exit(main(["preprocess", *sys.argv[1:]]))
+    """
+)
+
+
+@needs_fork
+def test_mega_preprocess_forks_though_its_tokenizer_started_threads(tmp_path):
+    script = tmp_path / "threaded_run.py"
+    script.write_text(THREADED_TOKENIZER_RUN)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "one"}\n{"text": "two"}\n')
+    prefix = tmp_path / "out" / "o"
+    flags = ["--input", str(source), "--output-prefix", str(prefix), "--tokenizer-type", "threaded"]
+    run = subprocess.run(
+        [sys.executable, str(script), *flags, "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    tokens = (tmp_path / "out" / "o_text_document.bin").read_bytes()  # uint16 byte ids
+    assert tokens.decode("utf-16-le") == "onetwo"

@@ -155,8 +155,9 @@ class PreprocessCommand:
         # the backend's self-check runs once here, said in one line; the workers (and Ray's
         # shards) get the library it chose
         kind = tokenizer_type(args)
-        # the workers' start, chosen before the self-check's library starts its threads
-        start_method = worker_context().get_start_method()
+        # the workers' start, chosen before the self-check's library starts its threads (a Ray
+        # task chooses in its own process, which holds Ray's threads)
+        start_method = worker_context().get_start_method() if on_ray is None else None
         config = PreprocessConfig(
             input=args.input,
             output_prefix=args.output_prefix,
