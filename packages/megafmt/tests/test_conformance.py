@@ -4,7 +4,7 @@ of one with None, hold a data member on the instance only, set their methods on 
 or serve them from ``__getattr__``."""
 
 import inspect
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import pytest
 
@@ -100,3 +100,32 @@ def test_a_data_member_is_looked_up_on_each_instance():
     assert not conforms(Stored(None), protocols.StoredTokenSource)  # same class, no attribute
     assert conforms(Stored("again"), protocols.StoredTokenSource)
     assert not conforms(OptedOut("corpus"), protocols.TokenSource)  # get = None: opted out
+
+
+class LacksGet:
+    """A token source whose class lacks ``get``: objects of it conform only by setting one."""
+
+    sequence_lengths = property(lambda self: [])
+    path_prefix = "corpus"
+
+
+def test_a_class_that_lacks_a_method_is_asked_again_for_each_object_that_sets_it():
+    plain, supplied, again = LacksGet(), LacksGet(), LacksGet()
+    supplied.get = lambda idx, offset=0, length=None: []
+    assert not conforms(plain, protocols.TokenSource)
+    assert conforms(supplied, protocols.TokenSource)  # not the class's remembered answer
+    assert not conforms(again, protocols.TokenSource)
+
+
+def test_a_class_registered_with_a_protocol_conforms_without_its_methods():
+    @runtime_checkable
+    class Readable(Protocol):
+        def read(self) -> bytes: ...
+
+    class Registered:
+        pass
+
+    Readable.register(Registered)
+    for obj in (Registered(), Registered()):  # the second: the remembered answer
+        assert conforms(obj, Readable) == isinstance(obj, Readable) is True
+    assert not conforms(NoMethods(), Readable)

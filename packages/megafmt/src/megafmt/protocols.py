@@ -306,24 +306,48 @@ def conforms(obj: object, protocol: type) -> bool:
     implementation here defines them); a data member (an annotation of the Protocol,
     ``path_prefix: str``) may be on either, and is looked up on the object each time when its
     class does not define it. A class attribute set to None does not count (as in
-    ``isinstance``: a class opts out of a method that way). Where the class lacks a method,
-    ``isinstance`` itself answers: a plugin may set one on its instances or serve it from
-    ``__getattr__``."""
-    on_class, per_object = _members_of(type(obj), protocol)
-    if not on_class:
+    ``isinstance``: a class opts out of a method that way). Where the class lacks a method, the
+    answer is the class's (``isinstance`` of its first object, remembered: only a registration
+    with the Protocol's ABC can make it true) unless this object may supply the method itself,
+    in its ``__dict__`` or from a ``__getattr__`` of its class: then ``isinstance`` answers."""
+    cls = type(obj)
+    on_class, per_object, missing = _members_of(cls, protocol)
+    if on_class:
+        return all(hasattr(obj, name) for name in per_object)
+    if _serves_members(cls) or not missing.isdisjoint(getattr(obj, "__dict__", ())):
         return isinstance(obj, protocol)
-    return all(hasattr(obj, name) for name in per_object)
+    answer = _CLASS_ANSWERS.get((cls, protocol))
+    if answer is None:
+        answer = _CLASS_ANSWERS[cls, protocol] = isinstance(obj, protocol)
+    return answer
+
+
+#: (class, Protocol) -> isinstance's answer for objects of a class that lacks one of the
+#: Protocol's methods and whose objects supply none themselves
+_CLASS_ANSWERS: dict[tuple[type, type], bool] = {}
 
 
 @functools.cache
-def _members_of(cls: type, protocol: type) -> tuple[bool, tuple[str, ...]]:
+def _serves_members(cls: type) -> bool:
+    """Whether ``cls`` answers attribute lookups itself (``__getattr__``, or a
+    ``__getattribute__`` of its own): its objects may have members the class does not define."""
+    return any(
+        "__getattr__" in vars(klass) or "__getattribute__" in vars(klass)
+        for klass in cls.__mro__
+        if klass is not object
+    )
+
+
+@functools.cache
+def _members_of(cls: type, protocol: type) -> tuple[bool, tuple[str, ...], frozenset[str]]:
     """Whether ``cls`` defines each method and property ``protocol`` asks for (with a value
-    other than None), and the data members it leaves to its instances."""
+    other than None), the data members it leaves to its instances, and the methods it lacks."""
     methods = protocol_members(protocol)
-    if not all(_defined(cls, name) for name in methods):
-        return False, ()
+    missing = frozenset(name for name in methods if not _defined(cls, name))
+    if missing:
+        return False, (), missing
     data = sorted(_data_members(protocol) - set(methods))
-    return True, tuple(name for name in data if not _defined(cls, name))
+    return True, tuple(name for name in data if not _defined(cls, name)), missing
 
 
 def _defined(cls: type, name: str) -> bool:

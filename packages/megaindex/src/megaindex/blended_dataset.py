@@ -30,6 +30,7 @@ from megafmt.protocols import (
     CollatedBatch,
     PlannedPrefetch,
     announced,
+    conforms,
 )
 from megaindex.batch_merge import BlendGatherer, merge_rows
 from megaindex.cache import CacheEntry, TableSpec
@@ -176,7 +177,7 @@ class BlendedDataset(torch.utils.data.Dataset):
         log_blended_tables(type(self).__name__, self.tables.source, config.path_to_cache)
         # which parts take announcements, asked once: a runtime-checkable Protocol's
         # isinstance inspects the object's members each time, too slow for every batch
-        self._planned = [isinstance(dataset, PlannedPrefetch) for dataset in datasets]
+        self._planned = [conforms(dataset, PlannedPrefetch) for dataset in datasets]
         self._prefetches = any(
             planned and dataset.prefetches_samples
             for planned, dataset in zip(self._planned, datasets, strict=True)
@@ -206,7 +207,7 @@ class BlendedDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         if self.tables.deferred:
             return self.recipe.length()
-        return self.tables["dataset_index"].shape[0]
+        return self.tables.shape("dataset_index")[0]
 
     def __getitem__(self, idx: int | None) -> dict[str, Any]:
         """The sample at ``idx``, with its ``dataset_id``; None gives a padding sample (sample

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy
 
+from megafmt.protocols import conforms
 from megaindex.errors import ConfigError
 from megaindex.utils import Split, normalize
 
@@ -79,7 +80,7 @@ def tokenizer_vocab_size(config: Any) -> int | None:
     """The vocabulary size ``config``'s tokenizer states (every id is below it), or None; for
     megatron-core's configs too, which lack the ``vocab_size`` property of ours."""
     tokenizer = config.tokenizer
-    return tokenizer.vocab_size if isinstance(tokenizer, SizedVocabulary) else None
+    return tokenizer.vocab_size if conforms(tokenizer, SizedVocabulary) else None
 
 
 @dataclass
