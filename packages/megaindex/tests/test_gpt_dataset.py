@@ -170,14 +170,64 @@ def test_mismatched_description_is_rebuilt(make_config):
 
 
 def test_retokenized_corpus_is_noticed(make_config, corpus):
-    train = build(make_config())[0]
+    before = tables(build(make_config())[0])
     write_corpus(corpus, seed=1)  # same path, other documents
     with pytest.raises(StaleCacheError, match=r"built from other data: corpus.bin_bytes: "):
         build(make_config(stale_cache="error"))
     with pytest.warns(UserWarning, match="built from other data"):
         rebuilt = build(make_config())[0]
     assert rebuilt.index_source.kind == "built"
-    assert not numpy.array_equal(tables(train)[1], tables(rebuilt)[1])
+    assert not numpy.array_equal(before[1], tables(rebuilt)[1])
+
+
+def _mapped_tables(dataset) -> list[str]:
+    """The names of the dataset's table files this process maps now."""
+    with open("/proc/self/maps") as stream:
+        mapped = {line.split()[-1] for line in stream if line.rstrip().endswith(".npy")}
+    return sorted(os.path.basename(p) for p in mapped if dataset.unique_description_hash in p)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc")
+def test_tables_are_mapped_when_first_read_after_a_build_and_a_cache_hit(make_config):
+    for kind in ("built", "cache"):
+        train = build(make_config())[0]
+        assert train.index_source.kind == kind
+        assert _mapped_tables(train) == []  # a blend of thousands maps what it reads
+        assert len(train) == train.sample_index.shape[0] - 1  # the length, without mapping
+        train[0]
+        assert len(_mapped_tables(train)) == 3
+        del train
+
+
+def _table_paths(config, dataset) -> list[str]:
+    return [
+        os.path.join(
+            config.path_to_cache, f"{dataset.unique_description_hash}-GPTDataset-train-{table}.npy"
+        )
+        for table in ("document_index", "sample_index", "shuffle_index")
+    ]
+
+
+def test_a_table_replaced_after_the_load_by_other_tables_is_refused_when_read(make_config):
+    loaded = build(make_config())[0]
+    other = build(make_config(random_seed=99))[0]
+    for path, values in zip(_table_paths(make_config(), loaded), tables(other), strict=True):
+        numpy.save(path + ".new", values)  # another build's tables under this one's name
+        os.replace(path + ".new.npy", path)
+    with pytest.raises(CacheError, match=r"index.npy: replaced with other tables after this"):
+        loaded[0]
+
+
+def test_a_table_rebuilt_the_same_after_the_load_is_read(make_config):
+    loaded = build(make_config())[0]
+    for path in _table_paths(make_config(), loaded):
+        with open(path, "rb") as stream:
+            data = stream.read()
+        with open(path + ".new", "wb") as stream:
+            stream.write(data)  # another file: the same tables, built again
+        os.replace(path + ".new", path)
+    for ours, again in zip(tables(loaded), tables(build(make_config())[0]), strict=True):
+        numpy.testing.assert_array_equal(ours, again)
 
 
 def test_changed_fields_outside_megatrons_key_are_noticed(make_config):

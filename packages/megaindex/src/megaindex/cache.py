@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -163,7 +164,7 @@ def load_table(path: str, spec: TableSpec | None) -> numpy.ndarray:
             raise DamagedCacheError(f"{path}: unreadable .npy header ({error})") from error
         data_start = stream.tell()
         size = os.fstat(stream.fileno()).st_size
-        count = int(numpy.prod(shape, dtype=numpy.int64))
+        count = math.prod(shape)
         expected = data_start + count * dtype.itemsize
         _check_table(path, spec, shape, fortran_order, dtype, size, expected)
         if count == 0:  # an empty region cannot be mapped
@@ -195,6 +196,69 @@ def _check_table(
             f"{path}: a {dtype.name} array of shape {tuple(shape)}, expected "
             f"{' or '.join(spec.dtypes)} of shape {spec.shape}"
         )
+
+
+class MappedOnUse(Mapping[str, numpy.ndarray]):
+    """The tables of a cache entry whose files need no check but their own header's: the very
+    files saved (just now, or with the identity the sidecar recorded). Each is mapped when it
+    is first read, after its header and size are checked against ``specs``, not before: a
+    blend of thousands of corpora maps the tables of the corpora it reads, and a cache hit
+    opens no table file. Shapes are answered from ``specs`` without mapping.
+
+    A table file that no longer has the identity it had (another process rebuilt the entry
+    since) is used only where its bytes have the checksum recorded for the one it replaced (the
+    same tables, built again); otherwise reading it raises :class:`CacheError`."""
+
+    def __init__(
+        self,
+        entry: CacheEntry,
+        specs: Mapping[str, TableSpec],
+        identities: Mapping[str, list[int]],
+        checksums: Mapping[str, str] | None,
+    ) -> None:
+        self._entry = entry
+        self._specs = dict(specs)
+        self._identities = dict(identities)
+        self._checksums = dict(checksums or {})
+        self._mapped: dict[str, numpy.ndarray] = {}
+
+    def __getitem__(self, name: str) -> numpy.ndarray:
+        table = self._mapped.get(name)
+        if table is None:
+            if name not in self._entry.tables:
+                raise KeyError(name)
+            table = self._mapped[name] = self._map(name)
+        return table
+
+    def _map(self, name: str) -> numpy.ndarray:
+        path = self._entry.table_path(name)
+        try:
+            table = load_table(path, self._specs.get(name))
+            identity = file_identity(path)
+        except (DamagedCacheError, OSError) as error:
+            raise CacheError(f"{error}: the index cache changed after it was loaded") from None
+        recorded = self._identities.get(name)
+        if recorded is None or identity == recorded:
+            return table
+        expected = self._checksums.get(name)
+        if expected is None or table_checksums({name: table})[name] != expected:
+            raise CacheError(
+                f"{path}: replaced with other tables after this dataset loaded the cache "
+                "(another process rebuilt it, from other data or settings); build the "
+                "datasets again"
+            )
+        return table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entry.tables)
+
+    def __len__(self) -> int:
+        return len(self._entry.tables)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Table ``name``'s shape, mapping it only where no spec gives it."""
+        spec = self._specs.get(name)
+        return spec.shape if spec is not None else self[name].shape
 
 
 def read_sidecar(path: str) -> dict[str, Any] | None:
@@ -230,15 +294,7 @@ class IndexCache:
         Raises :class:`DamagedCacheError` naming the file at fault.
         """
         if check:
-            try:
-                with open(self.entry.description_path, encoding="utf-8") as stream:
-                    found = stream.read()
-            except OSError as error:
-                raise DamagedCacheError(f"{self.entry.description_path}: {error}") from error
-            if found != self.description:
-                raise DamagedCacheError(
-                    f"{self.entry.description_path}: the description does not match this dataset's"
-                )
+            self.check_description()
         return {
             table: load_table(
                 self.entry.table_path(table), specs.get(table) if check and specs else None
@@ -246,8 +302,35 @@ class IndexCache:
             for table in self.entry.tables
         }
 
-    def save(self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None) -> None:
-        """Write the tables, then the sidecar (if any), then the description (the commit mark)."""
+    def check_description(self) -> None:
+        """Raise :class:`DamagedCacheError` unless the entry's description is this dataset's."""
+        try:
+            with open(self.entry.description_path, encoding="utf-8") as stream:
+                found = stream.read()
+        except OSError as error:
+            raise DamagedCacheError(f"{self.entry.description_path}: {error}") from error
+        if found != self.description:
+            raise DamagedCacheError(
+                f"{self.entry.description_path}: the description does not match this dataset's"
+            )
+
+    def map_on_use(self, sidecar: Mapping[str, Any]) -> MappedOnUse:
+        """The tables of files known to hold what ``sidecar`` recorded (the very files saved,
+        or ones verified), after the description's check: each mapped when first read
+        (:class:`MappedOnUse`), if it is still the file it is now."""
+        self.check_description()
+        entry = self.entry
+        try:
+            now = {table: file_identity(entry.table_path(table)) for table in entry.tables}
+        except OSError as error:
+            raise DamagedCacheError(f"{error.filename}: {error.strerror}") from error
+        return MappedOnUse(entry, specs_from_sidecar(sidecar), now, sidecar.get("checksums"))
+
+    def save(
+        self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
+    ) -> dict[str, list[int]]:
+        """Write the tables, then the sidecar (if any), then the description (the commit mark);
+        returns the identity (:func:`~megafmt.fingerprint.file_identity`) of each table file."""
         directory = self.entry.directory
         try:
             make_folder(directory, "the index cache folder")
@@ -270,8 +353,9 @@ class IndexCache:
                             self.entry.tables,
                         )
                     )
-            if sidecar is not None:  # with the identity of each table file now in place
-                stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
+            # the identity of each table file now in place
+            stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
+            if sidecar is not None:
                 sidecar = {**sidecar, "table_files": stats}
                 with atomic_write(self.entry.sidecar_path) as stream:
                     text = json.dumps({"format": SIDECAR_FORMAT, **sidecar}, indent=2)
@@ -286,6 +370,7 @@ class IndexCache:
                 "path_to_cache (--data-cache-path) to a writable directory"
             ) from error
         logger.info("saved %s tables to %s", self.entry.base, directory)
+        return stats
 
     def _write_table(self, table: str, array: numpy.ndarray) -> None:
         with atomic_write(self.entry.table_path(table)) as stream:
@@ -331,6 +416,11 @@ def check_checksums(
             )
 
 
+def specs_of(tables: Mapping[str, numpy.ndarray]) -> dict[str, TableSpec]:
+    """The dtype and shape of each of ``tables``, as specs their files must match."""
+    return {name: TableSpec((a.dtype.name,), tuple(a.shape)) for name, a in tables.items()}
+
+
 def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:
     """The table specs recorded in a sidecar."""
     return {
@@ -341,18 +431,18 @@ def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:
 
 def load_or_build(
     cache: IndexCache,
-    load: Callable[[], dict[str, numpy.ndarray]],
+    load: Callable[[], Mapping[str, numpy.ndarray]],
     build: Callable[[], dict[str, numpy.ndarray]],
     sidecar: Callable[[dict[str, numpy.ndarray]], dict[str, Any] | None],
     seconds: dict[str, float],
-) -> tuple[dict[str, numpy.ndarray], str]:
+) -> tuple[Mapping[str, numpy.ndarray], str]:
     """The tables of ``cache``: loaded (``load`` checks them) or built, saved, and returned.
 
-    Returns the tables (built ones as mapped from the files just saved) and ``"cache"`` or
-    ``"built"``. Only global rank 0 (or a process on its
-    own) builds; other ranks load what rank 0 saved before the builder's barrier. A damaged or
-    stale cache is rebuilt with a warning; a cache completed by another process while this one
-    was building is used instead of this one's copy. ``seconds`` receives the save time.
+    Returns the tables (built ones as the files just saved, mapped when first read) and
+    ``"cache"`` or ``"built"``. Only global rank 0 (or a process on its own) builds; other
+    ranks load what rank 0 saved before the builder's barrier. A damaged or stale cache is
+    rebuilt with a warning; a cache completed by another process while this one was building
+    is used instead of this one's copy. ``seconds`` receives the save time.
     """
     builds_here = distributed.builds_shared_files()
     rank = distributed.global_rank()
@@ -379,9 +469,12 @@ def load_or_build(
         except (DamagedCacheError, StaleCacheError):
             pass
     start = time.perf_counter()
-    cache.save(tables, sidecar(tables))
+    record = sidecar(tables)
+    identities = cache.save(tables, record)
     seconds["save"] = time.perf_counter() - start
-    # the saved files serve from here on, mapped as a load maps them: their pages belong to the
-    # page cache (shared with every process that opens the cache), and this process gives the
-    # built copies back (a 7B run's tables are 1.4 GB) before it builds the next split
-    return cache.load(None, check=False), "built"
+    # the saved files serve from here on, mapped as a load maps them when first read: their
+    # pages belong to the page cache (shared with every process that opens the cache), and
+    # this process gives the built copies back (a 7B run's tables are 1.4 GB) before it builds
+    # the next split
+    checksums = None if record is None else record.get("checksums")
+    return MappedOnUse(cache.entry, specs_of(tables), identities, checksums), "built"

@@ -117,7 +117,7 @@ class GPTDataset(MegatronDataset):
                 type(self).__name__,
                 index_split.name,
                 self.tables.source,
-                self.tables["sample_index"].shape[0] - 1,
+                self.tables.shape("sample_index")[0] - 1,
                 self.recipe.plan.num_epochs if self.tables.source.kind != "cache" else None,
             )
         self._token_windows = window_reader(
@@ -218,7 +218,7 @@ class GPTDataset(MegatronDataset):
     def __len__(self) -> int:
         if self.tables.deferred:  # deferred: count without mapping the tables
             return self.recipe.length()
-        return self.tables["sample_index"].shape[0] - 1
+        return self.tables.shape("sample_index")[0] - 1
 
     def __getitem__(self, idx: int | None) -> dict[str, Any]:
         """The sample at ``idx``; None gives a padding sample whose loss mask is all zero."""
@@ -307,7 +307,7 @@ class GPTDataset(MegatronDataset):
         if rows is None or not own_field(self.config, GPTDatasetConfig, "check_token_ids"):
             return None
         tokenizer = self.config.tokenizer
-        eod = tokenizer.eod if isinstance(tokenizer, EndOfDocument) else None
+        eod = tokenizer.eod if conforms(tokenizer, EndOfDocument) else None
         limit = max(rows, eod + 1 if eod else 0)
         dtype = self._token_dtype
         if dtype is None or dtype.kind not in "iu" or numpy.iinfo(dtype).max < limit:

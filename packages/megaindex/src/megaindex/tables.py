@@ -16,7 +16,9 @@ same for both:
   last two read nothing for files that are the very ones saved, or that this machine verified
   before, :mod:`megaindex.verified`), or built on global rank 0 and saved (see
   :func:`megaindex.cache.load_or_build`); a damaged or stale cache is rebuilt with a warning,
-  or refused with ``stale_cache="error"``.
+  or refused with ``stale_cache="error"``. Tables whose files need no read to be trusted (just
+  saved, or the very files recorded) are mapped when first read
+  (:class:`megaindex.cache.MappedOnUse`): a blend of thousands of corpora maps what it reads.
 
 ``source`` says which of these happened, with timings, for ``mega index build`` and the logs.
 """
@@ -39,6 +41,7 @@ from megaindex.cache import (
     CacheEntry,
     DamagedCacheError,
     IndexCache,
+    MappedOnUse,
     TableSpec,
     changed_tables,
     check_checksums,
@@ -121,7 +124,7 @@ class CachedTables:
     ) -> None:
         self.recipe = recipe
         self.stale_cache = stale_cache
-        self._tables: dict[str, numpy.ndarray] | None = None
+        self._tables: Mapping[str, numpy.ndarray] | None = None
         self._notes: dict[str, Any] = {}
         self._corpus_fingerprint: dict[str, Any] | None = None  # taken while the tables build
         self._cache = None if entry is None else IndexCache(entry, description)
@@ -177,6 +180,11 @@ class CachedTables:
             who = "defer_npy_index_mmap" if deferred else "a copy of the dataset (unpickled)"
             tables = self._tables = self._map_trusted(who)
         return tables[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Table ``name``'s shape; a table mapped when first read is not mapped for it."""
+        tables = self._tables
+        return tables.shape(name) if isinstance(tables, MappedOnUse) else self[name].shape
 
     def _map_trusted(self, who: str) -> dict[str, numpy.ndarray]:
         """The cached tables, mapped without checks (``who`` trusts them: megatron-core's
@@ -234,7 +242,7 @@ class CachedTables:
             "checksums": table_checksums(tables),
         }
 
-    def _load_checked(self) -> dict[str, numpy.ndarray]:
+    def _load_checked(self) -> Mapping[str, numpy.ndarray]:
         """The cached tables, after checking that they fit the inputs."""
         cache = self._cache
         settings = self.recipe.settings()
@@ -264,11 +272,12 @@ class CachedTables:
         verified: bool,
         identity: dict[str, Any] | None,
         taken_ns: int,
-    ) -> dict[str, numpy.ndarray]:
+    ) -> Mapping[str, numpy.ndarray]:
         """The tables of a cache with a sidecar, after comparing the corpus and settings with
         what it recorded and each table with its checksum. ``verified``: the files are the very
-        ones saved, or ones this machine verified, and neither check reads them; else both run
-        and ``identity`` (taken at ``taken_ns``) is noted once they pass."""
+        ones saved, or ones this machine verified, and neither check reads them (nor are they
+        mapped before they are read); else both run and ``identity`` (taken at ``taken_ns``) is
+        noted once they pass."""
         cache = self._cache
         changes = self._changes(sidecar, settings, verified)
         if changes:
@@ -280,6 +289,8 @@ class CachedTables:
                     f"{what}. Delete the cache, or set stale_cache='rebuild' to rebuild it"
                 )
             raise DamagedCacheError(what)
+        if verified:  # nothing to read: each table is mapped when first read
+            return cache.map_on_use(sidecar)
         tables = cache.load(specs_from_sidecar(sidecar))
         if not verified:
             start = time.perf_counter()
