@@ -35,11 +35,24 @@ PARTIAL_EXTRA = len(".4194304-") + 8 + len(PARTIAL_SUFFIX)
 DEFAULT_NAME_MAX = 255
 
 
+#: each folder's name limit, as its file system gave it
+_NAME_MAX: dict[str, int] = {}
+
+
 def _name_max(folder: str) -> int:
+    """The file system's name limit in ``folder``, asked once per folder (a cache of thousands
+    of corpora writes tens of thousands of files into one)."""
+    known = _NAME_MAX.get(folder)
+    if known is not None:
+        return known
     try:
-        return os.pathconf(folder or ".", "PC_NAME_MAX")
+        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
     except (OSError, ValueError):  # no such folder yet, or no pathconf: the common limit
         return DEFAULT_NAME_MAX
+    if len(_NAME_MAX) >= 1024:
+        _NAME_MAX.clear()
+    _NAME_MAX[folder] = limit
+    return limit
 
 
 def _partial_stem(path: str) -> str:
