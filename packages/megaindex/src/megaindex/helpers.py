@@ -84,11 +84,17 @@ def _positive(name: str, value: int) -> int:
     return int(value)
 
 
+#: arrays shorter than this are shuffled by numpy itself: handing the generator's state to the
+#: backend and back costs about 85 us, what numpy takes for some 5,000 elements (a blend of
+#: thousands of small corpora shuffles thousands of short arrays)
+NUMPY_SHUFFLES_BELOW = 4096
+
+
 def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> None:
     """``random_state.shuffle(array)``: the same permutation and the same state afterwards, run
     by the backend (the C++ one prefetches the swaps, several times faster on large arrays)."""
     array = _array("array", array, SHUFFLE_DTYPES, (None,), writeable=True)
-    if len(array) < 2:
+    if len(array) < NUMPY_SHUFFLES_BELOW:
         random_state.shuffle(array)
         return
     name, key, pos, has_gauss, cached_gaussian = random_state.get_state()
