@@ -69,13 +69,25 @@ class BlockEncoder:
     """Parses and encodes whole chunks of jsonl lines; ``encode`` gives None for a chunk the
     line path has to take."""
 
-    def __init__(self, encoder: FlatEncoder, json_keys: tuple[str, ...], eod: int | None) -> None:
+    def __init__(
+        self,
+        encoder: FlatEncoder,
+        json_keys: tuple[str, ...],
+        eod: int | None,
+        parallel: bool | None = None,
+    ) -> None:
+        """``parallel``: as ``encoder.encode_flat`` takes it. awkward and pyarrow are imported
+        here: a run's main process builds this before its workers fork, and they inherit both
+        (a fifth of a second of imports per worker otherwise)."""
+        import awkward
         import pyarrow
         import pyarrow.json
 
         self._encoder = encoder
         self._keys = json_keys
         self._eod = eod
+        self._parallel = parallel
+        self._awkward = awkward
         self._pyarrow = pyarrow
         self._parse_options = pyarrow.json.ParseOptions(
             explicit_schema=pyarrow.schema([(key, pyarrow.string()) for key in json_keys]),
@@ -84,14 +96,19 @@ class BlockEncoder:
 
     @classmethod
     def for_tokenizer(
-        cls, tokenizer: object, split_sentences: bool, json_keys: tuple[str, ...], eod: int | None
+        cls,
+        tokenizer: object,
+        split_sentences: bool,
+        json_keys: tuple[str, ...],
+        eod: int | None,
+        parallel: bool | None = None,
     ) -> BlockEncoder | None:
         """The block encoder of a run with ``tokenizer``, or None where the run reads line by
         line (:func:`block_path_note` says why)."""
         encoder = tokenizer.flat_encoder() if isinstance(tokenizer, BlockTokenizer) else None
         if _why_not(encoder is not None, split_sentences) is not None:
             return None
-        return cls(encoder, json_keys, eod)  # type: ignore[arg-type]
+        return cls(encoder, json_keys, eod, parallel)  # type: ignore[arg-type]
 
     def encode(self, chunk: Chunk) -> dict[str, EncodedKey] | None:
         """Each json key's documents of ``chunk``, one per line, or None where the line path
@@ -104,7 +121,8 @@ class BlockEncoder:
         documents = {}
         for key, (data, offsets) in columns.items():
             try:
-                flat, counts = self._encoder.encode_flat(_strings(data, offsets))
+                texts = _strings(self._awkward, data, offsets)
+                flat, counts = self._encoder.encode_flat(texts, self._parallel)
             except Exception:  # the line path finds the document and says why, or raises
                 return None
             documents[key] = self._assemble(flat, counts)
@@ -220,9 +238,8 @@ def _python_refuses(line: bytes) -> bool:
     return False
 
 
-def _strings(data: numpy.ndarray, offsets: numpy.ndarray) -> Any:
+def _strings(awkward: Any, data: numpy.ndarray, offsets: numpy.ndarray) -> Any:
     """An awkward array of the strings in ``data`` at ``offsets``, over the same buffers."""
-    awkward: Any = __import__("awkward")
     characters = awkward.contents.NumpyArray(data, parameters={"__array__": "char"})
     strings = awkward.contents.ListOffsetArray(
         awkward.index.Index64(offsets), characters, parameters={"__array__": "string"}

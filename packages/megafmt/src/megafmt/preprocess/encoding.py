@@ -12,13 +12,14 @@ without a Python object per line.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import itertools
 import json
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from megafmt.preprocess.blocks import BlockEncoder
 from megafmt.preprocess.encoded import EncodedChunk, EncodedKey
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
-from megafmt.tokenizers import TokenizerOptions, load_tokenizer
+from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer
 from megafmt.tokenizers.base import ArrayTokenizer
 
 
@@ -56,11 +57,23 @@ class EncodeSettings:
 
 
 class Encoder:
-    """Encodes chunks with one tokenizer (and splitter), built once per process."""
+    """Encodes chunks with one tokenizer (and splitter), built once per process (or once in a
+    run's main process, for the workers it forks: :func:`prebuilt_for_fork`)."""
 
-    def __init__(self, settings: EncodeSettings) -> None:
+    def __init__(
+        self,
+        settings: EncodeSettings,
+        tokenizer: Tokenizer | None = None,
+        parallel: bool | None = None,
+    ) -> None:
+        """``tokenizer``: the run's own, already loaded and checked (else loaded from
+        ``settings``); ``parallel``: whether the block path's encoder may use its library's
+        thread pool (None: the library decides; False in a run's main process, which encodes
+        for its one worker on one core)."""
         self.settings = settings
-        self.tokenizer = load_tokenizer(settings.tokenizer_type, settings.tokenizer_options)
+        self.tokenizer = tokenizer or load_tokenizer(
+            settings.tokenizer_type, settings.tokenizer_options
+        )
         self._encode_batch: Callable[[list[str]], Sequence[Sequence[int]]] = (
             self.tokenizer.encode_batch_arrays
             if isinstance(self.tokenizer, ArrayTokenizer)
@@ -78,7 +91,13 @@ class Encoder:
             settings.split_sentences,
             settings.json_keys,
             self.tokenizer.eod if settings.append_eod else None,
+            parallel,
         )
+
+    @property
+    def encodes_blocks(self) -> bool:
+        """Whether this encoder parses and encodes whole chunks (the block path)."""
+        return self._blocks is not None
 
     def _sentences(self, raw: object) -> dict[str, list[str]]:
         if isinstance(raw, bytes):
@@ -245,7 +264,27 @@ def _as_int64(ids: Sequence[int]) -> numpy.ndarray:
 
 
 _ENCODER: Encoder | None = None
+#: the encoder a run built in its main process just before its pool forks: each forked worker
+#: takes it as it is (the tokenizer loaded, gigatoken's encoder built, awkward and pyarrow
+#: imported) instead of building its own; a forkserver or spawn worker cannot see it
+_PREBUILT: Encoder | None = None
 PR_SET_PDEATHSIG = 1
+#: what a forkserver imports once, for every worker it then forks: the modules a worker needs
+#: whose import starts no thread (pyarrow's starts one, and a forkserver is to stay
+#: single-threaded)
+FORKSERVER_PRELOAD = ["megafmt.preprocess.encoding", "awkward", "gigatoken"]
+
+
+@contextlib.contextmanager
+def prebuilt_for_fork(encoder: Encoder) -> Iterator[None]:
+    """Offer ``encoder`` to the workers forked inside this block (:func:`start_worker` takes it
+    where its settings are theirs); withdrawn at the end, so a later pool builds its own."""
+    global _PREBUILT
+    _PREBUILT = encoder
+    try:
+        yield
+    finally:
+        _PREBUILT = None
 
 
 def _die_with_parent() -> None:
@@ -262,14 +301,16 @@ def _die_with_parent() -> None:
 
 
 def start_worker(settings: EncodeSettings) -> None:
-    """The worker initializer: build the tokenizer once; interrupts are the parent's to handle."""
+    """The worker initializer: take the encoder the parent built before forking, else build
+    the tokenizer once; interrupts are the parent's to handle."""
     global _ENCODER
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threads = str(settings.threads_per_worker)
     os.environ["RAYON_NUM_THREADS"] = threads  # tokenizers' batch encoding (Rust)
     os.environ["OMP_NUM_THREADS"] = threads
-    _ENCODER = Encoder(settings)
+    inherited = _PREBUILT is not None and _PREBUILT.settings == settings
+    _ENCODER = _PREBUILT if inherited else Encoder(settings)
 
 
 def encode_in_worker(chunk: Chunk) -> EncodedChunk:
@@ -281,10 +322,10 @@ def encode_in_worker(chunk: Chunk) -> EncodedChunk:
 
 class InProcessEncoder(Executor):
     """The pool's interface, run in the calling process: ``submit(encode_in_worker, chunk)``
-    encodes at once with an encoder of its own and returns the finished future."""
+    encodes at once with ``encoder`` and returns the finished future."""
 
-    def __init__(self, settings: EncodeSettings) -> None:
-        self._encoder = Encoder(settings)
+    def __init__(self, encoder: Encoder) -> None:
+        self._encoder = encoder
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         if fn is not encode_in_worker:

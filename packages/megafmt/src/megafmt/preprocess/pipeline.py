@@ -30,10 +30,13 @@ from megafmt.format import get_bin_path
 from megafmt.limits import FULL
 from megafmt.manifest import write_manifest
 from megafmt.preprocess.encoding import (
+    FORKSERVER_PRELOAD,
     EncodedChunk,
+    Encoder,
     EncodeSettings,
     InProcessEncoder,
     encode_in_worker,
+    prebuilt_for_fork,
     start_worker,
 )
 from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks
@@ -272,20 +275,35 @@ def tokenize_into(
     summary.key_counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
     start = time.perf_counter()
     watch = PoolWatch()  # the caller's children now; the pool's workers as they start
-    pool = (
-        InProcessEncoder(settings)
-        if in_process
-        else ProcessPoolExecutor(
-            config.workers,
-            mp_context=(
-                multiprocessing.get_context(config.start_method)
-                if config.start_method
-                else worker_context()
-            ),
-            initializer=start_worker,
-            initargs=(settings,),
-        )
+    # chosen before the encoder is built here: the threads pyarrow's import starts are the
+    # run's own, which handle fork, not a caller's
+    context = (
+        multiprocessing.get_context(config.start_method)
+        if config.start_method
+        else worker_context()
     )
+    alone = config.workers == 1 and not in_process
+    forks = context.get_start_method() == "fork"
+    # built here where this process encodes, or its forked workers inherit it
+    encoder = (
+        Encoder(settings, tokenizer, parallel=False if alone else None)
+        if in_process or alone or forks
+        else None
+    )
+    offered: contextlib.AbstractContextManager = contextlib.nullcontext()
+    pool: Executor
+    if encoder is not None and (in_process or (alone and encoder.encodes_blocks)):
+        # one worker on the block path: encoding here spares the fork, the pickling of each
+        # chunk and its ids, and the worker's start
+        pool = InProcessEncoder(encoder)
+    else:
+        if isinstance(context, multiprocessing.context.ForkServerContext):
+            context.set_forkserver_preload(FORKSERVER_PRELOAD)
+        pool = ProcessPoolExecutor(
+            config.workers, mp_context=context, initializer=start_worker, initargs=(settings,)
+        )
+        if encoder is not None and forks:
+            offered = prebuilt_for_fork(encoder)  # forked workers take it as it is
     # each chunk in flight, with where it starts (what a dead worker's error names)
     window: collections.deque[tuple[Future[EncodedChunk], str]] = collections.deque()
     try:
@@ -310,18 +328,22 @@ def tokenize_into(
             summary.input_bytes += result.nbytes
             progress.update(result.documents.size, MB=result.nbytes / 1e6, tokens=result.tokens)
 
-        for chunk in chunks:
-            if config.trial_documents is not None and summary.documents >= config.trial_documents:
-                break
-            where = f"{chunk.file} from line {chunk.first_line}"
-            window.append((pool.submit(encode_in_worker, chunk), where))
-            watch.note_workers()
-            if len(window) >= 2 * config.workers + 2:
+        with offered:
+            for chunk in chunks:
+                if (
+                    config.trial_documents is not None
+                    and summary.documents >= config.trial_documents
+                ):
+                    break
+                where = f"{chunk.file} from line {chunk.first_line}"
+                window.append((pool.submit(encode_in_worker, chunk), where))
+                watch.note_workers()
+                if len(window) >= 2 * config.workers + 2:
+                    take(window[0][0].result())
+                    window.popleft()
+            while window:
                 take(window[0][0].result())
                 window.popleft()
-        while window:
-            take(window[0][0].result())
-            window.popleft()
         pool.shutdown()
         output.finalize()
     except BaseException as error:

@@ -140,9 +140,12 @@ class ArrayTokenizer(Protocol):
 class FlatEncoder(Protocol):
     """An encoder of a whole block of texts in one call, giving one flat array back."""
 
-    def encode_flat(self, texts: Any) -> tuple[numpy.ndarray, numpy.ndarray]:
+    def encode_flat(
+        self, texts: Any, parallel: bool | None = None
+    ) -> tuple[numpy.ndarray, numpy.ndarray]:
         """The ids of all ``texts`` (an awkward array of strings) back to back, and how many
-        ids each text has."""
+        ids each text has; ``parallel``: whether the library may use its thread pool (None:
+        it decides)."""
         ...
 
 
