@@ -210,3 +210,21 @@ def test_mega_preprocess_forks_though_its_tokenizer_started_threads(tmp_path):
     assert run.returncode == 0, run.stderr
     tokens = (tmp_path / "out" / "o_text_document.bin").read_bytes()  # uint16 byte ids
     assert tokens.decode("utf-16-le") == "onetwo"
+
+
+@needs_fork
+def test_pyarrow_s_allocator_thread_does_not_turn_fork_into_forkserver():
+    """A run imports pyarrow before its workers fork (the block path's reader), which starts
+    jemalloc's background thread; jemalloc handles fork, so the next run still forks."""
+    pytest.importorskip("pyarrow")
+    script = textwrap.dedent(
+        """
+        from megafmt.preprocess.pool import THREADS_AT_IMPORT, threads_in_process, worker_context
+        import pyarrow.json
+        print(worker_context().get_start_method(), threads_in_process() - THREADS_AT_IMPORT)
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert run.stdout.split() == ["fork", "0"]

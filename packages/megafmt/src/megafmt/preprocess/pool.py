@@ -47,13 +47,29 @@ class WorkerDiedError(MegafmtError, BrokenProcessPool):
     caught that keep working."""
 
 
+#: threads whose library makes fork safe for them (it takes its locks around the fork and
+#: restarts them in the child), not counted by :func:`threads_in_process`: jemalloc's background
+#: thread, which importing pyarrow starts (a run imports it before its workers fork)
+FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
+
+
 def threads_in_process() -> int:
-    """The threads of this process, native ones included (Linux reads ``/proc``; elsewhere only
-    the threads Python started are seen)."""
+    """The threads of this process, native ones included, those of :data:`FORK_SAFE_THREADS`
+    aside (Linux reads ``/proc``; elsewhere only the threads Python started are seen)."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        tasks = os.listdir("/proc/self/task")
     except OSError:
         return threading.active_count()
+    return sum(_thread_name(task) not in FORK_SAFE_THREADS for task in tasks)
+
+
+def _thread_name(task: str) -> str:
+    """The name of this process's thread ``task`` ("" for one that ended meanwhile)."""
+    try:
+        with open(f"/proc/self/task/{task}/comm") as comm:
+            return comm.read().strip()
+    except OSError:
+        return ""
 
 
 #: the threads the process had when megafmt's preprocess was imported (numpy's BLAS pool)
