@@ -3,6 +3,7 @@ loading the tokenizer again, and, with one worker on the block path, the encodin
 pool at all). Either way the bytes, the counts, the bad lines named and the cleanup of an
 interrupted run are those of a run on a pool."""
 
+import importlib
 import json
 import multiprocessing
 import os
@@ -196,3 +197,9 @@ def test_a_worker_builds_its_own_encoder_unless_one_was_offered_for_its_settings
         assert encoding._ENCODER is not offered and encoding._ENCODER.settings == other
     start_worker(settings)  # withdrawn: built anew
     assert encoding._ENCODER is not offered and encoding._ENCODER.settings == settings
+
+
+def test_what_a_fork_server_preloads_imports():
+    """multiprocessing skips a preload module that fails to import without a word."""
+    for name in encoding.FORKSERVER_PRELOAD:
+        importlib.import_module(name)

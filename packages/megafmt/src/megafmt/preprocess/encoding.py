@@ -269,10 +269,10 @@ _ENCODER: Encoder | None = None
 #: imported) instead of building its own; a forkserver or spawn worker cannot see it
 _PREBUILT: Encoder | None = None
 PR_SET_PDEATHSIG = 1
-#: what a forkserver imports once, for every worker it then forks: the modules a worker needs
-#: whose import starts no thread (pyarrow's starts one, and a forkserver is to stay
-#: single-threaded)
-FORKSERVER_PRELOAD = ["megafmt.preprocess.encoding", "awkward", "gigatoken"]
+#: what a fork server imports once, for every worker it then forks: the modules a worker needs
+#: (their imports start only threads that handle fork: numpy's BLAS pool, pyarrow's allocator
+#: thread; a module missing here is skipped by multiprocessing without a word)
+FORKSERVER_PRELOAD = ["megafmt.preprocess.encoding", "awkward", "pyarrow.json", "gigatoken"]
 
 
 @contextlib.contextmanager
