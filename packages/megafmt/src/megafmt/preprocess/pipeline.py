@@ -237,6 +237,38 @@ def new_progress(config: PreprocessConfig, stream: TextIO | None = None) -> Prog
     )
 
 
+def _encoding_pool(
+    config: PreprocessConfig, settings: EncodeSettings, tokenizer: Tokenizer, in_process: bool
+) -> tuple[Executor, contextlib.AbstractContextManager]:
+    """Where a run's chunks are encoded, and the block to submit them in. The encoder is built
+    here, from the run's own ``tokenizer``, wherever that saves work: for this process to
+    encode (``in_process``, or one worker on the block path: no fork, no chunk or ids pickled,
+    no worker's start), or for forked workers to inherit (:func:`prebuilt_for_fork`). Workers
+    from a fork server or spawn build their own (the fork server preloads their imports)."""
+    context = (
+        multiprocessing.get_context(config.start_method)
+        if config.start_method
+        else worker_context()
+    )
+    alone = config.workers == 1 and not in_process
+    forks = context.get_start_method() == "fork"
+    encoder = (
+        Encoder(settings, tokenizer, parallel=False if alone else None)
+        if in_process or alone or forks
+        else None
+    )
+    if encoder is not None and (in_process or (alone and encoder.encodes_blocks)):
+        return InProcessEncoder(encoder), contextlib.nullcontext()
+    if isinstance(context, multiprocessing.context.ForkServerContext):
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
+    pool = ProcessPoolExecutor(
+        config.workers, mp_context=context, initializer=start_worker, initargs=(settings,)
+    )
+    if encoder is not None and forks:
+        return pool, prebuilt_for_fork(encoder)  # the workers take it as it is
+    return pool, contextlib.nullcontext()
+
+
 def tokenize_into(
     config: PreprocessConfig,
     inputs: list[InputFile],
@@ -247,7 +279,8 @@ def tokenize_into(
     """Tokenize ``inputs`` into one pair per json key at ``config.output_prefix`` (no
     manifest); the worker pool, the order and the bytes of every run, local or one shard's.
     ``in_process`` encodes here instead of on a pool: for a caller that is itself one worker of
-    many (a Ray task on one CPU), where a pool would add a process and nothing else.
+    many (a Ray task on one CPU), where a pool would add a process and nothing else; a run of
+    one worker on the block path encodes here too.
 
     Raises ``BadInputError`` naming the file and line of the first bad line unless
     ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
@@ -275,35 +308,7 @@ def tokenize_into(
     summary.key_counts = {key: {"sequences": 0, "tokens": 0} for key in settings.json_keys}
     start = time.perf_counter()
     watch = PoolWatch()  # the caller's children now; the pool's workers as they start
-    # chosen before the encoder is built here: the threads pyarrow's import starts are the
-    # run's own, which handle fork, not a caller's
-    context = (
-        multiprocessing.get_context(config.start_method)
-        if config.start_method
-        else worker_context()
-    )
-    alone = config.workers == 1 and not in_process
-    forks = context.get_start_method() == "fork"
-    # built here where this process encodes, or its forked workers inherit it
-    encoder = (
-        Encoder(settings, tokenizer, parallel=False if alone else None)
-        if in_process or alone or forks
-        else None
-    )
-    offered: contextlib.AbstractContextManager = contextlib.nullcontext()
-    pool: Executor
-    if encoder is not None and (in_process or (alone and encoder.encodes_blocks)):
-        # one worker on the block path: encoding here spares the fork, the pickling of each
-        # chunk and its ids, and the worker's start
-        pool = InProcessEncoder(encoder)
-    else:
-        if isinstance(context, multiprocessing.context.ForkServerContext):
-            context.set_forkserver_preload(FORKSERVER_PRELOAD)
-        pool = ProcessPoolExecutor(
-            config.workers, mp_context=context, initializer=start_worker, initargs=(settings,)
-        )
-        if encoder is not None and forks:
-            offered = prebuilt_for_fork(encoder)  # forked workers take it as it is
+    pool, offered = _encoding_pool(config, settings, tokenizer, in_process)
     # each chunk in flight, with where it starts (what a dead worker's error names)
     window: collections.deque[tuple[Future[EncodedChunk], str]] = collections.deque()
     try:
