@@ -16,7 +16,10 @@ trained on it. For each worker count the contenders are:
   keep it on in the reference's forked workers, which then wait forever on a pool that the
   fork did not copy);
 - ``gigatoken bulk``: gigatoken's own ``encode_files`` of the jsonl (one thread for 1 worker,
-  its pool for more): the floor to approach;
+  its pool for more) in this process, its tokenizer loaded once and reused in every round (its
+  pretoken cache warm from the second): the floor to approach;
+- ``gigatoken bulk (fresh process)``: the same call in a fresh process each round, timed as a
+  mega preprocess run is (imports aside, the tokenizer's load included, the cache cold);
 - ``mega preprocess``: with ``--tokenizer-backend auto`` (gigatoken after its self-check) and
   ``reference`` (the tokenizers library whole-text); each run is one ``preprocess()`` call in a
   fresh process, as the CLI makes it, timed there (its imports aside): this process has
@@ -139,6 +142,31 @@ print(time.perf_counter() - start)
 """
 
 
+#: gigatoken's bulk call in its own process, timed as PREPROCESS_ALONE times a run (imports
+#: aside; the tokenizer's load and a cold pretoken cache included): jsonl, tokenizer.json, workers
+GIGATOKEN_ALONE = """
+import sys, time
+import gigatoken
+source, model, workers = sys.argv[1:]
+start = time.perf_counter()
+with open(model, encoding="utf-8") as stream:
+    tokenizer = gigatoken.Tokenizer.from_json(stream.read())
+tokenizer.encode_files(gigatoken.JsonlFileSource([source]), parallel=int(workers) > 1)
+print(time.perf_counter() - start)
+"""
+
+
+def in_own_process(script: str, *argv: str) -> Callable[[], float]:
+    """A run of ``script`` in a fresh interpreter, which prints the seconds it took."""
+
+    def run() -> float:
+        command = [sys.executable, "-c", script, *argv]
+        done = subprocess.run(command, check=True, capture_output=True, text=True)
+        return float(done.stdout.split()[-1])
+
+    return run
+
+
 def contenders(
     work: Path, source: Path, prefix: Path, workers: int, seed: SeedProcess | None
 ) -> dict:
@@ -160,13 +188,7 @@ def contenders(
 
     def ours(backend: str, text: Path, folder: str) -> Callable[[], float]:
         argv = [str(text), str(work / folder / "out"), str(work), backend, str(workers)]
-
-        def run() -> float:
-            command = [sys.executable, "-c", PREPROCESS_ALONE, *argv]
-            done = subprocess.run(command, check=True, capture_output=True, text=True)
-            return float(done.stdout.split()[-1])
-
-        return run
+        return in_own_process(PREPROCESS_ALONE, *argv)
 
     flags = ["--input", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
              "--tokenizer-model", str(work), "--workers", str(workers), "--append-eod",
@@ -187,6 +209,12 @@ def contenders(
     runs["megatron-core 0.16.1"] = (run_core, prefix, f"{work}/core/out_text_document")
     runs["tokenizers alone"] = (library_alone, prefix, None)
     runs["gigatoken bulk"] = (gigatoken_bulk, source, None)
+    tokenizer_json = str(work / "tokenizer.json")
+    runs["gigatoken bulk (fresh process)"] = (
+        in_own_process(GIGATOKEN_ALONE, str(source), tokenizer_json, str(workers)),
+        source,
+        None,
+    )
     runs["mega preprocess (reference)"] = (ours("reference", prefix, "ours-ref"), prefix, None)
     runs["mega preprocess"] = (ours("auto", source, "ours-auto"), source, None)
     runs[PREFIX_RUN] = (ours("auto", prefix, "ours-prefix"), prefix, f"{work}/{PREFIX_OUT}")
