@@ -1,3 +1,4 @@
+import os
 from collections import OrderedDict
 
 import numpy
@@ -64,6 +65,25 @@ def test_blended_cache_is_reused_and_checked(make_config):
     ):
         rebuilt = BlendedDataset(datasets, [0.5, 0.5], 50, config)
     assert rebuilt.index_source.kind == "built"
+
+
+def test_a_built_blend_reads_its_tables_after_another_process_saved_the_same_over_them(
+    make_config,
+):
+    datasets = [Tiny("a", 100), Tiny("b", 100)]
+    built = BlendedDataset(datasets, [0.5, 0.5], 50, make_config())
+    assert built.index_source.kind == "built"  # its tables are mapped when first read
+    expected = BlendedDataset(datasets, [0.5, 0.5], 50, make_config(path_to_cache=None))
+    for table in ("dataset_index", "dataset_sample_index"):
+        path = built._cache_entry().table_path(table)
+        with open(path, "rb") as stream:
+            data = stream.read()
+        with open(path + ".new", "wb") as stream:
+            stream.write(data)  # another file with the same tables: a second save of them
+        os.replace(path + ".new", path)
+    numpy.testing.assert_array_equal(built.dataset_index, expected.dataset_index)
+    numpy.testing.assert_array_equal(built.dataset_sample_index, expected.dataset_sample_index)
+    assert [built[i]["sample"] for i in range(50)] == [expected[i]["sample"] for i in range(50)]
 
 
 def test_oversampling_names_the_dataset_and_its_expected_size(make_config):

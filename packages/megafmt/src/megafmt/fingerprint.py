@@ -119,7 +119,11 @@ def file_identity(path: str) -> list[int]:
     identities mean the same bytes: a write in place changes the change time, which no one can
     set back, short of a write within the same tick of the file system's clock (a few
     milliseconds) as the moment the identity was taken."""
-    status = os.stat(path)
+    return identity_of(os.stat(path))
+
+
+def identity_of(status: os.stat_result) -> list[int]:
+    """:func:`file_identity` from a ``stat`` or ``fstat`` result (of a file already open)."""
     return [
         status.st_size,
         status.st_mtime_ns,

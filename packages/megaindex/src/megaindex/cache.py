@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 import numpy
 
 from megafmt.atomic import atomic_write, remove_stale_partials
-from megafmt.fingerprint import checksum, file_identity
+from megafmt.fingerprint import checksum, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
 from megaindex import distributed
@@ -153,6 +153,12 @@ def load_table(path: str, spec: TableSpec | None) -> numpy.ndarray:
     The result is a plain ndarray over one read-only mapping that holds no descriptor:
     numpy.memmap's Python-level indexing costs microseconds per lookup, and ``__getitem__``
     makes several."""
+    return load_table_and_identity(path, spec)[0]
+
+
+def load_table_and_identity(path: str, spec: TableSpec | None) -> tuple[numpy.ndarray, list[int]]:
+    """:func:`load_table`, and the identity (:func:`~megafmt.fingerprint.file_identity`) of the
+    very file it mapped."""
     try:
         stream = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError as error:
@@ -163,14 +169,15 @@ def load_table(path: str, spec: TableSpec | None) -> numpy.ndarray:
         except (OSError, ValueError) as error:
             raise DamagedCacheError(f"{path}: unreadable .npy header ({error})") from error
         data_start = stream.tell()
-        size = os.fstat(stream.fileno()).st_size
+        status = os.fstat(stream.fileno())
+        size = status.st_size
         count = math.prod(shape)
         expected = data_start + count * dtype.itemsize
         _check_table(path, spec, shape, fortran_order, dtype, size, expected)
         if count == 0:  # an empty region cannot be mapped
-            return numpy.empty(shape, dtype=dtype)
+            return numpy.empty(shape, dtype=dtype), identity_of(status)
         data = map_file(path, stream.fileno(), size)
-    return data[data_start:].view(dtype).reshape(shape)
+    return data[data_start:].view(dtype).reshape(shape), identity_of(status)
 
 
 def _check_table(
@@ -233,9 +240,8 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
     def _map(self, name: str) -> numpy.ndarray:
         path = self._entry.table_path(name)
         try:
-            table = load_table(path, self._specs.get(name))
-            identity = file_identity(path)
-        except (DamagedCacheError, OSError) as error:
+            table, identity = load_table_and_identity(path, self._specs.get(name))
+        except DamagedCacheError as error:  # gone, or another file: not what was loaded
             raise CacheError(f"{error}: the index cache changed after it was loaded") from None
         recorded = self._identities.get(name)
         if recorded is None or identity == recorded:
@@ -478,5 +484,6 @@ def load_or_build(
     # pages belong to the page cache (shared with every process that opens the cache), and
     # this process gives the built copies back (a 7B run's tables are 1.4 GB) before it builds
     # the next split
-    checksums = None if record is None else record.get("checksums")
+    # what a file rebuilt the same (another process's save over this one's) is checked against
+    checksums = table_checksums(tables) if record is None else record["checksums"]
     return MappedOnUse(cache.entry, specs_of(tables), identities, checksums), "built"

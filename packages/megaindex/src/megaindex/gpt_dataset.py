@@ -38,7 +38,13 @@ from megafmt.remote import default_cache_dir
 from megaindex.cache import CacheEntry
 from megaindex.config import EndOfDocument, GPTDatasetConfig, own_field, tokenizer_vocab_size
 from megaindex.corpus_header import check_counts, check_token_dtype, expected_counts
-from megaindex.errors import ConfigError, SampleReadError, TokenDtypeError, TokenRangeError
+from megaindex.errors import (
+    CacheError,
+    ConfigError,
+    SampleReadError,
+    TokenDtypeError,
+    TokenRangeError,
+)
 from megaindex.gpt_blend import GPTBlendGatherer
 from megaindex.gpt_index import EpochPlan, GPTTableRecipe, plan_epochs, tokens_per_epoch
 from megaindex.megatron_args import megatron_padded_vocab_size
@@ -264,6 +270,8 @@ class GPTDataset(MegatronDataset):
         self._check_token_dtype()
         try:
             may_hold_pad = self.windows.fill(samples, out)
+        except CacheError:  # the tables' own error names their file; reading again maps again
+            raise
         except (IndexError, ValueError, OSError) as error:
             if isinstance(error, IndexError) and any(idx >= len(self) for idx in samples):
                 raise  # a sample the dataset does not have: the caller's index, as numpy's
