@@ -228,3 +228,52 @@ def test_pyarrow_s_allocator_thread_does_not_turn_fork_into_forkserver():
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     assert run.stdout.split() == ["fork", "0"]
+
+
+#: a script without a ``__main__`` guard (as Megatron's tool needs none) that preprocesses twice
+#: with the threaded tokenizer above: its second run must fork as its first did (a fork server
+#: would import the script again, and the tokenizer kills a worker not forked from the script)
+TWO_RUNS_UNGUARDED = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    from megafmt.preprocess import PreprocessConfig, preprocess
+    from megafmt.tokenizers import TOKENIZERS
+    from megafmt.tokenizers.simple import BytesTokenizer
+
+    class ThreadedTokenizer(BytesTokenizer):
+        @classmethod
+        def from_options(cls, options):
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+            return cls()
+
+        def encode_batch(self, texts):
+            if os.getppid() != int(os.environ["MEGA_TEST_CALLER"]):  # not forked from it
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().encode_batch(texts)
+
+    TOKENIZERS.register("threaded", ThreadedTokenizer)
+    os.environ["MEGA_TEST_CALLER"] = str(os.getpid())
+    source, out = sys.argv[1:]
+    for name in ("first", "second"):
+        config = PreprocessConfig(source, f"{out}/{name}", tokenizer_type="threaded", workers=2)
+        preprocess(config)
+    """
+)
+
+
+@needs_fork
+def test_a_script_s_second_run_forks_beside_the_threads_its_first_run_left(tmp_path):
+    script = tmp_path / "two_runs.py"
+    script.write_text(TWO_RUNS_UNGUARDED)
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "one"}\n{"text": "two"}\n')
+    run = subprocess.run(
+        [sys.executable, str(script), str(source), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    for name in ("first", "second"):
+        tokens = (tmp_path / "out" / f"{name}_text_document.bin").read_bytes()
+        assert tokens.decode("utf-16-le") == "onetwo"

@@ -40,7 +40,7 @@ from megafmt.preprocess.encoding import (
     start_worker,
 )
 from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks
-from megafmt.preprocess.pool import PoolWatch, worker_context
+from megafmt.preprocess.pool import PoolWatch, adopt_run_threads, worker_context
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.preprocess.writer import PartitionedOutput
 from megafmt.progress import Progress, format_count
@@ -393,14 +393,19 @@ def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> Prepro
     ``skip_bad_lines``; on any error or interrupt nothing is left at the output names.
     """
     check_config(config)
-    if config.start_method is None:
+    chosen = config.start_method is None
+    if chosen:
         # chosen before the tokenizer loads: the threads its library starts (its self-check's)
         # are the run's own, which handle fork, not a caller's
         config = dataclasses.replace(config, start_method=worker_context().get_start_method())
-    inputs = expand_input(config.input)
-    tokenizer = load_checked_tokenizer(config)
-    progress = new_progress(config, stream)
-    summary = tokenize_into(config, inputs, tokenizer, progress)
-    write_manifests(config, tokenizer, summary, inputs)
-    progress.close(summary.describe())
-    return summary
+    try:
+        inputs = expand_input(config.input)
+        tokenizer = load_checked_tokenizer(config)
+        progress = new_progress(config, stream)
+        summary = tokenize_into(config, inputs, tokenizer, progress)
+        write_manifests(config, tokenizer, summary, inputs)
+        progress.close(summary.describe())
+        return summary
+    finally:
+        if chosen and config.start_method == "fork":
+            adopt_run_threads()

@@ -6,8 +6,9 @@ half-done state (locks held, structures mid-change), and a library's at-fork han
 first garbage collection in the child can then crash it: a ``make test`` run lost a worker to a
 segmentation fault exactly there, forked from a process that ran a Ray cluster. So workers are
 forked only while the process has no more threads than it had when this module was imported
-(numpy's BLAS pool, which handles fork) and Python started none; a process that has started
-threads since (Ray, torch, a gRPC client, its own) starts them from ``forkserver`` (a clean
+(numpy's BLAS pool, which handles fork) and Python started none, threads that earlier runs
+which forked left behind aside (their tokenizers' pools); a process that has started threads
+otherwise (Ray, torch, a gRPC client, its own) starts them from ``forkserver`` (a clean
 single-threaded process; ``spawn`` where there is none). Such a caller's script needs the
 ``if __name__ == "__main__":`` guard, as every script that starts processes that way does.
 
@@ -74,16 +75,33 @@ def _thread_name(task: str) -> str:
 
 #: the threads the process had when megafmt's preprocess was imported (numpy's BLAS pool)
 THREADS_AT_IMPORT = threads_in_process()
+#: the threads (all, and Python's) the process may hold and still fork its workers: those it
+#: had at the import, and those that runs which forked left behind (their tokenizers' pools)
+_forks_beside = {"all": THREADS_AT_IMPORT, "python": 1}
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
-    """``fork`` while the process has started no thread since this module was imported, else
-    ``forkserver`` where there is one, else ``spawn`` (the module docstring says why)."""
+    """``fork`` while the process has started no thread since this module was imported but the
+    earlier runs' own, else ``forkserver`` where there is one, else ``spawn`` (the module
+    docstring says why)."""
     methods = multiprocessing.get_all_start_methods()
-    alone = threading.active_count() == 1 and threads_in_process() <= THREADS_AT_IMPORT
+    alone = (
+        threading.active_count() <= _forks_beside["python"]
+        and threads_in_process() <= _forks_beside["all"]
+    )
     if "fork" in methods and alone:
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def adopt_run_threads() -> None:
+    """Count the threads a run that forked its workers leaves behind (its tokenizer library's
+    pool, started as it loaded) as runs' own: the next run in this process forks as this one
+    did. Otherwise a script's second ``preprocess()`` call would start its workers from a fork
+    server, which imports the script again (its calls included, where it has no ``__main__``
+    guard, as Megatron's tool needs none)."""
+    _forks_beside["all"] = max(_forks_beside["all"], threads_in_process())
+    _forks_beside["python"] = max(_forks_beside["python"], threading.active_count())
 
 
 def describe_exit(exitcode: int | None) -> str:
