@@ -286,6 +286,26 @@ def test_a_failing_verdict_is_remembered_as_failing(tmp_path, monkeypatch, verdi
     assert checks == [1]
 
 
+def test_a_check_that_ended_in_an_error_is_not_remembered(tmp_path, monkeypatch, verdicts):
+    folder = trained(tmp_path, "<error>")
+    original, ran = fast_backend._checked, []
+
+    def failing_once(build, *args):
+        ran.append(1)
+
+        def out_of_memory():
+            raise MemoryError("no room")
+
+        return original(out_of_memory if len(ran) == 1 else build, *args)
+
+    monkeypatch.setattr(fast_backend, "_checked", failing_once)
+    first = choice_of(folder, monkeypatch)
+    assert first.backend == "reference" and "cannot load this tokenizer (no room)" in first.reason
+    assert "remembered" not in first.reason and not verdicts.exists()
+    second = choice_of(folder, monkeypatch)  # the next run checks again, and passes
+    assert second.backend == "gigatoken" and ran == [1, 1] and "checked now" in second.reason
+
+
 @pytest.mark.parametrize("damage", ["not JSON", "another key", "cut short", "a link"])
 def test_a_damaged_verdict_is_checked_again_and_rewritten(
     tmp_path, monkeypatch, verdicts, checks, damage

@@ -271,8 +271,10 @@ def _checked_once(
             why = f"{earlier.reason}; remembered from {path}"
             _VERDICTS[digest] = (earlier.passed, why)
             return encoder, why
-    encoder, why = _checked(build, reference, texts, library)
-    path = remember(key, Verdict(encoder is not None, why)) if key is not None else None
+    encoder, why, compared = _checked(build, reference, texts, library)
+    # a verdict of the ids, not an error on the way (a load or an encode that raised: memory,
+    # a library not installed, which the next run may not meet) is what the next run may reuse
+    path = remember(key, Verdict(encoder is not None, why)) if key and compared else None
     why = f"{why}; checked now" + (f", remembered in {path}" if path else "")
     _VERDICTS[digest] = (encoder is not None, why)
     return encoder, why
@@ -283,26 +285,28 @@ def _checked(
     reference: Callable[[list[str]], list[list[int]]],
     texts: list[str],
     library: str,
-) -> tuple[GigatokenEncoder | None, str]:
+) -> tuple[GigatokenEncoder | None, str, bool]:
     """The encoder and a line saying it passed on the stress sample ``texts``, or None and a
-    line saying why not."""
+    line saying why not; and whether the ids were compared (False: an error came first)."""
     try:
         encoder = build()
     except ImportError:
-        return None, "gigatoken is not installed (pip install gigatoken)"
+        return None, "gigatoken is not installed (pip install gigatoken)", False
     except Exception as error:  # gigatoken's loader refuses a tokenizer with plain exceptions
-        return None, f"gigatoken cannot load this tokenizer ({error})"
+        return None, f"gigatoken cannot load this tokenizer ({error})", False
     try:  # on this thread: a pool started here would be one more for the forked workers
         fast = [ids.tolist() for ids in encoder.encode_batch_arrays(texts, parallel=False)]
     except Exception as error:
-        return None, f"gigatoken failed on the stress sample ({error})"
+        return None, f"gigatoken failed on the stress sample ({error})", False
     expected = reference(texts)
     for text, mine, theirs in zip(texts, fast, expected, strict=True):
         if mine != theirs:
-            return None, (
-                f"gigatoken gives {_short(mine)} for {text[:40]!r}, {library} {_short(theirs)}"
+            return (
+                None,
+                f"gigatoken gives {_short(mine)} for {text[:40]!r}, {library} {_short(theirs)}",
+                True,
             )
-    return encoder, f"gigatoken (equal to {library} on all {len(texts)} stress texts)"
+    return encoder, f"gigatoken (equal to {library} on all {len(texts)} stress texts)", True
 
 
 def _short(ids: list[int]) -> str:

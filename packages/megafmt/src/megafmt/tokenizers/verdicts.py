@@ -3,10 +3,14 @@
 The check (:mod:`megafmt.tokenizers.fast_backend`) encodes its stress sample with gigatoken
 and with the reference library: a fixed cost per run that a large run does not notice and a
 small one does. Its verdict depends only on what the key of a remembered verdict holds: the
-tokenizer's digest (all that decides its ids), the stress sample itself, and the versions of
-gigatoken, the reference library and megafmt. So a verdict is remembered in one small JSON
-file per key, and a later run with the same key takes it instead of checking again; any change
-to the tokenizer files, the sample or a version gives another key, and a check.
+tokenizer's digest (all that decides its ids), the stress sample itself, the versions of
+gigatoken, the reference library and megafmt, the machine's architecture and Python's ABI, and
+the size and modification time of gigatoken's, the library's and this backend's installed
+files (a reinstall under the same version). So a verdict is remembered in one small JSON file
+per key, and a later run with the same key takes it instead of checking again; any change to
+the tokenizer files, the sample, a version or an installed file gives another key, and a
+check. Only verdicts of the ids are remembered: a check that ended in an error (a load or an
+encode that raised) runs again next time.
 
 The folder is ``$MEGAFMT_BACKEND_CHECKS`` when set (``off`` remembers nothing and reads
 nothing), else ``backend-checks`` in megafmt's cache folder (``$MEGA_CACHE_DIR``, else
@@ -19,8 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
+import platform
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -57,8 +64,29 @@ def verdict_key(digest: str, texts: Sequence[str], library: str) -> str | None:
         versions = {name: version(name) for name in ("gigatoken", library, "megafmt")}
     except PackageNotFoundError:
         return None
-    content = json.dumps([digest, list(texts), library, versions], ensure_ascii=False)
+    # the same versions can run other code: another machine's build (a home shared over the
+    # network), or a source tree installed again under its version
+    where = [platform.machine(), sys.implementation.cache_tag, *_installed(("gigatoken", library))]
+    content = json.dumps([digest, list(texts), library, versions, where], ensure_ascii=False)
     return hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _installed(modules: Sequence[str]) -> list[list[int | str]]:
+    """The size and modification time of each of ``modules``' files (the extension module of
+    a compiled package) and of this backend's own, without importing any of them."""
+    files = [os.path.join(os.path.dirname(__file__), "fast_backend.py")]
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        files.append(spec.origin if spec is not None and spec.origin else name)
+    found = []
+    for path in files:
+        try:
+            status = os.stat(path)
+        except OSError:
+            found.append([path])
+            continue
+        found.append([path, status.st_size, status.st_mtime_ns])
+    return found
 
 
 def remembered(key: str) -> tuple[Verdict, str] | None:
