@@ -42,16 +42,17 @@ _NAME_MAX: dict[str, int] = {}
 def _name_max(folder: str) -> int:
     """The file system's name limit in ``folder``, asked once per folder (a cache of thousands
     of corpora writes tens of thousands of files into one)."""
-    known = _NAME_MAX.get(folder)
+    where = os.path.abspath(folder or ".")  # a relative folder is another after a chdir
+    known = _NAME_MAX.get(where)
     if known is not None:
         return known
     try:
-        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
+        limit = os.pathconf(where, "PC_NAME_MAX")
     except (OSError, ValueError):  # no such folder yet, or no pathconf: the common limit
         return DEFAULT_NAME_MAX
     if len(_NAME_MAX) >= 1024:
         _NAME_MAX.clear()
-    _NAME_MAX[folder] = limit
+    _NAME_MAX[where] = limit
     return limit
 
 

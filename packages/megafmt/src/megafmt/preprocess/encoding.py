@@ -71,8 +71,10 @@ class Encoder:
         thread pool (None: the library decides; False in a run's main process, which encodes
         for its one worker on one core)."""
         self.settings = settings
-        self.tokenizer = tokenizer or load_tokenizer(
-            settings.tokenizer_type, settings.tokenizer_options
+        self.tokenizer = (
+            load_tokenizer(settings.tokenizer_type, settings.tokenizer_options)
+            if tokenizer is None
+            else tokenizer
         )
         self._encode_batch: Callable[[list[str]], Sequence[Sequence[int]]] = (
             self.tokenizer.encode_batch_arrays
