@@ -309,7 +309,9 @@ def conforms(obj: object, protocol: type) -> bool:
     ``isinstance``: a class opts out of a method that way). Where the class lacks a method, the
     answer is the class's (``isinstance`` of its first object, remembered: only a registration
     with the Protocol's ABC can make it true) unless this object may supply the method itself,
-    in its ``__dict__`` or from a ``__getattr__`` of its class: then ``isinstance`` answers."""
+    in its ``__dict__`` or from a ``__getattr__`` of its class: then ``isinstance`` answers.
+    Answers are remembered per class as the class was when first asked: register a class with
+    a Protocol, or give it a method, before its objects are asked about."""
     cls = type(obj)
     on_class, per_object, missing = _members_of(cls, protocol)
     if on_class:
