@@ -277,3 +277,30 @@ def test_a_script_s_second_run_forks_beside_the_threads_its_first_run_left(tmp_p
     for name in ("first", "second"):
         tokens = (tmp_path / "out" / f"{name}_text_document.bin").read_bytes()
         assert tokens.decode("utf-16-le") == "onetwo"
+
+
+def test_a_broken_pool_names_the_chunks_it_had_not_encoded():
+    import collections
+    from concurrent.futures import Future
+
+    from megafmt.preprocess.pipeline import _in_flight
+
+    def future(state):
+        made = Future()
+        if state == "done":
+            made.set_result(None)
+        elif state == "broken":
+            made.set_exception(BrokenProcessPool("terminated"))
+        else:
+            made.cancel()
+        return made
+
+    chunks = [
+        ("done", "a from line 1"),
+        ("broken", "a from line 9"),
+        ("cancelled", "b from line 1"),
+    ]
+    window = collections.deque((future(state), where) for state, where in chunks)
+    assert _in_flight(window) == "one of 2 chunks (a from line 9 to b from line 1)"
+    window.pop()
+    assert _in_flight(window) == "a from line 9"  # the one it had not encoded

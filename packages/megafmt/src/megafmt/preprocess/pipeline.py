@@ -356,7 +356,7 @@ def tokenize_into(
         output.abort()
         progress.close("")
         if isinstance(error, BrokenProcessPool) and window:
-            raise watch.error(window[0][1]) from error
+            raise watch.error(_in_flight(window)) from error
         if isinstance(error, OSError) and error.errno in WRITE_LIMITS and error.filename is None:
             # the OS says the disk is full, not which file was being written: name the outputs
             outputs_named = ", ".join(get_bin_path(prefix) for prefix in output.prefixes.values())
@@ -384,6 +384,19 @@ def write_manifests(
         write_manifest(
             prefix, {**_manifest(config, tokenizer, dtype, key, counts, inputs), **extra}
         )
+
+
+def _in_flight(window: collections.deque[tuple[Future[EncodedChunk], str]]) -> str:
+    """The input a broken pool's workers held, in words: the chunks it had not encoded (the
+    worker that died held one of them, any of them)."""
+    unfinished = [
+        where
+        for future, where in window
+        if future.cancelled() or not future.done() or future.exception() is not None
+    ] or [where for _, where in window]
+    if len(unfinished) == 1:
+        return unfinished[0]
+    return f"one of {len(unfinished)} chunks ({unfinished[0]} to {unfinished[-1]})"
 
 
 def preprocess(config: PreprocessConfig, stream: TextIO | None = None) -> PreprocessSummary:
