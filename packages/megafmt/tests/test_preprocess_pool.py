@@ -164,12 +164,11 @@ def test_a_start_method_this_platform_lacks_is_refused(tmp_path):
         preprocess(config)
 
 
-#: ``mega preprocess`` with a tokenizer whose loading starts a thread (as a library's self-check
-#: does) and which kills its worker unless the worker was forked from the command's process
-THREADED_TOKENIZER_RUN = textwrap.dedent(
+#: a tokenizer whose loading starts a thread (as a library's self-check does) and which kills
+#: its worker unless the worker was forked from the process named by $MEGA_TEST_CALLER
+THREADED_TOKENIZER = textwrap.dedent(
     """
     import os, signal, sys, threading
-    from megafmt.cli.main import main
     from megafmt.tokenizers import TOKENIZERS
     from megafmt.tokenizers.simple import BytesTokenizer
 
@@ -185,6 +184,13 @@ THREADED_TOKENIZER_RUN = textwrap.dedent(
             return super().encode_batch(texts)
 
     TOKENIZERS.register("threaded", ThreadedTokenizer)
+    """
+)
+
+#: ``mega preprocess`` with that tokenizer
+THREADED_TOKENIZER_RUN = THREADED_TOKENIZER + textwrap.dedent(
+    """
+    from megafmt.cli.main import main
 
     if __name__ == "__main__":
         os.environ["MEGA_TEST_CALLER"] = str(os.getpid())
@@ -231,27 +237,12 @@ def test_pyarrow_s_allocator_thread_does_not_turn_fork_into_forkserver():
 
 
 #: a script without a ``__main__`` guard (as Megatron's tool needs none) that preprocesses twice
-#: with the threaded tokenizer above: its second run must fork as its first did (a fork server
-#: would import the script again, and the tokenizer kills a worker not forked from the script)
-TWO_RUNS_UNGUARDED = textwrap.dedent(
+#: with that tokenizer: its second run must fork as its first did (a fork server would import
+#: the script again, and the tokenizer kills a worker not forked from the script)
+TWO_RUNS_UNGUARDED = THREADED_TOKENIZER + textwrap.dedent(
     """
-    import os, signal, sys, threading
     from megafmt.preprocess import PreprocessConfig, preprocess
-    from megafmt.tokenizers import TOKENIZERS
-    from megafmt.tokenizers.simple import BytesTokenizer
 
-    class ThreadedTokenizer(BytesTokenizer):
-        @classmethod
-        def from_options(cls, options):
-            threading.Thread(target=threading.Event().wait, daemon=True).start()
-            return cls()
-
-        def encode_batch(self, texts):
-            if os.getppid() != int(os.environ["MEGA_TEST_CALLER"]):  # not forked from it
-                os.kill(os.getpid(), signal.SIGKILL)
-            return super().encode_batch(texts)
-
-    TOKENIZERS.register("threaded", ThreadedTokenizer)
     os.environ["MEGA_TEST_CALLER"] = str(os.getpid())
     source, out = sys.argv[1:]
     for name in ("first", "second"):
