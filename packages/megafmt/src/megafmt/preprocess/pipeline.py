@@ -342,7 +342,7 @@ def tokenize_into(
                     break
                 where = f"{chunk.file} from line {chunk.first_line}"
                 window.append((pool.submit(encode_in_worker, chunk), where))
-                watch.note_workers()
+                watch.note_workers(pool)
                 if len(window) >= 2 * config.workers + 2:
                     take(window[0][0].result())
                     window.popleft()

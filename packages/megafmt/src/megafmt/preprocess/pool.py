@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import signal
 import threading
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 
 from megafmt.errors import MegafmtError
 
@@ -136,10 +136,18 @@ class PoolWatch:
         """The caller's own child processes, started before the pool's."""
         return self._before
 
-    def note_workers(self) -> None:
-        """Note the pool's processes started since the last call (after each submit: a pool
-        starts its workers on the first submit, or one by one as work arrives)."""
-        for child in set(multiprocessing.active_children()) - self._before:
+    def note_workers(self, pool: object) -> None:
+        """Note ``pool``'s processes started since the last call (after each submit: a pool
+        starts its workers on the first submit, or one by one as work arrives). A worker that
+        died at once is no longer among the live children: the executor's own table of its
+        processes (CPython's ``ProcessPoolExecutor._processes``, filled within ``submit``)
+        still holds it."""
+        held = pool._processes if isinstance(pool, ProcessPoolExecutor) else None
+        try:
+            started = list((held or {}).values())
+        except RuntimeError:  # changed while read (the pool replacing a worker): the live ones
+            started = []
+        for child in [*started, *(set(multiprocessing.active_children()) - self._before)]:
             if child.pid is not None:
                 self._workers.setdefault(child.pid, child)
 
