@@ -199,21 +199,28 @@ THREADED_TOKENIZER_RUN = THREADED_TOKENIZER + textwrap.dedent(
 )
 
 
-@needs_fork
-def test_mega_preprocess_forks_though_its_tokenizer_started_threads(tmp_path):
+def threaded_script(tmp_path, text: str):
+    """``text`` written as a script, and the two-line input it preprocesses."""
     script = tmp_path / "threaded_run.py"
-    script.write_text(THREADED_TOKENIZER_RUN)
+    script.write_text(text)
     source = tmp_path / "in.jsonl"
     source.write_text('{"text": "one"}\n{"text": "two"}\n')
+    return script, source
+
+
+def run_successfully(script, *arguments) -> None:
+    """Run ``script`` with ``arguments`` in a fresh interpreter; it must exit 0."""
+    command = [sys.executable, str(script), *(str(a) for a in arguments)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+@needs_fork
+def test_mega_preprocess_forks_though_its_tokenizer_started_threads(tmp_path):
+    script, source = threaded_script(tmp_path, THREADED_TOKENIZER_RUN)
     prefix = tmp_path / "out" / "o"
     flags = ["--input", str(source), "--output-prefix", str(prefix), "--tokenizer-type", "threaded"]
-    run = subprocess.run(
-        [sys.executable, str(script), *flags, "--workers", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    run_successfully(script, *flags, "--workers", "2")
     tokens = (tmp_path / "out" / "o_text_document.bin").read_bytes()  # uint16 byte ids
     assert tokens.decode("utf-16-le") == "onetwo"
 
@@ -254,17 +261,8 @@ TWO_RUNS_UNGUARDED = THREADED_TOKENIZER + textwrap.dedent(
 
 @needs_fork
 def test_a_script_s_second_run_forks_beside_the_threads_its_first_run_left(tmp_path):
-    script = tmp_path / "two_runs.py"
-    script.write_text(TWO_RUNS_UNGUARDED)
-    source = tmp_path / "in.jsonl"
-    source.write_text('{"text": "one"}\n{"text": "two"}\n')
-    run = subprocess.run(
-        [sys.executable, str(script), str(source), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
+    script, source = threaded_script(tmp_path, TWO_RUNS_UNGUARDED)
+    run_successfully(script, source, tmp_path / "out")
     for name in ("first", "second"):
         tokens = (tmp_path / "out" / f"{name}_text_document.bin").read_bytes()
         assert tokens.decode("utf-16-le") == "onetwo"
