@@ -42,3 +42,36 @@ def test_memory_that_is_not_a_mapping_is_left_alone():
     values = numpy.arange(SIZE // 8, dtype=numpy.int64)
     release_pages(values)
     assert numpy.array_equal(values, numpy.arange(SIZE // 8, dtype=numpy.int64))
+
+
+def test_a_live_mapping_costs_little_memory_and_nothing_once_released(tmp_path):
+    """A blend holds thousands of mappings of files of different sizes at once: each costs the
+    process well under a KiB of its own memory (a ctypes array over the memory cost about
+    4 KiB: a type made per array length), and nothing of them stays once their arrays are
+    gone."""
+    import gc
+    import tracemalloc
+
+    from megafmt import mapping
+
+    path = tmp_path / "data"
+    path.write_bytes(bytes(range(256)) * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        warm = [map_file(str(path), fd, size) for size in range(1, 50)]  # made once, at first
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            live = [map_file(str(path), fd, size) for size in range(1000, 1400)]
+            gc.collect()
+            each = (tracemalloc.get_traced_memory()[0] - before) / len(live)
+        finally:
+            tracemalloc.stop()
+    finally:
+        os.close(fd)
+    assert all(d[-1] == (d.size - 1) % 256 and not d.flags.writeable for d in live + warm)
+    assert each < 1024, f"{each:.0f} bytes of memory per live mapping"
+    del live, warm
+    gc.collect()
+    assert not mapping._MAPPINGS

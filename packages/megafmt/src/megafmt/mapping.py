@@ -53,6 +53,29 @@ _PAGE = mmap.PAGESIZE
 _MAPPINGS: dict[int, int] = {}
 
 
+class _Mapping:
+    """The memory of one mapping, as numpy takes it (the base of the arrays viewing it).
+
+    Not a ctypes array: ctypes makes, and keeps for good, a type per array length, which for a
+    blend of thousands of corpora is thousands of types (about 4 KiB each) that outlive their
+    mappings."""
+
+    __slots__ = ("__weakref__", "address", "size")
+
+    def __init__(self, address: int, size: int) -> None:
+        self.address = address
+        self.size = size
+
+    @property
+    def __array_interface__(self) -> dict:
+        return {
+            "shape": (self.size,),
+            "typestr": "|u1",
+            "data": (self.address, True),  # read-only: the pages are mapped without PROT_WRITE
+            "version": 3,
+        }
+
+
 def _unmap(address: int, size: int) -> None:
     _MAPPINGS.pop(address, None)
     _LIBC.munmap(address, size)
@@ -72,11 +95,11 @@ def map_file(path: str, fd: int, size: int) -> numpy.ndarray:
     if address in (None, _MAP_FAILED):
         error = ctypes.get_errno()
         raise OSError(error, f"cannot map {path}: {os.strerror(error)}")
-    memory = (ctypes.c_char * size).from_address(address)
+    memory = _Mapping(address, size)
     _MAPPINGS[address] = size
     release = weakref.finalize(memory, _unmap, address, size)
     release.atexit = False  # at exit the OS unmaps; arrays may still be in use until then
-    data = numpy.frombuffer(memory, dtype=numpy.uint8)
+    data = numpy.asarray(memory)
     data.flags.writeable = False  # the pages are mapped read-only: a write would crash
     return data
 
@@ -100,9 +123,9 @@ def release_pages(view: numpy.ndarray) -> None:
     owner: object = view
     while isinstance(owner, numpy.ndarray):
         owner = owner.base
-    if not isinstance(owner, ctypes.Array):
+    if not isinstance(owner, _Mapping):
         return
-    address = ctypes.addressof(owner)
+    address = owner.address
     size = _MAPPINGS.get(address)
     if size is not None and address <= first and last <= address + size:
         _LIBC.madvise(first, last - first, _MADV_DONTNEED)
