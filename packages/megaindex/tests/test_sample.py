@@ -101,8 +101,9 @@ def test_every_flag_combination(flags):
             assert sample["attention_mask"][0].tolist() == expected["attention_mask"]
 
 
-def test_the_data_independent_mask_is_built_once():
-    config = SimpleNamespace(
+def mask_config(**changes):
+    """A configuration of 8-token samples with a data-independent (causal) attention mask."""
+    settings = dict(
         sequence_length=8,
         add_extra_token_to_sequence=True,
         tokenizer=SimpleNamespace(eod=EOD),
@@ -111,8 +112,30 @@ def test_the_data_independent_mask_is_built_once():
         eod_mask_loss=False,
         create_attention_mask=True,
     )
-    make = SampleMaker(config, PAD)
+    return SimpleNamespace(**{**settings, **changes})
+
+
+def test_the_data_independent_mask_is_built_once():
+    make = SampleMaker(mask_config(), PAD)
     first = make(numpy.arange(9, dtype=numpy.int64))
     second = make(numpy.arange(9, dtype=numpy.int64))
     assert first["attention_mask"] is second["attention_mask"]
     assert first["loss_mask"] is not second["loss_mask"]
+
+
+def test_datasets_of_equal_settings_share_one_maker_and_its_cached_tensors():
+    """A blend of thousands of corpora builds its position ids and causal mask once (an S x S
+    mask per corpus would not fit), not once per corpus; other settings get their own."""
+    first, second = SampleMaker.shared(mask_config(), PAD), SampleMaker.shared(mask_config(), PAD)
+    assert first is second
+    text = numpy.arange(9, dtype=numpy.int64)
+    assert first(text)["attention_mask"] is second(text.copy())["attention_mask"]
+    assert first(text)["position_ids"] is second(text.copy())["position_ids"]
+    others = [
+        SampleMaker.shared(mask_config(sequence_length=16), PAD),
+        SampleMaker.shared(mask_config(), PAD + 1),
+        SampleMaker.shared(mask_config(tokenizer=SimpleNamespace(eod=EOD + 1)), PAD),
+        SampleMaker.shared(mask_config(eod_mask_loss=True), PAD),
+    ]
+    assert all(other is not first for other in others)
+    assert len({id(other) for other in others}) == len(others)

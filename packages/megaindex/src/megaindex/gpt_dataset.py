@@ -93,7 +93,7 @@ class GPTDataset(MegatronDataset):
             [config.reset_position_ids, config.reset_attention_mask, config.eod_mask_loss]
         )
         #: turns windows of token ids into samples and batches
-        self.sample_maker = SampleMaker(config, self._pad_token_id)
+        self.sample_maker = SampleMaker.shared(config, self._pad_token_id)
         #: the tokens a sample's window holds: the sequence length, and the extra last label
         self.window_length = config.sequence_length + int(config.add_extra_token_to_sequence)
         self._corpus_prefix = _path_prefix(indexed_dataset)

@@ -19,6 +19,7 @@ tensor expanded over the batch (equal values, stride 0 on the batch dimension; c
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy
@@ -38,8 +39,21 @@ def segment_starts(tokens: numpy.ndarray, eod: int) -> numpy.ndarray:
     return numpy.maximum.accumulate(starts, axis=1)
 
 
+#: the live makers, by their settings (:meth:`SampleMaker.shared`)
+_SHARED_MAKERS: weakref.WeakValueDictionary[tuple, SampleMaker] = weakref.WeakValueDictionary()
+
+
 class SampleMaker:
     """Builds samples and batches for one dataset configuration."""
+
+    @classmethod
+    def shared(cls, config: Any, pad_token_id: int) -> SampleMaker:
+        """The maker of ``config``'s samples, one for every dataset of equal settings while any
+        holds it: its position ids and causal mask (an S x S mask with
+        ``create_attention_mask``) are built once for a blend of thousands of corpora, not once
+        per corpus."""
+        made = cls(config, pad_token_id)
+        return _SHARED_MAKERS.setdefault(made.settings, made)
 
     def __init__(self, config: Any, pad_token_id: int) -> None:
         self.sequence_length = config.sequence_length
@@ -68,7 +82,7 @@ class SampleMaker:
         self._causal_mask: torch.Tensor | None = None
         self._expanded_masks: dict[int, torch.Tensor] = {}
         self._position_tensor: torch.Tensor | None = None
-        self._positions = numpy.arange(self.sequence_length)
+        self._position_array: numpy.ndarray | None = None
 
     def _check_fits(self) -> None:
         """Refuse a sequence length whose samples cannot fit in memory, before allocating."""
@@ -139,6 +153,13 @@ class SampleMaker:
             length = self.sequence_length
             mask = self._expanded_masks[rows] = self.causal_mask.expand(rows, 1, length, length)
         return mask
+
+    @property
+    def _positions(self) -> numpy.ndarray:
+        """``0 .. S-1`` (int64); built once, when a first sample needs it."""
+        if self._position_array is None:
+            self._position_array = numpy.arange(self.sequence_length)
+        return self._position_array
 
     @property
     def positions(self) -> torch.Tensor:
