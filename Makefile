@@ -4,7 +4,8 @@ PYTHON ?= python3
 SETUP ?= setup
 PACKAGES := $(shell $(PYTHON) tools/venvs.py list)
 
-.PHONY: setup demo test checks lint test-packages test-cross test-slow release docs fuzz bench clean \
+.PHONY: setup demo test checks lint test-packages test-cross test-cross-compat test-cross-rest \
+	test-slow release docs fuzz bench clean \
 	$(addprefix test-,$(PACKAGES))
 
 setup:
@@ -18,13 +19,13 @@ demo: setup
 # tests run in the full venv, the four packages are built and installed as a user installs them
 # (release), and the docs are built. pytest's exit status 5 (no tests collected) fails the
 # target. Every check runs even when an earlier one failed (--keep-going); any failure fails
-# `make test`. Two checks run at a time (the longest, test-cross, starts first), each one's
-# output printed whole when it ends, with its slowest tests.
+# `make test`. Two checks run at a time (the cross-package tests, in two halves of about equal
+# length, start first), each one's output printed whole when it ends, with its slowest tests.
 TEST_JOBS ?= 2
 test: setup
 	$(MAKE) --keep-going --jobs=$(TEST_JOBS) --output-sync=target checks SETUP=
 
-checks: lint test-cross test-packages release docs
+checks: test-cross-compat test-cross-rest lint test-packages release docs
 
 lint: $(SETUP)
 	.venv/bin/ruff check packages tests tools testing
@@ -37,8 +38,14 @@ $(addprefix test-,$(PACKAGES)): test-%:
 	.venvs/$*/bin/python tools/check_isolation.py $*
 	.venvs/$*/bin/python -m pytest --durations=15 packages/$*/tests
 
-test-cross: $(SETUP)
-	.venv/bin/python -m pytest --durations=25 -m "not slow" tests
+test-cross: test-cross-compat test-cross-rest
+
+# the comparisons with the seed commit and megatron-core (tests/compat), and the rest
+test-cross-compat: $(SETUP)
+	.venv/bin/python -m pytest --durations=25 -m "not slow" tests/compat
+
+test-cross-rest: $(SETUP)
+	.venv/bin/python -m pytest --durations=25 -m "not slow" tests --ignore=tests/compat
 
 # The tests `make test` leaves out to stay within CI's 30 minutes: the switched seed checkout's
 # other whole jobs (CP, FIM, SFT, phases, a tokenizer without a pad token, more seeded random
