@@ -129,3 +129,27 @@ def test_a_class_registered_with_a_protocol_conforms_without_its_methods():
     for obj in (Registered(), Registered()):  # the second: the remembered answer
         assert conforms(obj, Readable) == isinstance(obj, Readable) is True
     assert not conforms(NoMethods(), Readable)
+
+
+def test_a_class_asked_about_is_not_kept_alive_by_the_answer():
+    """Classes made at run time (a factory's, a test's) are freed when nothing else holds them:
+    what conforms remembers of a class goes with it."""
+    import gc
+    import weakref
+
+    def made() -> tuple[weakref.ref, weakref.ref]:
+        class Made:
+            def __init__(self) -> None:
+                self.sequence_lengths = []
+
+        class Lacking:
+            pass
+
+        assert not conforms(Made(), protocols.TokenSource)
+        assert not conforms(Lacking(), protocols.TokenSource)
+        assert conforms(Made(), protocols.TokenSource) == isinstance(Made(), protocols.TokenSource)
+        return weakref.ref(Made), weakref.ref(Lacking)
+
+    classes = made()
+    gc.collect()
+    assert [cls() for cls in classes] == [None, None]

@@ -69,7 +69,7 @@ Tokenizers:
 
 from __future__ import annotations
 
-import functools
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Any, Generic, Protocol, runtime_checkable
@@ -313,23 +313,43 @@ def conforms(obj: object, protocol: type) -> bool:
     Answers are remembered per class as the class was when first asked: register a class with
     a Protocol, or give it a method, before its objects are asked about."""
     cls = type(obj)
-    on_class, per_object, missing = _members_of(cls, protocol)
+    facts = _CLASS_FACTS.get(cls)
+    if facts is None:
+        facts = _CLASS_FACTS[cls] = _ClassFacts(_serves_members(cls))
+    members = facts.protocols.get(protocol)
+    if members is None:
+        members = facts.protocols[protocol] = _members_of(cls, protocol)
+    on_class, per_object, missing = members
     if on_class:
         return all(hasattr(obj, name) for name in per_object)
-    if _serves_members(cls) or not missing.isdisjoint(getattr(obj, "__dict__", ())):
+    if facts.serves_members or not missing.isdisjoint(getattr(obj, "__dict__", ())):
         return isinstance(obj, protocol)
-    answer = _CLASS_ANSWERS.get((cls, protocol))
+    answer = facts.answers.get(protocol)
     if answer is None:
-        answer = _CLASS_ANSWERS[cls, protocol] = isinstance(obj, protocol)
+        answer = facts.answers[protocol] = isinstance(obj, protocol)
     return answer
 
 
-#: (class, Protocol) -> isinstance's answer for objects of a class that lacks one of the
-#: Protocol's methods and whose objects supply none themselves
-_CLASS_ANSWERS: dict[tuple[type, type], bool] = {}
+class _ClassFacts:
+    """What :func:`conforms` worked out about one class."""
+
+    __slots__ = ("answers", "protocols", "serves_members")
+
+    def __init__(self, serves_members: bool) -> None:
+        #: whether its objects may have members the class does not define
+        self.serves_members = serves_members
+        #: Protocol -> (:func:`_members_of`'s answer for the class)
+        self.protocols: dict[type, tuple[bool, tuple[str, ...], frozenset[str]]] = {}
+        #: Protocol -> isinstance's answer, where the class lacks one of its methods and its
+        #: objects supply none themselves
+        self.answers: dict[type, bool] = {}
 
 
-@functools.cache
+#: each class's facts, for as long as the class lives: a class made at run time (a test's, a
+#: factory's) is not kept alive by having been asked about
+_CLASS_FACTS: weakref.WeakKeyDictionary[type, _ClassFacts] = weakref.WeakKeyDictionary()
+
+
 def _serves_members(cls: type) -> bool:
     """Whether ``cls`` answers attribute lookups itself (``__getattr__``, or a
     ``__getattribute__`` of its own): its objects may have members the class does not define."""
@@ -340,7 +360,6 @@ def _serves_members(cls: type) -> bool:
     )
 
 
-@functools.cache
 def _members_of(cls: type, protocol: type) -> tuple[bool, tuple[str, ...], frozenset[str]]:
     """Whether ``cls`` defines each method and property ``protocol`` asks for (with a value
     other than None), the data members it leaves to its instances, and the methods it lacks."""
