@@ -11,6 +11,7 @@ import pytest
 from megafmt import IndexedDataset
 from megafmt.cli.main import main
 from megafmt.preprocess import PreprocessConfig, preprocess
+from megafmt.preprocess import blocks as block_module
 from megafmt.preprocess.blocks import BlockEncoder, block_path_note
 from megafmt.preprocess.encoding import Encoder, EncodeSettings
 from megafmt.preprocess.inputs import Chunk
@@ -66,6 +67,11 @@ AWKWARD_LINES = {
     "an array": b'["a"]',
     "duplicate key": b'{"text": "a", "text": "b"}',
     "bare -NaN": b'{"text": "a", "x": -NaN}',
+    "bare -NaN after a comma, no space": b'{"text": "a", "x": [1,-NaN]}',
+    "bare Inf after whitespace of every kind": b'{"text": "a", "x":\t\r Inf}',
+    "bare Inf after more whitespace than is looked past": b'{"text": "a", "x":'
+    + b" " * 40
+    + b"Inf}",
     "a NUL after the object": b'{"text": "a"}\x00',
     "lone low surrogate": b'{"text": "a\\udc00b"}',
     # pyarrow reads the block as one stream: 2 rows + 0 rows for 2 lines
@@ -126,6 +132,24 @@ def test_a_line_pyarrow_could_read_differently_sends_its_chunk_to_the_line_path(
     clean = [b'{"text": "the fox"}', b'{"text": "Information: -Inf, \\"x\\":Inf"}']
     assert blocks.encode(chunk_of(clean)) is not None
     assert blocks.encode(chunk_of([clean[0], AWKWARD_LINES[kind], clean[0]])) is None
+
+
+def test_a_suspect_inside_a_string_is_not_parsed_again(model, monkeypatch):
+    """An Inf or NaN after a letter, a quote or a space is inside a string (or refused by
+    pyarrow too): prose full of "Information" keeps to the quick screens. One after a value's
+    opener is parsed by Python's json."""
+    parsed = []
+    refuses = block_module._python_refuses
+    monkeypatch.setattr(
+        block_module,
+        "_python_refuses",
+        lambda line: parsed.append(line) or refuses(line),
+    )
+    blocks = encoder(model)._blocks
+    inside = [b'{"text": "Information and NaN or Inf \\"Inf\\" not a number"}'] * 20
+    assert blocks.encode(chunk_of(inside)) is not None and parsed == []
+    opener = b'{"text": "a", "x": [1, "-Inf"]}'
+    assert blocks.encode(chunk_of([*inside, opener])) is not None and parsed == [opener]
 
 
 def test_a_byte_order_mark_opening_a_chunk_sends_it_to_the_line_path(model):

@@ -30,9 +30,15 @@ from megafmt.tokenizers.base import BlockTokenizer, FlatEncoder
 from megafmt.tokenizers.fast_backend import GIGATOKEN
 
 #: what pyarrow reads in a line that Python's json refuses: a bare Inf or -Inf value (not
-#: Infinity), -NaN, a line that starts with a UTF-8 byte-order mark. A line holding one (in a
-#: string, too: "Information") is checked by json.loads itself.
+#: Infinity), -NaN, a line that starts with a UTF-8 byte-order mark. A line holding one where a
+#: value could start (:data:`VALUE_OPENERS`; the mark anywhere) is checked by json.loads itself.
 SUSPECTS = (b"Inf", b"NaN", b"\xef\xbb\xbf")
+#: what precedes a bare value, JSON whitespace aside: an Inf or NaN after anything else (a
+#: letter, a quote: "Information") is inside a string, or is refused by pyarrow too
+VALUE_OPENERS = b":,[-+"
+#: how much whitespace before an Inf or NaN is looked past for an opener; a longer run leaves
+#: the line in doubt
+WHITESPACE_LOOKED_PAST = 16
 #: a line with fewer opening brackets than this cannot be nested too deep for Python's json
 #: (which recursion stops near 1,000 levels); one with more is checked by json.loads itself
 DEEP_ENOUGH = 256
@@ -204,7 +210,8 @@ def _screened(block: bytes) -> bool:
 
 
 def _suspects(data: numpy.ndarray) -> numpy.ndarray:
-    """Where a suspect (:data:`SUSPECTS`) starts in ``data``, an Inf of Infinity aside."""
+    """Where a suspect (:data:`SUSPECTS`) starts in ``data``: an Inf (of Infinity aside) or a
+    NaN where a bare value could start, a byte-order mark anywhere."""
     found = []
     for suspect in SUSPECTS:
         at = numpy.flatnonzero(data[: max(0, data.size - len(suspect) + 1)] == suspect[0])
@@ -217,8 +224,33 @@ def _suspects(data: numpy.ndarray) -> numpy.ndarray:
                 inside = tail + offset < data.size
                 infinity &= inside & (data[numpy.where(inside, tail + offset, 0)] == byte)
             at = at[~infinity]
+        if suspect != SUSPECTS[2]:
+            at = at[_could_start_a_value(data, at)]
         found.append(at)
     return numpy.concatenate(found)
+
+
+def _could_start_a_value(data: numpy.ndarray, at: numpy.ndarray) -> numpy.ndarray:
+    """Which of the positions ``at`` follow a :data:`VALUE_OPENERS` byte (JSON whitespace
+    between them aside), or lie too far past whitespace, or at the start, to tell."""
+    before = at - 1
+    for _ in range(WHITESPACE_LOOKED_PAST):
+        spaced = (before >= 0) & _IS_WHITESPACE[data[numpy.maximum(before, 0)]]
+        if not spaced.any():
+            break
+        before = before - spaced
+    return (before < 0) | _IS_OPENER_OR_WHITESPACE[data[numpy.maximum(before, 0)]]
+
+
+def _byte_table(members: bytes) -> numpy.ndarray:
+    """For each byte value, whether it is one of ``members``."""
+    table = numpy.zeros(256, bool)
+    table[numpy.frombuffer(members, numpy.uint8)] = True
+    return table
+
+
+_IS_WHITESPACE = _byte_table(JSON_WHITESPACE)
+_IS_OPENER_OR_WHITESPACE = _byte_table(VALUE_OPENERS + JSON_WHITESPACE)
 
 
 def _one_object_wide(line: bytes) -> bool:
