@@ -2,7 +2,7 @@
 run (issue 28's table).
 
     .venv/bin/python tools/bench/bench_tokenize.py [--size-mb 20] [--prefix-mb 2] [--rounds 3]
-        [--corpora prose code multilingual synthetic] [--workers 1 2] [--rows FILE]
+        [--corpora prose code multilingual synthetic] [--workers 1 2] [--ray] [--rows FILE]
 
 Each corpus (bench_preprocess.py's prose, code and synthetic, and ``multilingual``: paragraphs
 of CJK, Cyrillic, Arabic, Devanagari and emoji pseudo-words) gets a byte-level BPE tokenizer
@@ -24,7 +24,10 @@ trained on it. For each worker count the contenders are:
   ``reference`` (the tokenizers library whole-text); each run is one ``preprocess()`` call in a
   fresh process, as the CLI makes it, timed there (its imports aside): this process has
   started the libraries' threads by then, and a run from it would start its workers from a
-  fork server, which the CLI does not.
+  fork server, which the CLI does not;
+- ``mega preprocess --ray`` (with ``--ray``): one ``preprocess_on_ray`` call in a fresh process,
+  timed from when its local Ray cluster of ``workers`` CPUs (on loopback) is up, the input cut
+  into ``2 x workers`` shards; its output is compared byte for byte with mega preprocess's.
 
 Each corpus is ``--size-mb`` of jsonl (a corpus that runs out is repeated), large enough that
 start-up (imports, the backend's self-check, the pool) is a small share for the fast contenders
@@ -97,6 +100,7 @@ bench_preprocess.CORPORA["multilingual"] = multilingual_documents
 #: mega preprocess on the prefix: not timed, its output compared with the slow tools'
 PREFIX_RUN = "mega preprocess, prefix"
 PREFIX_OUT = "ours-prefix/out_text_document"
+RAY_RUN = "mega preprocess --ray"
 
 
 def make_corpus(path: Path, size_mb: float, corpus: str) -> int:
@@ -142,6 +146,26 @@ print(time.perf_counter() - start)
 """
 
 
+#: one preprocess_on_ray() call, timed in its own process once its local Ray cluster (CPUs:
+#: workers, on loopback) is up: input, output prefix, model, workers, shard bytes
+PREPROCESS_ON_RAY = """
+import sys, time
+import ray
+from megafmt.preprocess import PreprocessConfig
+from megafmt.preprocess.on_ray import RayOptions, preprocess_on_ray
+from megafmt.tokenizers import TokenizerOptions
+source, prefix, model, workers, shard_bytes = sys.argv[1:]
+config = PreprocessConfig(source, prefix, "HuggingFaceTokenizer", TokenizerOptions(model=model),
+    append_eod=True, workers=int(workers), log_interval=10**9)
+ray.init(num_cpus=int(workers), include_dashboard=False, log_to_driver=False,
+    _node_ip_address="127.0.0.1")
+start = time.perf_counter()
+preprocess_on_ray(config, RayOptions(shard_bytes=int(shard_bytes)))
+print(time.perf_counter() - start)
+ray.shutdown()
+"""
+
+
 #: gigatoken's bulk call in its own process, timed as PREPROCESS_ALONE times a run (imports
 #: aside; the tokenizer's load and a cold pretoken cache included): jsonl, tokenizer.json, workers
 GIGATOKEN_ALONE = """
@@ -168,7 +192,7 @@ def in_own_process(script: str, *argv: str) -> Callable[[], float]:
 
 
 def contenders(
-    work: Path, source: Path, prefix: Path, workers: int, seed: SeedProcess | None
+    work: Path, source: Path, prefix: Path, workers: int, seed: SeedProcess | None, ray: bool
 ) -> dict:
     """Each contender's run for ``workers``, its input (``source`` or its ``prefix``) and where
     it writes its output (None: none)."""
@@ -217,6 +241,10 @@ def contenders(
     )
     runs["mega preprocess (reference)"] = (ours("reference", prefix, "ours-ref"), prefix, None)
     runs["mega preprocess"] = (ours("auto", source, "ours-auto"), source, None)
+    if ray:
+        shard_bytes = str(-(-source.stat().st_size // (2 * workers)))
+        argv = [str(source), str(work / "ours-ray" / "out"), str(work), str(workers), shard_bytes]
+        runs[RAY_RUN] = (in_own_process(PREPROCESS_ON_RAY, *argv), source, None)
     runs[PREFIX_RUN] = (ours("auto", prefix, "ours-prefix"), prefix, f"{work}/{PREFIX_OUT}")
     return runs
 
@@ -238,11 +266,11 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
     report.heading(f"tokenize: {conditions}")
     rows = []
     for workers in args.workers:
-        runs = contenders(work, source, prefix, workers, seed)
+        runs = contenders(work, source, prefix, workers, seed, args.ray)
         seconds: dict[str, list[float]] = {name: [] for name in runs}
-        same = True  # in every round
+        same = ray_same = True  # in every round
         for _ in range(args.rounds):
-            for folder in ("seed", "core", "ours-auto", "ours-ref", "ours-prefix"):
+            for folder in ("seed", "core", "ours-auto", "ours-ref", "ours-prefix", "ours-ray"):
                 shutil.rmtree(work / folder, ignore_errors=True)
                 (work / folder).mkdir()
             for name, (run, _, _) in runs.items():
@@ -252,6 +280,15 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
                 filecmp.cmp(runs[PREFIX_RUN][2] + x, theirs + x, shallow=False)
                 for x in (".bin", ".idx")
             )
+            if args.ray:
+                ray_same &= all(
+                    filecmp.cmp(
+                        f"{work}/ours-ray/out_text_document{x}",
+                        f"{work}/ours-auto/out_text_document{x}",
+                        shallow=False,
+                    )
+                    for x in (".bin", ".idx")
+                )
         del seconds[PREFIX_RUN]
         tokens = {
             source: int(
@@ -284,6 +321,7 @@ def bench_corpus(corpus: str, args, report: benchreport.Report, seed) -> list[st
             f"{'the seed tool' if seed else 'megatron-core'} byte-identical on the prefix: "
             f"{'yes' if same else 'NO'}; gigatoken bulk's MB/s / mega preprocess's: "
             f"{rate['gigatoken bulk'] / rate['mega preprocess']:.2f}x"
+            + (f"; --ray byte-identical with it: {'yes' if ray_same else 'NO'}" if args.ray else "")
         )
     shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -296,6 +334,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ray", action="store_true", help="add mega preprocess --ray")
     parser.add_argument(
         "--corpora",
         nargs="+",
