@@ -10,8 +10,9 @@ many processes from a cache in object storage.
    sparse ``.bin`` each), weighted by their token counts, ``--samples`` training samples of 4096
    tokens. Each side (megaindex, the reference) builds it in a fresh process with an empty cache
    (cold build), then opens it again in another (cache hit): seconds from the builder's start
-   to the datasets in hand (imports excluded), the process's peak RSS, and the most open file
-   descriptors seen (sampled every 5 ms from /proc/self/fd). megaindex's first cold build also
+   to the datasets in hand (imports excluded), the process's peak RSS (whole, and above what it
+   held once its imports were done: torch's are most of it on both sides), and the most open
+   file descriptors seen (sampled every 5 ms from /proc/self/fd). megaindex's first cold build also
    checks each corpus at its first open and notes it (megafmt's notes, in a folder of the
    run's: ``MEGA_CACHE_DIR``); a second cold build into an empty cache folder, the corpora
    checked before, is the case of a new mix over corpora a machine has read already.
@@ -165,18 +166,20 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
     # the first cold build checks each corpus (megatron-core checks none) and notes it
     os.environ["MEGA_CACHE_DIR"] = str(WORKDIR / "notes")
 
-    def run(side: str) -> dict:
+    def run(side: str, cache: str = "") -> dict:
         # what the run before left to write back (the corpora, the other side's cache) is
         # written first, not during this one
         os.sync()
-        cache = WORKDIR / f"cache-{side}"
+        cache = str(WORKDIR / (cache or f"cache-{side}"))
         return benchreport.child_json(
             __file__, side, blend_file, cache, samples, "--reference", REFERENCE
         )
 
     ours_cold, ours_hit = run("megaindex"), run("megaindex")
-    shutil.rmtree(WORKDIR / "cache-megaindex")
-    ours_cold_again = run("megaindex")  # another index cache of corpora checked before
+    # another index cache of corpora checked before, in a new folder: deleting the first one's
+    # thousands of files right before would slow this run (the file system discards their
+    # blocks meanwhile), and nothing is deleted before the other runs either
+    ours_cold_again = run("megaindex", "cache-megaindex-again")
     theirs_cold, theirs_hit = run("megatron"), run("megatron")
     if ours_cold["samples"] != theirs_cold["samples"]:
         raise RuntimeError(f"the blends differ in length: {ours_cold} vs {theirs_cold}")
@@ -186,9 +189,12 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
         ("cache hit of the blend", ours_hit, theirs_hit),
     )
     for label, ours, theirs in pairs:
+        for side in (ours, theirs):
+            side["above_imports_mib"] = side["peak_mib"] - side["baseline_mib"]
         for figure, key, unit in (
             ("", "seconds", "s"),
             (": peak RSS", "peak_mib", "MiB"),
+            (": peak RSS above the imports", "above_imports_mib", "MiB"),
             (": most open files", "descriptors", "fds"),
         ):
             report.compare(
