@@ -208,9 +208,13 @@ def child(
         from seedref import enter_seed_environment
 
         enter_seed_environment()
+        import megatron.core.datasets.blended_megatron_dataset_builder
         import megatron.core.datasets.gpt_dataset  # noqa: F401
     else:
-        import megaindex  # noqa: F401
+        # megaindex's names are imported when first used: used here, before the clock starts,
+        # so that neither side's figures hold torch's import (a training process has imported
+        # torch long before it builds its datasets)
+        from megaindex import BlendedMegatronDatasetBuilder, GPTDataset  # noqa: F401
     tokenizer = tokenizer_of(side, identity)
     baseline = peak_rss_mib()
     if wait:
