@@ -72,6 +72,8 @@ def test_a_live_mapping_costs_little_memory_and_nothing_once_released(tmp_path):
         os.close(fd)
     assert all(d[-1] == (d.size - 1) % 256 and not d.flags.writeable for d in live + warm)
     assert each < 1024, f"{each:.0f} bytes of memory per live mapping"
+    addresses = {d.ctypes.data for d in live + warm}
+    assert addresses <= set(mapping._MAPPINGS)
     del live, warm
     gc.collect()
-    assert not mapping._MAPPINGS
+    assert not addresses & set(mapping._MAPPINGS)

@@ -99,9 +99,7 @@ def map_file(path: str, fd: int, size: int) -> numpy.ndarray:
     _MAPPINGS[address] = size
     release = weakref.finalize(memory, _unmap, address, size)
     release.atexit = False  # at exit the OS unmaps; arrays may still be in use until then
-    data = numpy.asarray(memory)
-    data.flags.writeable = False  # the pages are mapped read-only: a write would crash
-    return data
+    return numpy.asarray(memory)  # read-only, as its interface says: a write would crash
 
 
 def release_pages(view: numpy.ndarray) -> None:

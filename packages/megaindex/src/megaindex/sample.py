@@ -14,7 +14,8 @@ Tensors that do not depend on the data are built once and shared, as megatron-co
 cached ones: without resets a sample's ``position_ids`` is one cached tensor; without
 ``reset_attention_mask`` its ``attention_mask`` is one cached tensor, and a batch's is that
 tensor expanded over the batch (equal values, stride 0 on the batch dimension; call
-``.contiguous()`` for a dense copy). Do not modify them in place.
+``.contiguous()`` for a dense copy). They are shared by every dataset of equal sample settings
+(:meth:`SampleMaker.shared`: all the corpora of a blend): do not modify them in place.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class SampleMaker:
         ``create_attention_mask``) are built once for a blend of thousands of corpora, not once
         per corpus."""
         made = cls(config, pad_token_id)
-        return _SHARED_MAKERS.setdefault(made.settings, made)
+        try:
+            return _SHARED_MAKERS.setdefault(made.settings, made)
+        except TypeError:  # settings that do not hash (a 0-d array as the EOD id): its own
+            return made
 
     def __init__(self, config: Any, pad_token_id: int) -> None:
         self.sequence_length = config.sequence_length
