@@ -13,6 +13,7 @@ import http.client
 import logging
 import os
 import random
+import select
 import socket
 import subprocess
 import sys
@@ -59,21 +60,25 @@ def moto_endpoint(
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    saved = {key: os.environ.get(key) for key in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL"]}
-    os.environ.update(FAKE_CREDENTIALS)
+    # the server binds a port the system picks and says which: a port found free beforehand
+    # could be taken meanwhile by another test run's server, whose requests this one would then
+    # be sent (the cross-package tests run as two pytest processes at once)
     if separate_process:
         latency = [] if first_byte_latency is None else ["--latency", str(first_byte_latency)]
         server: Any = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--port", str(port), *latency],
-            stdout=subprocess.DEVNULL,
+            [sys.executable, os.path.abspath(__file__), *latency],
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            text=True,
         )
-        _wait_for_port(port, server)
+        port = _port_of(server)
     else:
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
+        port = server.get_host_and_port()[1]
+    url = f"http://127.0.0.1:{port}"
+    saved = {key: os.environ.get(key) for key in [*FAKE_CREDENTIALS, "AWS_ENDPOINT_URL"]}
+    os.environ.update(FAKE_CREDENTIALS)
     os.environ["AWS_ENDPOINT_URL"] = url
     _forget_s3_clients()
     try:
@@ -92,18 +97,18 @@ def moto_endpoint(
                 os.environ[key] = value
 
 
-def _wait_for_port(port: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto's server exited with status {process.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
+def _port_of(process: subprocess.Popen, timeout: float = 60.0) -> int:
+    """The port the server ``process`` (``_serve``) listens on, from the line it prints."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if ready else ""
+    if line.strip().isdigit():
+        return int(line)
     process.kill()
-    raise TimeoutError(f"moto's server did not listen on port {port} within {timeout} s")
+    status = process.wait()
+    raise RuntimeError(
+        f"moto's server did not say its port within {timeout} s (it printed {line!r}; its "
+        f"exit status: {status})"
+    )
 
 
 def _forget_s3_clients() -> None:
@@ -230,11 +235,11 @@ class FaultyProxy:
 
 
 def _serve(argv: list[str]) -> None:
-    """moto's server on loopback, as a process of its own (see ``moto_endpoint``)."""
+    """moto's server on loopback, as a process of its own (see ``moto_endpoint``): prints the
+    port it listens on, then serves until it is terminated."""
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--latency", type=float)
     args = parser.parse_args(argv)
     if args.latency is not None:
@@ -247,9 +252,13 @@ def _serve(argv: list[str]) -> None:
                 return key._value_buffer._file.getvalue()  # the bytes held, not a copy
 
         FakeKey.value = property(value, FakeKey.value.fset)
-    from moto.server import main
+    from moto.server import ThreadedMotoServer
 
-    main(["-H", "127.0.0.1", "-p", str(args.port)])
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    print(server.get_host_and_port()[1], flush=True)
+    threading.Event().wait()
 
 
 if __name__ == "__main__":
