@@ -131,38 +131,29 @@ def timed(run: Callable[[], object]) -> float:
     return said if isinstance(said, float) else time.perf_counter() - start
 
 
-#: one preprocess() call, timed in its own process: input, output prefix, model, backend, workers
+#: one run in its own process, timed there (imports aside): input, output prefix, model,
+#: backend, workers, shard bytes. Shard bytes 0: one ``preprocess()`` call; else one
+#: ``preprocess_on_ray()`` call in shards of that size, timed once its local Ray cluster (CPUs:
+#: workers, on loopback) is up
 PREPROCESS_ALONE = """
 import sys, time
 from megafmt.preprocess import PreprocessConfig, preprocess
 from megafmt.tokenizers import TokenizerOptions
-source, prefix, model, backend, workers = sys.argv[1:]
+source, prefix, model, backend, workers, shard_bytes = sys.argv[1:]
 config = PreprocessConfig(source, prefix, "HuggingFaceTokenizer",
     TokenizerOptions(model=model, backend=backend), append_eod=True, workers=int(workers),
     log_interval=10**9)
-start = time.perf_counter()
-preprocess(config)
+if int(shard_bytes):
+    import ray
+    from megafmt.preprocess.on_ray import RayOptions, preprocess_on_ray
+    ray.init(num_cpus=int(workers), include_dashboard=False, log_to_driver=False,
+        _node_ip_address="127.0.0.1")
+    start = time.perf_counter()
+    preprocess_on_ray(config, RayOptions(shard_bytes=int(shard_bytes)))
+else:
+    start = time.perf_counter()
+    preprocess(config)
 print(time.perf_counter() - start)
-"""
-
-
-#: one preprocess_on_ray() call, timed in its own process once its local Ray cluster (CPUs:
-#: workers, on loopback) is up: input, output prefix, model, workers, shard bytes
-PREPROCESS_ON_RAY = """
-import sys, time
-import ray
-from megafmt.preprocess import PreprocessConfig
-from megafmt.preprocess.on_ray import RayOptions, preprocess_on_ray
-from megafmt.tokenizers import TokenizerOptions
-source, prefix, model, workers, shard_bytes = sys.argv[1:]
-config = PreprocessConfig(source, prefix, "HuggingFaceTokenizer", TokenizerOptions(model=model),
-    append_eod=True, workers=int(workers), log_interval=10**9)
-ray.init(num_cpus=int(workers), include_dashboard=False, log_to_driver=False,
-    _node_ip_address="127.0.0.1")
-start = time.perf_counter()
-preprocess_on_ray(config, RayOptions(shard_bytes=int(shard_bytes)))
-print(time.perf_counter() - start)
-ray.shutdown()
 """
 
 
@@ -210,9 +201,9 @@ def contenders(
     def gigatoken_bulk() -> None:
         fast.encode_files(gigatoken.JsonlFileSource([str(source)]), parallel=workers > 1)
 
-    def ours(backend: str, text: Path, folder: str) -> Callable[[], float]:
+    def ours(backend: str, text: Path, folder: str, shard_bytes: int = 0) -> Callable[[], float]:
         argv = [str(text), str(work / folder / "out"), str(work), backend, str(workers)]
-        return in_own_process(PREPROCESS_ALONE, *argv)
+        return in_own_process(PREPROCESS_ALONE, *argv, str(shard_bytes))
 
     flags = ["--input", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
              "--tokenizer-model", str(work), "--workers", str(workers), "--append-eod",
@@ -242,9 +233,8 @@ def contenders(
     runs["mega preprocess (reference)"] = (ours("reference", prefix, "ours-ref"), prefix, None)
     runs["mega preprocess"] = (ours("auto", source, "ours-auto"), source, None)
     if ray:
-        shard_bytes = str(-(-source.stat().st_size // (2 * workers)))
-        argv = [str(source), str(work / "ours-ray" / "out"), str(work), str(workers), shard_bytes]
-        runs[RAY_RUN] = (in_own_process(PREPROCESS_ON_RAY, *argv), source, None)
+        shard_bytes = -(-source.stat().st_size // (2 * workers))
+        runs[RAY_RUN] = (ours("auto", source, "ours-ray", shard_bytes), source, None)
     runs[PREFIX_RUN] = (ours("auto", prefix, "ours-prefix"), prefix, f"{work}/{PREFIX_OUT}")
     return runs
 
