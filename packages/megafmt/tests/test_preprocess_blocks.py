@@ -268,3 +268,33 @@ def test_the_cli_says_once_how_it_reads_the_jsonl(tmp_path, model, capsys):
         == 0
     )
     assert "input: jsonl read line by line: the tokenizer's library" in capsys.readouterr().err
+
+
+class RecordingLibrary:
+    """gigatoken's tokenizer, noting the ``parallel`` of each batch it encodes."""
+
+    def __init__(self, library):
+        self.library = library
+        self.parallel = []
+
+    def encode_batch(self, texts, parallel=None):
+        self.parallel.append(parallel)
+        return self.library.encode_batch(texts, parallel=parallel)
+
+    def __getattr__(self, name):
+        return getattr(self.library, name)
+
+
+@pytest.mark.parametrize("parallel", [False, None])
+def test_the_library_s_thread_pool_is_used_as_the_encoder_says_on_either_path(model, parallel):
+    """A run's main process that encodes for its one worker keeps gigatoken off its thread
+    pool (it forks workers later) on the block path and for a chunk that path refuses alike."""
+    settings = encoder(model).settings
+    mine = Encoder(settings, parallel=parallel)
+    library = mine.tokenizer._fast._tokenizer = RecordingLibrary(mine.tokenizer._fast._tokenizer)
+    clean = [b'{"text": "the fox"}', b'{"text": "don\'t"}']
+    for lines in (clean, [clean[0], AWKWARD_LINES["duplicate key"], clean[1]]):
+        library.parallel.clear()  # the second chunk goes to the line path
+        encoded = mine.encode(chunk_of(lines))
+        assert len(encoded.documents) == len(lines)  # Python's json reads a duplicate key
+        assert library.parallel and set(library.parallel) == {parallel}

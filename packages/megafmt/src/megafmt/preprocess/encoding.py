@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import itertools
 import json
 import os
@@ -67,9 +68,9 @@ class Encoder:
         parallel: bool | None = None,
     ) -> None:
         """``tokenizer``: the run's own, already loaded and checked (else loaded from
-        ``settings``); ``parallel``: whether the block path's encoder may use its library's
-        thread pool (None: the library decides; False in a run's main process, which encodes
-        for its one worker on one core)."""
+        ``settings``); ``parallel``: whether the tokenizer's library may use its thread pool
+        (None: the library decides; False in a run's main process, which encodes for its one
+        worker on one core, on the block path and for the chunks that path refuses alike)."""
         self.settings = settings
         self.tokenizer = (
             load_tokenizer(settings.tokenizer_type, settings.tokenizer_options)
@@ -77,7 +78,7 @@ class Encoder:
             else tokenizer
         )
         self._encode_batch: Callable[[list[str]], Sequence[Sequence[int]]] = (
-            self.tokenizer.encode_batch_arrays
+            functools.partial(self.tokenizer.encode_batch_arrays, parallel=parallel)
             if isinstance(self.tokenizer, ArrayTokenizer)
             else self.tokenizer.encode_batch
         )

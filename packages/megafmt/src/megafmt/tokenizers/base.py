@@ -131,8 +131,12 @@ class ArrayTokenizer(Protocol):
     """A tokenizer that can also give each text's ids as a numpy array: preprocessing then
     never makes a Python int per token (the library's buffer becomes the array)."""
 
-    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
-        """The ids of each text, as ``encode_batch`` gives them, as 1-D integer arrays."""
+    def encode_batch_arrays(
+        self, texts: Sequence[str], parallel: bool | None = None
+    ) -> list[numpy.ndarray]:
+        """The ids of each text, as ``encode_batch`` gives them, as 1-D integer arrays;
+        ``parallel``: whether a library with a thread pool of its own may use it (None: it
+        decides; False: this process encodes on one core, and forks workers later)."""
         ...
 
 

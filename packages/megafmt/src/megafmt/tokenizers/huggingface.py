@@ -235,11 +235,15 @@ class HuggingFaceTokenizer:
             return [encoding.ids for encoding in encodings]
         return [ids.tolist() for ids in self._fast.encode_batch_arrays(texts)]
 
-    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
-        """``encode_batch`` as arrays: gigatoken's buffer cut per text, where it is exact."""
+    def encode_batch_arrays(
+        self, texts: Sequence[str], parallel: bool | None = None
+    ) -> list[numpy.ndarray]:
+        """``encode_batch`` as arrays: gigatoken's buffer cut per text, where it is exact
+        (``parallel`` as gigatoken takes it). The ``tokenizers`` library's pool otherwise: it
+        turns itself off in a process forked after its use."""
         if self._fast is None:
             return [numpy.asarray(ids, dtype=numpy.int64) for ids in self.encode_batch(texts)]
-        return self._fast.encode_batch_arrays(texts)
+        return self._fast.encode_batch_arrays(texts, parallel)
 
     def flat_encoder(self) -> GigatokenEncoder | None:
         """gigatoken's encoder, where its self-check passed: it takes a block of texts in one

@@ -156,14 +156,16 @@ class TikTokenTokenizer:
         """Megatron's ``encode(text, allowed_special="all")`` of each text."""
         return [ids.tolist() for ids in self.encode_batch_arrays(texts)]
 
-    def encode_batch_arrays(self, texts: Sequence[str]) -> list[numpy.ndarray]:
+    def encode_batch_arrays(
+        self, texts: Sequence[str], parallel: bool | None = None
+    ) -> list[numpy.ndarray]:
         """``encode_batch`` as arrays, straight from the library's buffer: gigatoken's where its
         self-check passed, else tiktoken's (and tiktoken's for a batch holding a text that is
         not UTF-8, which gigatoken refuses and tiktoken mends)."""
         fast = self._checked_backend[0]
         if fast is not None:
             try:
-                return fast.encode_batch_arrays(texts)
+                return fast.encode_batch_arrays(texts, parallel)
             except TypeError:
                 pass
         return [self._encode_array(text) for text in texts]
