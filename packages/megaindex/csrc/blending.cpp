@@ -8,20 +8,47 @@ namespace megaindex {
 
 void build_blending_indices(const double* weights, int32_t num_datasets, int64_t size,
                             int16_t* dataset_index, int64_t* dataset_sample_index) {
-  std::vector<int64_t> taken(num_datasets, 0);
+  // Counts as doubles (exact far beyond any table's length): a lag is then one multiply and one
+  // subtract, as the int64 count's conversion gives. The scan keeps kWays independent running
+  // maxima (dataset d in way d % kWays), which the compiler keeps in vector registers; the
+  // first dataset of the largest lag is the smallest index among the ways' ties.
+  constexpr int32_t kWays = 4;
+  const int32_t whole = num_datasets / kWays * kWays;
+  std::vector<double> taken(num_datasets, 0.0);
   for (int64_t sample = 0; sample < size; ++sample) {
     const double progress = std::max(static_cast<double>(sample), 1.0);
-    int32_t chosen = 0;
-    double largest = weights[0] * progress - static_cast<double>(taken[0]);
-    for (int32_t dataset = 1; dataset < num_datasets; ++dataset) {
-      const double lag = weights[dataset] * progress - static_cast<double>(taken[dataset]);
-      if (lag > largest) {
-        largest = lag;
-        chosen = dataset;
+    double largest[kWays];
+    int32_t at[kWays];
+    for (int32_t way = 0; way < kWays; ++way) {
+      largest[way] = weights[0] * progress - taken[0];
+      at[way] = 0;
+    }
+    for (int32_t first = 0; first < whole; first += kWays) {
+      for (int32_t way = 0; way < kWays; ++way) {
+        const double lag = weights[first + way] * progress - taken[first + way];
+        const bool more = lag > largest[way];
+        largest[way] = more ? lag : largest[way];
+        at[way] = more ? first + way : at[way];
+      }
+    }
+    for (int32_t dataset = whole; dataset < num_datasets; ++dataset) {
+      const double lag = weights[dataset] * progress - taken[dataset];
+      if (lag > largest[0]) {
+        largest[0] = lag;
+        at[0] = dataset;
+      }
+    }
+    int32_t chosen = at[0];
+    double most = largest[0];
+    for (int32_t way = 1; way < kWays; ++way) {
+      if (largest[way] > most || (largest[way] == most && at[way] < chosen)) {
+        most = largest[way];
+        chosen = at[way];
       }
     }
     dataset_index[sample] = static_cast<int16_t>(chosen);
-    dataset_sample_index[sample] = taken[chosen]++;
+    dataset_sample_index[sample] = static_cast<int64_t>(taken[chosen]);
+    taken[chosen] += 1.0;
   }
 }
 

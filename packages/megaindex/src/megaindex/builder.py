@@ -35,6 +35,7 @@ from megafmt.progress import Progress
 from megaindex import distributed
 from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset
+from megaindex.collector import collector_paused
 from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified, own_field
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
@@ -196,7 +197,12 @@ class BlendedMegatronDatasetBuilder:
         """The dataset of each split: None for a split without a share of the data or a rank
         that builds none; an empty dataset (or blend) for a share that holds no tokens when no
         samples are asked of it (asked for samples, it is an
-        :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns."""
+        :class:`~megaindex.errors.EmptySplitError`), as megatron-core's builder returns.
+        Python's cyclic garbage collector is paused meanwhile (:mod:`megaindex.collector`)."""
+        with collector_paused():
+            return self._build()
+
+    def _build(self) -> list[Any]:
         distributed.agree(self.config_description(), self._barrier_timeout)
         if self._opens_prefixes() and distributed.builds_shared_files() and self._builds_here():
             blends = [self._blend_of(split) for split in Split]
