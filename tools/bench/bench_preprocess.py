@@ -40,6 +40,7 @@ import importlib
 import itertools
 import json
 import shutil
+import subprocess
 import sys
 import sysconfig
 import time
@@ -115,6 +116,17 @@ TRAINING_TEXT = 4_000_000
 
 
 def train_tokenizer(directory: Path, sample: Path, vocab_size: int) -> None:
+    """A byte-level BPE of ``vocab_size`` tokens trained on the start of ``sample``, saved in
+    ``directory``; trained in a process of its own. The ``tokenizers`` library's training
+    leaves its thread pool running, and in a process holding threads it did not start with,
+    ``preprocess()`` starts its workers from a fork server (megafmt.preprocess.pool), each
+    importing this script and its reference: not the state of a process that runs mega
+    preprocess alone, and 5 to 50 times slower on a small corpus."""
+    command = [sys.executable, __file__, "--train-tokenizer", directory, sample, vocab_size]
+    subprocess.run([str(part) for part in command], check=True)
+
+
+def _train_tokenizer_here(directory: Path, sample: Path, vocab_size: int) -> None:
     import tokenizers
 
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -277,6 +289,9 @@ def bench_corpus(corpus: str, args: argparse.Namespace, report: benchreport.Repo
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--train-tokenizer":
+        _train_tokenizer_here(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
+        return
     parser = benchreport.parser(__doc__)
     parser.add_argument("--size-mb", type=float, default=200)
     parser.add_argument("--workers", type=int, default=2)
