@@ -15,6 +15,7 @@ import numpy
 import pytest
 
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
+from megafmt.atomic import remove_stale_partials
 from megaindex.cache import read_npy_header
 
 SIZES = [1000, 50, 10]
@@ -138,6 +139,30 @@ def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):
     os.remove(base + "-description.txt")  # the next build writes the entry again
     build(make_config())
     assert not glob.glob(os.path.join(config.path_to_cache, "*.partial"))
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_blend_built_on_threads_lists_its_cache_folder_for_leftovers_once(
+    make_config, tmp_path, monkeypatch, threads
+):
+    """Each save lists the folder for leftovers only when something else wrote there since
+    this process's last save: the builder's own threads never count as something else."""
+    from megafmt.testing import write_corpus
+    from megaindex import cache
+
+    listings = []
+    monkeypatch.setattr(
+        cache,
+        "remove_stale_partials",
+        lambda *paths: listings.append(paths) or remove_stale_partials(*paths),
+    )
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 5 + n, seed=n) for n in range(40)]
+    config = make_config(
+        blend=(prefixes, [1.0] * 40), split="100,0,0", num_dataset_builder_threads=threads
+    )
+    BlendedMegatronDatasetBuilder(GPTDataset, [400, 0, 0], lambda: True, config).build()
+    assert len(glob.glob(os.path.join(config.path_to_cache, "*-description.txt"))) == 41
+    assert len(listings) == 1  # the first save into the new folder
 
 
 class Planted:
