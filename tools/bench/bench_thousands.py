@@ -8,7 +8,8 @@ many processes from a cache in object storage.
 1. The blend: ``--corpora`` corpora whose document counts spread log-uniformly from 1 to 10,000
    (four orders of magnitude), one-sequence documents of 1..199 uint16 tokens (an ``.idx`` and a
    sparse ``.bin`` each), weighted by their token counts, ``--samples`` training samples of 4096
-   tokens. Each side (megaindex, the reference) builds it in a fresh process with an empty cache
+   tokens. Each side (megaindex, the reference) builds it, on ``--builder-threads`` threads
+   (``num_dataset_builder_threads``), in a fresh process with an empty cache
    (cold build), then opens it again in another (cache hit): seconds from the builder's start
    to the datasets in hand (imports excluded), the process's peak RSS (whole, and above what it
    held once its imports were done: torch's are most of it on both sides), and the most open
@@ -101,7 +102,7 @@ class DescriptorWatch:
         self.most = max(self.most, len(os.listdir("/proc/self/fd")))
 
 
-def child(side: str, blend_file: str, cache: str, samples: int) -> None:
+def child(side: str, blend_file: str, cache: str, samples: int, threads: int) -> None:
     """One side's build or cache hit of the blend in this fresh process; prints JSON."""
     warnings.filterwarnings("ignore")
     import logging
@@ -132,6 +133,7 @@ def child(side: str, blend_file: str, cache: str, samples: int) -> None:
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
+        num_dataset_builder_threads=threads,
     )
     baseline = peak_rss_mib()
     with DescriptorWatch() as descriptors:
@@ -152,7 +154,7 @@ def child(side: str, blend_file: str, cache: str, samples: int) -> None:
     print(json.dumps(answer))
 
 
-def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
+def bench_blend(report: benchreport.Report, corpora: int, samples: int, threads: int) -> None:
     start = time.perf_counter()
     prefixes, weights = write_corpora(WORKDIR / "corpora", corpora)
     print(f"  {corpora} corpora written in {time.perf_counter() - start:.1f} s", file=sys.stderr)
@@ -160,7 +162,8 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
     blend_file.write_text(json.dumps([prefixes, weights]))
     conditions = (
         f"{corpora} corpora of 1..{LARGEST} documents (log-uniform), {samples} samples of "
-        f"{SEQUENCE_LENGTH}; fresh process each, imports excluded"
+        f"{SEQUENCE_LENGTH}, {threads} builder thread{'s' * (threads > 1)}; fresh process "
+        "each, imports excluded"
     )
     # megafmt's notes of the corpora it checked at their first open, in a folder of this run's:
     # the first cold build checks each corpus (megatron-core checks none) and notes it
@@ -172,7 +175,7 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int) -> None:
         os.sync()
         cache = str(WORKDIR / (cache or f"cache-{side}"))
         return benchreport.child_json(
-            __file__, side, blend_file, cache, samples, "--reference", REFERENCE
+            __file__, side, blend_file, cache, samples, threads, "--reference", REFERENCE
         )
 
     ours_cold, ours_hit = run("megaindex"), run("megaindex")
@@ -250,7 +253,7 @@ def bench_warm_start(
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
         return
     parser = benchreport.parser(__doc__)
     parser.add_argument("--corpora", type=int, default=2400)
@@ -258,7 +261,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--per-node", type=int, default=8)
     parser.add_argument("--warm-corpora", type=int, default=4, help="corpora of the warm start")
-    parser.add_argument("--builder-threads", type=int, default=1, help="in the warm start")
+    parser.add_argument("--builder-threads", type=int, default=1, help="in both parts")
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--warm-only", action="store_true", help="only the warm start")
     only.add_argument("--blend-only", action="store_true", help="only the blend (part 1)")
@@ -268,7 +271,7 @@ def main() -> None:
     WORKDIR.mkdir(parents=True)
     try:
         if not args.warm_only:
-            bench_blend(report, args.corpora, args.samples)
+            bench_blend(report, args.corpora, args.samples, args.builder_threads)
         if not args.blend_only:
             bench_warm_start(
                 report, args.nodes, args.per_node, args.warm_corpora, args.builder_threads
