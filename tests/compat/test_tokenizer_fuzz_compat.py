@@ -37,7 +37,7 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "don't", "data", "toke
          "ünïcödé", "東京", "🙂", "naïve", "Ωμέγα", "Привет", "مرحبا", ",", ".", "!", "\n", "\t",
          "  "]  # fmt: skip
 #: tokens a case may add, with flags drawn for each
-ADDED = ["<mask>", "<|sep|>", "[X]", "<tok_a>", "ab", "##", "<s>", "</s>", "x y", "🙂"]
+ADDED = ["<mask>", "<|sep|>", "[X]", "<tok_a>", "ab", "##", "<s>", "</s>", "x y", "🙂", "\n\n"]
 #: characters the vocabulary is unlikely to hold
 RARE = ["\U0001f9ea", "ꙮ", "\u0378", "\U0001d518", "\x00", "\x7f", "ǅ", "ﷺ"]
 SPLIT_PATTERN = (

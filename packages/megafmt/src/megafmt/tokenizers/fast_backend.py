@@ -83,14 +83,23 @@ HARD_TEXTS = (
 )
 
 
+#: at most this many of a tokenizer's added tokens that hold whitespace are put beside each
+#: added token in the stress sample (a code model may have dozens)
+WHITESPACE_COMPANIONS = 8
+
+
 def stress_texts(added_tokens: Sequence[str]) -> list[str]:
     """The stress sample for a tokenizer whose added (and special) tokens are
     ``added_tokens``: the hard texts, each whitespace beside words, and each added token
-    alone, doubled, and beside text with and without spaces on either side."""
+    alone, doubled, beside text with and without spaces (and runs of whitespace) on either
+    side, and beside other added tokens: the next one in the list, and the first
+    :data:`WHITESPACE_COMPANIONS` that hold whitespace (a token that strips the whitespace
+    after it, followed by an added token of spaces, is where libraries part ways)."""
     texts = list(HARD_TEXTS)
     for space in WHITESPACE:
         texts += [space, f"word{space}word", f"{space}lead", f"trail{space}", f"a{space}{space}b"]
-    for token in added_tokens:
+    spacious = [t for t in added_tokens if t != t.strip() or not t.strip()]
+    for position, token in enumerate(added_tokens):
         texts += [
             token,
             token + token,
@@ -103,7 +112,21 @@ def stress_texts(added_tokens: Sequence[str]) -> list[str]:
             f"{token}word",
             f"\n{token}\t{token} end",
             f"{token}🙂東",
+            f"{token}  fox",
+            f"dog{token}   the",
+            f"{token}\n\nx",
+            f"x \n\n{token}",
+            f"fox  {token}  ",
+            f"{token}\t \n word",
         ]
+        following = added_tokens[(position + 1) % len(added_tokens)]
+        for companion in dict.fromkeys([following, *spacious[:WHITESPACE_COMPANIONS]]):
+            texts += [
+                token + companion,
+                companion + token,
+                f"{token}{companion}fox",
+                f"x {token} {companion} y",
+            ]
     return texts
 
 
