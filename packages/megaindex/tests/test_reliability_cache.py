@@ -14,8 +14,8 @@ import time
 import numpy
 import pytest
 
-from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
 from megafmt.atomic import remove_stale_partials
+from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
 from megaindex.cache import read_npy_header
 
 SIZES = [1000, 50, 10]
