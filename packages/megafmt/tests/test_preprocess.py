@@ -120,6 +120,49 @@ def test_inputs_gzip_zstd_globs_and_directories(tmp_path):
         run(tmp_path, str(tmp_path / "missing.jsonl"), **NULL)
 
 
+def numbered_lines(count: int) -> bytes:
+    return "".join(json.dumps({"text": str(i % 90)}) + "\n" for i in range(count)).encode()
+
+
+def test_a_zstd_input_of_several_frames_and_a_zstd_suffix_is_read_whole(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    lines = numbered_lines(3000)
+    cut = lines.index(b"\n", len(lines) // 2) + 1
+    frames = [zstandard.ZstdCompressor().compress(part) for part in (lines[:cut], lines[cut:])]
+    for name in ("in.jsonl.zst", "in.jsonl.zstd"):
+        (tmp_path / name).write_bytes(b"".join(frames))
+        prefix = run(tmp_path, str(tmp_path / name), output=name, **NULL).outputs["text"]
+        assert documents(prefix) == [[[i % 90]] for i in range(3000)]
+
+
+@pytest.mark.parametrize("kind", ["zst", "gz", "xz"])
+@pytest.mark.parametrize("damage", ["cut short", "corrupt"])
+def test_a_damaged_compressed_input_is_an_error_naming_the_file(tmp_path, kind, damage):
+    """A truncated download must not become a shorter corpus: zstandard's stream reader takes
+    the end of a cut frame for the end of the data."""
+    import lzma
+
+    zstandard = pytest.importorskip("zstandard")
+    lines = numbered_lines(20000)
+    packed = {
+        "zst": zstandard.ZstdCompressor().compress,
+        "gz": gzip.compress,
+        "xz": lzma.compress,
+    }[kind](lines)
+    if damage == "cut short":
+        packed = packed[: len(packed) * 6 // 10]
+    else:
+        middle = len(packed) // 2
+        packed = packed[:middle] + bytes(b ^ 0x5A for b in packed[middle : middle + 64]) + (
+            packed[middle + 64 :]
+        )
+    source = tmp_path / f"in.jsonl.{kind}"
+    source.write_bytes(packed)
+    with pytest.raises(OSError, match=rf"^{re.escape(str(source))}: reading failed"):
+        run(tmp_path, str(source), **NULL)
+    assert not os.path.exists(tmp_path / "out" / "c_text_document.bin")
+
+
 def test_an_existing_file_named_like_a_glob_is_read_as_that_file(tmp_path):
     # "data[1].jsonl" also reads as a pattern matching "data1.jsonl"
     named = write_jsonl(tmp_path / "data[1].jsonl", [{"text": "7"}])

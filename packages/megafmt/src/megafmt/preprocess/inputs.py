@@ -1,5 +1,6 @@
-"""Finding and reading the input of ``mega preprocess``: jsonl (plain, .gz, .zst), parquet when
-pyarrow is installed; a file, a glob, a directory or any fsspec URL.
+"""Finding and reading the input of ``mega preprocess``: jsonl (plain, .gz, .zst, .bz2, .xz:
+:mod:`megafmt.preprocess.decompress`), parquet when pyarrow is installed; a file, a glob, a
+directory or any fsspec URL.
 
 Files are read in sorted order (Megatron's tool takes ``glob.glob``'s order, which the file
 system decides) and cut into chunks of whole lines (about ``chunk_bytes``, in whole block
@@ -19,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
-from fsspec.compression import compr
-from fsspec.utils import infer_compression
 
 from megafmt.errors import MissingFileError, PluginError, ReadError
+from megafmt.preprocess.decompress import DECOMPRESSION_ERRORS, decompressing
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSION_SUFFIXES = ("", ".gz", ".zst", ".zstd", ".bz2", ".xz")
@@ -116,16 +116,13 @@ def expand_input(spec: str) -> list[InputFile]:
 
 def _open(path: str) -> Any:
     if _is_pipe(path):  # read as a stream: fsspec's local files seek to their end when opened
-        compression = infer_compression(path)
         stream = open(path, "rb")  # noqa: SIM115 (the caller closes it)
-        return stream if compression is None else compr[compression](stream, mode="rb")
+    else:
+        stream = fsspec.open(path, "rb").open()
     try:
-        return fsspec.open(path, "rb", compression="infer").open()
-    except ValueError as error:
-        if "zstd" in str(error):
-            raise PluginError(
-                f"{path}: reading .zst input needs zstandard: pip install zstandard"
-            ) from None
+        return decompressing(stream, path)
+    except BaseException:
+        stream.close()
         raise
 
 
@@ -201,11 +198,10 @@ def read_chunks(
                         count = chunk.count
                         first, start = first + count, start + count
                         blocks, size = [], 0
-        except (OSError, EOFError) as error:
-            lines = sum(block.count(b"\n") for block in blocks)
-            raise ReadError(
-                f"{name}: reading failed after line {first + lines - 1}: {error}"
-            ) from None
+        except DECOMPRESSION_ERRORS as error:
+            read = first - 1 + sum(block.count(b"\n") for block in blocks)
+            where = f"after line {read}" if read else "before its first line"
+            raise ReadError(f"{name}: reading failed {where}: {error}") from None
         if blocks:
             chunk = Chunk(name, first, start, b"".join(blocks), size)
             yield chunk
