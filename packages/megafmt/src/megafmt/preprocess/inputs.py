@@ -115,10 +115,8 @@ def expand_input(spec: str) -> list[InputFile]:
 
 
 def _open(path: str) -> Any:
-    if _is_pipe(path):  # read as a stream: fsspec's local files seek to their end when opened
-        stream = open(path, "rb")  # noqa: SIM115 (the caller closes it)
-    else:
-        stream = fsspec.open(path, "rb").open()
+    # a pipe is read as a stream: fsspec's local files seek to their end when opened
+    stream = open(path, "rb") if _is_pipe(path) else fsspec.open(path, "rb").open()  # noqa: SIM115
     try:
         return decompressing(stream, path)
     except BaseException:
