@@ -153,8 +153,10 @@ def test_a_damaged_compressed_input_is_an_error_naming_the_file(tmp_path, kind, 
         packed = packed[: len(packed) * 6 // 10]
     else:
         middle = len(packed) // 2
-        packed = packed[:middle] + bytes(b ^ 0x5A for b in packed[middle : middle + 64]) + (
-            packed[middle + 64 :]
+        packed = (
+            packed[:middle]
+            + bytes(b ^ 0x5A for b in packed[middle : middle + 64])
+            + (packed[middle + 64 :])
         )
     source = tmp_path / f"in.jsonl.{kind}"
     source.write_bytes(packed)
