@@ -78,6 +78,9 @@ AWKWARD_LINES = {
     "two objects, then a blank line": b'{"text": "a"}{"text": "b"}\n',
     # 2 rows + 1 row for 3 lines
     "two objects, then an object over two lines": b'{"text": "a"}{"text": "b"}\n{"text":\n "c"}',
+    "an integer of more digits than Python's json reads": b'{"text": "a", "x": '
+    + b"7" * 4301
+    + b"}",
     "nested deeper than Python's json reads": b'{"text": "a", "x": '
     + b"[" * 5000
     + b"]" * 5000
@@ -166,6 +169,11 @@ DOUBTFUL_BUT_CLEAN = {
     "Infinity in a string at the end": [b'{"text": "x"}', b'{"text": "-Infinity"}'],
     "nested deep, not too deep": [b'{"text": "a", "x": ' + b"[" * 300 + b"]" * 300 + b"}"],
     "many brackets over many lines": [b'{"text": "a", "x": [[[{}]]]}'] * 200,
+    "many digits, in a string or not an integer": [
+        b'{"text": "' + b"7" * 9000 + b'"}',
+        b'{"text": "a", "x": ' + b"7" * 4300 + b"}",
+        b'{"text": "a", "x": ' + b"7" * 5000 + b".5}",
+    ],
 }
 
 

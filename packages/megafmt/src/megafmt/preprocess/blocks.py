@@ -10,7 +10,8 @@ The line path (Python's ``json.loads`` of each line, the rules of Megatron's too
 definition. A chunk where the block path could read anything differently goes to the line path
 whole, which then finds and names its bad lines as before: bytes that are not UTF-8, a line
 that pyarrow takes and Python refuses (a bare ``Inf`` or ``-NaN`` value, a leading byte-order
-mark, a NUL byte, which pyarrow's parser takes for the end of its input), a line that is not one
+mark, a NUL byte, which pyarrow's parser takes for the end of its input, an integer of more
+digits than the interpreter converts), a line that is not one
 object from its first byte to its last (blank, or part of an object over several lines: pyarrow
 reads the block as one stream, so such a line and a line of two objects could give as many rows
 as lines), a line pyarrow refuses, a key missing or not a string (a list of sentences, say), ids
@@ -20,6 +21,7 @@ that do not fit the output dtype, an encoder that raises.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import numpy
@@ -205,8 +207,23 @@ def _screened(block: bytes) -> bool:
         brackets = numpy.flatnonzero(opening)
         per_line = numpy.searchsorted(brackets, ends) - numpy.searchsorted(brackets, starts)
         doubtful = numpy.concatenate((doubtful, numpy.flatnonzero(per_line >= DEEP_ENOUGH)))
+    limit = sys.get_int_max_str_digits()  # 0: no limit
+    if limit:
+        doubtful = numpy.concatenate(
+            (doubtful, numpy.searchsorted(ends, _long_digits(data, limit)))
+        )
     lines = sorted(set(doubtful.tolist()))
     return not any(_python_refuses(block[starts[n] : ends[n]]) for n in lines)
+
+
+def _long_digits(data: numpy.ndarray, limit: int) -> numpy.ndarray:
+    """A position inside each run of more than ``limit`` ASCII digits in ``data`` (and in some
+    shorter runs). An integer that long is a ValueError for Python's json (the interpreter's
+    limit on converting digits to an int, ``sys.get_int_max_str_digits``) and a number for
+    pyarrow. Only every ``step``-th byte is read: such a run holds two consecutive ones."""
+    step = max(1, (limit + 1) // 2)
+    sampled = _IS_DIGIT[data[::step]]
+    return numpy.flatnonzero(sampled[:-1] & sampled[1:]) * step
 
 
 def _suspects(data: numpy.ndarray) -> numpy.ndarray:
@@ -250,6 +267,7 @@ def _byte_table(members: bytes) -> numpy.ndarray:
 
 
 _IS_WHITESPACE = _byte_table(JSON_WHITESPACE)
+_IS_DIGIT = _byte_table(b"0123456789")
 _IS_OPENER_OR_WHITESPACE = _byte_table(VALUE_OPENERS + JSON_WHITESPACE)
 
 
