@@ -165,6 +165,18 @@ def test_a_damaged_compressed_input_is_an_error_naming_the_file(tmp_path, kind, 
     assert not os.path.exists(tmp_path / "out" / "c_text_document.bin")
 
 
+def test_a_folder_s_hidden_files_are_not_input_so_outputs_may_be_written_into_it(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": "1"}, {"text": "2"}])
+    (folder / ".hidden.jsonl").write_text("not input")
+    settings = {**NULL, "output_prefix": str(folder / "out")}
+    for _ in range(2):  # the second run finds the first one's outputs and .mega/ manifests
+        summary = preprocess(PreprocessConfig(input=str(folder), **settings))
+        assert documents(summary.outputs["text"]) == [[[1]], [[2]]]
+    assert os.path.isdir(folder / ".mega")
+
+
 def test_an_existing_file_named_like_a_glob_is_read_as_that_file(tmp_path):
     # "data[1].jsonl" also reads as a pattern matching "data1.jsonl"
     named = write_jsonl(tmp_path / "data[1].jsonl", [{"text": "7"}])

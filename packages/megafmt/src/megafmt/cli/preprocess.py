@@ -63,9 +63,9 @@ class PreprocessCommand:
         data.add_argument(
             "--input",
             required=True,
-            help="jsonl file (.gz, .zst too), a glob, a directory, or an fsspec URL; parquet "
-            "when pyarrow is installed. A file or directory of exactly that name wins over "
-            "reading the name as a glob pattern",
+            help="jsonl file (.gz, .zst, .bz2, .xz too), a glob, a directory (its hidden files "
+            "and folders aside), or an fsspec URL; parquet when pyarrow is installed. A file or "
+            "directory of exactly that name wins over reading the name as a glob pattern",
         )
         data.add_argument("--output-prefix", required=True, help="<prefix>_<key>_document.bin/idx")
         data.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize")

@@ -91,12 +91,19 @@ def expand_input(spec: str) -> list[InputFile]:
     names, kinds and sizes (one request for a remote folder, not one per file).
 
     A name that exists is read as what it is, a file or a folder, even when it also reads as a
-    glob pattern (``data[1].jsonl``); only a name that does not exist is expanded as one."""
+    glob pattern (``data[1].jsonl``); only a name that does not exist is expanded as one. A
+    folder's hidden files and folders (a name starting with ``.``) are not read: ``.mega/``
+    holds the manifests of outputs written into it, which are ``.json`` too."""
     fs, path = fsspec.core.url_to_fs(spec)
     if glob.has_magic(path) and not fs.exists(path):
         found = fs.glob(path, detail=True)
     elif fs.isdir(path):
-        found = {p: i for p, i in fs.find(path, detail=True).items() if p.endswith(INPUT_SUFFIXES)}
+        root = path.rstrip("/") + "/"
+        found = {
+            p: i
+            for p, i in fs.find(path, detail=True).items()
+            if p.endswith(INPUT_SUFFIXES) and not _hidden(p.removeprefix(root))
+        }
     elif fs.exists(path):
         found = {path: fs.info(path)}
     else:
@@ -112,6 +119,11 @@ def expand_input(spec: str) -> list[InputFile]:
         InputFile(p if local else fs.unstrip_protocol(p), int(info.get("size") or 0))
         for p, info in files
     ]
+
+
+def _hidden(relative: str) -> bool:
+    """Whether a path inside a folder is hidden: any of its names starts with ``.``."""
+    return any(name.startswith(".") for name in relative.split("/"))
 
 
 def _open(path: str) -> Any:
