@@ -480,6 +480,27 @@ def test_parquet_input_gives_the_bytes_of_the_same_documents_as_jsonl(tmp_path):
     assert len(documents(from_parquet.outputs["title"])) == 300
 
 
+@pytest.mark.parametrize("damage", ["not UTF-8", "cut short"])
+def test_a_damaged_parquet_input_is_an_error_naming_the_file_and_row(tmp_path, damage):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    parquet.write_table(pyarrow.table({"text": ["the fox", "dog"]}), folder / "a.parquet")
+    damaged = folder / "b.parquet"
+    if damage == "not UTF-8":
+        raw = pyarrow.array([b"fine", b"also fine", b"a\xffb"], pyarrow.binary())
+        strings = pyarrow.Array.from_buffers(pyarrow.string(), len(raw), raw.buffers())
+        parquet.write_table(pyarrow.table({"text": strings}), damaged)
+        expected = r"row 3: a string that is not UTF-8"
+    else:
+        parquet.write_table(pyarrow.table({"text": ["x"] * 3000}), damaged, row_group_size=500)
+        damaged.write_bytes(damaged.read_bytes()[:300])
+        expected = r"reading parquet failed at row 1: "
+    with pytest.raises(OSError, match=rf"^{re.escape(str(damaged))}: {expected}"):
+        run(tmp_path, str(folder), **NULL)
+
+
 def test_parquet_input_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / "in.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # importing it raises ImportError

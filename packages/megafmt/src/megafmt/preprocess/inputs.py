@@ -164,17 +164,44 @@ def _line_blocks(
 
 
 def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Iterator[list[dict]]:
+    """The rows of the parquet file ``path`` (its ``columns`` that it has), a batch at a time;
+    a file pyarrow cannot read, or a string that is not UTF-8, is a :class:`ReadError` naming
+    the file and the row."""
     try:
+        import pyarrow
         import pyarrow.parquet as parquet
     except ImportError:
         raise PluginError(
             f"{path}: reading parquet input needs pyarrow: pip install megafmt[parquet]"
         ) from None
-    with fsspec.open(path, "rb") as stream:
-        table = parquet.ParquetFile(stream)
-        present = [c for c in columns if c in table.schema_arrow.names]
-        for batch in table.iter_batches(batch_size=batch_rows, columns=present):
-            yield batch.to_pylist()
+    first = 1  # the first row of the batch being read
+    try:
+        with fsspec.open(path, "rb") as stream:
+            table = parquet.ParquetFile(stream)
+            present = [c for c in columns if c in table.schema_arrow.names]
+            for batch in table.iter_batches(batch_size=batch_rows, columns=present):
+                rows = _pylist(batch, first)
+                yield rows
+                first += len(rows)
+    except (pyarrow.ArrowException, OSError) as error:
+        raise ReadError(f"{path}: reading parquet failed at row {first}: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ReadError(f"{path}: {error.reason}") from None
+
+
+def _pylist(batch: Any, first: int) -> list[dict]:
+    """The rows of a record batch whose first is row ``first`` of its file; a string that is
+    not UTF-8 raises a UnicodeDecodeError whose reason names its row."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError:
+        for row in range(batch.num_rows):
+            try:
+                batch.slice(row, 1).to_pylist()
+            except UnicodeDecodeError as error:
+                error.reason = f"row {first + row}: a string that is not UTF-8 ({error.reason})"
+                raise
+        raise
 
 
 def read_chunks(
