@@ -177,6 +177,33 @@ def test_a_folder_s_hidden_files_are_not_input_so_outputs_may_be_written_into_it
     assert os.path.isdir(folder / ".mega")
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_line_ends_are_those_of_python_s_text_mode_whatever_the_block_size(seed):
+    """Megatron's tool iterates its input in text mode: "\r\n" and a lone "\r" end a line.
+    Random lines with every kind of line end, read in blocks of random sizes (a "\r\n" split
+    between two blocks among them), give the bytes text mode gives, cut after newlines."""
+    import io
+    import random
+
+    from megafmt.preprocess.inputs import _line_blocks
+
+    rng = random.Random(seed)
+    pieces = [rng.choice([b'{"text": "a b"}', b"x", b"", b" \t"]) for _ in range(300)]
+    data = b"".join(p + rng.choice([b"\n", b"\r\n", b"\r", b"\r\r\n"]) for p in pieces)
+    data += rng.choice([b"", b"tail", b"tail\r"])
+    expected = io.TextIOWrapper(io.BytesIO(data), encoding="latin-1", newline=None).read()
+    for block_bytes in (1, 2, 3, rng.randrange(4, 64), 1 << 20):
+        blocks = list(_line_blocks(io.BytesIO(data), block_bytes=block_bytes))
+        assert b"".join(blocks) == expected.encode("latin-1"), block_bytes
+        assert all(block.endswith(b"\n") for block in blocks[:-1])
+
+
+def test_a_file_with_old_mac_line_ends_is_read_line_by_line(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"text": "1"}\r{"text": "2"}\r\n{"text": "3"}\r')
+    assert documents(run(tmp_path, str(source), **NULL).outputs["text"]) == [[[1]], [[2]], [[3]]]
+
+
 def test_an_existing_file_named_like_a_glob_is_read_as_that_file(tmp_path):
     # "data[1].jsonl" also reads as a pattern matching "data1.jsonl"
     named = write_jsonl(tmp_path / "data[1].jsonl", [{"text": "7"}])

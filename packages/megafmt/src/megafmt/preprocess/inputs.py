@@ -149,16 +149,30 @@ def _line_blocks(
 ) -> Iterator[bytes]:
     """The bytes of a binary stream up to ``limit``, a block read's worth at a time, each
     block cut after its last newline (the last block may lack one): block reads, since
-    decompressing streams do not all iterate by line, and no Python work per line."""
+    decompressing streams do not all iterate by line, and no Python work per line.
+
+    Line ends are Python's text mode's, in which Megatron's tool reads its input: ``\r\n``
+    and a lone ``\r`` end a line as ``\n`` does, and come out as ``\n`` (a file with old Mac
+    line ends is lines, not one line that is not JSON)."""
     rest = b""
     left = float("inf") if limit is None else limit
+    carriage_return = False  # the last block ended with one: "\r\n" or a lone "\r"?
     while left > 0 and (block := stream.read(int(min(block_bytes, left)))):
         left -= len(block)
+        if carriage_return:
+            block = b"\r" + block
+        carriage_return = block.endswith(b"\r")
+        if carriage_return:
+            block = block[:-1]
+        if b"\r" in block:
+            block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         data = rest + block
         cut = data.rfind(b"\n") + 1
         rest = data[cut:]
         if cut:
             yield data[:cut]
+    if carriage_return:
+        rest += b"\n"
     if rest:
         yield rest
 
