@@ -166,8 +166,8 @@ def test_a_damaged_compressed_input_is_an_error_naming_the_file(tmp_path, kind, 
 
 
 def test_a_folder_s_hidden_files_are_not_input_so_outputs_may_be_written_into_it(tmp_path):
-    folder = tmp_path / "data"
-    folder.mkdir()
+    folder = tmp_path / ".cache" / "data"  # a hidden folder above the input hides nothing
+    folder.mkdir(parents=True)
     write_jsonl(folder / "a.jsonl", [{"text": "1"}, {"text": "2"}])
     (folder / ".hidden.jsonl").write_text("not input")
     settings = {**NULL, "output_prefix": str(folder / "out")}

@@ -102,7 +102,7 @@ def expand_input(spec: str) -> list[InputFile]:
         found = {
             p: i
             for p, i in fs.find(path, detail=True).items()
-            if p.endswith(INPUT_SUFFIXES) and not _hidden(p.removeprefix(root))
+            if p.endswith(INPUT_SUFFIXES) and not _hidden(p, root)
         }
     elif fs.exists(path):
         found = {path: fs.info(path)}
@@ -121,9 +121,12 @@ def expand_input(spec: str) -> list[InputFile]:
     ]
 
 
-def _hidden(relative: str) -> bool:
-    """Whether a path inside a folder is hidden: any of its names starts with ``.``."""
-    return any(name.startswith(".") for name in relative.split("/"))
+def _hidden(path: str, root: str) -> bool:
+    """Whether ``path``, found in the folder ``root`` (ending with ``/``), is hidden there:
+    any of its names below ``root`` starts with ``.`` (a hidden folder above the input folder
+    hides nothing)."""
+    below = path[len(root) :] if path.startswith(root) else path.rsplit("/", 1)[-1]
+    return any(name.startswith(".") for name in below.split("/"))
 
 
 def _open(path: str) -> Any:
