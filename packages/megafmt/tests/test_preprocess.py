@@ -171,10 +171,14 @@ def test_a_folder_s_hidden_files_are_not_input_so_outputs_may_be_written_into_it
     write_jsonl(folder / "a.jsonl", [{"text": "1"}, {"text": "2"}])
     (folder / ".hidden.jsonl").write_text("not input")
     settings = {**NULL, "output_prefix": str(folder / "out")}
-    for _ in range(2):  # the second run finds the first one's outputs and .mega/ manifests
-        summary = preprocess(PreprocessConfig(input=str(folder), **settings))
+    # the second run finds the first one's outputs and .mega/ manifests; a pattern matches
+    # hidden names only where it names them, as Python's glob (the seed tool's) does
+    for source in (folder, folder, folder / "**" / "*.json*", folder / "*.jsonl"):
+        summary = preprocess(PreprocessConfig(input=str(source), **settings))
         assert documents(summary.outputs["text"]) == [[[1]], [[2]]]
     assert os.path.isdir(folder / ".mega")
+    with pytest.raises(BadInputError, match=r"\.hidden\.jsonl, line 1: not JSON"):  # named
+        preprocess(PreprocessConfig(input=str(folder / ".*.jsonl"), **settings))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -202,6 +206,49 @@ def test_a_file_with_old_mac_line_ends_is_read_line_by_line(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_bytes(b'{"text": "1"}\r{"text": "2"}\r\n{"text": "3"}\r')
     assert documents(run(tmp_path, str(source), **NULL).outputs["text"]) == [[[1]], [[2]], [[3]]]
+
+
+def test_reading_very_repetitive_zstd_holds_little_of_it_at_once(tmp_path):
+    """One call of the decompressor returns all its input decompresses to: it is given fewer
+    compressed bytes where they decompress to more, so 100 MB of one repeated line (compressed
+    to kilobytes) is never whole in memory."""
+    import tracemalloc
+
+    zstandard = pytest.importorskip("zstandard")
+    from megafmt.preprocess.decompress import decompressing
+
+    line = b'{"text": "the same line again"}\n'
+    packed = zstandard.ZstdCompressor(level=19).compress(line * (100_000_000 // len(line)))
+    assert len(packed) < 1 << 20
+    (tmp_path / "in.jsonl.zst").write_bytes(packed)
+    tracemalloc.start()
+    try:
+        with open(tmp_path / "in.jsonl.zst", "rb") as raw:
+            stream = decompressing(raw, "in.jsonl.zst")
+            assert stream.read(len(line)) == line
+            _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 << 20, peak  # all at once: about 200 MB
+
+
+def test_a_tokenizer_plugin_written_before_parallel_is_called_as_before():
+    from megafmt.preprocess.encoding import _with_parallel
+
+    calls = []
+
+    def old_style(texts):
+        calls.append(texts)
+        return []
+
+    def new_style(texts, parallel=None):
+        calls.append(parallel)
+        return []
+
+    _with_parallel(old_style, False)(["a"])
+    _with_parallel(new_style, False)(["a"])
+    _with_parallel(new_style, None)(["a"])
+    assert calls == [["a"], False, None]
 
 
 def test_an_existing_file_named_like_a_glob_is_read_as_that_file(tmp_path):
@@ -523,7 +570,7 @@ def test_a_damaged_parquet_input_is_an_error_naming_the_file_and_row(tmp_path, d
     else:
         parquet.write_table(pyarrow.table({"text": ["x"] * 3000}), damaged, row_group_size=500)
         damaged.write_bytes(damaged.read_bytes()[:300])
-        expected = r"reading parquet failed at row 1: "
+        expected = r"reading parquet failed at row 1 or in the rows after it: "
     with pytest.raises(OSError, match=rf"^{re.escape(str(damaged))}: {expected}"):
         run(tmp_path, str(folder), **NULL)
 

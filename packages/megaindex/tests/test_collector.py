@@ -1,4 +1,5 @@
 import gc
+import os
 import threading
 
 import pytest
@@ -75,3 +76,15 @@ def test_a_collector_the_user_turned_off_stays_off():
     finally:
         if was:
             gc.enable()
+
+
+def test_a_process_forked_during_a_build_has_the_collector_back(collector_on):
+    with collector_paused():
+        pid = os.fork()
+        if pid == 0:  # the child: no build runs here
+            with collector_paused():
+                paused = not gc.isenabled()
+            os._exit(0 if gc.isenabled() and paused else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert gc.isenabled()

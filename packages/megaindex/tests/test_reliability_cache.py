@@ -145,8 +145,9 @@ def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):
 def test_a_blend_built_on_threads_lists_its_cache_folder_for_leftovers_once(
     make_config, tmp_path, monkeypatch, threads
 ):
-    """Each save lists the folder for leftovers only when something else wrote there since
-    this process's last save: the builder's own threads never count as something else."""
+    """A save lists the folder for leftovers only when something else wrote there since this
+    process's last save, and none of its saves is under way: the builder's own threads never
+    count as something else (nor do they wait for each other's writes)."""
     from megafmt.testing import write_corpus
     from megaindex import cache
 
@@ -160,9 +161,10 @@ def test_a_blend_built_on_threads_lists_its_cache_folder_for_leftovers_once(
     config = make_config(
         blend=(prefixes, [1.0] * 40), split="100,0,0", num_dataset_builder_threads=threads
     )
+    os.makedirs(config.path_to_cache)  # a folder of before: the first save lists it
     BlendedMegatronDatasetBuilder(GPTDataset, [400, 0, 0], lambda: True, config).build()
     assert len(glob.glob(os.path.join(config.path_to_cache, "*-description.txt"))) == 41
-    assert len(listings) == 1  # the first save into the new folder
+    assert len(listings) == 1
 
 
 class Planted:

@@ -54,21 +54,42 @@ SIDECAR_FORMAT = 1
 #: tables (and corpora) smaller than this are written (and fingerprinted) on the calling
 #: thread: a blend of thousands of small corpora would spend its time starting threads
 SIDE_BY_SIDE_BYTES = 16 << 20
-#: each cache folder's modification time right after this process last saved into it
+#: each cache folder's modification time when the last of this process's saves into it ended
+#: with no other under way
 _unchanged_since_save: dict[str, int] = {}
-#: one save of small tables at a time per cache folder in this process (the builder's
-#: threads): another thread's files would change the folder between this one's saves, and each
-#: save would then list the whole folder for leftovers (a 2,400-corpus blend on 2 threads: 10 s
-#: instead of 5). The file system orders the creations in one folder anyway; large tables are
-#: written side by side, the few listings they cause are nothing beside their bytes.
-_folder_locks: dict[str, threading.Lock] = {}
-_folder_locks_lock = threading.Lock()
+#: this process's saves under way in each cache folder (the builder's threads)
+_saves_under_way: dict[str, int] = {}
+_saves_lock = threading.Lock()
 
 
-def _saving_into(directory: str) -> threading.Lock:
-    """The lock this process's saves into ``directory`` take."""
-    with _folder_locks_lock:
-        return _folder_locks.setdefault(directory, threading.Lock())
+@contextlib.contextmanager
+def _saving_into(directory: str) -> Iterator[bool]:
+    """A save into ``directory``; yields whether it should list the folder for the leftovers of
+    killed builds: only when something else than this process's saves wrote there since the
+    last of them, and none of them is under way (another thread's files would change the
+    folder between this one's saves, and every save would list the whole folder: a
+    2,400-corpus blend on 2 threads took 10 s instead of 5)."""
+    with _saves_lock:
+        alone = not _saves_under_way.get(directory)
+        _saves_under_way[directory] = _saves_under_way.get(directory, 0) + 1
+    try:
+        changed = _unchanged_since_save.get(directory) != _modified(directory)
+        yield alone and changed
+    finally:
+        with _saves_lock:
+            _saves_under_way[directory] -= 1
+            if not _saves_under_way[directory]:
+                del _saves_under_way[directory]
+                with contextlib.suppress(OSError):
+                    _unchanged_since_save[directory] = os.stat(directory).st_mtime_ns
+
+
+def _modified(directory: str) -> int | None:
+    """The folder's modification time (None: it does not exist yet)."""
+    try:
+        return os.stat(directory).st_mtime_ns
+    except OSError:
+        return None
 
 
 class DamagedCacheError(MegaindexError):
@@ -353,9 +374,8 @@ class IndexCache:
         """Write the tables, then the sidecar (if any), then the description (the commit mark);
         returns the identity (:func:`~megafmt.fingerprint.file_identity`) of each table file."""
         directory = self.entry.directory
-        small = sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES
-        with _saving_into(directory) if small else contextlib.nullcontext():
-            stats = self._save_into(directory, tables, sidecar, small)
+        with _saving_into(directory) as list_leftovers:
+            stats = self._save_into(directory, tables, sidecar, list_leftovers)
         logger.info("saved %s tables to %s", self.entry.base, directory)
         return stats
 
@@ -364,19 +384,19 @@ class IndexCache:
         directory: str,
         tables: Mapping[str, numpy.ndarray],
         sidecar: dict[str, Any] | None,
-        small: bool,
+        list_leftovers: bool,
     ) -> dict[str, list[int]]:
         try:
             make_folder(directory, "the index cache folder")
             # a folder nobody wrote to since this process's last save here holds no new
             # leftovers: listing it for every entry of a large blend is quadratic in its size
-            if _unchanged_since_save.get(directory) != os.stat(directory).st_mtime_ns:
+            if list_leftovers:
                 files = (*self.entry.files(), self.entry.sidecar_path)
                 for leftover in remove_stale_partials(*files):
                     logger.info("removed %s, left by a build that was killed", leftover)
             # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB); small
             # tables one after the other (starting threads costs more than the writes)
-            if small:
+            if sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES:
                 for table in self.entry.tables:
                     self._write_table(table, tables[table])
             else:
@@ -398,7 +418,6 @@ class IndexCache:
                     stream.write(text.encode())
             with atomic_write(self.entry.description_path) as stream:
                 stream.write(self.description.encode("utf-8"))
-            _unchanged_since_save[directory] = os.stat(directory).st_mtime_ns
         except OSError as error:
             raise CacheError(
                 f"cannot write the index cache to {directory}: {error}. By default the cache "

@@ -5,19 +5,37 @@ A blend of thousands of corpora makes hundreds of thousands of small objects tha
 modules): each time the collector's thresholds are reached it walks them all, and finds nothing
 to free. That walking was a third of a 2,400-corpus blend's cache hit. While a build runs the
 collector is off; once the last concurrent build ends it is back as it was (reference counting
-frees everything that holds no cycle meanwhile).
+frees everything that holds no cycle meanwhile; cyclic garbage waits for the end). A process
+forked during a build runs none: its collector is back as it was before the build. Whoever
+turns the collector on or off during a build is overruled when the build ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
 _lock = threading.Lock()
 _builds = 0  # builds running now, on any thread
 _was_enabled = False  # whether the collector ran before the first of them
+
+
+def _after_fork_in_child() -> None:
+    """The child of a fork during a build: no build runs there (and the lock is a new one,
+    never held by a thread the fork did not copy)."""
+    global _builds, _lock
+    _lock = threading.Lock()
+    if _builds:
+        _builds = 0
+        if _was_enabled:
+            gc.enable()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
 """Opening a compressed input of ``mega preprocess``, so that a damaged file is an error.
 
-The compression is the file's suffix's (fsspec's names, and ``.zstd`` beside ``.zst``). A zstd
-file is read frame after frame by :class:`ZstdFrames`: zstandard's own stream reader (fsspec's)
-takes a file cut short inside a frame for the end of the data, and a run would tokenize the
-first part of a truncated download and succeed. gzip, bz2 and xz raise ``EOFError`` there
-themselves. What any of them raise on bytes that do not decompress is in
-:data:`DECOMPRESSION_ERRORS`, for the reader to name the file and line.
+The compression is the file's suffix's (:data:`SUFFIXES`, whatever fsspec has registered: a
+``.zst`` file without zstandard installed is an error, not bytes read raw). A zstd file is read
+frame after frame by :class:`ZstdFrames`: zstandard's own stream reader (fsspec's) takes a file
+cut short inside a frame for the end of the data, and a run would tokenize the first part of a
+truncated download and succeed. gzip, bz2 and xz raise ``EOFError`` there themselves. A file
+cut exactly where a frame (or gzip member) ends reads as a shorter valid file in every format.
+What any of them raise on bytes that do not decompress is in :data:`DECOMPRESSION_ERRORS`, for
+the reader to name the file and line.
 """
 
 from __future__ import annotations
@@ -16,15 +18,23 @@ import zlib
 from typing import Any, BinaryIO
 
 from fsspec.compression import compr
-from fsspec.utils import infer_compression
 
-from megafmt.errors import PluginError
+from megafmt.errors import MegafmtError, PluginError
 
 #: compressed bytes read from the file at a time
 READ_BYTES = 1 << 20
+#: decompressed bytes one call of the decompressor should give, about: a call returns all its
+#: input decompresses to, which for very repetitive text is thousands of times its size, so the
+#: compressed bytes given per call start small and follow what the calls give (a zstd byte can
+#: stand for tens of KiB)
+AIM_BYTES = 4 << 20
+#: the least and most compressed bytes given per call
+FEED_BYTES = (64, 64 << 10)
+#: each compressed suffix and fsspec's name of its compression
+SUFFIXES = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma", ".zst": "zstd", ".zstd": "zstd"}
 
 
-class CorruptCompressedDataError(ValueError):
+class CorruptCompressedDataError(MegafmtError, ValueError):
     """The bytes of a compressed input do not decompress (corrupt, or another format)."""
 
 
@@ -36,7 +46,7 @@ DECOMPRESSION_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError, CorruptCo
 
 def compression_of(path: str) -> str | None:
     """The compression of ``path`` by its suffix (fsspec's name), None for none."""
-    return "zstd" if path.endswith(".zstd") else infer_compression(path)
+    return next((name for suffix, name in SUFFIXES.items() if path.endswith(suffix)), None)
 
 
 def decompressing(stream: BinaryIO, path: str) -> Any:
@@ -48,10 +58,11 @@ def decompressing(stream: BinaryIO, path: str) -> Any:
         try:
             return io.BufferedReader(ZstdFrames(stream))
         except ImportError:
-            if "zstd" not in compr:
-                raise PluginError(
-                    f"{path}: reading .zst input needs zstandard: pip install zstandard"
-                ) from None
+            pass  # another zstd of fsspec's (Python 3.14's), which raises on a cut frame
+    if compression not in compr:
+        raise PluginError(
+            f"{path}: reading {compression} input needs zstandard: pip install zstandard"
+        )
     return compr[compression](stream, mode="rb")
 
 
@@ -67,7 +78,9 @@ class ZstdFrames(io.RawIOBase):
         self._raw = raw
         self._decompressor = zstandard.ZstdDecompressor()
         self._frame: Any = None  # the frame being decompressed; None between frames
-        self._ready = bytearray()
+        self._ready = bytearray()  # decompressed, not read yet
+        self._compressed = memoryview(b"")  # read from the file, not decompressed yet
+        self._feed = 1 << 10  # compressed bytes given per call
         self._ended = False
 
     def readable(self) -> bool:
@@ -82,15 +95,20 @@ class ZstdFrames(io.RawIOBase):
         return count
 
     def _decompress_more(self) -> None:
-        data = self._raw.read(READ_BYTES)
-        if not data:
-            if self._frame is not None:
-                raise EOFError(
-                    "the file ends inside a zstd frame: it was cut short (an interrupted "
-                    "download or copy?)"
-                )
-            self._ended = True
-            return
+        """Give the decompressor the next few compressed bytes (reading the file when none
+        are left), across a frame's end into the next frame."""
+        if not self._compressed:
+            self._compressed = memoryview(self._raw.read(READ_BYTES))
+            if not self._compressed:
+                if self._frame is not None:
+                    raise EOFError(
+                        "the file ends inside a zstd frame: it was cut short (an interrupted "
+                        "download or copy?)"
+                    )
+                self._ended = True
+                return
+        data, self._compressed = self._compressed[: self._feed], self._compressed[self._feed :]
+        given = len(self._ready)
         while data:
             if self._frame is None:
                 self._frame = self._decompressor.decompressobj()
@@ -99,9 +117,15 @@ class ZstdFrames(io.RawIOBase):
             except self._zstandard.ZstdError as error:
                 raise CorruptCompressedDataError(f"not valid zstd data ({error})") from None
             if not self._frame.eof:
-                return
-            data = self._frame.unused_data
+                break
+            data = memoryview(self._frame.unused_data)
             self._frame = None
+        given = len(self._ready) - given
+        least, most = FEED_BYTES
+        if given > AIM_BYTES:
+            self._feed = max(least, self._feed // 2)
+        elif given < AIM_BYTES // 4:
+            self._feed = min(most, self._feed * 2)
 
     def close(self) -> None:
         self._raw.close()

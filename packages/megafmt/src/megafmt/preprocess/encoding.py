@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import inspect
 import itertools
 import json
 import os
@@ -57,6 +58,21 @@ class EncodeSettings:
     processes already keep the cores busy, and more threads would only contend."""
 
 
+def _with_parallel(encode: Callable[..., Any], parallel: bool | None) -> Callable[..., Any]:
+    """``encode`` (a tokenizer's ``encode_batch_arrays``) told ``parallel`` where it takes it:
+    a plugin written before the argument was added is called as before."""
+    if parallel is None:
+        return encode
+    try:
+        parameters = inspect.signature(encode).parameters
+    except (TypeError, ValueError):  # no signature to read: call it as before
+        return encode
+    takes = "parallel" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+    return functools.partial(encode, parallel=parallel) if takes else encode
+
+
 class Encoder:
     """Encodes chunks with one tokenizer (and splitter), built once per process (or once in a
     run's main process, for the workers it forks: :func:`prebuilt_for_fork`)."""
@@ -68,9 +84,9 @@ class Encoder:
         parallel: bool | None = None,
     ) -> None:
         """``tokenizer``: the run's own, already loaded and checked (else loaded from
-        ``settings``); ``parallel``: whether the tokenizer's library may use its thread pool
-        (None: the library decides; False in a run's main process, which encodes for its one
-        worker on one core, on the block path and for the chunks that path refuses alike)."""
+        ``settings``); ``parallel``: whether gigatoken may use its thread pool (None: it
+        decides; False in a run's main process, which encodes for its one worker on one core,
+        on the block path and for the chunks that path refuses alike)."""
         self.settings = settings
         self.tokenizer = (
             load_tokenizer(settings.tokenizer_type, settings.tokenizer_options)
@@ -78,7 +94,7 @@ class Encoder:
             else tokenizer
         )
         self._encode_batch: Callable[[list[str]], Sequence[Sequence[int]]] = (
-            functools.partial(self.tokenizer.encode_batch_arrays, parallel=parallel)
+            _with_parallel(self.tokenizer.encode_batch_arrays, parallel)
             if isinstance(self.tokenizer, ArrayTokenizer)
             else self.tokenizer.encode_batch
         )

@@ -12,6 +12,7 @@ tool does.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 import stat
@@ -92,11 +93,18 @@ def expand_input(spec: str) -> list[InputFile]:
 
     A name that exists is read as what it is, a file or a folder, even when it also reads as a
     glob pattern (``data[1].jsonl``); only a name that does not exist is expanded as one. A
-    folder's hidden files and folders (a name starting with ``.``) are not read: ``.mega/``
-    holds the manifests of outputs written into it, which are ``.json`` too."""
+    folder's hidden files and folders (a name starting with ``.``) are not read, nor are those
+    a pattern matches without naming them (as Python's ``glob``, which Megatron's tool uses,
+    does not match them): ``.mega/`` holds the manifests of outputs written into the folder,
+    which are ``.json`` too."""
     fs, path = fsspec.core.url_to_fs(spec)
     if glob.has_magic(path) and not fs.exists(path):
-        found = fs.glob(path, detail=True)
+        names = path.split("/")
+        literal = "/".join(itertools.takewhile(lambda n: not glob.has_magic(n), names)) + "/"
+        shown = any(name.startswith(".") for name in names[literal.count("/") :])
+        found = {
+            p: i for p, i in fs.glob(path, detail=True).items() if shown or not _hidden(p, literal)
+        }
     elif fs.isdir(path):
         root = path.rstrip("/") + "/"
         found = {
@@ -201,7 +209,9 @@ def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Itera
                 yield rows
                 first += len(rows)
     except (pyarrow.ArrowException, OSError) as error:
-        raise ReadError(f"{path}: reading parquet failed at row {first}: {error}") from None
+        raise ReadError(
+            f"{path}: reading parquet failed at row {first} or in the rows after it: {error}"
+        ) from None
     except UnicodeDecodeError as error:
         raise ReadError(f"{path}: {error.reason}") from None
 
@@ -254,7 +264,7 @@ def read_chunks(
                         blocks, size = [], 0
         except DECOMPRESSION_ERRORS as error:
             read = first - 1 + sum(block.count(b"\n") for block in blocks)
-            where = f"after line {read}" if read else "before its first line"
+            where = f"after line {read}" if read else "in its first line"
             raise ReadError(f"{name}: reading failed {where}: {error}") from None
         if blocks:
             chunk = Chunk(name, first, start, b"".join(blocks), size)
