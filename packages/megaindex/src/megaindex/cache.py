@@ -56,7 +56,7 @@ SIDECAR_FORMAT = 1
 SIDE_BY_SIDE_BYTES = 16 << 20
 #: each cache folder's modification time when the last of this process's saves into it ended
 #: with no other under way
-_unchanged_since_save: dict[str, int] = {}
+_unchanged_since_save: dict[str, int | None] = {}
 #: this process's saves under way in each cache folder (the builder's threads)
 _saves_under_way: dict[str, int] = {}
 _saves_lock = threading.Lock()
@@ -73,15 +73,13 @@ def _saving_into(directory: str) -> Iterator[bool]:
         alone = not _saves_under_way.get(directory)
         _saves_under_way[directory] = _saves_under_way.get(directory, 0) + 1
     try:
-        changed = _unchanged_since_save.get(directory) != _modified(directory)
-        yield alone and changed
+        yield alone and _unchanged_since_save.get(directory) != _modified(directory)
     finally:
         with _saves_lock:
             _saves_under_way[directory] -= 1
             if not _saves_under_way[directory]:
                 del _saves_under_way[directory]
-                with contextlib.suppress(OSError):
-                    _unchanged_since_save[directory] = os.stat(directory).st_mtime_ns
+                _unchanged_since_save[directory] = _modified(directory)
 
 
 def _modified(directory: str) -> int | None:

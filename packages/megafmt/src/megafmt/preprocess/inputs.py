@@ -24,9 +24,11 @@ import fsspec
 
 from megafmt.errors import MissingFileError, PluginError, ReadError
 from megafmt.preprocess.decompress import DECOMPRESSION_ERRORS, decompressing
+from megafmt.preprocess.decompress import SUFFIXES as COMPRESSED_SUFFIXES
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-COMPRESSION_SUFFIXES = ("", ".gz", ".zst", ".zstd", ".bz2", ".xz")
+#: a plain name, and each suffix the decompressing reader knows
+COMPRESSION_SUFFIXES = ("", *COMPRESSED_SUFFIXES)
 PARQUET_SUFFIX = ".parquet"
 #: one line and its newline
 LINE = re.compile(rb"[^\n]*\n")
