@@ -69,11 +69,12 @@ def _saving_into(directory: str) -> Iterator[bool]:
     last of them, and none of them is under way (another thread's files would change the
     folder between this one's saves, and every save would list the whole folder: a
     2,400-corpus blend on 2 threads took 10 s instead of 5)."""
-    with _saves_lock:
+    with _saves_lock:  # decided before another save of this process can write there
         alone = not _saves_under_way.get(directory)
+        list_leftovers = alone and _unchanged_since_save.get(directory) != _modified(directory)
         _saves_under_way[directory] = _saves_under_way.get(directory, 0) + 1
     try:
-        yield alone and _unchanged_since_save.get(directory) != _modified(directory)
+        yield list_leftovers
     finally:
         with _saves_lock:
             _saves_under_way[directory] -= 1
