@@ -21,6 +21,7 @@ from megafmt.atomic import (
     atomic_write,
     partial_path,
     remove_stale_partials,
+    write_atomically,
 )
 from megafmt.builder import IndexedDatasetBuilder
 from megafmt.cli.main import main
@@ -63,6 +64,30 @@ def test_temporary_names_fit_where_the_name_fits(tmp_path, length):
     builder.add_document([1, 2, 3], [3])
     builder.finalize(path + ".idx")
     assert sorted(os.listdir(tmp_path)) == sorted([name, name + ".bin", name + ".idx"])
+
+
+def test_a_write_of_bytes_that_fails_midway_leaves_the_old_file_and_no_partial(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "table.npy"
+    path.write_bytes(b"old")
+    real_write = os.write
+    written = []
+
+    def full_disk(descriptor, data):
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(len(data))
+        return real_write(descriptor, bytes(data)[:3])  # a short write: the rest is retried
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_atomically(str(path), b"new contents")
+    monkeypatch.undo()
+    assert written == [len(b"new contents")]
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["table.npy"]
+    write_atomically(str(path), memoryview(b"new contents"))
+    assert path.read_bytes() == b"new contents"
 
 
 def test_leftovers_of_a_long_name_are_found_and_removed(tmp_path):

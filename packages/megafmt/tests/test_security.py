@@ -10,7 +10,7 @@ import numpy
 import pytest
 
 from megafmt import IndexedDatasetBuilder
-from megafmt.atomic import atomic_write
+from megafmt.atomic import atomic_write, write_atomically
 from megafmt.cli.main import main
 from megafmt.confinement import confined_path, url_components
 from megafmt.errors import MissingFileError, ReadError, UnsafePathError
@@ -154,20 +154,30 @@ def victim(tmp_path):
     return path
 
 
-def test_an_atomic_write_replaces_a_link_planted_at_the_destination(tmp_path, victim):
+def write_by_stream(path, data):
+    with atomic_write(path) as stream:
+        stream.write(data)
+
+
+# the two ways of writing a file atomically: a stream, and bytes in hand by the descriptor
+ATOMIC_WRITERS = [write_by_stream, write_atomically]
+
+
+@pytest.mark.parametrize("write", ATOMIC_WRITERS)
+def test_an_atomic_write_replaces_a_link_planted_at_the_destination(tmp_path, victim, write):
     destination = tmp_path / "victim.link"
-    with atomic_write(str(destination)) as stream:
-        stream.write(b"new")
+    write(str(destination), b"new")
     assert victim.read_bytes() == b"precious"
     assert not destination.is_symlink() and destination.read_bytes() == b"new"
 
 
+@pytest.mark.parametrize("write", ATOMIC_WRITERS)
 def test_an_atomic_write_refuses_a_link_planted_at_its_temporary_name(
-    tmp_path, victim, monkeypatch
+    tmp_path, victim, monkeypatch, write
 ):
     monkeypatch.setattr("megafmt.atomic.partial_path", lambda path: str(tmp_path / "victim.link"))
-    with pytest.raises(FileExistsError), atomic_write(str(tmp_path / "table.npy")) as stream:
-        stream.write(b"new")
+    with pytest.raises(FileExistsError):
+        write(str(tmp_path / "table.npy"), b"new")
     assert victim.read_bytes() == b"precious"
     assert not (tmp_path / "table.npy").exists()
 
@@ -181,12 +191,12 @@ def test_a_corpus_writer_refuses_a_link_planted_at_its_temporary_name(
     assert victim.read_bytes() == b"precious"
 
 
+@pytest.mark.parametrize("write", ATOMIC_WRITERS)
 @pytest.mark.parametrize("umask", [0o022, 0o077])
-def test_an_atomic_write_gives_the_permissions_the_umask_allows(tmp_path, umask):
+def test_an_atomic_write_gives_the_permissions_the_umask_allows(tmp_path, umask, write):
     previous = os.umask(umask)
     try:
-        with atomic_write(str(tmp_path / "f")) as stream:
-            stream.write(b"x")
+        write(str(tmp_path / "f"), b"x")
     finally:
         os.umask(previous)
     assert os.stat(tmp_path / "f").st_mode & 0o777 == 0o666 & ~umask

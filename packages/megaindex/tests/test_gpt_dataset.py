@@ -245,12 +245,12 @@ def test_a_build_killed_between_files_is_repaired(make_config, tmp_path):
         import megaindex.cache as cache
         from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
         from megaindex.tokenizer import IdentifiedTokenizer
-        real = cache.atomic_write
+        real = cache.write_atomically
         def dying(path, *args, **kwargs):
             if path.endswith("megaindex.json"):  # the tables are written, the rest is not
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(path, *args, **kwargs)
-        cache.atomic_write = dying
+        cache.write_atomically = dying
         config = GPTDatasetConfig(random_seed=1234, sequence_length=32,
             blend=([{config.blend[0][0]!r}], None), split="90,8,2",
             tokenizer=IdentifiedTokenizer.null(1000), path_to_cache={config.path_to_cache!r},

@@ -42,7 +42,7 @@ try:
 except ImportError:  # not POSIX: no lock, each process checks
     fcntl = None
 
-from megafmt.atomic import NO_FOLLOW, atomic_write, read_unlinked
+from megafmt.atomic import NO_FOLLOW, read_unlinked, write_atomically
 from megafmt.errors import NotAFolderError
 from megafmt.fingerprint import file_identity, settled
 from megafmt.folders import make_folder
@@ -93,8 +93,8 @@ def remember_checked(
     note = {"path": os.path.abspath(path), "identity": identity}
     if not _notes_folder(note_path):
         return
-    with contextlib.suppress(OSError), atomic_write(note_path) as stream:
-        stream.write(json.dumps(note).encode())
+    with contextlib.suppress(OSError):
+        write_atomically(note_path, json.dumps(note).encode())
 
 
 @contextlib.contextmanager

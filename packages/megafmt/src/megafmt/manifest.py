@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any
 
-from megafmt.atomic import atomic_write, remove_quietly
+from megafmt.atomic import remove_quietly, write_atomically
 from megafmt.errors import FormatError
 from megafmt.folders import make_folder
 from megafmt.redaction import redact_value
@@ -47,8 +47,7 @@ def write_manifest(path_prefix: str, manifest: dict[str, Any]) -> str:
     path = manifest_path(path_prefix)
     make_folder(os.path.dirname(path), "the manifest folder")
     record = redact_value({"format": MANIFEST_FORMAT, **manifest})
-    with atomic_write(path) as stream:
-        stream.write(json.dumps(record, indent=2).encode())
+    write_atomically(path, json.dumps(record, indent=2).encode())
     return path
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import fsspec
 
-from megafmt.atomic import atomic_write, read_unlinked
+from megafmt.atomic import read_unlinked, write_atomically
 from megafmt.confinement import confined_path, url_components
 from megafmt.errors import MegafmtError, MissingFileError, ReadError
 from megafmt.folders import make_folder
@@ -201,10 +201,8 @@ def store_local_copy(local: str, data: bytes, url: str, size: int, etag: str | N
     atomically, with the note that says which version it is."""
     if len(data) != size:
         raise ReadError(f"{url}: fetched {len(data)} bytes, but the object has {size}")
-    with atomic_write(local) as stream:
-        stream.write(data)
-    with atomic_write(local + ".source.json") as stream:
-        stream.write(json.dumps(_source_note(url, size, etag)).encode())
+    write_atomically(local, data)
+    write_atomically(local + ".source.json", json.dumps(_source_note(url, size, etag)).encode())
     logger.info("cached %s (%d bytes) at %s", redact(url), size, local)
 
 

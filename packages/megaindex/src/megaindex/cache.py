@@ -26,6 +26,7 @@ names, so either implementation loads what the other built. What this module add
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import math
@@ -41,7 +42,7 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from megafmt.atomic import atomic_write, remove_stale_partials
+from megafmt.atomic import atomic_write, remove_stale_partials, write_atomically
 from megafmt.fingerprint import checksum, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
@@ -394,10 +395,11 @@ class IndexCache:
                 for leftover in remove_stale_partials(*files):
                     logger.info("removed %s, left by a build that was killed", leftover)
             # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB); small
-            # tables one after the other (starting threads costs more than the writes)
+            # tables one after the other (starting threads costs more than the writes), each
+            # in one write of its bytes
             if sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES:
                 for table in self.entry.tables:
-                    self._write_table(table, tables[table])
+                    write_atomically(self.entry.table_path(table), _npy_bytes(tables[table]))
             else:
                 with ThreadPoolExecutor(max(1, len(self.entry.tables))) as pool:
                     list(
@@ -410,13 +412,11 @@ class IndexCache:
             stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
             if sidecar is not None:
                 sidecar = {**sidecar, "table_files": stats}
-                with atomic_write(self.entry.sidecar_path) as stream:
-                    # one line: json writes an indented text item by item in Python, a tenth
-                    # of the cold build of a blend of thousands of small corpora
-                    text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})
-                    stream.write(text.encode())
-            with atomic_write(self.entry.description_path) as stream:
-                stream.write(self.description.encode("utf-8"))
+                # one line: json writes an indented text item by item in Python, a tenth of the
+                # cold build of a blend of thousands of small corpora
+                text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})
+                write_atomically(self.entry.sidecar_path, text.encode())
+            write_atomically(self.entry.description_path, self.description.encode("utf-8"))
         except OSError as error:
             raise CacheError(
                 f"cannot write the index cache to {directory}: {error}. By default the cache "
@@ -428,6 +428,13 @@ class IndexCache:
     def _write_table(self, table: str, array: numpy.ndarray) -> None:
         with atomic_write(self.entry.table_path(table)) as stream:
             numpy.save(stream, array, allow_pickle=False)
+
+
+def _npy_bytes(array: numpy.ndarray) -> memoryview:
+    """The bytes of ``array``'s ``.npy`` file, as ``numpy.save`` writes them."""
+    buffer = io.BytesIO()
+    numpy.save(buffer, array, allow_pickle=False)
+    return buffer.getbuffer()
 
 
 def table_specs(tables: Mapping[str, numpy.ndarray]) -> dict[str, dict[str, Any]]:

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 import fsspec
 
-from megafmt.atomic import atomic_write, partial_path, remove_quietly
+from megafmt.atomic import partial_path, remove_quietly, write_atomically
 from megafmt.confinement import confined_path, url_components
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
@@ -395,8 +395,7 @@ class SharedTableCache:
         finally:
             for partial in partials.values():
                 remove_quietly(partial)
-        with atomic_write(entry.description_path) as stream:  # last: the local commit mark
-            stream.write(found)
+        write_atomically(entry.description_path, found)  # last: the local commit mark
         logger.info("downloaded the %s tables from %s", entry.base, self.store.url)
         return True
 

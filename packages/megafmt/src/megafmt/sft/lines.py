@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy
 
-from megafmt.atomic import atomic_write
+from megafmt.atomic import write_atomically
 from megafmt.checked import one_checker
 from megafmt.errors import BadInputError, ObjectChangedError
 from megafmt.fingerprint import file_version
@@ -110,8 +110,7 @@ def _store(cache: str, arrays: dict[str, numpy.ndarray], meta: dict[str, Any]) -
     buffer = io.BytesIO()
     encoded = numpy.frombuffer(json.dumps(meta).encode("utf-8"), dtype=numpy.uint8)
     numpy.savez(buffer, meta=encoded, **arrays)
-    with atomic_write(cache) as stream:
-        stream.write(buffer.getvalue())
+    write_atomically(cache, buffer.getbuffer())
 
 
 class JsonlLineIndex:

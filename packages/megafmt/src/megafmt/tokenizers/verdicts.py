@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from megafmt.atomic import atomic_write, read_unlinked
+from megafmt.atomic import read_unlinked, write_atomically
 from megafmt.remote import default_cache_dir
 
 #: the environment variable naming the folder, or ``off``
@@ -118,8 +118,7 @@ def remember(key: str, verdict: Verdict) -> str | None:
     record = {"key": key, "passed": verdict.passed, "reason": verdict.reason}
     with contextlib.suppress(OSError):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_write(path) as stream:
-            stream.write(json.dumps(record).encode("utf-8"))
+        write_atomically(path, json.dumps(record).encode("utf-8"))
         return path
     return None
 
