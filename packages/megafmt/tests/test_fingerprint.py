@@ -1,6 +1,8 @@
 import os
 import struct
 
+import pytest
+
 from megafmt import get_bin_path, get_idx_path
 from megafmt.fingerprint import corpus_fingerprint, fingerprint_changes
 
@@ -71,6 +73,27 @@ def test_file_checksum_is_the_crc32_of_the_whole_file(tmp_path):
     data = os.urandom(READ_BYTES + 12345)
     path.write_bytes(data)
     assert file_checksum(str(path), "file") == (len(data), f"{zlib.crc32(data):08x}")
+
+
+@pytest.mark.parametrize("size", [0, 1, 8, 4095, 4096, 4097, 65535, 65551, 65552, 65553, 300001])
+def test_the_sampled_hash_of_a_token_file_is_the_one_caches_recorded(tmp_path, size):
+    # recorded in the sidecars of caches built before: a file of any size hashes as it did,
+    # the header, one block every size/16 bytes (at least a block apart), and the last block
+    import hashlib
+
+    from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS, file_version
+    from megafmt.format import HEADER_SIZE
+
+    data = os.urandom(size)
+    path = tmp_path / "c.bin"
+    path.write_bytes(data)
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(data[:HEADER_SIZE])
+    step = max(size // SAMPLED_BLOCKS, BLOCK_BYTES)
+    for offset in range(0, size, step):
+        digest.update(data[offset : offset + BLOCK_BYTES])
+    digest.update(data[max(size - BLOCK_BYTES, 0) :][:BLOCK_BYTES])
+    assert file_version(str(path), "token file") == (size, digest.hexdigest())
 
 
 def counted_checksums(monkeypatch) -> list:

@@ -253,3 +253,22 @@ def test_both_backends_refuse_an_empty_document_index_alike(each_backend):
         backends.implementation().fill_sample_index(
             numpy.array([3], numpy.int32), numpy.zeros(0, numpy.int32), 2, 0, out, 0, 3
         )
+
+
+def test_a_reseeded_random_state_draws_what_a_new_one_draws():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from megaindex.gpt_index import seeded_random_state
+
+    drawn = seeded_random_state(7)
+    drawn.standard_normal()  # leaves a cached gaussian a new state does not have
+    drawn.shuffle(numpy.arange(10))
+    for seed in (1234, 0, 2**32 - 1, 1234):
+        state = seeded_random_state(seed)
+        fresh = numpy.random.RandomState(seed)
+        assert state.standard_normal() == fresh.standard_normal()
+        assert (state.randint(0, 2**31, 100) == fresh.randint(0, 2**31, 100)).all()
+    with ThreadPoolExecutor(1) as pool:  # another thread's state is its own
+        assert pool.submit(seeded_random_state, 1).result() is not seeded_random_state(1)
+    with pytest.raises(ValueError):
+        seeded_random_state(-1)

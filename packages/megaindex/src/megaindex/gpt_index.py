@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,6 +47,21 @@ SPILL_MIN_BYTES = 64 << 20
 THREADED_SHUFFLE_MIN_SAMPLES = 1 << 20
 #: entries of a split's indices checked at a time (a few MB: the temporaries stay in cache)
 CONSECUTIVE_CHUNK = 1 << 20
+
+
+_thread_random_states = threading.local()
+
+
+def seeded_random_state(seed: int) -> numpy.random.RandomState:
+    """This thread's ``RandomState``, seeded with ``seed``: the state ``RandomState(seed)``
+    starts in, without the entropy a new one draws from the system and mixes first (90 us, a
+    tenth of a small corpus's build in a blend of thousands). Valid until this thread asks
+    again."""
+    state = getattr(_thread_random_states, "state", None)
+    if state is None:
+        state = _thread_random_states.state = numpy.random.RandomState()
+    state.seed(seed)
+    return state
 
 
 @dataclass(frozen=True)
@@ -195,7 +211,7 @@ def build_gpt_index_tables(
         plan, sequence_length, drop_last_partial_sequence, add_extra_token
     )
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
-    random_state = numpy.random.RandomState(random_seed)
+    random_state = seeded_random_state(random_seed)
     document_index = build_document_index(
         indices, plan.num_epochs, random_state, plan.separate_final_epoch
     )
