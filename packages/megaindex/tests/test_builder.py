@@ -142,3 +142,47 @@ def test_building_the_indices_of_many_corpora_shows_progress_with_an_eta(
         line.startswith("indices of 3 corpora: 1/3 (33%)") and "ETA" in line for line in lines
     )
     assert any(line.startswith("indices of 3 corpora: 3/3 (100%)") for line in lines)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_with_builder_threads_small_corpora_build_on_the_builders_own_thread(
+    make_config, tmp_path, monkeypatch, threads
+):
+    """Small corpora of a blend (Python work) are built one after another on the builder's
+    thread, larger ones on the builder threads meanwhile; the datasets are those of one thread."""
+    import os
+    import threading
+
+    from megaindex import builder
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 5 + 3 * n, seed=n) for n in range(6)]
+    # the first three corpora are small, the last three not
+    monkeypatch.setattr(builder, "SMALL_CORPUS_IDX_BYTES", os.path.getsize(prefixes[3] + ".idx"))
+    where = {}
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def recording(self, prefix, *args):
+        where[prefix] = threading.current_thread() is threading.main_thread()
+        return build_splits(self, prefix, *args)
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", recording)
+
+    def blend(threads, cache):
+        config = make_config(
+            blend=(prefixes, [1.0] * 6),
+            split="100,0,0",
+            num_dataset_builder_threads=threads,
+            path_to_cache=str(tmp_path / cache),
+        )
+        sizes = [60, 0, 0]
+        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()[0]
+
+    built = blend(threads, "cache")
+    assert [where[p] for p in prefixes] == [threads > 1] * 3 + [False] * 3
+    alone = blend(1, "alone")
+    assert [d.dataset.path_prefix for d in built.datasets] == prefixes
+    for ours, theirs in zip(built.datasets, alone.datasets, strict=True):
+        numpy.testing.assert_array_equal(ours.sample_index, theirs.sample_index)
+        numpy.testing.assert_array_equal(ours.shuffle_index, theirs.shuffle_index)
+    for index in range(len(built)):
+        numpy.testing.assert_array_equal(built[index]["tokens"], alone[index]["tokens"])
