@@ -11,11 +11,12 @@ many processes from a cache in object storage.
    tokens. Each side (megaindex, the reference) builds it, on ``--builder-threads`` threads
    (``num_dataset_builder_threads``), in a fresh process with an empty cache (cold build: twice
    each, in the order theirs, ours, ours, theirs, the better of the two reported, since creating
-   files slows down for minutes after many were deleted), then opens it again in another (cache
-   hit): seconds from the builder's start
-   to the datasets in hand (imports excluded), the process's peak RSS (whole, and above what it
-   held once its imports were done: torch's are most of it on both sides), and the most open
-   file descriptors seen (sampled every 5 ms from /proc/self/fd). megaindex's first cold build also
+   files slows down for minutes after many were deleted; the runs start once two probes of
+   400 file creations in a row cost at most twice the least, at most 2 minutes), then opens it again
+   in another (cache hit): seconds from the builder's start to the datasets in hand (imports
+   excluded), the process's peak RSS (whole, and above what it held once its imports were done:
+   torch's are most of it on both sides), and the most open file descriptors seen (sampled
+   every 5 ms from /proc/self/fd). megaindex's first cold build also
    checks each corpus at its first open and notes it (megafmt's notes, in a folder of the
    run's: ``MEGA_CACHE_DIR``); a second cold build into an empty cache folder, the corpora
    checked before, is the case of a new mix over corpora a machine has read already.
@@ -80,6 +81,34 @@ def write_corpora(folder: Path, count: int) -> tuple[list[str], list[float]]:
         prefixes.append(prefix)
         weights.append(float(tokens))
     return prefixes, weights
+
+
+SETTLE_PROBE_FILES = 400  # files created per probe of the file system's speed
+SETTLE_SECONDS = 120.0  # the longest the benchmark waits for the file system to settle
+
+
+def settle_file_system(folder: Path) -> float:
+    """Wait until creating a file costs, twice in a row, at most twice the least it cost in a
+    probe, at most SETTLE_SECONDS: after many files were deleted (the run before) it costs up to
+    20 times more for a while. The microseconds per file creation of the last probe."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    costs: list[float] = []
+    while True:
+        probe = folder / f"probe-{len(costs)}"
+        probe.mkdir(parents=True)
+        start = time.perf_counter()
+        for number in range(SETTLE_PROBE_FILES):
+            os.close(os.open(probe / str(number), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        costs.append((time.perf_counter() - start) / SETTLE_PROBE_FILES * 1e6)
+        settled = len(costs) >= 2 and max(costs[-2:]) <= 2 * min(costs)
+        if settled or time.monotonic() > deadline:
+            print(
+                f"  creating a file: {', '.join(f'{cost:.0f}' for cost in costs)} us"
+                + ("" if settled else f" (not settled after {SETTLE_SECONDS:.0f} s)"),
+                file=sys.stderr,
+            )
+            return costs[-1]
+        time.sleep(2.0)
 
 
 class DescriptorWatch:
@@ -162,10 +191,13 @@ def bench_blend(report: benchreport.Report, corpora: int, samples: int, threads:
     print(f"  {corpora} corpora written in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     blend_file = WORKDIR / "blend.json"
     blend_file.write_text(json.dumps([prefixes, weights]))
+    os.sync()
+    creation_us = settle_file_system(WORKDIR / "probes")
     conditions = (
         f"{corpora} corpora of 1..{LARGEST} documents (log-uniform), {samples} samples of "
         f"{SEQUENCE_LENGTH}, {threads} builder thread{'s' * (threads > 1)}; fresh process "
-        "each, imports excluded; cold builds: the better of two, run theirs, ours, ours, theirs"
+        "each, imports excluded; cold builds: the better of two, run theirs, ours, ours, "
+        f"theirs; a file creation cost {creation_us:.0f} us before"
     )
 
     def run(side: str, cache: str, notes: str = "notes-1") -> dict:
