@@ -29,7 +29,7 @@ def corpus(tmp_path, monkeypatch):
 
 
 def test_a_link_planted_at_a_lock_name_is_not_followed(corpus, tmp_path, caplog):
-    lock_path = checked._note_path(corpus, checked.CORPORA) + ".lock"
+    lock_path = checked._lock_path(checked._note_path(corpus, checked.CORPORA))
     os.makedirs(os.path.dirname(lock_path))
     outside = tmp_path / "outside" / "owned"
     outside.parent.mkdir()

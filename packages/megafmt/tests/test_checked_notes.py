@@ -60,3 +60,41 @@ def test_an_error_while_checking_without_a_lock_carries_no_lock_error(tmp_path, 
     with pytest.raises(ValueError) as caught, checked.one_checker(str(tmp_path / "c.idx")):
         raise ValueError("the check failed")
     assert caught.value.__context__ is None
+
+
+def test_the_notes_of_many_files_share_at_most_256_locks(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    taken = time.time_ns() + 10**10
+    for number in range(600):
+        path = tmp_path / f"c{number}.idx"
+        path.write_bytes(b"x")
+        identity = checked.corpus_identity(str(path), 1)
+        with checked.one_checker(str(path)):
+            checked.remember_checked(str(path), identity, identity[2], taken)
+        assert checked.was_checked(str(path), identity)
+    names = os.listdir(tmp_path / "notes" / checked.CORPORA)
+    assert len([name for name in names if name.endswith(".json")]) == 600
+    locks = [name for name in names if name.endswith(".lock")]
+    assert 200 < len(locks) <= 256  # 600 names of random digests leave few of 256 unused
+
+
+def test_files_sharing_a_lock_are_checked_in_turns(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
+    paths, lock = {}, None
+    for number in range(2000):  # two files whose notes share a lock
+        path = str(tmp_path / f"c{number}.idx")
+        lock = checked._lock_path(checked._note_path(path, checked.CORPORA))
+        if lock in paths:
+            first, second = paths[lock], path
+            break
+        paths[lock] = path
+    inside = []
+    with checked.one_checker(first):
+        waiter = threading.Thread(target=lambda: inside.append(_enter(second)))
+        waiter.start()
+        waiter.join(timeout=0.5)
+        assert inside == []  # waits for the holder of the shared lock
+    waiter.join(timeout=30)
+    assert inside == [True]

@@ -12,8 +12,10 @@ change time, so it is checked again; a file changed within the last second is no
 write the note (a read-only home) only means the next open scans again.
 
 Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
-check it one at a time (:func:`one_checker`, a lock beside the note): the first checks and
+check it one at a time (:func:`one_checker`, a lock in the notes' folder): the first checks and
 writes the note, the others find it, so the machine reads the index once, not once per process.
+The notes share 256 locks, chosen by the note's name (a lock of its own was one more file created
+per corpus, thousands at a blend's first build); files that share one are checked in turns.
 
 Notes and locks never follow a symbolic link planted at their names (``O_NOFOLLOW``): a note
 behind a link is not read, a lock behind one is not taken (a warning names it, and the check runs
@@ -65,6 +67,12 @@ def _note_path(path: str, kind: str) -> str:
     return os.path.join(default_cache_dir(), kind, f"{digest}.json")
 
 
+def _lock_path(note_path: str) -> str:
+    """The lock of the note at ``note_path``: one of 256 in its folder, by the note's name."""
+    folder, name = os.path.split(note_path)
+    return os.path.join(folder, f"{name[:2]}.lock")
+
+
 def corpus_identity(idx_path: str, bin_nbytes: int) -> list[int]:
     """What identifies the files a check saw: the local ``.idx``'s identity and the ``.bin``'s
     size."""
@@ -103,7 +111,7 @@ def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
     the lock taken waits, then finds the note the holder wrote (look again with
     :func:`was_checked`). Without a lock (a cache folder that cannot be written, no ``flock``)
     nothing waits."""
-    lock_path = _note_path(path, kind) + ".lock"
+    lock_path = _lock_path(_note_path(path, kind))
     fd = _open_lock(lock_path) if _notes_folder(lock_path) else None
     if fd is None:
         yield
