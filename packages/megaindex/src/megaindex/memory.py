@@ -11,6 +11,7 @@ temporaries); that margin is not counted.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 
@@ -77,7 +78,8 @@ def _read_available() -> int | None:
 def table_bytes(specs: Mapping[str, TableSpec]) -> dict[str, int]:
     """The bytes each table of ``specs`` takes (its first dtype, its shape)."""
     return {
-        name: int(numpy.prod(spec.shape, dtype=object)) * numpy.dtype(spec.dtypes[0]).itemsize
+        # Python integers: no overflow, and a tenth of numpy.prod's time (thousands of corpora)
+        name: math.prod(int(n) for n in spec.shape) * numpy.dtype(spec.dtypes[0]).itemsize
         for name, spec in specs.items()
     }
 
