@@ -80,9 +80,14 @@ def test_the_notes_of_many_files_share_at_most_256_locks(tmp_path, monkeypatch):
     assert 200 < len(locks) <= 256  # 600 names of random digests leave few of 256 unused
 
 
-def test_files_sharing_a_lock_are_checked_in_turns(tmp_path, monkeypatch):
+def test_files_sharing_a_lock_are_checked_in_turns_and_a_waiter_names_the_holder(
+    tmp_path, monkeypatch, caplog
+):
+    import os
+
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
-    paths, lock = {}, None
+    monkeypatch.setattr(checked, "LOCK_MESSAGE_SECONDS", 0.1)
+    paths = {}
     for number in range(2000):  # two files whose notes share a lock
         path = str(tmp_path / f"c{number}.idx")
         lock = checked._lock_path(checked._note_path(path, checked.CORPORA))
@@ -91,10 +96,16 @@ def test_files_sharing_a_lock_are_checked_in_turns(tmp_path, monkeypatch):
             break
         paths[lock] = path
     inside = []
-    with checked.one_checker(first):
+    with (
+        caplog.at_level(logging.WARNING, logger="megafmt.checked"),
+        checked.one_checker(first),
+    ):
         waiter = threading.Thread(target=lambda: inside.append(_enter(second)))
         waiter.start()
         waiter.join(timeout=0.5)
         assert inside == []  # waits for the holder of the shared lock
     waiter.join(timeout=30)
     assert inside == [True]
+    assert f"{second}: waiting for {lock}, held by process {os.getpid()} checking {first}" in (
+        caplog.text
+    )

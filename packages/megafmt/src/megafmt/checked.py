@@ -48,6 +48,7 @@ from megafmt.atomic import NO_FOLLOW, read_unlinked, write_atomically
 from megafmt.errors import NotAFolderError
 from megafmt.fingerprint import file_identity, settled
 from megafmt.folders import make_folder
+from megafmt.redaction import redact
 from megafmt.remote import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ CORPORA = "checked"
 #: the longest a process waits for another to finish checking (a lock a dead node holds on a
 #: network file system may never be released): it then checks by itself
 LOCK_WAIT_SECONDS = 300.0
+#: how often a process waiting for a lock says what holds it
+LOCK_MESSAGE_SECONDS = 10.0
 
 
 def _note_path(path: str, kind: str) -> str:
@@ -117,8 +120,11 @@ def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
         yield
         return
     try:
-        if fcntl is not None:
-            _lock(fd, lock_path, path)
+        if fcntl is not None and _lock(fd, lock_path, path):
+            # what a process waiting for the lock names (a lock serves the notes of many files)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"process {os.getpid()} checking {redact(path)}".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -165,22 +171,42 @@ def _open_lock(lock_path: str) -> int | None:
         return None
 
 
-def _lock(fd: int, lock_path: str, path: str) -> None:
-    """Take the lock, waiting at most :data:`LOCK_WAIT_SECONDS`; then go on without it."""
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+def _lock(fd: int, lock_path: str, path: str) -> bool:
+    """Take the lock, waiting at most :data:`LOCK_WAIT_SECONDS` and saying every
+    :data:`LOCK_MESSAGE_SECONDS` what holds it; then go on without it. Whether it was taken."""
+    start = time.monotonic()
+    last_message = start
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
+            return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now - start >= LOCK_WAIT_SECONDS:
                 logger.warning(
                     "%s: another process has held %s for over %.0f s; checking without it",
                     path,
                     lock_path,
                     LOCK_WAIT_SECONDS,
                 )
-                return
+                return False
+            if now - last_message >= LOCK_MESSAGE_SECONDS:
+                last_message = now
+                logger.warning(
+                    "%s: waiting for %s, held by %s (at most %.0f s in all)",
+                    path,
+                    lock_path,
+                    _holder(fd),
+                    LOCK_WAIT_SECONDS,
+                )
             time.sleep(0.05)
         except OSError:  # a file system without locks: each process checks
-            return
+            return False
+
+
+def _holder(fd: int) -> str:
+    """What the holder of the lock at ``fd`` wrote in it: its process and the file it checks."""
+    try:
+        return os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+    except OSError:
+        return "another process"
