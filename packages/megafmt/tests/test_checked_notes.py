@@ -4,6 +4,8 @@ shared cache folder, a bounded wait for a lock, and no stray context on errors."
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import threading
 import time
 
@@ -63,8 +65,6 @@ def test_an_error_while_checking_without_a_lock_carries_no_lock_error(tmp_path, 
 
 
 def test_the_notes_of_many_files_share_at_most_256_locks(tmp_path, monkeypatch):
-    import os
-
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
     taken = time.time_ns() + 10**10
     for number in range(600):
@@ -83,8 +83,6 @@ def test_the_notes_of_many_files_share_at_most_256_locks(tmp_path, monkeypatch):
 def test_files_sharing_a_lock_are_checked_in_turns_and_a_waiter_names_the_holder(
     tmp_path, monkeypatch, caplog
 ):
-    import os
-
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
     monkeypatch.setattr(checked, "LOCK_MESSAGE_SECONDS", 0.1)
     paths = {}
@@ -106,6 +104,19 @@ def test_files_sharing_a_lock_are_checked_in_turns_and_a_waiter_names_the_holder
         assert inside == []  # waits for the holder of the shared lock
     waiter.join(timeout=30)
     assert inside == [True]
-    assert f"{second}: waiting for {lock}, held by process {os.getpid()} checking {first}" in (
-        caplog.text
-    )
+    holder = f"process {os.getpid()} on {platform.node()} checking {first}"
+    assert f"{second}: waiting for {lock}, held by {holder}" in caplog.text
+
+
+def test_machines_sharing_a_notes_folder_take_locks_of_their_own(notes, monkeypatch):
+    note = checked._note_path(notes, checked.CORPORA)
+    monkeypatch.setattr(checked.platform, "node", lambda: "node-a")
+    lock_a = checked._lock_path(note)
+    monkeypatch.setattr(checked.platform, "node", lambda: "node-b")
+    assert checked._lock_path(note) != lock_a
+    assert os.path.dirname(checked._lock_path(note)) == os.path.dirname(lock_a)
+
+
+def test_a_long_check_takes_a_lock_of_its_own(notes):
+    note = checked._note_path(notes, checked.CORPORA)
+    assert checked._lock_path(note, of_its_own=True) == note + ".lock" != checked._lock_path(note)

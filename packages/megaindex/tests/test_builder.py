@@ -186,3 +186,36 @@ def test_with_builder_threads_small_corpora_build_on_the_builders_own_thread(
         numpy.testing.assert_array_equal(ours.shuffle_index, theirs.shuffle_index)
     for index in range(len(built)):
         numpy.testing.assert_array_equal(built[index]["tokens"], alone[index]["tokens"])
+
+
+def test_with_builder_threads_the_first_failing_corpus_of_the_blend_is_the_error(
+    make_config, tmp_path, monkeypatch
+):
+    import os
+
+    from megaindex import builder
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 5 + 3 * n, seed=n) for n in range(6)]
+    monkeypatch.setattr(builder, "SMALL_CORPUS_IDX_BYTES", os.path.getsize(prefixes[3] + ".idx"))
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def failing(self, prefix, *args):
+        if prefix in (prefixes[1], prefixes[4]):  # small, built on the builder's thread; large
+            raise RuntimeError(f"cannot build {prefix}")
+        return build_splits(self, prefix, *args)
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", failing)
+    config = make_config(
+        blend=(prefixes, [1.0] * 6), split="100,0,0", num_dataset_builder_threads=2
+    )
+    with pytest.raises(RuntimeError, match=f"cannot build {prefixes[1]}$"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [60, 0, 0], lambda: True, config).build()
+    prefixes[1], prefixes[4] = prefixes[4], prefixes[1]  # now the large one comes first
+    config = make_config(
+        blend=(prefixes, [1.0] * 6),
+        split="100,0,0",
+        num_dataset_builder_threads=2,
+        path_to_cache=str(tmp_path / "other"),
+    )
+    with pytest.raises(RuntimeError, match=f"cannot build {prefixes[1]}$"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [60, 0, 0], lambda: True, config).build()

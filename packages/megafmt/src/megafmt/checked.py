@@ -14,8 +14,9 @@ write the note (a read-only home) only means the next open scans again.
 Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
 check it one at a time (:func:`one_checker`, a lock in the notes' folder): the first checks and
 writes the note, the others find it, so the machine reads the index once, not once per process.
-The notes share 256 locks, chosen by the note's name (a lock of its own was one more file created
-per corpus, thousands at a blend's first build); files that share one are checked in turns.
+The notes of a machine share 256 locks, chosen by the note's name (a lock of its own was one more
+file created per corpus, thousands at a blend's first build); files that share one are checked in
+turns. A check that may take minutes (an SFT file's scan) takes a lock of its own.
 
 Notes and locks never follow a symbolic link planted at their names (``O_NOFOLLOW``): a note
 behind a link is not read, a lock behind one is not taken (a warning names it, and the check runs
@@ -64,16 +65,20 @@ LOCK_MESSAGE_SECONDS = 10.0
 
 def _note_path(path: str, kind: str) -> str:
     """The note of ``path`` on this machine: a cache folder shared by several machines (a home
-    on a network file system) holds one note, and one lock, per machine."""
+    on a network file system) holds one note per machine, and locks of each machine's own."""
     key = f"{platform.node()}\0{os.path.abspath(path)}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     return os.path.join(default_cache_dir(), kind, f"{digest}.json")
 
 
-def _lock_path(note_path: str) -> str:
-    """The lock of the note at ``note_path``: one of 256 in its folder, by the note's name."""
+def _lock_path(note_path: str, of_its_own: bool = False) -> str:
+    """The lock of the note at ``note_path``: one of this machine's 256 in its folder, by the
+    note's name (a folder shared by several machines holds 256 for each), or ``of_its_own``."""
+    if of_its_own:
+        return note_path + ".lock"
     folder, name = os.path.split(note_path)
-    return os.path.join(folder, f"{name[:2]}.lock")
+    machine = hashlib.sha256(platform.node().encode()).hexdigest()[:8]
+    return os.path.join(folder, f"{name[:2]}-{machine}.lock")
 
 
 def corpus_identity(idx_path: str, bin_nbytes: int) -> list[int]:
@@ -109,12 +114,13 @@ def remember_checked(
 
 
 @contextlib.contextmanager
-def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
+def one_checker(path: str, kind: str = CORPORA, lock_of_its_own: bool = False) -> Iterator[None]:
     """Hold this machine's lock on the note of ``path`` while checking: a process that finds
     the lock taken waits, then finds the note the holder wrote (look again with
     :func:`was_checked`). Without a lock (a cache folder that cannot be written, no ``flock``)
-    nothing waits."""
-    lock_path = _lock_path(_note_path(path, kind))
+    nothing waits. A check that may take minutes (a scan of a large file) takes a lock
+    ``lock_of_its_own``, so that no check of another file sharing its lock waits for it."""
+    lock_path = _lock_path(_note_path(path, kind), lock_of_its_own)
     fd = _open_lock(lock_path) if _notes_folder(lock_path) else None
     if fd is None:
         yield
@@ -124,7 +130,8 @@ def one_checker(path: str, kind: str = CORPORA) -> Iterator[None]:
             # what a process waiting for the lock names (a lock serves the notes of many files)
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, f"process {os.getpid()} checking {redact(path)}".encode(), 0)
+                holder = f"process {os.getpid()} on {platform.node()} checking {redact(path)}"
+                os.pwrite(fd, holder.encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -367,16 +367,26 @@ class BlendedMegatronDatasetBuilder:
                     for n, (prefix, sizes) in enumerate(corpora)
                     if not here[n]
                 }
+                errors: dict[int, Exception] = {}
                 for n, (prefix, sizes) in enumerate(corpora):
                     if here[n]:
-                        per_prefix[n] = self._build_megatron_dataset_splits(
-                            prefix, split, sizes, False
-                        )
+                        try:
+                            per_prefix[n] = self._build_megatron_dataset_splits(
+                                prefix, split, sizes, False
+                            )
+                        except Exception as error:  # raised below, in the blend's order
+                            errors[n] = error
+                            break
                         progress.update()
                 for _ in as_completed(futures):
                     progress.update()
                 for future, n in futures.items():
-                    per_prefix[n] = future.result()
+                    if future.exception() is None:
+                        per_prefix[n] = future.result()
+                    else:
+                        errors[n] = future.exception()
+            if errors:  # the first corpus of the blend that failed, as on one thread
+                raise errors[min(errors)]
             # a summary for builds long enough to have shown progress; nothing for short ones
             progress.close(None if progress.elapsed >= PROGRESS_SECONDS else "")
             return [list(per_split) for per_split in zip(*per_prefix, strict=True)]

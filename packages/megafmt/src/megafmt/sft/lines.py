@@ -166,7 +166,7 @@ class JsonlLineIndex:
         found = _load(self.index_path, self.path)
         if found is not None and _serves(found[1], check, self.masked_turns):
             return found
-        with one_checker(self.path, SCANS):
+        with one_checker(self.path, SCANS, lock_of_its_own=True):  # a scan may take minutes
             found = _load(self.index_path, self.path)
             if found is not None and _serves(found[1], check, self.masked_turns):
                 return found
