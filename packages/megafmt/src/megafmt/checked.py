@@ -31,6 +31,7 @@ Other checks that read whole files keep their notes the same way, in a folder of
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -79,8 +80,13 @@ def _lock_path(note_path: str, of_its_own: bool = False) -> str:
     if of_its_own:
         return note_path + ".lock"
     folder, name = os.path.split(note_path)
-    machine = hashlib.sha256(platform.node().encode()).hexdigest()[:8]
-    return os.path.join(folder, f"{name[:2]}-{machine}.lock")
+    return os.path.join(folder, f"{name[:2]}-{_machine_tag(platform.node())}.lock")
+
+
+@functools.lru_cache(maxsize=4)
+def _machine_tag(node: str) -> str:
+    """A short name of the machine ``node`` for its locks' names, hashed once per process."""
+    return hashlib.sha256(node.encode()).hexdigest()[:8]
 
 
 def corpus_identity(idx_path: str, bin_nbytes: int) -> list[int]:
