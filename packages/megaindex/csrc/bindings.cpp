@@ -8,14 +8,20 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "atomic_files.hpp"
 #include "blending.hpp"
 #include "fim.hpp"
 #include "gather.hpp"
@@ -432,6 +438,40 @@ class BlendGatherer {
   Input<int64_t> dataset_sample_index_;
 };
 
+// a write's files as Python hands them: (path, partial, data, identities_of, tail)
+using StepTuple = std::tuple<std::string, std::string, nb::bytes,
+                             std::vector<std::pair<std::string, size_t>>, std::string>;
+
+std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
+  std::vector<FileStep> steps;
+  steps.reserve(given.size());
+  for (const auto& [path, partial, data, identities_of, tail] : given) {
+    for (const auto& [key, index] : identities_of) {
+      if (index >= steps.size()) {
+        throw std::out_of_range(path + ": the identity of file " + std::to_string(index) +
+                                " is asked before it is written");
+      }
+    }
+    steps.push_back({path, partial, std::string(data.c_str(), data.size()), identities_of, tail});
+  }
+  return steps;
+}
+
+// (identities as [size, mtime_ns, ctime_ns, inode, device] lists, errno (0: none), failed path)
+nb::tuple outcome_tuple(const WriteOutcome& outcome) {
+  nb::list identities;
+  for (const FileIdentity& identity : outcome.identities) {
+    nb::list fields;
+    fields.append(identity.size);
+    fields.append(identity.mtime_ns);
+    fields.append(identity.ctime_ns);
+    fields.append(identity.inode);
+    fields.append(identity.device);
+    identities.append(fields);
+  }
+  return nb::make_tuple(identities, outcome.error, outcome.failed_path);
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -475,6 +515,47 @@ NB_MODULE(_ext, m) {
   m.def("fim_assemble", &fim_assemble, "sample"_a.noconvert(), "inserted"_a.noconvert(),
         "runs"_a.noconvert(), "out"_a.noconvert(), "pad"_a,
         "Lay out a rearranged FIM sample; see megaindex.helpers.fim_assemble.");
+  m.def(
+      "write_files",
+      [](const std::vector<StepTuple>& given) {
+        std::vector<FileStep> steps = file_steps(given);
+        WriteOutcome outcome;
+        {
+          nb::gil_scoped_release released;
+          outcome = write_files(steps);
+        }
+        return outcome_tuple(outcome);
+      },
+      "steps"_a, "Write files atomically, one after the other; see megaindex.file_writes.");
+  nb::class_<PendingWrite>(m, "PendingWrite", "A write submitted to a FileWriterPool.")
+      .def(
+          "wait",
+          [](PendingWrite& pending) {
+            const WriteOutcome* outcome;
+            {
+              nb::gil_scoped_release released;
+              outcome = &pending.wait();
+            }
+            return outcome_tuple(*outcome);
+          },
+          "The outcome, once written: (identities, errno, failed path).")
+      .def("finished", &PendingWrite::finished, "Whether the write is finished.");
+  nb::class_<FileWriterPool>(m, "FileWriterPool",
+                             "Threads writing files atomically; see megaindex.file_writes.")
+      .def(nb::init<size_t>(), "threads"_a)
+      .def(
+          "submit",
+          [](FileWriterPool& pool, const std::vector<StepTuple>& given) {
+            return pool.submit(file_steps(given));
+          },
+          "steps"_a, "Queue a write; its PendingWrite.")
+      .def(
+          "close",
+          [](FileWriterPool& pool) {
+            nb::gil_scoped_release released;
+            pool.close();
+          },
+          "Finish what was submitted and stop the threads.");
   nb::class_<WindowGatherer>(m, "WindowGatherer",
                              "GPT windows of one corpus and one split's tables; see "
                              "megaindex.helpers.WindowGatherer.")

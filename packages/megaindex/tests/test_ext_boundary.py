@@ -304,8 +304,11 @@ def test_the_typed_stub_ships_and_matches_the_module():
     functions = {}
     for name, value in vars(ext).items():
         if isinstance(value, type):
+            methods = [m for m in vars(value) if m == "__init__" or not m.startswith("_")]
             functions.update(
-                (f"{name}.{method}", getattr(value, method)) for method in ("__init__", "gather")
+                (f"{name}.{method}", getattr(value, method))
+                for method in methods
+                if hasattr(getattr(value, method), "__nb_signature__")
             )
         elif not name.startswith("_") and callable(value):
             functions[name] = value
@@ -325,8 +328,14 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "BlendGatherer.gather",
         "WindowGatherer.__init__",
         "WindowGatherer.gather",
+        "FileWriterPool.__init__",
+        "FileWriterPool.submit",
+        "FileWriterPool.close",
+        "PendingWrite.wait",
+        "PendingWrite.finished",
         "legacy_shuffle",
         "sample_count",
+        "write_files",
     }
     assert stubbed == built
 

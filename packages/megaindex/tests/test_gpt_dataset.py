@@ -245,12 +245,12 @@ def test_a_build_killed_between_files_is_repaired(make_config, tmp_path):
         import megaindex.cache as cache
         from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
         from megaindex.tokenizer import IdentifiedTokenizer
-        real = cache.write_atomically
-        def dying(path, *args, **kwargs):
-            if path.endswith("megaindex.json"):  # the tables are written, the rest is not
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real(path, *args, **kwargs)
-        cache.write_atomically = dying
+        real = cache.write_files
+        def dying(files, on_done, on_error, background=True):
+            tables = [f for f in files if f.path.endswith(".npy")]
+            real(tables, lambda: None, on_error, background=False)
+            os.kill(os.getpid(), signal.SIGKILL)  # the tables are written, the rest is not
+        cache.write_files = dying
         config = GPTDatasetConfig(random_seed=1234, sequence_length=32,
             blend=([{config.blend[0][0]!r}], None), split="90,8,2",
             tokenizer=IdentifiedTokenizer.null(1000), path_to_cache={config.path_to_cache!r},

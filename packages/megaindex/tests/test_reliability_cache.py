@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import math
 import os
 import shutil
 import struct
@@ -16,7 +17,7 @@ import pytest
 
 from megafmt.atomic import remove_stale_partials
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
-from megaindex.cache import read_npy_header
+from megaindex.cache import _npy_bytes, read_npy_header
 
 SIZES = [1000, 50, 10]
 
@@ -359,3 +360,23 @@ def test_npy_headers_read_as_numpy_reads_them(array):
     numpy.lib.format.read_magic(stream)
     assert found == numpy.lib.format.read_array_header_1_0(stream)
     assert at == stream.tell()  # left at the first byte of the data
+
+
+@pytest.mark.parametrize(
+    "dtype", ["<i4", "<i8", "<u4", ">i4", "|u1", "<f8", "<c16", "S3", "<M8[s]"]
+)
+@pytest.mark.parametrize(
+    "shape",
+    [(0,), (1,), (9,), (10,), (99,), (12345,), (0, 2), (7, 2), (100, 2), (3, 4, 5), ()],
+)
+def test_tables_are_saved_with_the_bytes_numpy_save_writes(dtype, shape):
+    # the cache writes a table's header from numpy's header of a shape with the same digits
+    array = numpy.arange(math.prod(shape)).astype(dtype).reshape(shape)
+    stream = io.BytesIO()
+    numpy.save(stream, array, allow_pickle=False)
+    assert _npy_bytes(array) == stream.getvalue()
+    strided = array[::2] if array.ndim else array
+    for other in (array.T, numpy.asfortranarray(array), strided):  # not C-ordered
+        stream = io.BytesIO()
+        numpy.save(stream, other, allow_pickle=False)
+        assert _npy_bytes(other) == stream.getvalue()

@@ -30,6 +30,8 @@ def make_folder(path: str, what: str) -> None:
     """Create the folder ``path`` (``what`` names it in errors: "the cache folder") with its
     parents, or find it there; raises :class:`~megafmt.errors.NotAFolderError` naming the
     component in the way when one is a file or a symbolic link to nothing."""
+    if os.path.isdir(path):  # one stat: a cache saving thousands of entries asks each time
+        return
     try:
         os.makedirs(path, exist_ok=True)
     except (FileExistsError, FileNotFoundError, NotADirectoryError) as error:

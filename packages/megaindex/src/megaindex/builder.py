@@ -35,7 +35,7 @@ import numpy
 from megafmt import get_idx_path
 from megafmt.progress import Progress
 from megafmt.readers import is_url
-from megaindex import distributed
+from megaindex import distributed, file_writes
 from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset
 from megaindex.collector import collector_paused
@@ -361,7 +361,13 @@ class BlendedMegatronDatasetBuilder:
             corpora = list(zip(prefixes, sizes_per_dataset, strict=True))
             here = [workers > 1 and _python_bound(p, s, split) for p, s in corpora]
             per_prefix: list[Any] = [None] * len(corpora)
-            with ThreadPoolExecutor(max_workers=workers) as pool:
+            # the cache files are written in the background, all in place before the barrier
+            with (
+                file_writes.background_writes() as writes,
+                ThreadPoolExecutor(
+                    workers, initializer=file_writes.adopt, initargs=(writes,)
+                ) as pool,
+            ):
                 futures = {
                     pool.submit(self._build_megatron_dataset_splits, prefix, split, sizes, False): n
                     for n, (prefix, sizes) in enumerate(corpora)

@@ -25,7 +25,6 @@ names, so either implementation loads what the other built. What this module add
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
@@ -48,6 +47,7 @@ from megafmt.folders import make_folder
 from megafmt.mapping import map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
+from megaindex.file_writes import FileWrite, current, write_files
 
 logger = logging.getLogger(__name__)
 
@@ -63,25 +63,26 @@ _saves_under_way: dict[str, int] = {}
 _saves_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def _saving_into(directory: str) -> Iterator[bool]:
-    """A save into ``directory``; yields whether it should list the folder for the leftovers of
-    killed builds: only when something else than this process's saves wrote there since the
-    last of them, and none of them is under way (another thread's files would change the
-    folder between this one's saves, and every save would list the whole folder: a
-    2,400-corpus blend on 2 threads took 10 s instead of 5)."""
+def _begin_save(directory: str) -> bool:
+    """A save into ``directory`` begins; whether it should list the folder for the leftovers
+    of killed builds: only when something else than this process's saves wrote there since the
+    last of them, and none of them is under way (another thread's files, or this build's
+    written in the background, change the folder between this one's saves, and every save
+    would list the whole folder: a 2,400-corpus blend on 2 threads took 10 s instead of 5).
+    Each is ended by :func:`_end_save` once its files are written."""
     with _saves_lock:  # decided before another save of this process can write there
         alone = not _saves_under_way.get(directory)
         list_leftovers = alone and _unchanged_since_save.get(directory) != _modified(directory)
         _saves_under_way[directory] = _saves_under_way.get(directory, 0) + 1
-    try:
-        yield list_leftovers
-    finally:
-        with _saves_lock:
-            _saves_under_way[directory] -= 1
-            if not _saves_under_way[directory]:
-                del _saves_under_way[directory]
-                _unchanged_since_save[directory] = _modified(directory)
+    return list_leftovers
+
+
+def _end_save(directory: str) -> None:
+    with _saves_lock:
+        _saves_under_way[directory] -= 1
+        if not _saves_under_way[directory]:
+            del _saves_under_way[directory]
+            _unchanged_since_save[directory] = _modified(directory)
 
 
 def _modified(directory: str) -> int | None:
@@ -256,12 +257,14 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
         self,
         entry: CacheEntry,
         specs: Mapping[str, TableSpec],
-        identities: Mapping[str, list[int]],
+        identities: Mapping[str, list[int]] | Callable[[], Mapping[str, list[int]]],
         checksums: Mapping[str, str] | None,
     ) -> None:
+        """``identities``: each table file's, or what gives them once the files are written
+        (a save in a build's background, :mod:`megaindex.file_writes`)."""
         self._entry = entry
         self._specs = dict(specs)
-        self._identities = dict(identities)
+        self._identities = identities
         self._checksums = dict(checksums or {})
         self._mapped: dict[str, numpy.ndarray] = {}
 
@@ -279,6 +282,8 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
             table, identity = load_table_and_identity(path, self._specs.get(name))
         except DamagedCacheError as error:  # gone, or another file: not what was loaded
             raise CacheError(f"{error}: the index cache changed after it was loaded") from None
+        if callable(self._identities):
+            self._identities = dict(self._identities())
         recorded = self._identities.get(name)
         if recorded is None or identity == recorded:
             return table
@@ -370,22 +375,14 @@ class IndexCache:
 
     def save(
         self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
-    ) -> dict[str, list[int]]:
+    ) -> Callable[[], dict[str, list[int]]]:
         """Write the tables, then the sidecar (if any), then the description (the commit mark);
-        returns the identity (:func:`~megafmt.fingerprint.file_identity`) of each table file."""
+        returns what gives the identity (:func:`~megafmt.fingerprint.file_identity`) of each
+        table file. Small tables are written by :mod:`megaindex.file_writes`: in a build's
+        background (the identities wait for them), else at once."""
         directory = self.entry.directory
-        with _saving_into(directory) as list_leftovers:
-            stats = self._save_into(directory, tables, sidecar, list_leftovers)
-        logger.info("saved %s tables to %s", self.entry.base, directory)
-        return stats
-
-    def _save_into(
-        self,
-        directory: str,
-        tables: Mapping[str, numpy.ndarray],
-        sidecar: dict[str, Any] | None,
-        list_leftovers: bool,
-    ) -> dict[str, list[int]]:
+        background_write = False
+        list_leftovers = _begin_save(directory)
         try:
             make_folder(directory, "the index cache folder")
             # a folder nobody wrote to since this process's last save here holds no new
@@ -394,47 +391,114 @@ class IndexCache:
                 files = (*self.entry.files(), self.entry.sidecar_path)
                 for leftover in remove_stale_partials(*files):
                     logger.info("removed %s, left by a build that was killed", leftover)
-            # side by side: numpy writes without the GIL (a 7B run's tables are 1.4 GB); small
-            # tables one after the other (starting threads costs more than the writes), each
-            # in one write of its bytes
             if sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES:
-                for table in self.entry.tables:
-                    write_atomically(self.entry.table_path(table), _npy_bytes(tables[table]))
-            else:
-                with ThreadPoolExecutor(max(1, len(self.entry.tables))) as pool:
-                    list(
-                        pool.map(
-                            lambda table: self._write_table(table, tables[table]),
-                            self.entry.tables,
-                        )
-                    )
-            # the identity of each table file now in place
-            stats = {t: file_identity(self.entry.table_path(t)) for t in self.entry.tables}
-            if sidecar is not None:
-                sidecar = {**sidecar, "table_files": stats}
-                # one line: json writes an indented text item by item in Python, a tenth of the
-                # cold build of a blend of thousands of small corpora
-                text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})
-                write_atomically(self.entry.sidecar_path, text.encode())
-            write_atomically(self.entry.description_path, self.description.encode("utf-8"))
+                background_write = True
+                return self._write_small(tables, sidecar)
+            return self._write_large(tables, sidecar)
         except OSError as error:
-            raise CacheError(
-                f"cannot write the index cache to {directory}: {error}. By default the cache "
-                "sits beside the data (<prefix>/cache), which is often read-only: set "
-                "path_to_cache (--data-cache-path) to a writable directory"
-            ) from error
-        return stats
+            raise _write_error(directory, error) from error
+        finally:
+            if not background_write:
+                _end_save(directory)
+
+    def _write_small(
+        self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
+    ) -> Callable[[], dict[str, list[int]]]:
+        """Small tables, each in one write of its bytes, with the sidecar (which records the
+        table files' identities, taken as they are written) and the description after them."""
+        entry = self.entry
+        files = [FileWrite(entry.table_path(t), _npy_bytes(tables[t])) for t in entry.tables]
+        if sidecar is not None:
+            # one line: json writes an indented text item by item in Python, a tenth of the
+            # cold build of a blend of thousands of small corpora
+            text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})
+            files.append(
+                FileWrite(
+                    entry.sidecar_path,
+                    (text[:-1] + ', "table_files": ').encode(),
+                    tuple((json.dumps(t), n) for n, t in enumerate(entry.tables)),
+                    "}",
+                )
+            )
+        files.append(FileWrite(entry.description_path, self.description.encode("utf-8")))
+        directory = entry.directory
+
+        def done() -> None:
+            _end_save(directory)
+            logger.info("saved %s tables to %s", entry.base, directory)
+
+        written = write_files(
+            files,
+            done,
+            lambda error: _write_error(directory, error),
+            background=entry.remote is None,  # a shared store uploads the files right after
+        )
+        # the sidecar's and the description's identities follow the tables'
+        return lambda: dict(zip(entry.tables, written.identities(), strict=False))
+
+    def _write_large(
+        self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
+    ) -> Callable[[], dict[str, list[int]]]:
+        """Large tables side by side: numpy writes without the GIL (a 7B run's tables are
+        1.4 GB); then the sidecar and the description."""
+        entry = self.entry
+        with ThreadPoolExecutor(max(1, len(entry.tables))) as pool:
+            list(pool.map(lambda table: self._write_table(table, tables[table]), entry.tables))
+        # the identity of each table file now in place
+        stats = {t: file_identity(entry.table_path(t)) for t in entry.tables}
+        if sidecar is not None:
+            text = json.dumps({"format": SIDECAR_FORMAT, **sidecar, "table_files": stats})
+            write_atomically(entry.sidecar_path, text.encode())
+        write_atomically(entry.description_path, self.description.encode("utf-8"))
+        logger.info("saved %s tables to %s", entry.base, entry.directory)
+        return lambda: stats
 
     def _write_table(self, table: str, array: numpy.ndarray) -> None:
         with atomic_write(self.entry.table_path(table)) as stream:
             numpy.save(stream, array, allow_pickle=False)
 
 
-def _npy_bytes(array: numpy.ndarray) -> memoryview:
+def _write_error(directory: str, error: OSError) -> CacheError:
+    return CacheError(
+        f"cannot write the index cache to {directory}: {error}. By default the cache sits "
+        "beside the data (<prefix>/cache), which is often read-only: set path_to_cache "
+        "(--data-cache-path) to a writable directory"
+    )
+
+
+#: the ``.npy`` header numpy writes for a dtype and shape, by the dtype and the number of
+#: digits of each dimension (the header's padding depends on nothing else): the header of a
+#: shape with the same digits, and that shape's text in it
+_NPY_HEADERS: dict[tuple[str, tuple[int, ...]], tuple[str, str]] = {}
+
+
+def _npy_header(dtype: numpy.dtype, shape: tuple[int, ...]) -> bytes:
+    """The header ``numpy.save`` writes before a C-ordered array of ``dtype`` and ``shape``:
+    numpy's own (``write_array_header_1_0``, the version it picks for a table's short header),
+    for a shape with as many digits in each dimension, with the shape's text replaced."""
+    key = (dtype.str, tuple(len(str(size)) for size in shape))
+    known = _NPY_HEADERS.get(key)
+    if known is None:
+        probe = tuple(10 ** (digits - 1) for digits in key[1])
+        buffer = io.BytesIO()
+        header = {
+            "descr": numpy.lib.format.dtype_to_descr(dtype),
+            "fortran_order": False,
+            "shape": probe,
+        }
+        numpy.lib.format.write_array_header_1_0(buffer, header)
+        known = _NPY_HEADERS[key] = (buffer.getvalue().decode("latin1"), f"'shape': {probe!r}")
+    header, probe_text = known
+    return header.replace(probe_text, f"'shape': {shape!r}", 1).encode("latin1")
+
+
+def _npy_bytes(array: numpy.ndarray) -> bytes:
     """The bytes of ``array``'s ``.npy`` file, as ``numpy.save`` writes them."""
+    if array.flags.c_contiguous and not array.dtype.hasobject and array.dtype.names is None:
+        return _npy_header(array.dtype, array.shape) + array.tobytes()
     buffer = io.BytesIO()
     numpy.save(buffer, array, allow_pickle=False)
-    return buffer.getbuffer()
+    return buffer.getvalue()
 
 
 def table_specs(tables: Mapping[str, numpy.ndarray]) -> dict[str, dict[str, Any]]:
@@ -506,6 +570,9 @@ def load_or_build(
     """
     builds_here = distributed.builds_shared_files()
     rank = distributed.global_rank()
+    writes = current()
+    if writes is not None:  # the same entry saved in this build's background: wait for it
+        writes.wait_for(cache.entry.description_path)
     if cache.entry.complete():
         try:
             return load(), "cache"

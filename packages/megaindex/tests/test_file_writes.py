@@ -1,0 +1,167 @@
+"""Cache files written atomically by native threads (megaindex.file_writes)."""
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from megafmt.fingerprint import file_identity
+from megaindex import _ext, file_writes
+from megaindex.file_writes import FileWrite, background_writes, write_files
+
+
+class Failed(Exception):
+    pass
+
+
+def entry_files(folder, name="entry"):
+    """Two tables, a sidecar recording their identities, and a description, as a cache saves."""
+    return [
+        FileWrite(str(folder / f"{name}-a.npy"), b"table a"),
+        FileWrite(str(folder / f"{name}-b.npy"), b"table b" * 100),
+        FileWrite(
+            str(folder / f"{name}-megaindex.json"),
+            b'{"format": 1, "table_files": ',
+            (('"a"', 0), ('"b"', 1)),
+            "}",
+        ),
+        FileWrite(str(folder / f"{name}-description.txt"), "{\n    \u00e9\n}".encode()),
+    ]
+
+
+def check_entry(folder, name="entry"):
+    sidecar = json.loads((folder / f"{name}-megaindex.json").read_text())
+    assert sidecar == {
+        "format": 1,
+        "table_files": {
+            "a": file_identity(str(folder / f"{name}-a.npy")),
+            "b": file_identity(str(folder / f"{name}-b.npy")),
+        },
+    }
+    assert (folder / f"{name}-b.npy").read_bytes() == b"table b" * 100
+    assert (folder / f"{name}-description.txt").read_text() == "{\n    \u00e9\n}"
+
+
+def test_outside_a_build_the_files_are_written_at_once(tmp_path):
+    done = []
+    written = write_files(entry_files(tmp_path), lambda: done.append(1), Failed)
+    assert done == [1]
+    check_entry(tmp_path)
+    identities = written.identities()
+    assert identities == [file_identity(f.path) for f in entry_files(tmp_path)]
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        os.path.basename(f.path) for f in entry_files(tmp_path)
+    )  # no temporary file left
+
+
+def test_the_files_get_the_permissions_the_umask_allows(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_files([FileWrite(str(tmp_path / "t.npy"), b"x")], lambda: None, Failed)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "t.npy").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_failure_stops_the_write_and_names_the_file(tmp_path):
+    files = entry_files(tmp_path)
+    files[1] = FileWrite(str(tmp_path / "missing" / "b.npy"), b"b")
+    done = []
+    with pytest.raises(Failed) as caught:
+        write_files(files, lambda: done.append(1), Failed)
+    error = caught.value.args[0]
+    assert isinstance(error, FileNotFoundError) and error.filename == files[1].path
+    assert done == [1]
+    assert os.listdir(tmp_path) == ["entry-a.npy"]  # nothing after the failed file
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    target = tmp_path / "target"
+    os.symlink(target, tmp_path / "t.partial")
+    identities, error, path = _ext.write_files(
+        [(str(tmp_path / "t.npy"), str(tmp_path / "t.partial"), b"data", [], "")]
+    )
+    assert (identities, error, path) == ([], 17, str(tmp_path / "t.npy"))  # EEXIST
+    assert not target.exists() and not (tmp_path / "t.npy").exists()
+
+
+def test_an_identity_asked_before_its_file_is_refused(tmp_path):
+    with pytest.raises(IndexError, match="the identity of file 1 is asked before it is written"):
+        _ext.write_files([(str(tmp_path / "a"), str(tmp_path / "a.p"), b"", [('"x"', 1)], "")])
+
+
+def test_in_a_build_the_files_are_in_place_when_the_build_ends(tmp_path):
+    done = []
+    with background_writes():
+        for n in range(50):
+            write_files(entry_files(tmp_path, f"e{n}"), lambda: done.append(1), Failed)
+        assert file_writes.current() is not None
+    assert file_writes.current() is None
+    assert len(done) == 50
+    for n in range(50):
+        check_entry(tmp_path, f"e{n}")
+
+
+def test_the_builders_threads_write_in_its_background(tmp_path):
+    with (
+        background_writes() as writes,
+        ThreadPoolExecutor(2, initializer=file_writes.adopt, initargs=(writes,)) as pool,
+    ):
+        backgrounds = list(pool.map(lambda _: file_writes.current() is writes, range(4)))
+        list(
+            pool.map(
+                lambda n: write_files(entry_files(tmp_path, f"e{n}"), lambda: None, Failed),
+                range(20),
+            )
+        )
+    assert backgrounds == [True] * 4
+    for n in range(20):
+        check_entry(tmp_path, f"e{n}")
+
+
+def test_a_failure_in_the_background_is_raised_when_the_build_ends(tmp_path):
+    files = entry_files(tmp_path)
+    files[2] = FileWrite(str(tmp_path / "missing" / "s.json"), b"{}")
+    with pytest.raises(Failed) as caught, background_writes():
+        write_files(files, lambda: None, Failed)
+        write_files(entry_files(tmp_path, "other"), lambda: None, Failed)
+    assert caught.value.args[0].filename == files[2].path
+    check_entry(tmp_path, "other")  # the others were written
+
+
+def test_the_builds_own_error_wins_and_its_writes_still_finish(tmp_path):
+    class BuildError(Exception):
+        pass
+
+    files = entry_files(tmp_path)
+    files[0] = FileWrite(str(tmp_path / "missing" / "a.npy"), b"")
+    with pytest.raises(BuildError), background_writes():
+        write_files(files, lambda: None, Failed)
+        write_files(entry_files(tmp_path, "other"), lambda: None, Failed)
+        raise BuildError
+    check_entry(tmp_path, "other")
+
+
+def test_identities_wait_for_a_write_in_the_background(tmp_path):
+    with background_writes() as writes:
+        written = write_files(entry_files(tmp_path), lambda: None, Failed)
+        writes.wait_for(str(tmp_path / "entry-description.txt"))
+        assert (tmp_path / "entry-description.txt").exists()
+        assert written.identities()[0] == file_identity(str(tmp_path / "entry-a.npy"))
+
+
+def test_a_write_that_can_go_to_the_background_only_when_asked(tmp_path):
+    with background_writes():
+        write_files(entry_files(tmp_path), lambda: None, Failed, background=False)
+        check_entry(tmp_path)  # written at once: a shared store uploads the files right after
+
+
+def test_another_thread_outside_the_build_writes_at_once(tmp_path):
+    seen = []
+    with background_writes():
+        thread = threading.Thread(target=lambda: seen.append(file_writes.current()))
+        thread.start()
+        thread.join()
+    assert seen == [None]
