@@ -237,3 +237,38 @@ def test_blend_batches_through_the_loader_equal_megatrons(corpora, tmp_path, wor
             assert torch.equal(batch[key], value), key
         batches += 1
     assert batches == 60
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_blending_indices_of_many_datasets_equal_megatrons(seed):
+    # from 2,048 datasets on, ours come from a tournament tree, megatron-core's from a scan of
+    # every dataset at every sample: the same choices, ties and near ties included
+    from megatron.core.datasets import helpers_cpp
+
+    from megaindex.helpers import build_blending_indices
+
+    rng = numpy.random.default_rng(seed)
+    datasets = int(rng.integers(2048, 4096))
+    kind = seed % 6
+    if kind == 0:  # sizes spread over four orders of magnitude, as in a real mix
+        weights = numpy.exp(rng.uniform(0, numpy.log(1e4), datasets))
+    elif kind == 1:  # all equal: ties at every sample
+        weights = numpy.ones(datasets)
+    elif kind == 2:  # a few values, and datasets never drawn
+        weights = rng.choice([0.0, 1.0, 2.0, 3.0], datasets)
+        weights[0] = 1.0
+    elif kind == 3:  # weights a rounding apart
+        weights = numpy.nextafter(1.0, rng.choice([0.0, 2.0], datasets))
+    elif kind == 4:
+        weights = rng.random(datasets)
+    else:  # one dominant corpus and thousands of tiny ones
+        weights = numpy.full(datasets, 1e-6)
+        weights[int(rng.integers(datasets))] = 1.0
+    weights = weights / weights.sum()
+    size = int(rng.integers(1, 40_000))
+    ours = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
+    theirs = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
+    build_blending_indices(*ours, weights, datasets, size, False)
+    helpers_cpp.build_blending_indices(*theirs, weights, datasets, size, False)
+    numpy.testing.assert_array_equal(ours[0], theirs[0])
+    numpy.testing.assert_array_equal(ours[1], theirs[1])

@@ -1,13 +1,17 @@
 #include "blending.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
 namespace megaindex {
 
-void build_blending_indices(const double* weights, int32_t num_datasets, int64_t size,
-                            int16_t* dataset_index, int64_t* dataset_sample_index) {
+namespace {
+
+// Every dataset's lag at every sample: few datasets, or weights the tree cannot reason about.
+void scan_blending_indices(const double* weights, int32_t num_datasets, int64_t size,
+                           int16_t* dataset_index, int64_t* dataset_sample_index) {
   // Counts as doubles (exact far beyond any table's length): a lag is then one multiply and one
   // subtract, as the int64 count's conversion gives. The scan keeps kWays independent running
   // maxima (dataset d in way d % kWays), which the compiler keeps in vector registers; the
@@ -49,6 +53,120 @@ void build_blending_indices(const double* weights, int32_t num_datasets, int64_t
     dataset_index[sample] = static_cast<int16_t>(chosen);
     dataset_sample_index[sample] = static_cast<int64_t>(taken[chosen]);
     taken[chosen] += 1.0;
+  }
+}
+
+// The same choices from a tournament tree over the datasets: each node holds the dataset of
+// the largest lag in its subtree (the first on ties: the left child's wins them) and the first
+// sample at which that could change, when one of its children's could, or when the other
+// child's dataset catches up (a lag grows by its weight per sample: the lines of two datasets
+// cross once). Only the nodes due are compared again, and the path of the dataset taken: a
+// sample costs a few dozen comparisons instead of one per dataset (20,000 datasets: 9x faster
+// than megatron-core's scan). Where two lags are within what rounding can move them (`slack`), the node is
+// compared again at every sample until they part, so each choice is the one the scan, computing
+// the same lags in the same doubles, makes.
+class LagTree {
+ public:
+  LagTree(const double* weights, int32_t num_datasets, int64_t size)
+      : weights_(weights), taken_(num_datasets, 0.0) {
+    while (leaves_ < num_datasets) leaves_ <<= 1;
+    winner_.assign(2 * static_cast<size_t>(leaves_), kNone);
+    due_.assign(2 * static_cast<size_t>(leaves_), kNever);
+    for (int32_t dataset = 0; dataset < num_datasets; ++dataset) winner_[leaves_ + dataset] = dataset;
+    for (int32_t node = 1; node < leaves_; ++node) due_[node] = 0;
+    // a lag w * p - t is off by at most 2^-52 (w p + |lag|) <= 2^-52 (2 size + 2) after its two
+    // roundings; the difference of two, by twice that; four times more for the margin
+    slack_ = 16.0 * std::ldexp(1.0, -52) * (static_cast<double>(size) + 2.0);
+  }
+
+  int32_t choose(int64_t sample) {
+    refresh(1, sample);
+    return winner_[1];
+  }
+
+  double taken(int32_t dataset) const { return taken_[dataset]; }
+
+  // The dataset was taken at `sample`: its path is compared again at the next.
+  void take(int32_t dataset, int64_t sample) {
+    taken_[dataset] += 1.0;
+    for (int32_t node = (leaves_ + dataset) >> 1; node >= 1; node >>= 1) due_[node] = sample + 1;
+  }
+
+ private:
+  static constexpr int32_t kNone = -1;
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+  double lag(int32_t dataset, double progress) const {
+    return weights_[dataset] * progress - taken_[dataset];
+  }
+
+  void refresh(int32_t node, int64_t sample) {
+    if (node >= leaves_ || due_[node] > sample) return;
+    refresh(2 * node, sample);
+    refresh(2 * node + 1, sample);
+    combine(node, sample);
+  }
+
+  void combine(int32_t node, int64_t sample) {
+    const int32_t left = winner_[2 * node], right = winner_[2 * node + 1];
+    const int64_t children = std::min(due_[2 * node], due_[2 * node + 1]);
+    if (left == kNone || right == kNone) {
+      winner_[node] = left == kNone ? right : left;
+      due_[node] = children;
+      return;
+    }
+    const double progress = std::max(static_cast<double>(sample), 1.0);
+    const double left_lag = lag(left, progress), right_lag = lag(right, progress);
+    const bool right_wins = right_lag > left_lag;
+    const int32_t winner = right_wins ? right : left, loser = right_wins ? left : right;
+    const double lead = right_wins ? right_lag - left_lag : left_lag - right_lag;
+    int64_t parting;
+    if (sample < 2) {  // the lags grow from sample 1 on (max(i, 1))
+      parting = sample + 1;
+    } else if (weights_[loser] == weights_[winner]) {
+      parting = kNever;  // the same growth: the counts decide, and they change only by a take
+    } else if (lead <= slack_) {
+      parting = sample + 1;  // too close to call ahead
+    } else if (weights_[loser] < weights_[winner]) {
+      parting = kNever;  // the lead only grows
+    } else {
+      const double samples = (lead - slack_) / (weights_[loser] - weights_[winner]);
+      parting = samples > 9e15 ? kNever
+                               : sample + std::max<int64_t>(1, static_cast<int64_t>(samples) - 2);
+    }
+    winner_[node] = winner;
+    due_[node] = std::min(children, parting);
+  }
+
+  const double* weights_;
+  std::vector<double> taken_;
+  int32_t leaves_ = 1;
+  std::vector<int32_t> winner_;
+  std::vector<int64_t> due_;
+  double slack_ = 0.0;
+};
+
+// Below this many datasets the scan's vectorized pass is as fast as the tree or faster (200,000
+// samples of 1,024 datasets: equal weights, the tree 10x faster; uniformly random, 1.3x; spread
+// over four orders of magnitude, 0.6x; at 2,048: 19x, 1.75x and 1x; at 4,096: 25x, 2.3x, 1.3x).
+constexpr int32_t kTreeFrom = 2048;
+
+}  // namespace
+
+void build_blending_indices(const double* weights, int32_t num_datasets, int64_t size,
+                            int16_t* dataset_index, int64_t* dataset_sample_index) {
+  const bool finite = std::all_of(weights, weights + num_datasets,
+                                  [](double weight) { return std::isfinite(weight); });
+  if (num_datasets < kTreeFrom || !finite) {
+    scan_blending_indices(weights, num_datasets, size, dataset_index, dataset_sample_index);
+    return;
+  }
+  LagTree tree(weights, num_datasets, size);
+  for (int64_t sample = 0; sample < size; ++sample) {
+    const int32_t chosen = tree.choose(sample);
+    dataset_index[sample] = static_cast<int16_t>(chosen);
+    dataset_sample_index[sample] = static_cast<int64_t>(tree.taken(chosen));
+    tree.take(chosen, sample);
   }
 }
 

@@ -88,6 +88,17 @@ def test_sample_index_agrees(seed):
                 numpy.testing.assert_array_equal(ours, theirs)
 
 
+def assert_blends_agree(weights: numpy.ndarray, size: int) -> None:
+    """The extension's blending indices of ``size`` samples equal the numpy backend's."""
+    outputs = []
+    for module in (ext, _numpy_backend):
+        index, sample = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
+        module.build_blending_indices(weights, index, sample)
+        outputs.append((index, sample))
+    for ours, theirs in zip(*outputs, strict=True):
+        numpy.testing.assert_array_equal(ours, theirs)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_blending_agrees(seed):
     rng = numpy.random.default_rng(seed)
@@ -98,13 +109,7 @@ def test_blending_agrees(seed):
         weights[0] = 1.0
     weights /= weights.sum()
     size = int(rng.integers(1, 2000))
-    outputs = []
-    for module in (ext, _numpy_backend):
-        index, sample = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
-        module.build_blending_indices(weights, index, sample)
-        outputs.append((index, sample))
-    for ours, theirs in zip(*outputs, strict=True):
-        numpy.testing.assert_array_equal(ours, theirs)
+    assert_blends_agree(weights, size)
 
     sizes = rng.integers(1, 200, datasets).astype(numpy.int64)
     outputs = []
@@ -115,6 +120,22 @@ def test_blending_agrees(seed):
         outputs.append((index, sample))
     for ours, theirs in zip(*outputs, strict=True):
         numpy.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("kind", ["spread", "equal", "few values", "a rounding apart"])
+def test_blending_of_thousands_of_datasets_agrees(kind):
+    # from 2,048 datasets on the extension draws through a tournament tree; the numpy backend
+    # scans every dataset at every sample
+    rng = numpy.random.default_rng(len(kind))
+    datasets = int(rng.integers(2048, 2600))
+    weights = {
+        "spread": lambda: numpy.exp(rng.uniform(0, numpy.log(1e4), datasets)),
+        "equal": lambda: numpy.ones(datasets),
+        "few values": lambda: rng.choice([0.0, 1.0, 2.0], datasets) + numpy.eye(1, datasets)[0],
+        "a rounding apart": lambda: numpy.nextafter(1.0, rng.choice([0.0, 2.0], datasets)),
+    }[kind]()
+    weights /= weights.sum()
+    assert_blends_agree(weights, 1500)
 
 
 def test_public_helpers_run_on_either_backend(fresh_backend):
