@@ -11,6 +11,7 @@ import os
 import shutil
 import struct
 import time
+import warnings
 
 import numpy
 import pytest
@@ -86,6 +87,19 @@ def test_sidecar_records_a_checksum_of_every_table(make_config):
     for name, value in sidecar["checksums"].items():  # the CRC-32 of the array's bytes
         assert value == f"{zlib.crc32(numpy.ascontiguousarray(getattr(train, name))):08x}"
     assert sorted(sidecar["table_files"]) == sorted(sidecar["checksums"])
+
+
+@pytest.mark.parametrize("damage", [b"[1, 2]", b"{not json", b"\xff\xfe\x00", b'"text"'])
+def test_a_sidecar_that_is_not_ours_is_ignored_and_the_shapes_checked(make_config, damage):
+    config = make_config()
+    train = build(config)
+    with open(cache_base(config, train) + "-megaindex.json", "wb") as stream:
+        stream.write(damage)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unreadable one is named in a warning
+        again = build(config)
+    assert again.index_source.kind == "cache"
+    numpy.testing.assert_array_equal(again.sample_index, train.sample_index)
 
 
 def test_a_copied_cache_is_checksummed_and_used(make_config, tmp_path):

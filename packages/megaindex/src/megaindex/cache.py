@@ -312,14 +312,15 @@ def read_sidecar(path: str) -> dict[str, Any] | None:
     """The sidecar at ``path``, or None when there is none (a cache megatron-core built) or it
     is unreadable (with a warning) or of another format."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            sidecar = json.load(stream)
+        with open(path, "rb") as stream:  # bytes: a text stream doubles the cost of a hit's read
+            sidecar = json.loads(stream.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
         warnings.warn(f"{path}: unreadable, ignored ({error})", stacklevel=2)
         return None
-    return sidecar if sidecar.get("format") == SIDECAR_FORMAT else None
+    ours = isinstance(sidecar, dict) and sidecar.get("format") == SIDECAR_FORMAT
+    return sidecar if ours else None
 
 
 class IndexCache:
@@ -352,11 +353,11 @@ class IndexCache:
     def check_description(self) -> None:
         """Raise :class:`DamagedCacheError` unless the entry's description is this dataset's."""
         try:
-            with open(self.entry.description_path, encoding="utf-8") as stream:
+            with open(self.entry.description_path, "rb") as stream:
                 found = stream.read()
         except OSError as error:
             raise DamagedCacheError(f"{self.entry.description_path}: {error}") from error
-        if found != self.description:
+        if found != self.description.encode("utf-8"):
             raise DamagedCacheError(
                 f"{self.entry.description_path}: the description does not match this dataset's"
             )
