@@ -144,6 +144,51 @@ def test_building_the_indices_of_many_corpora_shows_progress_with_an_eta(
     assert any(line.startswith("indices of 3 corpora: 3/3 (100%)") for line in lines)
 
 
+def test_corpora_built_on_the_builder_threads_are_counted_as_they_finish(
+    make_config, tmp_path, monkeypatch, capsys
+):
+    """The progress counts a corpus of the pool when it finishes, not after the small corpora
+    the builder's own thread builds meanwhile."""
+    import concurrent.futures
+    import os
+    import threading
+
+    from megaindex import builder
+
+    monkeypatch.setattr(builder, "PROGRESS_SECONDS", 0.0)  # a line at every count
+    monkeypatch.setenv("MEGA_PROGRESS", "1")
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 30 - 8 * n, seed=n) for n in range(3)]
+    # the first corpus builds on the pool, the two others on the builder's thread
+    monkeypatch.setattr(builder, "SMALL_CORPUS_IDX_BYTES", os.path.getsize(prefixes[0] + ".idx"))
+    submitted = []
+
+    class RecordingPool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            submitted.append(super().submit(*args, **kwargs))
+            return submitted[-1]
+
+    monkeypatch.setattr(builder, "ThreadPoolExecutor", RecordingPool)
+    printed = []
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def recording(self, prefix, *args):
+        if prefix == prefixes[1]:  # the pool's corpus finishes (its callbacks run) meanwhile
+            finished = threading.Event()
+            submitted[0].add_done_callback(lambda _: finished.set())
+            assert finished.wait(60)
+        if prefix == prefixes[2]:  # by now the pool's corpus is counted
+            printed.append(capsys.readouterr().err)
+            assert "indices of 3 corpora: 2/3" in printed[-1]
+        return build_splits(self, prefix, *args)
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", recording)
+    config = make_config(
+        blend=(prefixes, [1.0] * 3), split="100,0,0", num_dataset_builder_threads=2
+    )
+    BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
+    assert "indices of 3 corpora: 3/3 (100%)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_with_builder_threads_small_corpora_build_on_the_builders_own_thread(
     make_config, tmp_path, monkeypatch, threads

@@ -26,8 +26,9 @@ import json
 import logging
 import math
 import os
+import queue
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy
@@ -373,6 +374,28 @@ class BlendedMegatronDatasetBuilder:
                     for n, (prefix, sizes) in enumerate(corpora)
                     if not here[n]
                 }
+                # the pool's corpora are counted as they finish, between this thread's too:
+                # counted only after them, the progress and its estimate lagged behind
+                finished: queue.SimpleQueue = queue.SimpleQueue()
+                for future in futures:
+                    future.add_done_callback(finished.put)
+                counted = 0
+
+                def count_finished(block: bool) -> None:
+                    """Count the pool's corpora finished (with ``block``: all of them, the
+                    progress line redrawn when due while a long one builds)."""
+                    nonlocal counted
+                    while counted < len(futures):
+                        try:
+                            finished.get(block=block, timeout=PROGRESS_SECONDS if block else None)
+                        except queue.Empty:
+                            if not block:
+                                return
+                            progress.update(0)
+                            continue
+                        counted += 1
+                        progress.update()
+
                 errors: dict[int, Exception] = {}
                 for n, (prefix, sizes) in enumerate(corpora):
                     if here[n]:
@@ -384,8 +407,8 @@ class BlendedMegatronDatasetBuilder:
                             errors[n] = error
                             break
                         progress.update()
-                for _ in as_completed(futures):
-                    progress.update()
+                        count_finished(block=False)
+                count_finished(block=True)
                 for future, n in futures.items():
                     if future.exception() is None:
                         per_prefix[n] = future.result()
