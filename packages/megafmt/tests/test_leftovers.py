@@ -53,10 +53,11 @@ def leftover(path: str, folder: bool = False) -> Path:
 
 
 @pytest.mark.parametrize("length", [200, 240, DEFAULT_NAME_MAX - len(".bin")])
-def test_temporary_names_fit_where_the_name_fits(tmp_path, length):
-    name = "n" * length
+@pytest.mark.parametrize("letter", [b"n", b"\xe9"], ids=["ascii", "not-utf8"])
+def test_temporary_names_fit_where_the_name_fits(tmp_path, length, letter):
+    name = os.fsdecode(letter * length)  # a byte that is not UTF-8 is surrogate-escaped
     path = str(tmp_path / name)
-    assert len(os.path.basename(partial_path(path))) <= DEFAULT_NAME_MAX
+    assert len(os.fsencode(os.path.basename(partial_path(path)))) <= DEFAULT_NAME_MAX
     with atomic_write(path) as stream:
         stream.write(b"x")
     assert Path(path).read_bytes() == b"x"

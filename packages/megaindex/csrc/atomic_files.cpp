@@ -50,18 +50,24 @@ bool write_all(int descriptor, const char* data, size_t size) {
   return true;
 }
 
-// One file; false (errno set, the partial removed) when it fails.
+// One file; false (errno set, the partial removed) when it fails. The file is closed, and the
+// close checked (a network or FUSE file system reports a full disk or quota there), before it
+// is renamed into place; its identity is then that of the name, as file_identity takes it.
 bool write_one(const FileStep& step, const std::string& bytes, FileIdentity& identity) {
   int descriptor = ::open(step.partial.c_str(),
                           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (descriptor < 0) return false;
+  bool written = write_all(descriptor, bytes.data(), bytes.size());
+  int failure = written ? 0 : errno;
+  if (::close(descriptor) != 0 && written) {
+    written = false;
+    failure = errno;
+  }
   struct stat status;
-  bool written = write_all(descriptor, bytes.data(), bytes.size()) &&
-                 ::rename(step.partial.c_str(), step.path.c_str()) == 0 &&
-                 ::fstat(descriptor, &status) == 0;
-  int failure = errno;
-  ::close(descriptor);
+  written = written && ::rename(step.partial.c_str(), step.path.c_str()) == 0 &&
+            ::stat(step.path.c_str(), &status) == 0;
   if (!written) {
+    if (failure == 0) failure = errno;
     ::unlink(step.partial.c_str());  // gone already when the rename succeeded
     errno = failure;
     return false;
@@ -105,7 +111,13 @@ bool PendingWrite::finished() {
 }
 
 void PendingWrite::run() {
-  WriteOutcome outcome = write_files(steps_);
+  WriteOutcome outcome;
+  try {
+    outcome = write_files(steps_);
+  } catch (const std::exception&) {  // out of memory building a file's bytes
+    outcome.error = ENOMEM;
+    outcome.failed_path = steps_.empty() ? std::string() : steps_.back().path;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   outcome_ = std::move(outcome);
   steps_.clear();  // the bytes are on disk: free them
@@ -113,45 +125,75 @@ void PendingWrite::run() {
   changed_.notify_all();
 }
 
-FileWriterPool::FileWriterPool(size_t threads) {
-  if (threads == 0) throw std::invalid_argument("a FileWriterPool needs at least one thread");
-  for (size_t n = 0; n < threads; ++n) threads_.emplace_back([this] { work(); });
+FileWriterPool::FileWriterPool(size_t threads, size_t max_queued_bytes)
+    : max_queued_bytes_(max_queued_bytes), owner_(::getpid()),
+      threads_(new std::vector<std::thread>()) {
+  if (threads == 0) {
+    delete threads_;
+    throw std::invalid_argument("a FileWriterPool needs at least one thread");
+  }
+  try {
+    for (size_t n = 0; n < threads; ++n) threads_->emplace_back([this] { work(); });
+  } catch (...) {  // a thread that could not start: stop those that did
+    close();
+    delete threads_;
+    throw;
+  }
 }
 
-FileWriterPool::~FileWriterPool() { close(); }
+FileWriterPool::~FileWriterPool() {
+  close();
+  if (::getpid() == owner_) delete threads_;
+}
 
 std::shared_ptr<PendingWrite> FileWriterPool::submit(std::vector<FileStep> steps) {
+  if (::getpid() != owner_) {
+    throw std::logic_error("this FileWriterPool belongs to the process this one was forked from");
+  }
+  size_t bytes = 0;
+  for (const FileStep& step : steps) bytes += step.data.size();
   auto pending = std::make_shared<PendingWrite>(std::move(steps));
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    room_.wait(lock, [&] {
+      return closing_ || queue_.empty() || queued_bytes_ + bytes <= max_queued_bytes_;
+    });
     if (closing_) throw std::logic_error("this FileWriterPool is closed");
-    queue_.push_back(pending);
+    queue_.push_back({pending, bytes});
+    queued_bytes_ += bytes;
   }
   queued_.notify_one();
   return pending;
 }
 
 void FileWriterPool::close() {
+  if (::getpid() != owner_) return;  // a forked child: none of the threads are its own
   std::lock_guard<std::mutex> joining(joining_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     closing_ = true;
   }
   queued_.notify_all();
-  for (std::thread& thread : threads_) thread.join();
-  threads_.clear();
+  room_.notify_all();
+  for (std::thread& thread : *threads_) thread.join();
+  threads_->clear();
 }
 
 void FileWriterPool::work() {
   for (;;) {
-    std::shared_ptr<PendingWrite> pending;
+    Queued next;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       queued_.wait(lock, [this] { return closing_ || !queue_.empty(); });
       if (queue_.empty()) return;  // closing, and nothing left
-      pending = std::move(queue_.front());
+      next = std::move(queue_.front());
       queue_.pop_front();
     }
-    pending->run();
+    next.write->run();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queued_bytes_ -= next.bytes;
+    }
+    room_.notify_all();
   }
 }

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <sys/types.h>
 #include <string>
 #include <thread>
 #include <utility>
@@ -64,11 +65,14 @@ class PendingWrite {
   std::condition_variable changed_;
 };
 
-// Threads writing submitted writes in the order they came. Destroying the pool finishes what was
-// submitted first.
+// Threads writing submitted writes in the order they came. At most `max_queued_bytes` of files
+// wait to be written (more waits in `submit`, one write always passes): a slow file system does
+// not pile a blend's tables up in memory. Destroying the pool finishes what was submitted first.
+// A pool belongs to the process that made it: in a child forked from it (which has none of its
+// threads) submitting is an error and closing leaves the threads alone.
 class FileWriterPool {
  public:
-  explicit FileWriterPool(size_t threads);
+  FileWriterPool(size_t threads, size_t max_queued_bytes);
   ~FileWriterPool();
   FileWriterPool(const FileWriterPool&) = delete;
   FileWriterPool& operator=(const FileWriterPool&) = delete;
@@ -77,11 +81,20 @@ class FileWriterPool {
   void close();
 
  private:
+  struct Queued {
+    std::shared_ptr<PendingWrite> write;
+    size_t bytes;
+  };
   void work();
-  std::deque<std::shared_ptr<PendingWrite>> queue_;
-  std::vector<std::thread> threads_;
+  const size_t max_queued_bytes_;
+  const pid_t owner_;
+  std::deque<Queued> queue_;
+  size_t queued_bytes_ = 0;
+  // heap-held: a forked child, which has none of these threads, leaves them undestroyed
+  std::vector<std::thread>* threads_;
   bool closing_ = false;
   std::mutex mutex_;
   std::mutex joining_;  // held by the close that joins the threads
   std::condition_variable queued_;
+  std::condition_variable room_;
 };

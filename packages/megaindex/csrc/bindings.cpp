@@ -438,21 +438,24 @@ class BlendGatherer {
   Input<int64_t> dataset_sample_index_;
 };
 
-// a write's files as Python hands them: (path, partial, data, identities_of, tail)
-using StepTuple = std::tuple<std::string, std::string, nb::bytes,
+// a write's files as Python hands them: (path, partial, data, identities_of, tail), the paths
+// encoded by os.fsencode (a name that is not UTF-8 is written as it is)
+using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::bytes,
                              std::vector<std::pair<std::string, size_t>>, std::string>;
 
 std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
   std::vector<FileStep> steps;
   steps.reserve(given.size());
   for (const auto& [path, partial, data, identities_of, tail] : given) {
+    std::string destination(path.c_str(), path.size());
     for (const auto& [key, index] : identities_of) {
       if (index >= steps.size()) {
-        throw std::out_of_range(path + ": the identity of file " + std::to_string(index) +
-                                " is asked before it is written");
+        throw std::out_of_range(destination + ": the identity of file " +
+                                std::to_string(index) + " is asked before it is written");
       }
     }
-    steps.push_back({path, partial, std::string(data.c_str(), data.size()), identities_of, tail});
+    steps.push_back({destination, std::string(partial.c_str(), partial.size()),
+                     std::string(data.c_str(), data.size()), identities_of, tail});
   }
   return steps;
 }
@@ -469,7 +472,8 @@ nb::tuple outcome_tuple(const WriteOutcome& outcome) {
     fields.append(identity.device);
     identities.append(fields);
   }
-  return nb::make_tuple(identities, outcome.error, outcome.failed_path);
+  return nb::make_tuple(identities, outcome.error,
+                        nb::bytes(outcome.failed_path.data(), outcome.failed_path.size()));
 }
 
 }  // namespace
@@ -542,13 +546,15 @@ NB_MODULE(_ext, m) {
       .def("finished", &PendingWrite::finished, "Whether the write is finished.");
   nb::class_<FileWriterPool>(m, "FileWriterPool",
                              "Threads writing files atomically; see megaindex.file_writes.")
-      .def(nb::init<size_t>(), "threads"_a)
+      .def(nb::init<size_t, size_t>(), "threads"_a, "max_queued_bytes"_a)
       .def(
           "submit",
           [](FileWriterPool& pool, const std::vector<StepTuple>& given) {
-            return pool.submit(file_steps(given));
+            std::vector<FileStep> steps = file_steps(given);
+            nb::gil_scoped_release released;  // waits while the queue is full
+            return pool.submit(std::move(steps));
           },
-          "steps"_a, "Queue a write; its PendingWrite.")
+          "steps"_a, "Queue a write (waiting while too many bytes wait); its PendingWrite.")
       .def(
           "close",
           [](FileWriterPool& pool) {

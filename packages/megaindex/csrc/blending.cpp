@@ -155,9 +155,11 @@ constexpr int32_t kTreeFrom = 2048;
 
 void build_blending_indices(const double* weights, int32_t num_datasets, int64_t size,
                             int16_t* dataset_index, int64_t* dataset_sample_index) {
-  const bool finite = std::all_of(weights, weights + num_datasets,
-                                  [](double weight) { return std::isfinite(weight); });
-  if (num_datasets < kTreeFrom || !finite) {
+  // the tree's rounding margin holds for lags of at most the sample count: weights in [0, 1]
+  // (a blend's, normalized; the helper takes any)
+  const bool fractions = std::all_of(weights, weights + num_datasets,
+                                     [](double weight) { return weight >= 0.0 && weight <= 1.0; });
+  if (num_datasets < kTreeFrom || !fractions) {
     scan_blending_indices(weights, num_datasets, size, dataset_index, dataset_sample_index);
     return;
   }

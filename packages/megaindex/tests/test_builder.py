@@ -4,6 +4,7 @@ import pytest
 from megafmt.testing import write_corpus
 from megaindex import (
     BlendedMegatronDatasetBuilder,
+    CacheError,
     ConfigError,
     GPTDataset,
     GPTDatasetConfig,
@@ -187,6 +188,32 @@ def test_corpora_built_on_the_builder_threads_are_counted_as_they_finish(
     )
     BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
     assert "indices of 3 corpora: 3/3 (100%)" in capsys.readouterr().err
+
+
+def test_a_corpus_that_fails_is_the_error_even_when_a_cache_write_failed(
+    make_config, tmp_path, monkeypatch
+):
+    from megaindex import file_writes
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(2)]
+    # every cache file fails to be written (in the background of the build)
+    monkeypatch.setattr(file_writes, "partial_path", lambda path: str(tmp_path / "no" / "x"))
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def failing(self, prefix, *args):
+        if prefix == prefixes[1]:
+            raise RuntimeError("the corpus's own error")
+        return build_splits(self, prefix, *args)
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", failing)
+    config = make_config(blend=(prefixes, [1.0, 1.0]), split="100,0,0")
+    with pytest.raises(RuntimeError, match="the corpus's own error"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
+    monkeypatch.undo()  # the corpora build; the writes still fail
+    monkeypatch.setattr(file_writes, "partial_path", lambda path: str(tmp_path / "no" / "x"))
+    with pytest.raises(CacheError, match="cannot write the index cache") as caught:
+        BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

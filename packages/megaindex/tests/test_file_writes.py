@@ -81,15 +81,15 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     target = tmp_path / "target"
     os.symlink(target, tmp_path / "t.partial")
     identities, error, path = _ext.write_files(
-        [(str(tmp_path / "t.npy"), str(tmp_path / "t.partial"), b"data", [], "")]
+        [(os.fsencode(tmp_path / "t.npy"), os.fsencode(tmp_path / "t.partial"), b"data", [], "")]
     )
-    assert (identities, error, path) == ([], 17, str(tmp_path / "t.npy"))  # EEXIST
+    assert (identities, error, path) == ([], 17, os.fsencode(tmp_path / "t.npy"))  # EEXIST
     assert not target.exists() and not (tmp_path / "t.npy").exists()
 
 
 def test_an_identity_asked_before_its_file_is_refused(tmp_path):
     with pytest.raises(IndexError, match="the identity of file 1 is asked before it is written"):
-        _ext.write_files([(str(tmp_path / "a"), str(tmp_path / "a.p"), b"", [('"x"', 1)], "")])
+        _ext.write_files([(b"/tmp/a", b"/tmp/a.p", b"", [('"x"', 1)], "")])
 
 
 def test_in_a_build_the_files_are_in_place_when_the_build_ends(tmp_path):
@@ -165,3 +165,41 @@ def test_another_thread_outside_the_build_writes_at_once(tmp_path):
         thread.start()
         thread.join()
     assert seen == [None]
+
+
+def test_a_name_that_is_not_utf8_is_written_as_it_is(tmp_path):
+    name = os.fsdecode(b"caf\xe9-a.npy")  # a Latin-1 name, surrogate-escaped
+    write_files([FileWrite(str(tmp_path / name), b"x")], lambda: None, Failed)
+    assert os.listdir(os.fsencode(tmp_path)) == [b"caf\xe9-a.npy"]
+
+
+def test_a_child_forked_during_a_build_writes_at_once(tmp_path):
+    import multiprocessing
+
+    def child():
+        assert file_writes.current() is None  # none of the parent's writer threads are here
+        write_files(entry_files(tmp_path, "child"), lambda: None, Failed)
+        check_entry(tmp_path, "child")
+
+    with background_writes():
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(120)
+    assert process.exitcode == 0
+    check_entry(tmp_path, "child")
+
+
+def test_a_failed_write_is_raised_with_its_os_error_as_the_cause(tmp_path):
+    files = [FileWrite(str(tmp_path / "missing" / "a.npy"), b"")]
+    with pytest.raises(Failed) as caught, background_writes():
+        write_files(files, lambda: None, Failed)
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
+
+
+def test_writes_wait_while_too_many_bytes_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_writes, "MAX_QUEUED_BYTES", 1000)
+    with background_writes():
+        for n in range(40):  # 40 x 700 bytes through a queue of 1,000
+            write_files(entry_files(tmp_path, f"e{n}"), lambda: None, Failed)
+    for n in range(40):
+        check_entry(tmp_path, f"e{n}")

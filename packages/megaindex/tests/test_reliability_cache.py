@@ -394,3 +394,22 @@ def test_tables_are_saved_with_the_bytes_numpy_save_writes(dtype, shape):
         stream = io.BytesIO()
         numpy.save(stream, other, allow_pickle=False)
         assert _npy_bytes(other) == stream.getvalue()
+
+
+@pytest.mark.parametrize("in_a_build", [False, True])
+def test_a_save_failing_before_its_files_are_written_ends_the_save(tmp_path, in_a_build):
+    # a save under way keeps later saves of the process from listing the folder for the
+    # leftovers of killed builds: one that fails must not stay under way
+    import contextlib
+
+    from megaindex import cache, file_writes
+
+    entry = cache.CacheEntry.for_dataset(str(tmp_path), "0" * 32, "GPTDataset", "train", ("t",))
+    saving = cache.IndexCache(entry, "{}")
+    scope = file_writes.background_writes() if in_a_build else contextlib.nullcontext()
+    with scope, pytest.raises(TypeError):
+        saving.save({"t": numpy.arange(3)}, {"config": {"not json": object()}})
+    assert cache._saves_under_way == {}
+    saving.save({"t": numpy.arange(3)}, {"config": {}})()  # and the next one is written
+    assert cache._saves_under_way == {}
+    assert entry.complete()

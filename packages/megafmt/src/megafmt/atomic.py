@@ -62,11 +62,11 @@ def _partial_stem(path: str) -> str:
     fits would fail as a temporary one), the name cut short and ended with a digest of it."""
     folder, name = os.path.split(path)
     room = _name_max(folder) - PARTIAL_EXTRA
-    encoded = name.encode()
+    encoded = os.fsencode(name)  # a name that is not UTF-8 counts its own bytes
     if len(encoded) <= room:
         return path
     digest = hashlib.sha256(encoded).hexdigest()[:12]
-    cut = encoded[: room - len(digest) - 1].decode(errors="ignore")
+    cut = os.fsdecode(encoded[: room - len(digest) - 1])
     return os.path.join(folder, f"{cut}~{digest}")
 
 

@@ -414,8 +414,9 @@ class BlendedMegatronDatasetBuilder:
                         per_prefix[n] = future.result()
                     else:
                         errors[n] = future.exception()
-            if errors:  # the first corpus of the blend that failed, as on one thread
-                raise errors[min(errors)]
+                if errors:  # the first corpus of the blend that failed, as on one thread (and
+                    # before a failed write of the background's, which waits for its end)
+                    raise errors[min(errors)]
             # a summary for builds long enough to have shown progress; nothing for short ones
             progress.close(None if progress.elapsed >= PROGRESS_SECONDS else "")
             return [list(per_split) for per_split in zip(*per_prefix, strict=True)]

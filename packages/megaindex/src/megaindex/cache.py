@@ -278,12 +278,15 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
 
     def _map(self, name: str) -> numpy.ndarray:
         path = self._entry.table_path(name)
+        if callable(self._identities):  # saved in a build's background: written first
+            try:
+                self._identities = dict(self._identities())
+            except OSError as error:
+                raise CacheError(f"{path}: the index cache was not written ({error})") from error
         try:
             table, identity = load_table_and_identity(path, self._specs.get(name))
         except DamagedCacheError as error:  # gone, or another file: not what was loaded
             raise CacheError(f"{error}: the index cache changed after it was loaded") from None
-        if callable(self._identities):
-            self._identities = dict(self._identities())
         recorded = self._identities.get(name)
         if recorded is None or identity == recorded:
             return table
@@ -382,7 +385,7 @@ class IndexCache:
         table file. Small tables are written by :mod:`megaindex.file_writes`: in a build's
         background (the identities wait for them), else at once."""
         directory = self.entry.directory
-        background_write = False
+        handed_over = False  # whether write_files ends the save (when its write is finished)
         list_leftovers = _begin_save(directory)
         try:
             make_folder(directory, "the index cache folder")
@@ -392,21 +395,22 @@ class IndexCache:
                 files = (*self.entry.files(), self.entry.sidecar_path)
                 for leftover in remove_stale_partials(*files):
                     logger.info("removed %s, left by a build that was killed", leftover)
-            if sum(tables[t].nbytes for t in self.entry.tables) < SIDE_BY_SIDE_BYTES:
-                background_write = True
-                return self._write_small(tables, sidecar)
-            return self._write_large(tables, sidecar)
+            if sum(tables[t].nbytes for t in self.entry.tables) >= SIDE_BY_SIDE_BYTES:
+                return self._write_large(tables, sidecar)
+            files = self._small_files(tables, sidecar)
+            handed_over = True
+            return self._write_small(files)
         except OSError as error:
             raise _write_error(directory, error) from error
         finally:
-            if not background_write:
+            if not handed_over:
                 _end_save(directory)
 
-    def _write_small(
+    def _small_files(
         self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
-    ) -> Callable[[], dict[str, list[int]]]:
-        """Small tables, each in one write of its bytes, with the sidecar (which records the
-        table files' identities, taken as they are written) and the description after them."""
+    ) -> list[FileWrite]:
+        """Small tables, each in one write of its bytes, then the sidecar (which records the
+        table files' identities, taken as they are written), then the description."""
         entry = self.entry
         files = [FileWrite(entry.table_path(t), _npy_bytes(tables[t])) for t in entry.tables]
         if sidecar is not None:
@@ -422,6 +426,12 @@ class IndexCache:
                 )
             )
         files.append(FileWrite(entry.description_path, self.description.encode("utf-8")))
+        return files
+
+    def _write_small(self, files: list[FileWrite]) -> Callable[[], dict[str, list[int]]]:
+        """Write :meth:`_small_files` (in a build's background where there is one); ends the
+        save when they are written."""
+        entry = self.entry
         directory = entry.directory
 
         def done() -> None:

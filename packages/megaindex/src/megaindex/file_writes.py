@@ -30,6 +30,9 @@ from megaindex import _ext
 #: the threads of a build's background writes: two overlap creations in one folder best (one
 #: thread 51 us per file, two 33, four 36, on this project's ext4 test machine)
 WRITER_THREADS = 2
+#: the most bytes of files waiting to be written before a submit waits (one write always
+#: passes): a slow file system does not pile a blend's tables up in memory
+MAX_QUEUED_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -47,19 +50,21 @@ class FileWrite:
 class Written:
     """The files of one write, in place now or later (:meth:`identities` waits)."""
 
-    def __init__(self, outcome: tuple[list, int, str] | None, pending: object = None) -> None:
+    def __init__(self, outcome: tuple[list, int, bytes] | None, pending: object = None) -> None:
         self._outcome = outcome
         self._pending = pending
+        self._lock = threading.Lock()
 
     def identities(self) -> list[list[int]]:
         """Each file's identity, in the order given; raises ``OSError`` (with the path) when
         the write failed."""
-        if self._outcome is None:
-            self._outcome = self._pending.wait()
-            self._pending = None
-        identities, error, path = self._outcome
+        with self._lock:  # any thread may ask (a table mapped when first read)
+            if self._outcome is None:
+                self._outcome = self._pending.wait()
+                self._pending = None
+            identities, error, path = self._outcome
         if error:
-            raise OSError(error, os.strerror(error), path)
+            raise OSError(error, os.strerror(error), os.fsdecode(path))
         return identities
 
 
@@ -74,7 +79,7 @@ class BackgroundWrites:
     """The writes of one build, on :data:`WRITER_THREADS` native threads."""
 
     def __init__(self, threads: int = WRITER_THREADS) -> None:
-        self._pool = _ext.FileWriterPool(threads)
+        self._pool = _ext.FileWriterPool(threads, MAX_QUEUED_BYTES)
         self._submitted: dict[int, _Submitted] = {}
         self._by_last_path: dict[str, list[Written]] = {}
         self._lock = threading.Lock()
@@ -102,8 +107,8 @@ class BackgroundWrites:
 
     def finish(self) -> None:
         """Wait for every write, stop the threads, and raise the first failure (as its
-        ``on_error`` words it)."""
-        failure = None
+        ``on_error`` words it, the ``OSError`` as its cause)."""
+        failure: tuple[Exception, OSError] | None = None
         try:
             with self._lock:
                 submitted, self._submitted = list(self._submitted.values()), {}
@@ -112,16 +117,26 @@ class BackgroundWrites:
                 try:
                     item.written.identities()
                 except OSError as error:
-                    failure = failure or item.on_error(error)
+                    failure = failure or (item.on_error(error), error)
                 finally:
                     item.on_done()
         finally:
             self._pool.close()
         if failure is not None:
-            raise failure
+            raise failure[0] from failure[1]
 
 
 _scope = threading.local()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked during a build has none of its writer threads: it writes at once."""
+    global _scope
+    _scope = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current() -> BackgroundWrites | None:
@@ -164,7 +179,11 @@ def write_files(
     once the write is finished, whether it failed or not."""
     writes = current() if background else None
     if writes is not None:
-        return writes.submit(files, on_done, on_error)
+        try:
+            return writes.submit(files, on_done, on_error)
+        except BaseException:
+            on_done()
+            raise
     try:
         written = Written(_ext.write_files(_steps(files)))
         written.identities()
@@ -176,4 +195,13 @@ def write_files(
 
 
 def _steps(files: Sequence[FileWrite]) -> list[tuple]:
-    return [(f.path, partial_path(f.path), f.data, list(f.identities_of), f.tail) for f in files]
+    return [
+        (
+            os.fsencode(f.path),
+            os.fsencode(partial_path(f.path)),
+            f.data,
+            list(f.identities_of),
+            f.tail,
+        )
+        for f in files
+    ]
