@@ -22,6 +22,8 @@ many processes from a cache in object storage.
    checked before, is the case of a new mix over corpora a machine has read already.
    ``--cache-root`` puts the caches in another folder: on a tmpfs (``/dev/shm/...``) the
    figures leave the disk's file creations out (this VM's ext4 swings them by 10x).
+   Then the blending indices alone (the blend's two tables), each side's helper in this
+   process: 2,400 and 20,000 corpora, weights spread as the blend's, and equal.
 2. The warm start (megaindex only: the references have no cache in object storage): the tables
    of a blend of ``--warm-corpora`` corpora (made as above) are put in S3 (moto's server in a
    process of its own, on loopback) by a cold start, then ``--nodes`` x ``--per-node``
@@ -275,6 +277,48 @@ def bench_blend(
             )
 
 
+#: (corpora, samples) of the blending indices compared: this benchmark's blend, and a mix ten
+#: times wider
+BLENDING_CASES = ((2400, 200_000), (20_000, 300_000))
+
+
+def bench_blending(report: benchreport.Report) -> None:
+    """The blending indices alone (BlendedDataset's two tables), from each side's helper in
+    this process: weights spread over four orders of magnitude (as the blend's), and equal."""
+    try:
+        from megatron.core.datasets import helpers_cpp
+    except ImportError as error:  # the seed commit's helpers are compiled on first use
+        print(f"  blending indices skipped: the reference's helper ({error})", file=sys.stderr)
+        return
+    from megaindex.helpers import build_blending_indices
+
+    for corpora, samples in BLENDING_CASES:
+        rng = numpy.random.default_rng(corpora)
+        for kind, weights in (
+            ("spread", numpy.exp(rng.uniform(0, numpy.log(LARGEST), corpora))),
+            ("equal", numpy.ones(corpora)),
+        ):
+            weights = weights / weights.sum()
+            seconds, tables = {}, {}
+            for side, helper in (("ours", build_blending_indices), ("theirs", helpers_cpp)):
+                helper = getattr(helper, "build_blending_indices", helper)
+                index = numpy.zeros(samples, numpy.int16)
+                sample = numpy.zeros(samples, numpy.int64)
+                start = time.perf_counter()
+                helper(index, sample, weights, corpora, samples, False)
+                seconds[side], tables[side] = time.perf_counter() - start, (index, sample)
+            for ours, theirs in zip(tables["ours"], tables["theirs"], strict=True):
+                if not numpy.array_equal(ours, theirs):
+                    raise RuntimeError(f"the blending indices differ ({corpora} corpora, {kind})")
+            report.compare(
+                f"blending indices of {corpora} corpora, {kind} weights",
+                ours=seconds["ours"],
+                theirs=seconds["theirs"],
+                unit="s",
+                conditions=f"{samples} samples; each side's helper in one process, equal tables",
+            )
+
+
 def bench_warm_start(
     report: benchreport.Report, nodes: int, per_node: int, count: int, threads: int
 ) -> None:
@@ -347,6 +391,7 @@ def main() -> None:
     try:
         if not args.warm_only:
             bench_blend(report, args.corpora, args.samples, args.builder_threads, args.cache_root)
+            bench_blending(report)
         if not args.blend_only:
             bench_warm_start(
                 report, args.nodes, args.per_node, args.warm_corpora, args.builder_threads
