@@ -12,8 +12,9 @@ storage, whose files are uploaded right after) the same write runs at once.
 Each file is written as :func:`megafmt.atomic.write_atomically` writes it: created exclusively
 under a temporary name (:func:`megafmt.atomic.partial_path`: the next build removes those a
 killed one left), never through a planted link, with the umask's permissions, then renamed
-into place. A file's identity (:func:`megafmt.fingerprint.file_identity`) is taken on its own
-descriptor after the rename, so a process replacing it meanwhile cannot lend it another's.
+into place (closed first, its close checked: a network file system reports a full disk
+there). Each file's identity (:func:`megafmt.fingerprint.file_identity`) is taken after its
+rename, for the sidecar and for the tables mapped later.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class BackgroundWrites:
 
     def __init__(self, threads: int = WRITER_THREADS) -> None:
         self._pool = _ext.FileWriterPool(threads, MAX_QUEUED_BYTES)
-        self._submitted: dict[int, _Submitted] = {}
+        self._submitted: list[_Submitted] = []
         self._by_last_path: dict[str, list[Written]] = {}
         self._lock = threading.Lock()
 
@@ -92,7 +93,7 @@ class BackgroundWrites:
     ) -> Written:
         written = Written(None, self._pool.submit(_steps(files)))
         with self._lock:
-            self._submitted[id(written)] = _Submitted(written, on_done, on_error)
+            self._submitted.append(_Submitted(written, on_done, on_error))
             self._by_last_path.setdefault(files[-1].path, []).append(written)
         return written
 
@@ -111,7 +112,7 @@ class BackgroundWrites:
         failure: tuple[Exception, OSError] | None = None
         try:
             with self._lock:
-                submitted, self._submitted = list(self._submitted.values()), {}
+                submitted, self._submitted = self._submitted, []
                 self._by_last_path = {}
             for item in submitted:
                 try:
