@@ -275,3 +275,26 @@ def test_blending_indices_of_many_datasets_equal_megatrons(seed):
     helpers_cpp.build_blending_indices(*theirs, weights, datasets, size, False)
     numpy.testing.assert_array_equal(ours[0], theirs[0])
     numpy.testing.assert_array_equal(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_exhaustive_blending_of_many_datasets_equals_megatrons(seed):
+    # a blend weighted by its datasets' sizes draws each of their samples once: from 2,048
+    # datasets on through the same tree, a dataset leaving it once drawn whole
+    from megatron.core.datasets import helpers_cpp
+
+    from megaindex.helpers import build_exhaustive_blending_indices
+
+    rng = numpy.random.default_rng(seed)
+    datasets = int(rng.integers(2048, 3000))
+    if seed % 2:  # equal sizes: ties at every sample
+        sizes = numpy.full(datasets, int(rng.integers(1, 8)), numpy.int64)
+    else:  # sizes over three orders of magnitude
+        sizes = numpy.exp(rng.uniform(0, numpy.log(1e3), datasets)).astype(numpy.int64) + 1
+    total = int(sizes.sum())
+    ours = numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64)
+    theirs = numpy.zeros(total, numpy.int16), numpy.zeros(total, numpy.int64)
+    build_exhaustive_blending_indices(*ours, sizes, datasets)
+    helpers_cpp.build_exhaustive_blending_indices(*theirs, sizes, datasets)
+    numpy.testing.assert_array_equal(ours[0], theirs[0])
+    numpy.testing.assert_array_equal(ours[1], theirs[1])

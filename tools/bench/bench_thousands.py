@@ -23,7 +23,8 @@ many processes from a cache in object storage.
    ``--cache-root`` puts the caches in another folder: on a tmpfs (``/dev/shm/...``) the
    figures leave the disk's file creations out (this VM's ext4 swings them by 10x).
    Then the blending indices alone (the blend's two tables), each side's helper in this
-   process: 2,400 and 20,000 corpora, weights spread as the blend's, and equal.
+   process: 2,400 and 20,000 corpora, weights spread as the blend's, and equal; and 2,400
+   corpora weighted by their sizes (every sample drawn once).
 2. The warm start (megaindex only: the references have no cache in object storage): the tables
    of a blend of ``--warm-corpora`` corpora (made as above) are put in S3 (moto's server in a
    process of its own, on loopback) by a cold start, then ``--nodes`` x ``--per-node``
@@ -284,13 +285,29 @@ BLENDING_CASES = ((2400, 200_000), (20_000, 300_000))
 
 def bench_blending(report: benchreport.Report) -> None:
     """The blending indices alone (BlendedDataset's two tables), from each side's helper in
-    this process: weights spread over four orders of magnitude (as the blend's), and equal."""
+    this process: weights spread over four orders of magnitude (as the blend's), and equal;
+    and a blend weighted by its corpora's sizes (no weights given: every sample drawn once)."""
     try:
         from megatron.core.datasets import helpers_cpp
     except ImportError as error:  # the seed commit's helpers are compiled on first use
         print(f"  blending indices skipped: the reference's helper ({error})", file=sys.stderr)
         return
-    from megaindex.helpers import build_blending_indices
+    from megaindex import helpers
+
+    def compare(figure: str, function: str, samples: int, conditions: str, *arguments) -> None:
+        """Time each side's ``function`` filling tables of ``samples``; they must be equal."""
+        seconds, tables = {}, {}
+        for side, module in (("ours", helpers), ("theirs", helpers_cpp)):
+            index = numpy.zeros(samples, numpy.int16)
+            sample = numpy.zeros(samples, numpy.int64)
+            start = time.perf_counter()
+            getattr(module, function)(index, sample, *arguments)
+            seconds[side], tables[side] = time.perf_counter() - start, (index, sample)
+        if not all(map(numpy.array_equal, tables["ours"], tables["theirs"])):
+            raise RuntimeError(f"{figure}: the two sides' tables differ")
+        report.compare(
+            figure, ours=seconds["ours"], theirs=seconds["theirs"], unit="s", conditions=conditions
+        )
 
     for corpora, samples in BLENDING_CASES:
         rng = numpy.random.default_rng(corpora)
@@ -298,25 +315,27 @@ def bench_blending(report: benchreport.Report) -> None:
             ("spread", numpy.exp(rng.uniform(0, numpy.log(LARGEST), corpora))),
             ("equal", numpy.ones(corpora)),
         ):
-            weights = weights / weights.sum()
-            seconds, tables = {}, {}
-            for side, helper in (("ours", build_blending_indices), ("theirs", helpers_cpp)):
-                helper = getattr(helper, "build_blending_indices", helper)
-                index = numpy.zeros(samples, numpy.int16)
-                sample = numpy.zeros(samples, numpy.int64)
-                start = time.perf_counter()
-                helper(index, sample, weights, corpora, samples, False)
-                seconds[side], tables[side] = time.perf_counter() - start, (index, sample)
-            for ours, theirs in zip(tables["ours"], tables["theirs"], strict=True):
-                if not numpy.array_equal(ours, theirs):
-                    raise RuntimeError(f"the blending indices differ ({corpora} corpora, {kind})")
-            report.compare(
+            compare(
                 f"blending indices of {corpora} corpora, {kind} weights",
-                ours=seconds["ours"],
-                theirs=seconds["theirs"],
-                unit="s",
-                conditions=f"{samples} samples; each side's helper in one process, equal tables",
+                "build_blending_indices",
+                samples,
+                f"{samples} samples; each side's helper in one process, equal tables",
+                weights / weights.sum(),
+                corpora,
+                samples,
+                False,
             )
+    corpora = BLENDING_CASES[0][0]
+    sizes = numpy.exp(numpy.random.default_rng(0).uniform(0, numpy.log(1000), corpora))
+    sizes = sizes.astype(numpy.int64) + 1
+    compare(
+        f"exhaustive blending indices of {corpora} corpora (weighted by their sizes)",
+        "build_exhaustive_blending_indices",
+        int(sizes.sum()),
+        f"{int(sizes.sum())} samples, 1 to 1,000 per corpus (log-uniform)",
+        sizes,
+        corpora,
+    )
 
 
 def bench_warm_start(

@@ -89,12 +89,22 @@ class LagTree {
   // The dataset was taken at `sample`: its path is compared again at the next.
   void take(int32_t dataset, int64_t sample) {
     taken_[dataset] += 1.0;
-    for (int32_t node = (leaves_ + dataset) >> 1; node >= 1; node >>= 1) due_[node] = sample + 1;
+    refresh_path(dataset, sample);
+  }
+
+  // The dataset leaves the draw after `sample` (exhaustive blending: all of it was taken).
+  void leave(int32_t dataset, int64_t sample) {
+    winner_[leaves_ + dataset] = kNone;
+    refresh_path(dataset, sample);
   }
 
  private:
   static constexpr int32_t kNone = -1;
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+  void refresh_path(int32_t dataset, int64_t sample) {
+    for (int32_t node = (leaves_ + dataset) >> 1; node >= 1; node >>= 1) due_[node] = sample + 1;
+  }
 
   double lag(int32_t dataset, double progress) const {
     return weights_[dataset] * progress - taken_[dataset];
@@ -181,6 +191,17 @@ void build_exhaustive_blending_indices(const int64_t* sizes, int32_t num_dataset
   std::vector<double> weights(num_datasets);
   for (int32_t dataset = 0; dataset < num_datasets; ++dataset) {
     weights[dataset] = static_cast<double>(sizes[dataset]) / static_cast<double>(total);
+  }
+  if (num_datasets >= kTreeFrom) {  // weights in [0, 1]: the tree's margin holds
+    LagTree tree(weights.data(), num_datasets, total);
+    for (int64_t sample = 0; sample < total; ++sample) {
+      const int32_t chosen = tree.choose(sample);
+      dataset_index[sample] = static_cast<int16_t>(chosen);
+      dataset_sample_index[sample] = static_cast<int64_t>(tree.taken(chosen));
+      tree.take(chosen, sample);
+      if (tree.taken(chosen) == static_cast<double>(sizes[chosen])) tree.leave(chosen, sample);
+    }
+    return;
   }
   // Datasets still drawing, in ascending order so ties go to the lowest id.
   std::vector<int32_t> open(num_datasets);

@@ -99,6 +99,18 @@ def assert_blends_agree(weights: numpy.ndarray, size: int) -> None:
         numpy.testing.assert_array_equal(ours, theirs)
 
 
+def assert_exhaustive_blends_agree(sizes: numpy.ndarray) -> None:
+    """The extension's exhaustive blending indices of ``sizes`` equal the numpy backend's."""
+    outputs = []
+    for module in (ext, _numpy_backend):
+        index = numpy.zeros(sizes.sum(), numpy.int16)
+        sample = numpy.zeros(sizes.sum(), numpy.int64)
+        module.build_exhaustive_blending_indices(sizes, index, sample)
+        outputs.append((index, sample))
+    for ours, theirs in zip(*outputs, strict=True):
+        numpy.testing.assert_array_equal(ours, theirs)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_blending_agrees(seed):
     rng = numpy.random.default_rng(seed)
@@ -112,14 +124,7 @@ def test_blending_agrees(seed):
     assert_blends_agree(weights, size)
 
     sizes = rng.integers(1, 200, datasets).astype(numpy.int64)
-    outputs = []
-    for module in (ext, _numpy_backend):
-        index = numpy.zeros(sizes.sum(), numpy.int16)
-        sample = numpy.zeros(sizes.sum(), numpy.int64)
-        module.build_exhaustive_blending_indices(sizes, index, sample)
-        outputs.append((index, sample))
-    for ours, theirs in zip(*outputs, strict=True):
-        numpy.testing.assert_array_equal(ours, theirs)
+    assert_exhaustive_blends_agree(sizes)
 
 
 @pytest.mark.parametrize("kind", ["spread", "equal", "few values", "a rounding apart"])
@@ -136,6 +141,12 @@ def test_blending_of_thousands_of_datasets_agrees(kind):
     }[kind]()
     weights /= weights.sum()
     assert_blends_agree(weights, 1500)
+
+
+def test_exhaustive_blending_of_thousands_of_datasets_agrees():
+    # the extension's tree, datasets leaving it once drawn whole, against the numpy scan
+    sizes = numpy.random.default_rng(5).integers(1, 3, 2100).astype(numpy.int64)
+    assert_exhaustive_blends_agree(sizes)
 
 
 def test_public_helpers_run_on_either_backend(fresh_backend):
