@@ -385,6 +385,7 @@ def test_builders_equal_on_random_inputs(seed):
 def test_tables_equal_with_the_document_index_spilled(corpus, tmp_path, monkeypatch, sizes, fields):
     """Every split's document index written to a file and walked through its mapping."""
     monkeypatch.setattr(gpt_index, "SPILL_MIN_BYTES", 0)
+    monkeypatch.setattr(gpt_index, "ONE_CALL_BELOW", 0)  # built step by step, as large ones
     spilled = []
     spill = gpt_index.spill
     monkeypatch.setattr(gpt_index, "spill", lambda *args: spilled.append(1) or spill(*args))
@@ -419,9 +420,15 @@ def megatron_core_tables(lengths, documents, plan, sequence_length, seed, drop_l
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_gpt_tables_equal_megatron_cores_on_random_inputs(tmp_path, seed):
-    """Our tables (the shuffle index on a second thread, the document index spilled on even
-    seeds) against megatron-core's builders: one and many epochs, separate final epochs."""
+@pytest.mark.parametrize("one_call", [True, False], ids=["one-call", "step-by-step"])
+def test_gpt_tables_equal_megatron_cores_on_random_inputs(tmp_path, monkeypatch, seed, one_call):
+    """Our tables against megatron-core's builders: one and many epochs, separate final epochs,
+    random seeds over RandomState's range. Built in one call of the backend (a small split's
+    build), or step by step as a large split's (forced): the shuffle index on a second thread
+    on odd seeds, the document index spilled on even ones."""
+    if not one_call:
+        monkeypatch.setattr(gpt_index, "ONE_CALL_BELOW", 0)
+        monkeypatch.setattr(gpt_index, "THREADED_SHUFFLE_MIN_SAMPLES", (seed + 1) % 2 * 10**9)
     rng = numpy.random.default_rng(1000 + seed)
     documents = int(rng.integers(1, 5000))
     lengths = rng.integers(1, 300, documents + 3).astype(numpy.int32)
@@ -431,12 +438,14 @@ def test_gpt_tables_equal_megatron_cores_on_random_inputs(tmp_path, seed):
     tokens = int(lengths[3:].sum())
     num_samples = int(rng.integers(1, epochs * tokens // sequence_length + 2))
     drop_last, extra = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
+    random_seed = int(rng.integers(0, 2**32))
     spill = str(tmp_path) if seed % 2 == 0 else None
     ours = gpt_index.build_gpt_index_tables(
-        lengths, indices, num_samples, sequence_length, seed, drop_last, extra, spill, 0
+        lengths, indices, num_samples, sequence_length, random_seed, drop_last, extra, spill, 0
     )
+    assert ("tables" in ours.seconds) is one_call
     expected = megatron_core_tables(
-        lengths, indices, ours.plan, sequence_length, seed, drop_last, extra
+        lengths, indices, ours.plan, sequence_length, random_seed, drop_last, extra
     )
     for name, reference in zip(TABLES, expected, strict=True):
         mine = getattr(ours, name)

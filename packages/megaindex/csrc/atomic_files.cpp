@@ -105,11 +105,6 @@ const WriteOutcome& PendingWrite::wait() {
   return outcome_;
 }
 
-bool PendingWrite::finished() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return finished_;
-}
-
 void PendingWrite::run() {
   WriteOutcome outcome;
   try {

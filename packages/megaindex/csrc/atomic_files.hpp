@@ -54,7 +54,6 @@ class PendingWrite {
   explicit PendingWrite(std::vector<FileStep> steps) : steps_(std::move(steps)) {}
   // Block until the write is finished; its outcome.
   const WriteOutcome& wait();
-  bool finished();
   void run();
 
  private:

@@ -25,6 +25,7 @@
 #include "blending.hpp"
 #include "fim.hpp"
 #include "gather.hpp"
+#include "gpt_tables.hpp"
 #include "masks.hpp"
 #include "sample_index.hpp"
 #include "shuffle.hpp"
@@ -88,10 +89,10 @@ Array owned(std::unique_ptr<T[]> data, std::initializer_list<size_t> shape) {
 
 // An IndexError naming the document id the walk found outside `sizes`, if it stopped on one.
 void check_walk(megaindex::SampleIndexStatus status, const Input<int32_t>& sizes,
-                const Input<int32_t>& document_index, int64_t bad_position) {
+                const int32_t* document_index, int64_t bad_position) {
   if (status != megaindex::SampleIndexStatus::kOk) {
     throw nb::index_error(("document_index[" + std::to_string(bad_position) + "] = " +
-                           std::to_string(document_index.data()[bad_position]) +
+                           std::to_string(document_index[bad_position]) +
                            " is not a document id: expected 0.." +
                            std::to_string(static_cast<int64_t>(sizes.shape(0)) - 1))
                               .c_str());
@@ -124,7 +125,7 @@ nb::ndarray<nb::numpy, T, nb::shape<-1, 2>> sample_index(Input<int32_t> sizes,
         static_cast<int64_t>(document_index.shape(0)), sequence_length, num_samples,
         add_extra_token, data.get(), &bad_position);
   }
-  check_walk(status, sizes, document_index, bad_position);
+  check_walk(status, sizes, document_index.data(), bad_position);
   return owned<nb::ndarray<nb::numpy, T, nb::shape<-1, 2>>>(std::move(data), {rows, 2});
 }
 
@@ -164,7 +165,7 @@ void fill_sample_index(Input<int32_t> sizes, Input<int32_t> document_index,
         sizes.data(), static_cast<int64_t>(sizes.shape(0)), document_index.data(), documents,
         sequence_length, add_extra_token, out.data(), first_row, last_row, &bad_position);
   }
-  check_walk(status, sizes, document_index, bad_position);
+  check_walk(status, sizes, document_index.data(), bad_position);
 }
 
 int64_t sample_count(int32_t num_epochs, int64_t tokens_per_epoch, int32_t sequence_length,
@@ -201,6 +202,69 @@ int legacy_shuffle(Output<uint32_t> key, int pos, Output<T> data) {
     std::copy(state.key, state.key + megaindex::Mt19937::kSize, key.data());
   }
   return state.pos;
+}
+
+// GPTDataset's three tables of a split in one call; see megaindex.helpers.build_gpt_tables.
+nb::tuple gpt_tables(Input<int32_t> sizes, Input<int32_t> documents, int32_t num_epochs,
+                     bool separate_final_epoch, uint32_t seed, int32_t sequence_length,
+                     int32_t add_extra_token, int64_t num_samples, int64_t samples_first,
+                     bool int64_sample_index, bool int64_shuffle_index) {
+  const int64_t per_epoch = static_cast<int64_t>(documents.shape(0));
+  int64_t entries = 0;
+  if (num_epochs < 1 || sequence_length < 1 || (add_extra_token != 0 && add_extra_token != 1) ||
+      num_samples < 0 || samples_first < 0 || samples_first > num_samples ||
+      __builtin_mul_overflow(per_epoch, static_cast<int64_t>(num_epochs), &entries)) {
+    throw nb::value_error(("needs num_epochs >= 1, sequence_length >= 1, add_extra_token 0 or 1 "
+                           "and 0 <= samples_first <= num_samples; got " +
+                           std::to_string(num_epochs) + ", " + std::to_string(sequence_length) +
+                           ", " + std::to_string(add_extra_token) + ", " +
+                           std::to_string(samples_first) + ", " + std::to_string(num_samples))
+                              .c_str());
+  }
+  if (num_samples > 0 && per_epoch == 0) {
+    throw nb::value_error("documents is empty");
+  }
+  const megaindex::GptTablesInput input{
+      sizes.data(),    static_cast<int64_t>(sizes.shape(0)), documents.data(), per_epoch,
+      num_epochs,      separate_final_epoch,                 seed,             sequence_length,
+      add_extra_token, num_samples,                          samples_first};
+  const size_t rows = static_cast<size_t>(num_samples) + 1;
+  std::unique_ptr<int32_t[]> document_index(new int32_t[static_cast<size_t>(entries)]);
+  nb::object sample_index;
+  nb::object shuffle_index;
+  auto build = [&](auto sample_type, auto shuffle_type) {
+    using S = typename decltype(sample_type)::type;
+    using U = typename decltype(shuffle_type)::type;
+    std::unique_ptr<S[]> samples(new S[2 * rows]);
+    std::unique_ptr<U[]> order(new U[rows - 1]);
+    int64_t bad_position = -1;
+    megaindex::SampleIndexStatus status;
+    {
+      nb::gil_scoped_release release;
+      status = megaindex::build_gpt_tables<S, U>(input, document_index.get(), samples.get(),
+                                                 order.get(), &bad_position);
+    }
+    check_walk(status, sizes, document_index.get(), bad_position);
+    sample_index = nb::cast(
+        owned<nb::ndarray<nb::numpy, S, nb::shape<-1, 2>>>(std::move(samples), {rows, 2}));
+    shuffle_index =
+        nb::cast(owned<nb::ndarray<nb::numpy, U, nb::ndim<1>>>(std::move(order), {rows - 1}));
+  };
+  auto with_shuffle = [&](auto sample_type) {
+    if (int64_shuffle_index) {
+      build(sample_type, Type<int64_t>{});
+    } else {
+      build(sample_type, Type<uint32_t>{});
+    }
+  };
+  if (int64_sample_index) {
+    with_shuffle(Type<int64_t>{});
+  } else {
+    with_shuffle(Type<int32_t>{});
+  }
+  auto documents_out = owned<nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>>(
+      std::move(document_index), {static_cast<size_t>(entries)});
+  return nb::make_tuple(documents_out, sample_index, shuffle_index);
 }
 
 void check_blending_outputs(size_t dataset_index, size_t dataset_sample_index, size_t expected) {
@@ -507,6 +571,12 @@ NB_MODULE(_ext, m) {
         "data"_a.noconvert());
   m.def("legacy_shuffle", &legacy_shuffle<int64_t>, "key"_a.noconvert(), "pos"_a,
         "data"_a.noconvert());
+  m.def("build_gpt_tables", &gpt_tables, "sizes"_a.noconvert(), "documents"_a.noconvert(),
+        "num_epochs"_a, "separate_final_epoch"_a, "seed"_a, "sequence_length"_a,
+        "add_extra_token"_a, "num_samples"_a, "samples_first"_a, "int64_sample_index"_a,
+        "int64_shuffle_index"_a,
+        "GPTDataset's document, sample and shuffle index of a split, drawn from "
+        "RandomState(seed); see megaindex.helpers.build_gpt_tables.");
   m.def("build_blending_indices", &build_blending_indices, "weights"_a.noconvert(),
         "dataset_index"_a.noconvert(), "dataset_sample_index"_a.noconvert(),
         "See megaindex.helpers.build_blending_indices.");
@@ -542,8 +612,7 @@ NB_MODULE(_ext, m) {
             }
             return outcome_tuple(*outcome);
           },
-          "The outcome, once written: (identities, errno, failed path).")
-      .def("finished", &PendingWrite::finished, "Whether the write is finished.");
+          "The outcome, once written: (identities, errno, failed path).");
   nb::class_<FileWriterPool>(m, "FileWriterPool",
                              "Threads writing files atomically; see megaindex.file_writes.")
       .def(nb::init<size_t, size_t>(), "threads"_a, "max_queued_bytes"_a)

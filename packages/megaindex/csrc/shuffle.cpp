@@ -65,6 +65,14 @@ void Mt19937::regenerate() {
   pos = 0;
 }
 
+void Mt19937::seed(uint32_t value) {
+  for (int k = 0; k < kSize; ++k) {
+    key[k] = value;
+    value = 1812433253U * (value ^ (value >> 30)) + static_cast<uint32_t>(k + 1);
+  }
+  pos = kSize;
+}
+
 uint32_t Mt19937::next32() {
   if (pos >= kSize) {
     regenerate();

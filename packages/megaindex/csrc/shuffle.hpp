@@ -14,6 +14,8 @@ struct Mt19937 {
   uint32_t key[kSize];
   int pos;
 
+  // The state numpy.random.RandomState(seed) starts in (numpy's legacy seeding of an integer).
+  void seed(uint32_t value);
   uint32_t next32();
   uint64_t next64();
   // The next 624 words (pos back to 0).

@@ -206,3 +206,28 @@ def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
     # the C++ backend permutes the index dtypes only; the numpy one must refuse the rest too
     with pytest.raises(TypeError, match="array must be int32, uint32 or int64, got float64"):
         helpers_module.shuffle(random_state, numpy.zeros(10))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_gpt_tables_agree(seed):
+    """The three tables in one call: the extension's equal the numpy backend's (RandomState
+    itself), over seeds of RandomState's whole range, a separate last epoch or not, both dtypes
+    of each table."""
+    rng = numpy.random.default_rng(seed)
+    epochs = int(rng.integers(1, 5))
+    sizes, _ = random_stream(rng, int(rng.integers(1, 6000 if seed % 3 else 150)), 1)
+    documents = numpy.arange(int(rng.integers(0, len(sizes))), len(sizes), dtype=numpy.int32)
+    sequence_length, extra = int(rng.integers(1, 60)), int(rng.integers(0, 2))
+    tokens = int(sizes[documents].sum())
+    samples = ext.sample_count(epochs, tokens, sequence_length, True, extra) if tokens else 0
+    separate = epochs > 1 and seed % 2 == 0
+    first = int(rng.integers(0, samples + 1)) if separate else samples
+    arguments = [sizes, documents, epochs, separate, int(rng.integers(0, 2**32))]
+    arguments += [sequence_length, extra, samples, first, seed % 4 == 1, seed % 4 == 2]
+    ours = ext.build_gpt_tables(*arguments)
+    theirs = _numpy_backend.build_gpt_tables(*arguments)
+    for name, mine, reference in zip(("document", "sample", "shuffle"), ours, theirs, strict=True):
+        assert mine.dtype == reference.dtype, name
+        numpy.testing.assert_array_equal(mine, reference, err_msg=name)
+    assert ours[1].dtype == (numpy.int64 if seed % 4 == 1 else numpy.int32)
+    assert ours[2].dtype == (numpy.int64 if seed % 4 == 2 else numpy.uint32)

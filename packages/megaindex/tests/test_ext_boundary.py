@@ -66,6 +66,22 @@ BINDINGS = {
         ],
         (4,),
     ),
+    "build_gpt_tables": (
+        lambda: [
+            numpy.array([3, 2], numpy.int32),
+            numpy.array([0, 1], numpy.int32),
+            2,
+            True,
+            7,
+            2,
+            1,
+            4,
+            2,
+            False,
+            False,
+        ],
+        (),
+    ),
     "legacy_shuffle": (
         lambda: [
             numpy.random.RandomState(0).get_state()[1],
@@ -191,6 +207,20 @@ def test_scalars_that_would_crash_or_read_outside_are_refused():
         ext.build_sample_index_int32(sizes, numpy.zeros(0, numpy.int32), 2, 1, 0)
     with pytest.raises(ValueError, match="num_samples >= 0"):
         ext.build_sample_index_int64(sizes, numpy.zeros(1, numpy.int32), 2, -5, 0)
+    documents = numpy.zeros(2, numpy.int32)
+    for epochs, first, samples, message in [
+        (0, 1, 1, "got 0, 2, 0, 1, 1"),  # no epoch
+        (1, 3, 2, "got 1, 2, 0, 3, 2"),  # more samples first than in all
+        (1, -1, 2, "got 1, 2, 0, -1, 2"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ext.build_gpt_tables(
+                sizes, documents, epochs, False, 0, 2, 0, samples, first, False, False
+            )
+    with pytest.raises(ValueError, match="documents is empty"):
+        ext.build_gpt_tables(sizes, documents[:0], 1, False, 0, 2, 0, 1, 1, False, False)
+    with pytest.raises(IndexError, match=r"document_index\[\d\] = 0 is not a document id"):
+        ext.build_gpt_tables(sizes[:0], documents, 1, False, 0, 2, 0, 1, 1, False, False)
 
 
 @pytest.mark.parametrize(
@@ -319,6 +349,7 @@ def test_the_typed_stub_ships_and_matches_the_module():
     assert set(built) == {
         "build_blending_indices",
         "build_exhaustive_blending_indices",
+        "build_gpt_tables",
         "build_sample_index_int32",
         "build_sample_index_int64",
         "fill_document_causal_mask",
@@ -332,7 +363,6 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "FileWriterPool.submit",
         "FileWriterPool.close",
         "PendingWrite.wait",
-        "PendingWrite.finished",
         "legacy_shuffle",
         "sample_count",
         "write_files",

@@ -7,7 +7,6 @@ import pytest
 
 from megaindex import EmptySplitError, IndexBuildError, backends, gpt_index, helpers
 from megaindex.gpt_index import (
-    UINT32_SHUFFLE_LIMIT,
     EpochPlan,
     GPTTableRecipe,
     build_document_index,
@@ -16,7 +15,7 @@ from megaindex.gpt_index import (
     consecutive,
     plan_epochs,
 )
-from megaindex.helpers import build_sample_idx
+from megaindex.helpers import UINT32_SHUFFLE_LIMIT, build_sample_idx
 
 TABLES = GPTTableRecipe.names
 
@@ -111,13 +110,17 @@ def test_the_shuffle_on_its_own_thread_draws_what_the_inline_one_draws(
     lengths = numpy.random.default_rng(0).integers(1, 50, 400, dtype=numpy.int32)
     samples = 330 if separate_final_epoch else 100  # 3 epochs, the last barely used; or one
     arguments = (lengths, numpy.arange(400, dtype=numpy.int32), samples, 64, 7, True, True)
+    in_one_call = build_gpt_index_tables(*arguments)
+    monkeypatch.setattr(gpt_index, "ONE_CALL_BELOW", 0)
     inline = build_gpt_index_tables(*arguments)
     monkeypatch.setattr(gpt_index, "THREADED_SHUFFLE_MIN_SAMPLES", 0)
     threaded = build_gpt_index_tables(*arguments)
-    assert inline.plan == threaded.plan
+    assert in_one_call.plan == inline.plan == threaded.plan
     assert inline.plan.separate_final_epoch == separate_final_epoch
+    assert set(in_one_call.seconds) == {"tables"} and "tables" not in threaded.seconds
     for table in TABLES:
         assert numpy.array_equal(getattr(inline, table), getattr(threaded, table)), table
+        assert numpy.array_equal(getattr(inline, table), getattr(in_one_call, table)), table
 
 
 @pytest.mark.parametrize(
@@ -192,7 +195,14 @@ def reference_tables(lengths, documents, num_samples, sequence_length, seed, dro
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_tables_built_side_by_side_and_spilled_equal_the_plain_build(each_backend, tmp_path, seed):
+@pytest.mark.parametrize("one_call", [True, False])
+def test_tables_built_side_by_side_and_spilled_equal_the_plain_build(
+    each_backend, tmp_path, monkeypatch, seed, one_call
+):
+    """In one call of the backend (a small split), or step by step (large ones: here forced),
+    the document index spilled to a file for even seeds."""
+    if not one_call:
+        monkeypatch.setattr(gpt_index, "ONE_CALL_BELOW", 0)
     rng = numpy.random.default_rng(seed)
     documents = int(rng.integers(1, 3000))
     lengths = rng.integers(1, 200, documents + 5).astype(numpy.int32)
@@ -202,7 +212,7 @@ def test_tables_built_side_by_side_and_spilled_equal_the_plain_build(each_backen
     num_samples = int(rng.integers(0, epochs * int(lengths[5:].sum()) // sequence_length + 1))
     drop_last, extra = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
     args = (lengths, indices, num_samples, sequence_length, seed, drop_last, extra)
-    spill = seed % 2 == 0
+    spill = seed % 2 == 0 and not one_call
     tables = build_gpt_index_tables(
         *args, spill_directory=str(tmp_path) if spill else None, spill_min_bytes=0
     )
@@ -226,6 +236,7 @@ def test_a_spill_that_cannot_be_written_keeps_the_document_index_in_memory(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(blocker / "tmp"))
+    monkeypatch.setattr(gpt_index, "ONE_CALL_BELOW", 0)  # a large split's build
     lengths = numpy.full(300, 7, dtype=numpy.int32)
     args = (lengths, numpy.arange(300, dtype=numpy.int32), 200, 8, 3, True, True)
     with caplog.at_level("WARNING", logger="megaindex.gpt_index"):

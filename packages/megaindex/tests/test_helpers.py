@@ -10,7 +10,7 @@ from megaindex import (
     build_exhaustive_blending_indices,
     build_sample_idx,
 )
-from megaindex.helpers import sample_count
+from megaindex.helpers import build_gpt_tables, sample_count
 
 # documents 0, 1, 2 hold 5, 3 and 4 tokens; the stream is document 2, then 0, then 1:
 # document 2 covers tokens [0, 4), document 0 [4, 9), document 1 [9, 12)
@@ -161,3 +161,60 @@ def test_hand_worked_sample_count():
     # the last partial one
     assert sample_count(2, 50, 8, True, True) == 12
     assert sample_count(2, 50, 8, False, True) == 13
+
+
+def test_gpt_tables_are_drawn_from_random_states_seed():
+    """Hand-checkable: one epoch of three documents shuffled by RandomState(seed), its walk,
+    and the shuffle index drawn next from the same generator."""
+    for seed in (0, 1234, 2**32 - 1):
+        document_index, sample_index, shuffle_index = build_gpt_tables(
+            SIZES, numpy.arange(3, dtype=numpy.int32), 1, False, seed, 3, 12
+        )
+        random_state = numpy.random.RandomState(seed)
+        expected = numpy.arange(3, dtype=numpy.int32)
+        random_state.shuffle(expected)
+        assert document_index.tolist() == expected.tolist()
+        walk = build_sample_idx(SIZES, expected, 3, 1, 12)
+        assert sample_index.tolist() == walk.tolist() and sample_index.dtype == numpy.int32
+        order = numpy.arange(3, dtype=numpy.uint32)
+        random_state.shuffle(order)
+        assert shuffle_index.tolist() == order.tolist() and shuffle_index.dtype == numpy.uint32
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"seed": 2**32}, r"seed must be an integer in 0..2\*\*32 - 1, got 4294967296"),
+        ({"seed": -1}, "seed must be an integer"),
+        ({"tokens_per_epoch": 0}, "tokens_per_epoch must be a positive integer, got 0"),
+        ({"num_epochs": 2, "separate_final_epoch": True}, "samples_before_final_epoch must be"),
+        (
+            {"num_epochs": 2, "separate_final_epoch": True, "samples_before_final_epoch": 9},
+            r"samples_before_final_epoch \(9\) exceeds the 7 samples",
+        ),
+        ({"sizes": -SIZES}, "sizes must be >= 0, found -5 at 0"),
+    ],
+)
+def test_gpt_tables_arguments_are_checked(change, message):
+    arguments = {
+        "sizes": SIZES,
+        "documents": numpy.arange(3, dtype=numpy.int32),
+        "num_epochs": 1,
+        "separate_final_epoch": False,
+        "seed": 0,
+        "sequence_length": 3,
+        "tokens_per_epoch": 12,
+    }
+    with pytest.raises(ValueError, match=message):
+        build_gpt_tables(**{**arguments, **change})
+
+
+def test_gpt_tables_of_a_stream_ending_in_an_empty_document_are_refused():
+    sizes = numpy.array([5, 0], dtype=numpy.int32)
+    for seed in range(8):  # whichever document the shuffle puts last: one order ends in 1
+        try:
+            build_gpt_tables(sizes, numpy.arange(2, dtype=numpy.int32), 1, False, seed, 3, 5, False)
+        except IndexBuildError as error:
+            assert "ends with an empty document" in str(error)
+            return
+    pytest.fail("no seed put the empty document last")

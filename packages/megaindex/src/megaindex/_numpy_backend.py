@@ -119,6 +119,33 @@ def build_sample_index_int64(sizes, document_index, sequence_length, num_samples
     )
 
 
+def build_gpt_tables(
+    sizes,
+    documents,
+    num_epochs,
+    separate_final_epoch,
+    seed,
+    sequence_length,
+    add_extra_token,
+    num_samples,
+    samples_first,
+    int64_sample_index,
+    int64_shuffle_index,
+):
+    random_state = numpy.random.RandomState(seed)
+    document_index = numpy.tile(documents, num_epochs)
+    last = len(documents) if separate_final_epoch and num_epochs > 1 else len(document_index)
+    for part in (document_index[: len(document_index) - last], document_index[-last:]):
+        random_state.shuffle(part)
+    build = build_sample_index_int64 if int64_sample_index else build_sample_index_int32
+    sample_index = build(sizes, document_index, sequence_length, num_samples, add_extra_token)
+    dtype = numpy.int64 if int64_shuffle_index else numpy.uint32
+    shuffle_index = numpy.arange(num_samples, dtype=dtype)
+    for part in (shuffle_index[:samples_first], shuffle_index[samples_first:]):
+        random_state.shuffle(part)
+    return document_index, sample_index, shuffle_index
+
+
 def build_blending_indices(weights, dataset_index, dataset_sample_index) -> None:
     weights = [float(w) for w in weights]
     taken = [0] * len(weights)

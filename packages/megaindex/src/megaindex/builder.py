@@ -52,11 +52,12 @@ logger = logging.getLogger(__name__)
 PROGRESS_SECONDS = 5.0
 
 Bookends = list[tuple[float, float] | None]
-#: with builder threads, a blend's corpus asked for fewer samples than this in each split, whose
-#: ``.idx`` is local and under SMALL_CORPUS_IDX_BYTES, is built on the builder's own thread,
-#: one after another: its build is Python work of a few ms, and threads building such corpora
-#: side by side spend more handing the interpreter lock over than they gain (2,400 of them took
-#: 6.7 s on 2 threads, 4.5 s on 1); larger corpora build on the threads meanwhile
+#: a blend's corpus asked for fewer samples than this in each split, whose ``.idx`` is local
+#: and under SMALL_CORPUS_IDX_BYTES, is built on the builder's own thread, one after another:
+#: its build is Python work of a few ms, and threads building such corpora side by side spend
+#: more handing the interpreter lock over than they gain (2,400 of them took 6.7 s on 2
+#: threads, 4.5 s on 1; 4.7 s handed to one thread, 3.9 s on the builder's); larger corpora
+#: build on the builder threads meanwhile, while this one redraws the progress
 SMALL_CORPUS_SAMPLES = 1 << 16
 SMALL_CORPUS_IDX_BYTES = 1 << 20
 #: config fields that may differ between ranks: where each keeps files, how it reads and waits
@@ -360,7 +361,7 @@ class BlendedMegatronDatasetBuilder:
                 log_interval=PROGRESS_SECONDS,
             )
             corpora = list(zip(prefixes, sizes_per_dataset, strict=True))
-            here = [workers > 1 and _python_bound(p, s, split) for p, s in corpora]
+            here = [_python_bound(p, s, split) for p, s in corpora]
             per_prefix: list[Any] = [None] * len(corpora)
             # the cache files are written in the background, all in place before the barrier
             with (

@@ -31,7 +31,14 @@ from megafmt.mapping import map_file, release_pages
 from megafmt.protocols import TokenSource
 from megaindex.cache import TableSpec
 from megaindex.errors import EmptySplitError, IndexBuildError
-from megaindex.helpers import build_sample_idx, sample_count, sample_index_dtype, shuffle
+from megaindex.helpers import (
+    build_gpt_tables,
+    build_sample_idx,
+    sample_count,
+    sample_index_dtype,
+    shuffle,
+    shuffle_index_dtype,
+)
 from megaindex.tables import BuiltTables
 from megaindex.utils import index_array
 
@@ -39,12 +46,15 @@ logger = logging.getLogger(__name__)
 
 #: the last epoch is shuffled separately when it yields fewer than this share of an epoch
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
-UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
 #: the smallest document index written to a file before the walk (below, it stays in memory)
 SPILL_MIN_BYTES = 64 << 20
 #: shuffle indices of fewer samples are shuffled on the calling thread, after the walk: for a
 #: blend of thousands of small corpora, starting a thread costs more than the shuffle
 THREADED_SHUFFLE_MIN_SAMPLES = 1 << 20
+#: splits of fewer samples and document-index entries than this are built in one call of the
+#: backend (a blend's small corpora); larger ones step by step, a large shuffle index on a
+#: second thread, a large document index spilled to a file
+ONE_CALL_BELOW = 1 << 20
 #: entries of a split's indices checked at a time (a few MB: the temporaries stay in cache)
 CONSECUTIVE_CHUNK = 1 << 20
 
@@ -158,11 +168,6 @@ def build_document_index(
     return document_index
 
 
-def shuffle_index_dtype(total_size: int) -> type:
-    """megatron-core's shuffle-index dtype: uint32 while it can hold every index, else int64."""
-    return numpy.int64 if total_size >= UINT32_SHUFFLE_LIMIT else numpy.uint32
-
-
 def build_shuffle_index(
     num_samples: int, total_size: int, random_state: numpy.random.RandomState
 ) -> numpy.ndarray:
@@ -211,6 +216,21 @@ def build_gpt_index_tables(
         plan, sequence_length, drop_last_partial_sequence, add_extra_token
     )
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
+    entries = plan.num_epochs * len(indices)
+    if max(total, entries) < ONE_CALL_BELOW and plan.tokens_per_epoch > 0 and _seed(random_seed):
+        return _tables_in_one_call(
+            sequence_lengths,
+            indices,
+            sequence_length,
+            random_seed,
+            drop_last_partial_sequence,
+            add_extra_token,
+            plan,
+            total,
+            start,
+        )
+    smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
+    spills = spill_directory is not None and 4 * entries >= smallest
     random_state = seeded_random_state(random_seed)
     document_index = build_document_index(
         indices, plan.num_epochs, random_state, plan.separate_final_epoch
@@ -224,8 +244,7 @@ def build_gpt_index_tables(
                 ThreadPoolExecutor(1, thread_name_prefix="megaindex-shuffle-index")
             )
             shuffle_job = pool.submit(timed_shuffle_index, first, total, random_state)
-        smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
-        if spill_directory is not None and document_index.nbytes >= smallest:
+        if spills:
             document_index = spill(document_index, spill_directory)
         seconds["document_index"] = time.perf_counter() - start
 
@@ -260,6 +279,47 @@ def build_gpt_index_tables(
         plan.separate_final_epoch,
         sum(seconds.values()),
     )
+    return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
+
+
+def _seed(value: object) -> bool:
+    """Whether ``value`` is a seed numpy's RandomState takes as it is (an integer in 0..2**32 -
+    1); anything else goes to RandomState, for its own error or conversion."""
+    return isinstance(value, int | numpy.integer) and 0 <= value <= numpy.iinfo(numpy.uint32).max
+
+
+def _tables_in_one_call(
+    sequence_lengths: numpy.ndarray,
+    indices: numpy.ndarray,
+    sequence_length: int,
+    random_seed: int,
+    drop_last_partial_sequence: bool,
+    add_extra_token: bool,
+    plan: EpochPlan,
+    total: int,
+    start: float,
+) -> GPTIndexTables:
+    """The tables of a split whose build needs neither a second thread nor a spill, in one
+    call of the backend (:func:`megaindex.helpers.build_gpt_tables`): the same draws, without
+    the Python steps between the tables that were most of a small corpus's build."""
+    document_index, sample_index, shuffle_index = build_gpt_tables(
+        sequence_lengths,
+        indices,
+        plan.num_epochs,
+        plan.separate_final_epoch,
+        random_seed,
+        sequence_length,
+        plan.tokens_per_epoch,
+        drop_last_partial_sequence,
+        add_extra_token,
+        plan.samples_before_final_epoch,
+    )
+    if sample_index.shape[0] - 1 != total:
+        raise IndexBuildError(
+            f"the sample index holds {sample_index.shape[0] - 1} samples, but the epoch plan "
+            f"counts {total}"
+        )
+    seconds = {"tables": time.perf_counter() - start}
     return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
 
 

@@ -38,6 +38,8 @@ def _dtypes(*types: type) -> frozenset[numpy.dtype]:
 
 INT32_MAX = numpy.iinfo(numpy.int32).max
 INT64_MAX = numpy.iinfo(numpy.int64).max
+#: shuffle indices of this many samples or more are int64 (megatron-core's limit)
+UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
 MAX_DATASETS = numpy.iinfo(numpy.int16).max
 #: the dtypes a .bin holds that gather_windows widens to int64 (megafmt's integer dtypes)
 TOKEN_DTYPES = _dtypes(numpy.uint8, numpy.int8, numpy.int16, numpy.uint16, numpy.int32, numpy.int64)
@@ -111,6 +113,11 @@ def sample_index_dtype(sizes: numpy.ndarray, num_documents: int) -> type:
     else:
         largest = max(num_documents, int(sizes.max()) if len(sizes) else 0)
     return numpy.int32 if largest <= INT32_MAX else numpy.int64
+
+
+def shuffle_index_dtype(total_size: int) -> type:
+    """megatron-core's shuffle-index dtype: uint32 while it can hold every index, else int64."""
+    return numpy.int64 if total_size >= UINT32_SHUFFLE_LIMIT else numpy.uint32
 
 
 def sample_count(
@@ -189,12 +196,76 @@ def build_sample_idx(
                 sizes, document_indices, sequence_length, extra, sample_index, first, last
             )
             walked(int(sample_index[last - 1, 0]))
-    if sample_index[-1, 1] < 0:  # megatron-core fails the same build on an assert
-        raise IndexBuildError(
-            "the stream ends with an empty document, so the last partial sample would start at "
-            "token offset -1; drop empty documents or keep drop_last_partial_sequence"
-        )
+    if sample_index[-1, 1] < 0:
+        raise _ends_in_empty_document()
     return sample_index
+
+
+def _ends_in_empty_document() -> IndexBuildError:
+    """What megatron-core's build fails an assert on: a last partial sample at offset -1."""
+    return IndexBuildError(
+        "the stream ends with an empty document, so the last partial sample would start at "
+        "token offset -1; drop empty documents or keep drop_last_partial_sequence"
+    )
+
+
+def build_gpt_tables(
+    sizes: numpy.ndarray,
+    documents: numpy.ndarray,
+    num_epochs: int,
+    separate_final_epoch: bool,
+    seed: int,
+    sequence_length: int,
+    tokens_per_epoch: int,
+    drop_last_partial_sequence: bool = True,
+    add_extra_token_to_sequence: bool = True,
+    samples_before_final_epoch: int | None = None,
+) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """GPTDataset's three tables of the split made of ``documents`` (ids into ``sizes``), as
+    megatron-core draws them from ``numpy.random.RandomState(seed)``: the document index
+    (``documents`` once per epoch, shuffled, the last epoch apart with
+    ``separate_final_epoch``), the sample index (:func:`build_sample_idx`) and the shuffle
+    index (the samples before the last epoch, ``samples_before_final_epoch``, shuffled apart
+    from the rest when the last epoch is separate). One call: a blend of thousands of small
+    corpora builds thousands of these."""
+    sizes = _integers("sizes", sizes, numpy.int32)
+    documents = _integers("documents", documents, numpy.int32)
+    num_epochs = _positive("num_epochs", num_epochs)
+    sequence_length = _positive("sequence_length", sequence_length)
+    tokens_per_epoch = _positive("tokens_per_epoch", tokens_per_epoch)
+    if int(seed) != seed or not 0 <= seed <= numpy.iinfo(numpy.uint32).max:
+        raise ValueError(f"seed must be an integer in 0..2**32 - 1, got {seed!r}")
+    if len(sizes) and sizes.min() < 0:
+        raise ValueError(f"sizes must be >= 0, found {sizes.min()} at {int(sizes.argmin())}")
+    extra = 1 if add_extra_token_to_sequence else 0
+    num_samples = sample_count(
+        num_epochs, tokens_per_epoch, sequence_length, drop_last_partial_sequence, extra
+    )
+    first = num_samples
+    if separate_final_epoch and num_epochs > 1:
+        if samples_before_final_epoch is None:
+            raise ValueError("samples_before_final_epoch must be given: the last epoch is separate")
+        first = _non_negative("samples_before_final_epoch", samples_before_final_epoch)
+        if first > num_samples:
+            raise ValueError(
+                f"samples_before_final_epoch ({first}) exceeds the {num_samples} samples"
+            )
+    tables = implementation().build_gpt_tables(
+        sizes,
+        documents,
+        num_epochs,
+        bool(separate_final_epoch),
+        int(seed),
+        sequence_length,
+        extra,
+        num_samples,
+        first,
+        sample_index_dtype(sizes, num_epochs * len(documents)) is numpy.int64,
+        shuffle_index_dtype(num_samples) is numpy.int64,
+    )
+    if tables[1][-1, 1] < 0:
+        raise _ends_in_empty_document()
+    return tables
 
 
 def _dtype_names(dtypes: frozenset[numpy.dtype]) -> str:
