@@ -306,8 +306,10 @@ def _sequence_violations(index: Index, meter: Progress | None) -> Iterator[Viola
     layout = index.layout
     negative_reported = False
     expected_pointer = 0  # byte offset where the next sequence must start
-    size_buffer = numpy.empty(CHUNK, dtype=numpy.int64)  # bytes of each sequence of a chunk
-    step_buffer = numpy.empty(CHUNK, dtype=numpy.int64)  # differences of successive pointers
+    # no larger than the index: a blend's small corpora each allocated (and mapped) 1 MB
+    buffered = min(CHUNK, index.sequence_count)
+    size_buffer = numpy.empty(buffered, dtype=numpy.int64)  # bytes of each sequence of a chunk
+    step_buffer = numpy.empty(buffered, dtype=numpy.int64)  # differences of successive pointers
     for start in range(0, index.sequence_count, CHUNK):
         chunk = lengths[start : start + CHUNK]
         if not negative_reported and chunk.min() < 0:

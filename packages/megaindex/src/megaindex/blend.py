@@ -121,15 +121,8 @@ def default_split(split: str | None, blend: Blend | None) -> str | None:
 
 def check_prefixes_exist(blends: Sequence[Blend | None]) -> None:
     """Raise naming every prefix whose ``.bin``/``.idx`` pair is missing."""
-    missing = sorted(
-        {
-            prefix
-            for blend in blends
-            if blend is not None
-            for prefix in blend[0]
-            if not IndexedDataset.exists(prefix)
-        }
-    )
+    prefixes = {prefix for blend in blends if blend is not None for prefix in blend[0]}
+    missing = sorted(prefix for prefix in prefixes if not IndexedDataset.exists(prefix))
     if missing:
         raise ConfigError(
             "no .bin/.idx corpus at: " + ", ".join(missing) + f" (working directory {os.getcwd()})"

@@ -29,9 +29,10 @@ import numpy
 
 from megafmt.mapping import map_file, release_pages
 from megafmt.protocols import TokenSource
-from megaindex.cache import TableSpec
+from megaindex.cache import TableSpec, dtype_name
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import (
+    SEED_MAX,
     build_gpt_tables,
     build_sample_idx,
     sample_count,
@@ -285,7 +286,7 @@ def build_gpt_index_tables(
 def _seed(value: object) -> bool:
     """Whether ``value`` is a seed numpy's RandomState takes as it is (an integer in 0..2**32 -
     1); anything else goes to RandomState, for its own error or conversion."""
-    return isinstance(value, int | numpy.integer) and 0 <= value <= numpy.iinfo(numpy.uint32).max
+    return isinstance(value, int | numpy.integer) and 0 <= value <= SEED_MAX
 
 
 def _tables_in_one_call(
@@ -455,11 +456,11 @@ class GPTTableRecipe:
         )
         lengths = self.source.sequence_lengths
         documents = plan.num_epochs * len(lengths if self.indices is None else self.indices)
-        sample_dtype = numpy.dtype(sample_index_dtype(lengths, documents)).name
+        sample_dtype = dtype_name(sample_index_dtype(lengths, documents))
         return {
             "document_index": TableSpec(("int32",), (documents,)),
             "sample_index": TableSpec((sample_dtype,), (count + 1, 2)),
-            "shuffle_index": TableSpec((numpy.dtype(shuffle_index_dtype(count)).name,), (count,)),
+            "shuffle_index": TableSpec((dtype_name(shuffle_index_dtype(count)),), (count,)),
         }
 
     def sizing(self) -> str:

@@ -38,6 +38,8 @@ def _dtypes(*types: type) -> frozenset[numpy.dtype]:
 
 INT32_MAX = numpy.iinfo(numpy.int32).max
 INT64_MAX = numpy.iinfo(numpy.int64).max
+#: the largest seed numpy's RandomState takes
+SEED_MAX = numpy.iinfo(numpy.uint32).max
 #: shuffle indices of this many samples or more are int64 (megatron-core's limit)
 UINT32_SHUFFLE_LIMIT = numpy.iinfo(numpy.uint32).max - 1
 MAX_DATASETS = numpy.iinfo(numpy.int16).max
@@ -233,7 +235,7 @@ def build_gpt_tables(
     num_epochs = _positive("num_epochs", num_epochs)
     sequence_length = _positive("sequence_length", sequence_length)
     tokens_per_epoch = _positive("tokens_per_epoch", tokens_per_epoch)
-    if int(seed) != seed or not 0 <= seed <= numpy.iinfo(numpy.uint32).max:
+    if int(seed) != seed or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"seed must be an integer in 0..2**32 - 1, got {seed!r}")
     if len(sizes) and sizes.min() < 0:
         raise ValueError(f"sizes must be >= 0, found {sizes.min()} at {int(sizes.argmin())}")
