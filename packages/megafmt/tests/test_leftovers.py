@@ -183,3 +183,21 @@ def test_leftovers_of_several_paths_are_found_with_one_listing_of_their_folder(
     assert sorted(remove_stale_partials(*paths)) == sorted(stale)
     assert listings == [str(tmp_path)]
     assert os.path.exists(running) and os.path.exists(unrelated)
+
+
+def test_temporary_names_differ_call_by_call_and_between_processes(tmp_path):
+    """Each call its own name (counted from a random start), a process of its own its own
+    start: no two writers, nor a writer and a killed run's leftover, share a name."""
+    import re
+
+    path = str(tmp_path / "table.npy")
+    names = [partial_path(path) for _ in range(1000)]
+    assert len(set(names)) == len(names)
+    shape = re.compile(re.escape(f"{path}.{os.getpid()}-") + r"[0-9a-f]{8}" + PARTIAL_SUFFIX)
+    assert all(shape.fullmatch(name) for name in names)  # the names the next run clears
+    code = "from megafmt.atomic import partial_path; print(partial_path('x'))"
+    others = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+        for _ in range(3)
+    ]
+    assert len({name.rsplit("-", 1)[1] for name in others}) == 3  # three random starts

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import secrets
 import shutil
@@ -70,10 +71,17 @@ def _partial_stem(path: str) -> str:
     return os.path.join(folder, f"{cut}~{digest}")
 
 
+#: the token of this process's next temporary name: drawn at random once, then counted (one
+#: draw per name was a system call for each of a blend's thousands of cache files); another
+#: process, even under the same pid, draws its own start
+_tokens = itertools.count(secrets.randbits(32))
+
+
 def partial_path(path: str) -> str:
     """A temporary name beside ``path``, unique to this process and call; never longer than the
     file system allows when the name of ``path`` itself fits."""
-    return f"{_partial_stem(path)}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL_SUFFIX}"
+    token = next(_tokens) & 0xFFFFFFFF
+    return f"{_partial_stem(path)}.{os.getpid()}-{token:08x}{PARTIAL_SUFFIX}"
 
 
 def _writer_of(name: str, stem: str) -> int | None:
