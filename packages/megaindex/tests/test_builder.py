@@ -292,3 +292,67 @@ def test_with_builder_threads_the_first_failing_corpus_of_the_blend_is_the_error
     )
     with pytest.raises(RuntimeError, match=f"cannot build {prefixes[1]}$"):
         BlendedMegatronDatasetBuilder(GPTDataset, [60, 0, 0], lambda: True, config).build()
+
+
+def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
+    """A cold build draws each split blend's indices on a thread of their own, started once
+    the first corpus had its tables built, and the blend takes them: the same tables as a blend
+    that draws them itself. A warm build draws them for nothing: it loads them."""
+    import threading
+
+    from megaindex import blended_dataset, builder, helpers
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 40 + 9 * n, seed=n) for n in range(5)]
+    draws: list[str] = []
+    draw = helpers.build_blending_indices
+
+    def recording(*args, **kwargs):
+        draws.append(threading.current_thread().name)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(blended_dataset, "build_blending_indices", recording)
+
+    def blend(cache):
+        config = make_config(
+            blend=(prefixes, [3.0, 1.0, 2.0, 0.5, 1.5]),
+            split="90,8,2",
+            path_to_cache=str(tmp_path / cache),
+        )
+        return BlendedMegatronDatasetBuilder(GPTDataset, [300, 30, 5], lambda: True, config)
+
+    built = blend("cache").build()
+    assert len(draws) == 3 and all(name.startswith("megaindex-blending") for name in draws)
+    assert blended_dataset._in_advance == {}  # taken, or forgotten
+    draws.clear()
+    loaded = blend("cache").build()
+    assert draws == []  # loaded: nothing drawn, in advance or not
+    monkeypatch.setattr(builder, "blend_in_advance", lambda *args: lambda: None)
+    alone = blend("alone").build()
+    assert len(draws) == 3 and "megaindex-blending" not in " ".join(draws)
+    for ours, cached, theirs in zip(built, loaded, alone, strict=True):
+        for table in ("dataset_index", "dataset_sample_index"):
+            numpy.testing.assert_array_equal(getattr(ours, table), getattr(theirs, table))
+            numpy.testing.assert_array_equal(getattr(cached, table), getattr(theirs, table))
+
+
+def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
+    """What the blend of these weights and size would draw; a draw that failed is none (the
+    blend draws its indices itself, and raises in its own terms); a forgotten one is gone."""
+    from megaindex import blended_dataset
+
+    weights, expected = [0.25, 0.75], blended_dataset._draw_blending_indices([0.25, 0.75], 8)
+    forget = blended_dataset.blend_in_advance([1.0, 3.0], 8)  # as given to the blend
+    assert blended_dataset._drawn_in_advance(weights, 9) is None  # another size
+    drawn = blended_dataset._drawn_in_advance(weights, 8)
+    forget()
+    for found, reference in zip(drawn, expected, strict=True):
+        numpy.testing.assert_array_equal(found, reference)
+    assert blended_dataset._drawn_in_advance(weights, 8) is None  # taken once
+    forget = blended_dataset.blend_in_advance([2.0, -1.0], 10)  # its draw raises
+    try:
+        assert blended_dataset._drawn_in_advance([2.0, -1.0], 10) is None
+    finally:
+        forget()
+    blended_dataset.blend_in_advance([1.0, 3.0], 8)()  # forgotten before a blend took it
+    assert blended_dataset._drawn_in_advance(weights, 8) is None
+    assert blended_dataset._in_advance == {}

@@ -18,8 +18,10 @@ parts' class reads a blend whole
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +57,53 @@ from megaindex.shared_cache import cache_location
 from megaindex.tables import BuiltTables, CachedTables, TableSource
 from megaindex.utils import Split, normalize
 
+#: blending indices drawn ahead of their blend (:func:`blend_in_advance`), by the blend's
+#: weights and size
+_in_advance: dict[tuple[tuple[float, ...], int], Future] = {}
+_in_advance_lock = threading.Lock()
+
+
+def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
+    """Start drawing the blending indices of a blend of ``size`` samples with ``weights`` (as
+    given to :class:`BlendedDataset`) on a thread of their own, while the builder builds the
+    blend's parts: the helper releases the GIL, and a blend of thousands of corpora spent a
+    quarter of a second on them after its parts. The blend built with the same weights and
+    size takes them instead of drawing them; returns what forgets them (the builder calls it
+    once the blend is built)."""
+    key = (tuple(normalize(list(weights))), int(size))
+    pool = ThreadPoolExecutor(1, thread_name_prefix="megaindex-blending")
+    drawn = pool.submit(_draw_blending_indices, list(key[0]), key[1])
+    pool.shutdown(wait=False)  # the thread ends with its draw
+    with _in_advance_lock:
+        _in_advance[key] = drawn
+
+    def forget() -> None:
+        with _in_advance_lock:
+            if _in_advance.get(key) is drawn:
+                del _in_advance[key]
+
+    return forget
+
+
+def _draw_blending_indices(weights: list[float], size: int) -> tuple[numpy.ndarray, numpy.ndarray]:
+    dataset_index = numpy.zeros(size, dtype=numpy.int16)
+    dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
+    build_blending_indices(dataset_index, dataset_sample_index, weights, len(weights), size, False)
+    return dataset_index, dataset_sample_index
+
+
+def _drawn_in_advance(
+    weights: Sequence[float], size: int
+) -> tuple[numpy.ndarray, numpy.ndarray] | None:
+    """The blending indices :func:`blend_in_advance` drew for these weights and size (waiting
+    for them), or None: none were, or drawing them failed (the blend draws them itself, and
+    raises the error in its own terms)."""
+    with _in_advance_lock:
+        drawn = _in_advance.pop((tuple(weights), size), None)
+    if drawn is None or drawn.exception() is not None:
+        return None
+    return drawn.result()
+
 
 @dataclass
 class BlendTableRecipe:
@@ -84,13 +133,14 @@ class BlendTableRecipe:
 
     def build(self) -> BuiltTables:
         size = self.length()
-        dataset_index = numpy.zeros(size, dtype=numpy.int16)
-        dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
-        if self.size is not None:
-            build_blending_indices(
-                dataset_index, dataset_sample_index, self.weights, len(self.datasets), size, False
-            )
+        drawn = None if self.size is None else _drawn_in_advance(self.weights, size)
+        if drawn is not None:
+            dataset_index, dataset_sample_index = drawn
+        elif self.size is not None:
+            dataset_index, dataset_sample_index = _draw_blending_indices(self.weights, size)
         else:
+            dataset_index = numpy.zeros(size, dtype=numpy.int16)
+            dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
             counts = [int(weight) for weight in self.weights]  # whole, checked at construction
             build_exhaustive_blending_indices(
                 dataset_index, dataset_sample_index, counts, len(self.datasets)

@@ -35,16 +35,18 @@ import numpy
 
 from megafmt import get_idx_path
 from megafmt.progress import Progress
+from megafmt.protocols import conforms
 from megafmt.readers import is_url
 from megaindex import distributed, file_writes
 from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
-from megaindex.blended_dataset import BlendedDataset
+from megaindex.blended_dataset import BlendedDataset, blend_in_advance
 from megaindex.collector import collector_paused
 from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified, own_field
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.mix_resume import MixResumedBlend, resumed_part_sizes
 from megaindex.plugins import DATASETS
+from megaindex.tables import IndexSourced
 from megaindex.utils import Split, normalize
 
 logger = logging.getLogger(__name__)
@@ -311,7 +313,43 @@ class BlendedMegatronDatasetBuilder:
                 )
                 for buffer, count in zip(buffers, needed, strict=True):
                     buffer[train] = count
-        mid_level = self._build_megatron_datasets_parallel(prefixes, split, buffers)
+        in_advance = []  # the blends' indices, drawn while their parts build (when they build)
+        if weights is not None:
+            in_advance = [
+                (weights, sum(target[i.value] for target in targets))
+                for i in splits
+                if split[i.value] is not None
+                and sizes[i.value] is not None
+                and not (mix is not None and i is Split.train)
+            ]
+        forget: list[Callable[[], None]] = []
+
+        def blend_ahead() -> None:
+            forget.extend(blend_in_advance(*blend) for blend in in_advance)
+
+        try:
+            mid_level = self._build_megatron_datasets_parallel(
+                prefixes, split, buffers, blend_ahead if in_advance else None
+            )
+            return self._blends_over(
+                mid_level, prefixes, weights, targets, split, sizes, splits, mix
+            )
+        finally:
+            for each in forget:
+                each()
+
+    def _blends_over(
+        self,
+        mid_level: list[list[Any]],
+        prefixes: list[str],
+        weights: list[float] | None,
+        targets: list[list[int]] | None,
+        split: Bookends,
+        sizes: list[int | None],
+        splits: list[Split],
+        mix: Any,
+    ) -> list[Any]:
+        """The blend of each split of ``splits`` over its datasets ``mid_level``."""
         blended: list[Any] = [None] * len(Split)
         for index_split in splits:
             i = index_split.value
@@ -348,10 +386,16 @@ class BlendedMegatronDatasetBuilder:
         return blended
 
     def _build_megatron_datasets_parallel(
-        self, prefixes: list[str], split: Bookends, sizes_per_dataset: list[list[int | None]]
+        self,
+        prefixes: list[str],
+        split: Bookends,
+        sizes_per_dataset: list[list[int | None]],
+        on_first_built: Callable[[], None] | None = None,
     ) -> list[list[Any]]:
         """For each split, the mid-level dataset of every prefix, built on a thread pool (rank 0
-        first, then the others after a barrier)."""
+        first, then the others after a barrier). ``on_first_built`` is called once the first
+        corpus built on the builder's thread had its tables built, not loaded (the blend's are
+        then likely to be built too)."""
 
         def build_all(workers: int) -> list[list[Any]]:
             progress = Progress(
@@ -398,6 +442,7 @@ class BlendedMegatronDatasetBuilder:
                         progress.update()
 
                 errors: dict[int, Exception] = {}
+                first_built = on_first_built  # asked after the first corpus built here
                 for n, (prefix, sizes) in enumerate(corpora):
                     if here[n]:
                         try:
@@ -407,6 +452,9 @@ class BlendedMegatronDatasetBuilder:
                         except Exception as error:  # raised below, in the blend's order
                             errors[n] = error
                             break
+                        if first_built is not None and _tables_built(per_prefix[n]):
+                            first_built()
+                        first_built = None
                         progress.update()
                         count_finished(block=False)
                 count_finished(block=True)
@@ -517,6 +565,14 @@ class BlendedMegatronDatasetBuilder:
                 distributed.report(f"loading {what}")
             dataset = cls(*args)
         return dataset
+
+
+def _tables_built(datasets: Sequence[Any]) -> bool:
+    """Whether the tables of these datasets (a corpus's splits) were built, not loaded."""
+    return any(
+        conforms(dataset, IndexSourced) and dataset.index_source.kind == "built"
+        for dataset in datasets
+    )
 
 
 def _python_bound(prefix: str | None, sizes: Sequence[int | None], split: Bookends) -> bool:

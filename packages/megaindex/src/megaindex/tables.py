@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy
 
@@ -66,6 +66,14 @@ class TableSource:
     kind: str
     cache_entry: CacheEntry | None
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class IndexSourced(Protocol):
+    """A dataset that says where its index tables came from (GPTDataset and its kin)."""
+
+    @property
+    def index_source(self) -> TableSource: ...
 
 
 @dataclass
