@@ -297,7 +297,8 @@ def test_with_builder_threads_the_first_failing_corpus_of_the_blend_is_the_error
 def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
     """A cold build draws each split blend's indices on a thread of their own, started once
     the first corpus had its tables built, and the blend takes them: the same tables as a blend
-    that draws them itself. A warm build draws them for nothing: it loads them."""
+    that draws them itself (a blend over IN_ADVANCE_MAX_SAMPLES). A warm build draws none: it
+    loads them."""
     import threading
 
     from megaindex import blended_dataset, builder, helpers
@@ -326,9 +327,9 @@ def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path,
     draws.clear()
     loaded = blend("cache").build()
     assert draws == []  # loaded: nothing drawn, in advance or not
-    monkeypatch.setattr(builder, "blend_in_advance", lambda *args: lambda: None)
+    monkeypatch.setattr(builder, "IN_ADVANCE_MAX_SAMPLES", 29)  # blends of 30+ samples: after
     alone = blend("alone").build()
-    assert len(draws) == 3 and "megaindex-blending" not in " ".join(draws)
+    assert len(draws) == 3 and sum(name.startswith("megaindex-blending") for name in draws) == 1
     for ours, cached, theirs in zip(built, loaded, alone, strict=True):
         for table in ("dataset_index", "dataset_sample_index"):
             numpy.testing.assert_array_equal(getattr(ours, table), getattr(theirs, table))

@@ -8,8 +8,10 @@
 * ``shuffle_index`` (uint32, or int64 past 2**32 - 2 samples): the order samples are served in.
 
 The draws come from ``numpy.random.RandomState(seed)`` in megatron-core's order: the document
-index shuffles first, then the shuffle index. The arrays are filled in place (no 2-D grid of
-int64 epochs as megatron-core makes), which is what keeps peak memory low.
+index shuffles first, then the shuffle index. A small split's three tables are built in one call
+of the backend (:func:`megaindex.helpers.build_gpt_tables`), a large one's step by step. The
+arrays are filled in place (no 2-D grid of int64 epochs as megatron-core makes), which is what
+keeps peak memory low.
 """
 
 from __future__ import annotations
@@ -273,13 +275,7 @@ def build_gpt_index_tables(
             if shuffle_job is None
             else shuffle_job.result()
         )
-    logger.info(
-        "built GPT index tables: %d samples, %d epochs (separate final epoch: %s) in %.2f s",
-        total,
-        plan.num_epochs,
-        plan.separate_final_epoch,
-        sum(seconds.values()),
-    )
+    _log_built(total, plan, seconds)
     return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
 
 
@@ -321,7 +317,18 @@ def _tables_in_one_call(
             f"counts {total}"
         )
     seconds = {"tables": time.perf_counter() - start}
+    _log_built(total, plan, seconds)
     return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
+
+
+def _log_built(total: int, plan: EpochPlan, seconds: dict[str, float]) -> None:
+    logger.info(
+        "built GPT index tables: %d samples, %d epochs (separate final epoch: %s) in %.2f s",
+        total,
+        plan.num_epochs,
+        plan.separate_final_epoch,
+        sum(seconds.values()),
+    )
 
 
 def timed_shuffle_index(
