@@ -83,11 +83,21 @@ WriteOutcome write_files(const std::vector<FileStep>& steps) {
   for (const FileStep& step : steps) {
     FileIdentity identity;
     bool written;
-    if (step.identities_of.empty()) {
+    if (step.corpus_idx.empty() && step.identities_of.empty()) {
       written = write_one(step, step.data, identity);
     } else {
-      written = write_one(step, step.data + identities_json(step, outcome.identities) + step.tail,
-                          identity);
+      std::string bytes = step.data;
+      if (!step.corpus_idx.empty()) {
+        std::string fingerprint;
+        if (!megaindex::corpus_fingerprint_json(step.corpus_idx, step.corpus_bin, step.sampling,
+                                                &fingerprint, &outcome.failed_path)) {
+          outcome.error = errno;
+          return outcome;
+        }
+        bytes += fingerprint + step.between;
+      }
+      if (!step.identities_of.empty()) bytes += identities_json(step, outcome.identities);
+      written = write_one(step, bytes + step.tail, identity);
     }
     if (!written) {
       outcome.error = errno;

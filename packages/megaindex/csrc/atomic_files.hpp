@@ -15,14 +15,22 @@
 #include <utility>
 #include <vector>
 
+#include "corpus_fingerprint.hpp"
+
 // One file of a write: `data` goes to `partial` (created exclusively, never through a link, with
-// the umask's permissions), renamed over `path` once complete. With `identities_of` set, the
-// file holds `data`, then a JSON object of the identities of earlier files of the same write
-// (each entry: a JSON key already quoted, and the index of the file), then `tail`.
+// the umask's permissions), renamed over `path` once complete. With `corpus_idx` set, `data` is
+// followed by the fingerprint of that corpus (megaindex::corpus_fingerprint_json of it and
+// `corpus_bin`), then `between`; with `identities_of` set, then by a JSON object of the
+// identities of earlier files of the same write (each entry: a JSON key already quoted, and the
+// index of the file); then `tail`.
 struct FileStep {
   std::string path;
   std::string partial;
   std::string data;
+  std::string corpus_idx;
+  std::string corpus_bin;
+  megaindex::SampledBlocks sampling;
+  std::string between;
   std::vector<std::pair<std::string, size_t>> identities_of;
   std::string tail;
 };

@@ -504,13 +504,16 @@ class BlendGatherer {
 
 // a write's files as Python hands them: (path, partial, data, identities_of, tail), the paths
 // encoded by os.fsencode (a name that is not UTF-8 is written as it is)
-using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::bytes,
+// (path, partial, data, corpus (idx path, bin path, header bytes, blocks, block bytes: empty
+// paths for none), between, identities_of, tail)
+using CorpusTuple = std::tuple<nb::bytes, nb::bytes, int64_t, int64_t, int64_t>;
+using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::bytes, CorpusTuple, std::string,
                              std::vector<std::pair<std::string, size_t>>, std::string>;
 
 std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
   std::vector<FileStep> steps;
   steps.reserve(given.size());
-  for (const auto& [path, partial, data, identities_of, tail] : given) {
+  for (const auto& [path, partial, data, corpus, between, identities_of, tail] : given) {
     std::string destination(path.c_str(), path.size());
     for (const auto& [key, index] : identities_of) {
       if (index >= steps.size()) {
@@ -518,8 +521,16 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
                                 std::to_string(index) + " is asked before it is written");
       }
     }
+    const auto& [idx, bin, header_bytes, blocks, block_bytes] = corpus;
+    if (idx.size() && (header_bytes < 0 || blocks < 1 || block_bytes < 1)) {
+      throw std::invalid_argument(destination + ": a corpus is sampled in blocks of 1 byte or "
+                                                "more, at least one, after a header of 0 or more");
+    }
     steps.push_back({destination, std::string(partial.c_str(), partial.size()),
-                     std::string(data.c_str(), data.size()), identities_of, tail});
+                     std::string(data.c_str(), data.size()), std::string(idx.c_str(), idx.size()),
+                     std::string(bin.c_str(), bin.size()),
+                     megaindex::SampledBlocks{header_bytes, blocks, block_bytes}, between,
+                     identities_of, tail});
   }
   return steps;
 }

@@ -1,19 +1,25 @@
 """Cache files written atomically by native threads (megaindex.file_writes)."""
 
+import contextlib
 import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy
 import pytest
 
-from megafmt.fingerprint import file_identity
+from megafmt.fingerprint import corpus_fingerprint, file_identity
 from megaindex import _ext, file_writes
-from megaindex.file_writes import FileWrite, background_writes, write_files
+from megaindex.file_writes import CorpusFiles, FileWrite, background_writes, write_files
 
 
 class Failed(Exception):
     pass
+
+
+#: a step's corpus field when it fingerprints none
+NONE = (b"", b"", 0, 1, 1)
 
 
 def entry_files(folder, name="entry"):
@@ -81,7 +87,17 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     target = tmp_path / "target"
     os.symlink(target, tmp_path / "t.partial")
     identities, error, path = _ext.write_files(
-        [(os.fsencode(tmp_path / "t.npy"), os.fsencode(tmp_path / "t.partial"), b"data", [], "")]
+        [
+            (
+                os.fsencode(tmp_path / "t.npy"),
+                os.fsencode(tmp_path / "t.partial"),
+                b"data",
+                NONE,
+                "",
+                [],
+                "",
+            )
+        ]
     )
     assert (identities, error, path) == ([], 17, os.fsencode(tmp_path / "t.npy"))  # EEXIST
     assert not target.exists() and not (tmp_path / "t.npy").exists()
@@ -89,7 +105,7 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
 
 def test_an_identity_asked_before_its_file_is_refused(tmp_path):
     with pytest.raises(IndexError, match="the identity of file 1 is asked before it is written"):
-        _ext.write_files([(b"/tmp/a", b"/tmp/a.p", b"", [('"x"', 1)], "")])
+        _ext.write_files([(b"/tmp/a", b"/tmp/a.p", b"", NONE, "", [('"x"', 1)], "")])
 
 
 def test_in_a_build_the_files_are_in_place_when_the_build_ends(tmp_path):
@@ -233,3 +249,47 @@ def test_notes_of_corpora_checked_in_a_build_are_in_place_when_it_ends(tmp_path,
         True,
         False,
     ]
+
+
+# sizes on both sides of where megafmt's sampled blocks start to touch (16 x 4096 + 16 bytes),
+# of its header (34 bytes), of BLAKE2b's 128-byte blocks and CRC-32's 8-byte slices
+FINGERPRINTED_SIZES = [0, 1, 7, 8, 9, 33, 34, 35, 127, 128, 129, 4096, 65551, 65552, 65553]
+FINGERPRINTED_SIZES += [65536 * 2 + 5, 1_000_003]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_corpus_fingerprinted_by_the_writer_is_megafmts_fingerprint(tmp_path, background):
+    """The writer's fingerprint of a corpus (the .idx's CRC-32, the .bin's sampled BLAKE2b-128)
+    equals megafmt.fingerprint.corpus_fingerprint, for files of every size regime."""
+    rng = numpy.random.default_rng(7)
+    sizes = FINGERPRINTED_SIZES + [int(size) for size in rng.integers(0, 400_000, 6)]
+    writes = []
+    with contextlib.ExitStack() as stack:
+        if background:
+            stack.enter_context(background_writes())
+        for number, size in enumerate(sizes):
+            prefix = str(tmp_path / f"c{number}")
+            with open(prefix + ".bin", "wb") as stream:
+                stream.write(rng.bytes(size))
+            with open(prefix + ".idx", "wb") as stream:
+                stream.write(rng.bytes(sizes[-1 - number]))
+            path = str(tmp_path / f"c{number}.json")
+            write = FileWrite(path, b'{"corpus": ', (), "}", CorpusFiles(prefix), "")
+            write_files([write], lambda: None, Failed)
+            writes.append((prefix, path))
+    for prefix, path in writes:
+        with open(path) as stream:
+            assert json.load(stream) == {"corpus": corpus_fingerprint(prefix)}, prefix
+
+
+def test_a_corpus_that_cannot_be_read_fails_the_write_naming_its_file(tmp_path):
+    prefix = str(tmp_path / "gone")
+    with open(prefix + ".idx", "wb") as stream:
+        stream.write(b"x")
+    files = entry_files(tmp_path)
+    files[2] = FileWrite(files[2].path, b"{", (), "}", CorpusFiles(prefix), "")
+    with pytest.raises(Failed) as caught:
+        write_files(files, lambda: None, Failed)
+    assert caught.value.args[0].filename == prefix + ".bin"
+    assert isinstance(caught.value.args[0], FileNotFoundError)
+    assert not os.path.exists(files[2].path) and not os.path.exists(files[3].path)

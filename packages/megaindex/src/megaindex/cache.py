@@ -43,12 +43,12 @@ from typing import Any, BinaryIO
 import numpy
 
 from megafmt.atomic import atomic_write, remove_stale_partials, write_atomically
-from megafmt.fingerprint import checksum, file_identity, identity_of
+from megafmt.fingerprint import checksum, corpus_fingerprint, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
-from megaindex.file_writes import FileWrite, current, write_files
+from megaindex.file_writes import CorpusFiles, FileWrite, current, write_files
 
 logger = logging.getLogger(__name__)
 
@@ -417,13 +417,19 @@ class IndexCache:
         if sidecar is not None:
             # one line: json writes an indented text item by item in Python, a tenth of the
             # cold build of a blend of thousands of small corpora
+            corpus = sidecar.get("corpus")
+            in_write = isinstance(corpus, CorpusFiles)  # fingerprinted by the writer
+            if in_write:
+                sidecar = {key: value for key, value in sidecar.items() if key != "corpus"}
             text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})
             files.append(
                 FileWrite(
                     entry.sidecar_path,
-                    (text[:-1] + ', "table_files": ').encode(),
+                    (text[:-1] + (', "corpus": ' if in_write else ', "table_files": ')).encode(),
                     tuple((json.dumps(t), n) for n, t in enumerate(entry.tables)),
                     "}",
+                    corpus if in_write else None,
+                    ', "table_files": ' if in_write else "",
                 )
             )
         files.append(FileWrite(entry.description_path, self.description.encode("utf-8")))
@@ -458,6 +464,8 @@ class IndexCache:
             list(pool.map(lambda table: self._write_table(table, tables[table]), entry.tables))
         # the identity of each table file now in place
         stats = {t: file_identity(entry.table_path(t)) for t in entry.tables}
+        if sidecar is not None and isinstance(sidecar.get("corpus"), CorpusFiles):
+            sidecar = {**sidecar, "corpus": corpus_fingerprint(sidecar["corpus"].prefix)}
         if sidecar is not None:
             text = json.dumps({"format": SIDECAR_FORMAT, **sidecar, "table_files": stats})
             write_atomically(entry.sidecar_path, text.encode())

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from megafmt.atomic import partial_path
 from megafmt.checked import NoteWriter, write_notes_with
+from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS
+from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
 from megaindex import _ext
 
 #: the threads of a build's background writes: two overlap creations in one folder best (one
@@ -40,15 +42,41 @@ MAX_QUEUED_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
+class CorpusFiles:
+    """A local corpus whose fingerprint (:func:`megafmt.fingerprint.corpus_fingerprint`) the
+    writer takes and writes into a file: by its threads, without the GIL, while the build goes
+    on (0.15 ms of each of a blend's small corpora)."""
+
+    prefix: str
+
+    def step(self) -> tuple[bytes, bytes, int, int, int]:
+        """What the extension takes: both paths and how the ``.bin`` is sampled."""
+        return (
+            os.fsencode(get_idx_path(self.prefix)),
+            os.fsencode(get_bin_path(self.prefix)),
+            HEADER_SIZE,
+            SAMPLED_BLOCKS,
+            BLOCK_BYTES,
+        )
+
+
+#: a step without a corpus to fingerprint
+_NO_CORPUS = (b"", b"", 0, 1, 1)
+
+
+@dataclass(frozen=True)
 class FileWrite:
-    """One file: ``data`` at ``path``; with ``identities_of`` (JSON keys, already quoted, and
-    the position of an earlier file of the same write), ``data`` is followed by a JSON object of
-    those files' identities, then ``tail``."""
+    """One file: ``data`` at ``path``; with ``corpus``, followed by the JSON object of that
+    corpus's fingerprint, then ``between``; with ``identities_of`` (JSON keys, already quoted,
+    and the position of an earlier file of the same write), followed by a JSON object of those
+    files' identities; then ``tail``."""
 
     path: str
     data: bytes
     identities_of: tuple[tuple[str, int], ...] = ()
     tail: str = ""
+    corpus: CorpusFiles | None = None
+    between: str = ""
 
 
 class Written:
@@ -218,6 +246,8 @@ def _steps(files: Sequence[FileWrite]) -> list[tuple]:
             os.fsencode(f.path),
             os.fsencode(partial_path(f.path)),
             f.data,
+            _NO_CORPUS if f.corpus is None else f.corpus.step(),
+            f.between,
             list(f.identities_of),
             f.tail,
         )

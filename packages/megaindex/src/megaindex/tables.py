@@ -35,6 +35,7 @@ import numpy
 
 from megafmt.checked import one_checker
 from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.readers import is_url
 from megaindex import distributed
 from megaindex.cache import (
     SIDE_BY_SIDE_BYTES,
@@ -51,6 +52,7 @@ from megaindex.cache import (
     table_specs,
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
+from megaindex.file_writes import CorpusFiles
 from megaindex.memory import check_fits, table_bytes
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
 from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
@@ -134,7 +136,8 @@ class CachedTables:
         self.stale_cache = stale_cache
         self._tables: Mapping[str, numpy.ndarray] | None = None
         self._notes: dict[str, Any] = {}
-        self._corpus_fingerprint: dict[str, Any] | None = None  # taken while the tables build
+        # taken while the tables build, or by the writer of the cache's files (CorpusFiles)
+        self._corpus_fingerprint: dict[str, Any] | CorpusFiles | None = None
         self._cache = None if entry is None else IndexCache(entry, description)
         if defer:
             if entry is None:
@@ -226,7 +229,10 @@ class CachedTables:
         corpus = recipe.corpus if self._cache is not None else None
         if sum(sizes.values()) < SIDE_BY_SIDE_BYTES:  # small: one after the other
             built = recipe.build()
-            self._corpus_fingerprint = None if corpus is None else corpus_fingerprint(corpus)
+            if corpus is not None and not is_url(corpus):  # taken by the cache's writer
+                self._corpus_fingerprint = CorpusFiles(corpus)
+            else:
+                self._corpus_fingerprint = None if corpus is None else corpus_fingerprint(corpus)
         else:  # the sidecar's fingerprint of the corpus (a pass over its .idx) meanwhile
             with ThreadPoolExecutor(1, thread_name_prefix="megaindex-fingerprint") as pool:
                 fingerprint = None if corpus is None else pool.submit(corpus_fingerprint, corpus)
