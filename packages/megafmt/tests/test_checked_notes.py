@@ -120,28 +120,3 @@ def test_machines_sharing_a_notes_folder_take_locks_of_their_own(notes, monkeypa
 def test_a_long_check_takes_a_lock_of_its_own(notes):
     note = checked._note_path(notes, checked.CORPORA)
     assert checked._lock_path(note, of_its_own=True) == note + ".lock" != checked._lock_path(note)
-
-
-def test_a_threads_note_writer_takes_its_notes_until_it_is_replaced(notes):
-    identity = checked.corpus_identity(notes, 1)
-    taken = time.time_ns() + 10**10
-    handed: list[tuple[str, bytes]] = []
-    outer = checked.write_notes_with(lambda path, data: handed.append((path, data)))
-    try:
-        checked.remember_checked(notes, identity, identity[2], taken)
-        other = threading.Thread(target=checked.remember_checked, args=(notes, identity, 0, taken))
-        other.start()  # another thread has no writer of its own: it writes at once
-        other.join()
-        assert checked.was_checked(notes, identity)
-        os.unlink(handed[0][0])
-        assert not checked.was_checked(notes, identity)  # the writer has it, not the folder
-    finally:
-        assert checked.write_notes_with(outer) is not None
-    assert len(handed) == 1
-    path, data = handed[0]
-    with open(path, "xb") as stream:  # what the writer was handed is the note itself
-        stream.write(data)
-    assert checked.was_checked(notes, identity)
-    os.unlink(path)
-    checked.remember_checked(notes, identity, identity[2], taken)  # no writer: at once
-    assert checked.was_checked(notes, identity) and len(handed) == 1

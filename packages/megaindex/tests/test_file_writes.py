@@ -193,10 +193,7 @@ def test_a_child_forked_during_a_build_writes_at_once(tmp_path):
     import multiprocessing
 
     def child():
-        from megafmt import checked
-
         assert file_writes.current() is None  # none of the parent's writer threads are here
-        assert checked.write_notes_with(None) is None  # nor its writer of megafmt's notes
         write_files(entry_files(tmp_path, "child"), lambda: None, Failed)
         check_entry(tmp_path, "child")
 
@@ -222,33 +219,6 @@ def test_writes_wait_while_too_many_bytes_wait(tmp_path, monkeypatch):
             write_files(entry_files(tmp_path, f"e{n}"), lambda: None, Failed)
     for n in range(40):
         check_entry(tmp_path, f"e{n}")
-
-
-def test_notes_of_corpora_checked_in_a_build_are_in_place_when_it_ends(tmp_path, monkeypatch):
-    """megafmt's notes (a corpus checked at its first open) go to the build's writer threads;
-    one that cannot be written is no failure of the build (a note only spares a check)."""
-    from megafmt import checked
-
-    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
-    corpora = [tmp_path / f"c{n}.idx" for n in range(3)]
-    for corpus in corpora:
-        corpus.write_bytes(b"x")
-    taken = os.stat(corpora[0]).st_ctime_ns + 10**10
-    identities = [checked.corpus_identity(str(corpus), 1) for corpus in corpora]
-    with background_writes() as writes:
-        assert checked.write_notes_with(writes.write_note) == writes.write_note  # the scope's
-        checked.write_notes_with(writes.write_note)
-        for corpus, identity in zip(corpora[:2], identities, strict=False):
-            checked.remember_checked(str(corpus), identity, identity[2], taken)
-        unwritable = checked._note_path(str(corpora[2]), checked.CORPORA)
-        os.makedirs(os.path.join(unwritable, "in-the-way"))  # a folder where the note goes
-        checked.remember_checked(str(corpora[2]), identities[2], identities[2][2], taken)
-    assert checked.write_notes_with(None) is None  # the scope gave the thread's writer back
-    assert [checked.was_checked(str(c), i) for c, i in zip(corpora, identities, strict=True)] == [
-        True,
-        True,
-        False,
-    ]
 
 
 # sizes on both sides of where megafmt's sampled blocks start to touch (16 x 4096 + 16 bytes),

@@ -9,9 +9,7 @@ with the identity of its ``.idx`` (size, modification and change times, inode, d
 ``.bin``'s size; the scan is skipped while both are unchanged. A file written in place gets a new
 change time, so it is checked again; a file changed within the last second is not remembered
 (a write in the same tick of the file system's clock would keep its change time). Failing to
-write the note (a read-only home) only means the next open scans again. A thread may hand its
-notes to a writer of its own (:func:`write_notes_with`: megaindex's builder writes them in the
-background of a blend's build).
+write the note (a read-only home) only means the next open scans again.
 
 Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
 check it one at a time (:func:`one_checker`, a lock in the notes' folder): the first checks and
@@ -39,10 +37,9 @@ import json
 import logging
 import os
 import platform
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 try:
     import fcntl
@@ -108,37 +105,6 @@ def was_checked(path: str, identity: Any, kind: str = CORPORA) -> bool:
         return False
 
 
-class NoteWriter(Protocol):
-    """What writes notes for a thread (:func:`write_notes_with`): each atomically, now or
-    later, and a failure ignored (a note only spares the next open its check)."""
-
-    def __call__(self, path: str, data: bytes) -> None: ...
-
-
-_writers = threading.local()
-
-
-def _after_fork_in_child() -> None:
-    """A child forked while a writer took the notes has none of its threads: it writes them."""
-    global _writers
-    _writers = threading.local()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def write_notes_with(writer: NoteWriter | None) -> NoteWriter | None:
-    """Hand the notes this thread remembers from now on to ``writer`` (None: write each at
-    once); returns the writer it had. A build of a blend of thousands of corpora checks each at
-    its first open: its notes are written by the build's background writer, not one after the
-    other between the corpora. Until a note is written, an open of the same files checks them
-    again."""
-    outer = getattr(_writers, "writer", None)
-    _writers.writer = writer
-    return outer
-
-
 def remember_checked(
     path: str, identity: Any, changed_ns: int, taken_ns: int, kind: str = CORPORA
 ) -> None:
@@ -151,13 +117,8 @@ def remember_checked(
     note = {"path": os.path.abspath(path), "identity": identity}
     if not _notes_folder(note_path):
         return
-    data = json.dumps(note).encode()
-    writer = getattr(_writers, "writer", None)
-    if writer is not None:
-        writer(note_path, data)
-        return
     with contextlib.suppress(OSError):
-        write_atomically(note_path, data)
+        write_atomically(note_path, json.dumps(note).encode())
 
 
 @contextlib.contextmanager

@@ -7,9 +7,7 @@ the other. Inside :func:`background_writes` (the builder's scope over a blend's 
 entry's files are handed to threads of the extension that never take the GIL, and the build
 goes on; the scope ends only once every file is in place, before the builder's barrier lets
 other ranks read them. Outside it (a dataset built on its own, a cache shared through object
-storage, whose files are uploaded right after) the same write runs at once. The notes megafmt
-keeps of the corpora it checks at their first open (:mod:`megafmt.checked`) are written the
-same way inside the scope, a note that cannot be written ignored, as megafmt ignores it.
+storage, whose files are uploaded right after) the same write runs at once.
 
 Each file is written as :func:`megafmt.atomic.write_atomically` writes it: created exclusively
 under a temporary name (:func:`megafmt.atomic.partial_path`: the next build removes those a
@@ -28,7 +26,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from megafmt.atomic import partial_path
-from megafmt.checked import NoteWriter, write_notes_with
 from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS
 from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
 from megaindex import _ext
@@ -104,8 +101,7 @@ class Written:
 class _Submitted:
     written: Written
     on_done: Callable[[], None]
-    on_error: Callable[[OSError], Exception] | None
-    """None: a failure is ignored (a note of megafmt's)."""
+    on_error: Callable[[OSError], Exception]
 
 
 class BackgroundWrites:
@@ -121,18 +117,13 @@ class BackgroundWrites:
         self,
         files: Sequence[FileWrite],
         on_done: Callable[[], None],
-        on_error: Callable[[OSError], Exception] | None,
+        on_error: Callable[[OSError], Exception],
     ) -> Written:
         written = Written(None, self._pool.submit(_steps(files)))
         with self._lock:
             self._submitted.append(_Submitted(written, on_done, on_error))
             self._by_last_path.setdefault(files[-1].path, []).append(written)
         return written
-
-    def write_note(self, path: str, data: bytes) -> None:
-        """A note of megafmt's (:func:`megafmt.checked.write_notes_with`): written like the
-        cache's files, a failure ignored."""
-        self.submit([FileWrite(path, data)], _nothing, None)
 
     def wait_for(self, path: str) -> None:
         """Wait for the writes whose last file is ``path`` (another dataset of the same build
@@ -155,8 +146,7 @@ class BackgroundWrites:
                 try:
                     item.written.identities()
                 except OSError as error:
-                    if item.on_error is not None:
-                        failure = failure or (item.on_error(error), error)
+                    failure = failure or (item.on_error(error), error)
                 finally:
                     item.on_done()
         finally:
@@ -189,7 +179,7 @@ def background_writes() -> Iterator[BackgroundWrites]:
     :func:`adopt` it) go to the background; all are in place when the block ends."""
     writes = BackgroundWrites()
     outer = current()
-    outer_notes = adopt(writes)
+    _scope.writes = writes
     try:
         yield writes
     except BaseException:
@@ -200,18 +190,11 @@ def background_writes() -> Iterator[BackgroundWrites]:
         writes.finish()
     finally:
         _scope.writes = outer
-        write_notes_with(outer_notes)
 
 
-def adopt(writes: BackgroundWrites | None) -> NoteWriter | None:
-    """Make ``writes`` this thread's scope (a builder's pool thread), the notes of the corpora
-    it checks included; returns the note writer the thread had."""
+def adopt(writes: BackgroundWrites | None) -> None:
+    """Make ``writes`` this thread's scope (a builder's pool thread)."""
     _scope.writes = writes
-    return write_notes_with(None if writes is None else writes.write_note)
-
-
-def _nothing() -> None:
-    pass
 
 
 def write_files(
