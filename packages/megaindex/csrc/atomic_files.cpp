@@ -83,7 +83,7 @@ WriteOutcome write_files(const std::vector<FileStep>& steps) {
   for (const FileStep& step : steps) {
     FileIdentity identity;
     bool written;
-    if (step.corpus_idx.empty() && step.identities_of.empty()) {
+    if (step.corpus_idx.empty() && step.identities_of.empty() && step.tail.empty()) {
       written = write_one(step, step.data, identity);
     } else {
       std::string bytes = step.data;

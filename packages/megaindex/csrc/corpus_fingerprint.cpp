@@ -104,7 +104,11 @@ bool read_at(int descriptor, int64_t offset, int64_t size, std::vector<unsigned 
 bool idx_checksum(const std::string& path, int64_t* size, uint32_t* crc) {
   Descriptor file(path);
   if (file.value < 0) return false;
-  std::vector<unsigned char> buffer(1 << 20);
+  struct stat status;
+  if (::fstat(file.value, &status) != 0) return false;
+  // no larger than the file (a blend's .idx files are small), at most 1 MiB
+  std::vector<unsigned char> buffer(
+      static_cast<size_t>(std::min<int64_t>(status.st_size + 1, int64_t{1} << 20)));
   *size = 0;
   *crc = 0;
   for (;;) {

@@ -297,8 +297,8 @@ def test_with_builder_threads_the_first_failing_corpus_of_the_blend_is_the_error
 def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
     """A cold build draws each split blend's indices on a thread of their own, started once
     the first corpus had its tables built, and the blend takes them: the same tables as a blend
-    that draws them itself (a blend over IN_ADVANCE_MAX_SAMPLES). A warm build draws none: it
-    loads them."""
+    that draws them itself (blends of more than IN_ADVANCE_MAX_SAMPLES in all). A warm build
+    draws none: it loads them."""
     import threading
 
     from megaindex import blended_dataset, builder, helpers
@@ -327,9 +327,9 @@ def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path,
     draws.clear()
     loaded = blend("cache").build()
     assert draws == []  # loaded: nothing drawn, in advance or not
-    monkeypatch.setattr(builder, "IN_ADVANCE_MAX_SAMPLES", 29)  # blends of 30+ samples: after
+    monkeypatch.setattr(builder, "IN_ADVANCE_MAX_SAMPLES", 334)  # the three blends hold more
     alone = blend("alone").build()
-    assert len(draws) == 3 and sum(name.startswith("megaindex-blending") for name in draws) == 1
+    assert len(draws) == 3 and not any(name.startswith("megaindex-blending") for name in draws)
     for ours, cached, theirs in zip(built, loaded, alone, strict=True):
         for table in ("dataset_index", "dataset_sample_index"):
             numpy.testing.assert_array_equal(getattr(ours, table), getattr(theirs, table))
@@ -357,3 +357,21 @@ def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
     blended_dataset.blend_in_advance([1.0, 3.0], 8)()  # forgotten before a blend took it
     assert blended_dataset._drawn_in_advance(weights, 8) is None
     assert blended_dataset._in_advance == {}
+
+
+def test_a_child_forked_during_a_draw_in_advance_draws_its_own():
+    import multiprocessing
+
+    from megaindex import blended_dataset
+
+    def child():
+        assert blended_dataset._in_advance == {}  # none of the parent's drawing threads here
+
+    forget = blended_dataset.blend_in_advance([1.0, 3.0, 2.0], 100_000)
+    try:
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(120)
+    finally:
+        forget()
+    assert process.exitcode == 0

@@ -263,3 +263,19 @@ def test_a_corpus_that_cannot_be_read_fails_the_write_naming_its_file(tmp_path):
     assert caught.value.args[0].filename == prefix + ".bin"
     assert isinstance(caught.value.args[0], FileNotFoundError)
     assert not os.path.exists(files[2].path) and not os.path.exists(files[3].path)
+
+
+def test_a_cache_whose_corpus_cannot_be_read_names_the_corpus_not_the_cache_folder(tmp_path):
+    """The sidecar's fingerprint reads the corpus: a corpus gone since its tables were built is
+    a CacheError naming its file and what it was read for, not an unwritable cache folder."""
+    from megaindex.cache import CacheEntry, IndexCache
+    from megaindex.errors import CacheError
+
+    prefix = str(tmp_path / "corpus")
+    with open(prefix + ".idx", "wb") as stream:
+        stream.write(b"x")
+    entry = CacheEntry.for_dataset(str(tmp_path / "cache"), "0" * 32, "GPTDataset", "train", ("a",))
+    sidecar = {"corpus": CorpusFiles(prefix), "checksums": {}}
+    with pytest.raises(CacheError, match=r"corpus\.bin: cannot be read to fingerprint its corpus"):
+        IndexCache(entry, "description").save({"a": numpy.arange(3)}, sidecar)
+    assert not os.path.exists(entry.description_path)

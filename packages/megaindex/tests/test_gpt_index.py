@@ -283,3 +283,16 @@ def test_a_reseeded_random_state_draws_what_a_new_one_draws():
         assert pool.submit(seeded_random_state, 1).result() is not seeded_random_state(1)
     with pytest.raises(ValueError):
         seeded_random_state(-1)
+
+
+def test_a_small_split_asked_to_spill_its_document_index_is_built_step_by_step(tmp_path):
+    """An explicit spill threshold holds for a small split too: its document index is the
+    spilled file's read-only mapping."""
+    lengths = numpy.full(300, 7, dtype=numpy.int32)
+    args = (lengths, numpy.arange(300, dtype=numpy.int32), 200, 8, 3, True, True)
+    spilled = build_gpt_index_tables(*args, spill_directory=str(tmp_path), spill_min_bytes=0)
+    in_one_call = build_gpt_index_tables(*args)
+    assert not spilled.document_index.flags.writeable and "tables" not in spilled.seconds
+    assert "tables" in in_one_call.seconds
+    for table in TABLES:
+        numpy.testing.assert_array_equal(getattr(spilled, table), getattr(in_one_call, table))

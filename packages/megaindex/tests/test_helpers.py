@@ -193,9 +193,13 @@ def test_gpt_tables_are_drawn_from_random_states_seed():
             r"samples_before_final_epoch \(9\) exceeds the 7 samples",
         ),
         ({"sizes": -SIZES}, "sizes must be >= 0, found -5 at 0"),
+        ({"documents": numpy.zeros(0, numpy.int32)}, "has 12 tokens but no document"),
     ],
 )
-def test_gpt_tables_arguments_are_checked(change, message):
+@pytest.mark.parametrize("backend", ["cpp", "numpy"])
+def test_gpt_tables_arguments_are_checked(change, message, backend, use_backend):
+    """The same errors on both backends: found before either runs."""
+    use_backend(backend)
     arguments = {
         "sizes": SIZES,
         "documents": numpy.arange(3, dtype=numpy.int32),

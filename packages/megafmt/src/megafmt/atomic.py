@@ -73,7 +73,8 @@ def _partial_stem(path: str) -> str:
 
 #: the token of this process's next temporary name: drawn at random once, then counted (one
 #: draw per name was a system call for each of a blend's thousands of cache files); another
-#: process, even under the same pid, draws its own start
+#: process under the same pid (a restart) draws its own start, and a forked child, which counts
+#: on from its parent's, names its files with its own pid
 _tokens = itertools.count(secrets.randbits(32))
 
 

@@ -18,10 +18,11 @@ parts' class reads a blend whole
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,16 @@ _in_advance: dict[tuple[tuple[float, ...], int], Future] = {}
 _in_advance_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A child forked during a draw has none of its threads: its blends draw their own."""
+    global _in_advance, _in_advance_lock
+    _in_advance, _in_advance_lock = {}, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     """Start drawing the blending indices of a blend of ``size`` samples with ``weights`` (as
     given to :class:`BlendedDataset`) on a thread of their own, while the builder builds the
@@ -71,9 +82,17 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     size takes them instead of drawing them; returns what forgets them (the builder calls it
     once the blend is built)."""
     key = (tuple(normalize(list(weights))), int(size))
-    pool = ThreadPoolExecutor(1, thread_name_prefix="megaindex-blending")
-    drawn = pool.submit(_draw_blending_indices, list(key[0]), key[1])
-    pool.shutdown(wait=False)  # the thread ends with its draw
+    drawn: Future = Future()
+
+    def draw() -> None:
+        try:
+            drawn.set_result(_draw_blending_indices(list(key[0]), key[1]))
+        except BaseException as error:  # the blend draws them again, and raises its own error
+            drawn.set_exception(error)
+
+    # a daemon: a draw no blend takes (a part failed, the blend was in the cache) does not hold
+    # the interpreter's exit
+    threading.Thread(target=draw, name="megaindex-blending", daemon=True).start()
     with _in_advance_lock:
         _in_advance[key] = drawn
 

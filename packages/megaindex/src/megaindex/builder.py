@@ -62,8 +62,9 @@ Bookends = list[tuple[float, float] | None]
 #: build on the builder threads meanwhile, while this one redraws the progress
 SMALL_CORPUS_SAMPLES = 1 << 16
 SMALL_CORPUS_IDX_BYTES = 1 << 20
-#: the largest blend whose indices are drawn while its parts build (160 MB of tables): a larger
-#: one's are drawn after, once the memory they take was checked (megaindex.memory)
+#: the most samples of a blend's splits whose indices are drawn while its parts build (160 MB
+#: of tables in all): larger blends' are drawn after, once the memory they take was checked
+#: (megaindex.memory)
 IN_ADVANCE_MAX_SAMPLES = 1 << 24
 #: config fields that may differ between ranks: where each keeps files, how it reads and waits
 RANK_LOCAL_FIELDS = frozenset(
@@ -325,11 +326,15 @@ class BlendedMegatronDatasetBuilder:
                 and sizes[i.value] is not None
                 and not (mix is not None and i is Split.train)
             ]
-            in_advance = [blend for blend in in_advance if blend[1] <= IN_ADVANCE_MAX_SAMPLES]
+            if sum(size for _, size in in_advance) > IN_ADVANCE_MAX_SAMPLES:
+                in_advance = []
         forget: list[Callable[[], None]] = []
 
         def blend_ahead() -> None:
-            forget.extend(blend_in_advance(*blend) for blend in in_advance)
+            try:
+                forget.extend(blend_in_advance(*blend) for blend in in_advance)
+            except RuntimeError as error:  # no thread to start: the blends draw their own
+                logger.warning("blending indices not drawn in advance: %s", error)
 
         try:
             mid_level = self._build_megatron_datasets_parallel(

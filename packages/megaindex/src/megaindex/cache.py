@@ -445,10 +445,22 @@ class IndexCache:
             _end_save(directory)
             logger.info("saved %s tables to %s", entry.base, directory)
 
+        # the corpus files the writer reads for the sidecar's fingerprint (CorpusFiles)
+        corpus_files = {path for f in files if f.corpus for path in f.corpus.paths()}
+
+        def error_of(error: OSError) -> CacheError:
+            if error.filename is None or os.fsdecode(error.filename) not in corpus_files:
+                return _write_error(directory, error)
+            return CacheError(
+                f"{os.fsdecode(error.filename)}: cannot be read to fingerprint its corpus for "
+                f"the index cache in {directory}: {error.strerror} (the corpus changed or went "
+                "away while its index was built)"
+            )
+
         written = write_files(
             files,
             done,
-            lambda error: _write_error(directory, error),
+            error_of,
             background=entry.remote is None,  # a shared store uploads the files right after
         )
         # the sidecar's and the description's identities follow the tables'

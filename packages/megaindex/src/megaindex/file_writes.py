@@ -45,16 +45,19 @@ class CorpusFiles:
     on (0.15 ms of each of a blend's small corpora)."""
 
     prefix: str
+    """The corpus's path prefix, absolute (read later, maybe in another working directory)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", os.path.abspath(self.prefix))
+
+    def paths(self) -> tuple[str, str]:
+        """The ``.idx`` and the ``.bin``."""
+        return get_idx_path(self.prefix), get_bin_path(self.prefix)
 
     def step(self) -> tuple[bytes, bytes, int, int, int]:
         """What the extension takes: both paths and how the ``.bin`` is sampled."""
-        return (
-            os.fsencode(get_idx_path(self.prefix)),
-            os.fsencode(get_bin_path(self.prefix)),
-            HEADER_SIZE,
-            SAMPLED_BLOCKS,
-            BLOCK_BYTES,
-        )
+        idx, bin_path = self.paths()
+        return (os.fsencode(idx), os.fsencode(bin_path), HEADER_SIZE, SAMPLED_BLOCKS, BLOCK_BYTES)
 
 
 #: a step without a corpus to fingerprint

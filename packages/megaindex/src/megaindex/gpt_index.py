@@ -197,8 +197,10 @@ def build_gpt_index_tables(
 ) -> GPTIndexTables:
     """All three tables for the split made of the sequences at ``indices``.
 
-    A shuffle index of :data:`THREADED_SHUFFLE_MIN_SAMPLES` or more is shuffled on a second
-    thread while the document index is walked.
+    A split of fewer than :data:`ONE_CALL_BELOW` samples and document-index entries, its
+    document index not spilled, is built in one call of the backend. A shuffle index of
+    :data:`THREADED_SHUFFLE_MIN_SAMPLES` or more is shuffled on a second thread while the
+    document index is walked.
     With ``spill_directory``, a document index of at least ``spill_min_bytes`` (None:
     :data:`SPILL_MIN_BYTES`) is written to an unnamed file there once shuffled and walked
     through a read-only mapping whose pages are released behind the walk, so that it is not
@@ -220,7 +222,10 @@ def build_gpt_index_tables(
     )
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
     entries = plan.num_epochs * len(indices)
-    if max(total, entries) < ONE_CALL_BELOW and plan.tokens_per_epoch > 0 and _seed(random_seed):
+    smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
+    spills = spill_directory is not None and 4 * entries >= smallest
+    small = max(total, entries) < ONE_CALL_BELOW and not spills
+    if small and plan.tokens_per_epoch > 0 and _seed(random_seed):
         return _tables_in_one_call(
             sequence_lengths,
             indices,
@@ -232,8 +237,6 @@ def build_gpt_index_tables(
             total,
             start,
         )
-    smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
-    spills = spill_directory is not None and 4 * entries >= smallest
     random_state = seeded_random_state(random_seed)
     document_index = build_document_index(
         indices, plan.num_epochs, random_state, plan.separate_final_epoch
@@ -296,9 +299,9 @@ def _tables_in_one_call(
     total: int,
     start: float,
 ) -> GPTIndexTables:
-    """The tables of a split whose build needs neither a second thread nor a spill, in one
-    call of the backend (:func:`megaindex.helpers.build_gpt_tables`): the same draws, without
-    the Python steps between the tables that were most of a small corpus's build."""
+    """The tables of a small split (its document index not spilled), in one call of the
+    backend (:func:`megaindex.helpers.build_gpt_tables`): the same draws, without the Python
+    steps between the tables that were most of a small corpus's build."""
     document_index, sample_index, shuffle_index = build_gpt_tables(
         sequence_lengths,
         indices,
@@ -311,6 +314,7 @@ def _tables_in_one_call(
         add_extra_token,
         plan.samples_before_final_epoch,
     )
+    release_pages(sequence_lengths)  # read: a mapped corpus's pages need not stay resident
     if sample_index.shape[0] - 1 != total:
         raise IndexBuildError(
             f"the sample index holds {sample_index.shape[0] - 1} samples, but the epoch plan "

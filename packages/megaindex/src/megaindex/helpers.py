@@ -239,6 +239,8 @@ def build_gpt_tables(
         raise ValueError(f"seed must be an integer in 0..2**32 - 1, got {seed!r}")
     if len(sizes) and sizes.min() < 0:
         raise ValueError(f"sizes must be >= 0, found {sizes.min()} at {int(sizes.argmin())}")
+    if len(documents) == 0:
+        raise ValueError(f"build_gpt_tables has {tokens_per_epoch} tokens but no document")
     extra = 1 if add_extra_token_to_sequence else 0
     num_samples = sample_count(
         num_epochs, tokens_per_epoch, sequence_length, drop_last_partial_sequence, extra
