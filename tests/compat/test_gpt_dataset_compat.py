@@ -439,7 +439,7 @@ def test_gpt_tables_equal_megatron_cores_on_random_inputs(tmp_path, monkeypatch,
     num_samples = int(rng.integers(1, epochs * tokens // sequence_length + 2))
     drop_last, extra = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
     random_seed = int(rng.integers(0, 2**32))
-    spill = str(tmp_path) if seed % 2 == 0 else None
+    spill = str(tmp_path) if seed % 2 == 0 and not one_call else None
     ours = gpt_index.build_gpt_index_tables(
         lengths, indices, num_samples, sequence_length, random_seed, drop_last, extra, spill, 0
     )

@@ -31,6 +31,8 @@ _fingerprints: dict[tuple[Any, ...], dict[str, int | str]] = {}
 
 SAMPLED_BLOCKS = 16
 BLOCK_BYTES = 4096
+#: the first bytes of a ``.bin`` hashed before its sampled blocks
+SAMPLED_HEADER_BYTES = HEADER_SIZE
 READ_BYTES = 16 << 20  # read a whole file in steps of this size
 
 
@@ -63,9 +65,9 @@ def _sampled_hash(path: str, what: str, blocks: int) -> tuple[int, str]:
         step = max(size // blocks, BLOCK_BYTES)
         if step == BLOCK_BYTES:  # the blocks touch: the same bytes hashed, read at once
             whole = os.pread(fd, size, 0)
-            sampled = [whole[:HEADER_SIZE], whole, whole[max(size - BLOCK_BYTES, 0) :]]
+            sampled = [whole[:SAMPLED_HEADER_BYTES], whole, whole[max(size - BLOCK_BYTES, 0) :]]
         else:
-            sampled = [os.pread(fd, HEADER_SIZE, 0)]
+            sampled = [os.pread(fd, SAMPLED_HEADER_BYTES, 0)]
             sampled += (os.pread(fd, BLOCK_BYTES, offset) for offset in range(0, size, step))
             sampled.append(os.pread(fd, BLOCK_BYTES, size - BLOCK_BYTES))
         for block in sampled:

@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from megafmt import get_bin_path, get_idx_path
 from megafmt.atomic import partial_path
-from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS
-from megafmt.format import HEADER_SIZE, get_bin_path, get_idx_path
+from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS, SAMPLED_HEADER_BYTES
 from megaindex import _ext
 
 #: the threads of a build's background writes: two overlap creations in one folder best (one
@@ -57,7 +57,13 @@ class CorpusFiles:
     def step(self) -> tuple[bytes, bytes, int, int, int]:
         """What the extension takes: both paths and how the ``.bin`` is sampled."""
         idx, bin_path = self.paths()
-        return (os.fsencode(idx), os.fsencode(bin_path), HEADER_SIZE, SAMPLED_BLOCKS, BLOCK_BYTES)
+        return (
+            os.fsencode(idx),
+            os.fsencode(bin_path),
+            SAMPLED_HEADER_BYTES,
+            SAMPLED_BLOCKS,
+            BLOCK_BYTES,
+        )
 
 
 #: a step without a corpus to fingerprint
