@@ -4,6 +4,7 @@ pre-tokenized form and ``mega preprocess --sft``."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 from pathlib import Path
@@ -191,6 +192,81 @@ def test_a_loss_mask_of_the_wrong_size_is_refused(tmp_path, tokenizer_dir):
         stream.write(b"\x01")
     with pytest.raises(ValueError, match=r"c\.lossmask: expected \d+ bytes .* found \d+"):
         TokenizedConversations(str(tmp_path / "c"))
+
+
+@pytest.fixture
+def small_pool(monkeypatch):
+    from megafmt.readers import pool
+
+    small = pool.ReaderPool(2)
+    monkeypatch.setattr(pool, "POOL", small)
+    return small
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_blend_of_jsonl_files_holds_a_bounded_number_of_descriptors(tmp_path, small_pool):
+    written = [write_sft_jsonl(tmp_path / f"c{i}.jsonl", 3, seed=i) for i in range(6)]
+    indices = [JsonlLineIndex(str(tmp_path / f"c{i}.jsonl")) for i in range(6)]
+    before = open_descriptors()
+    for _ in range(2):
+        for index, records in zip(indices, written, strict=True):
+            assert [index[i] for i in range(3)] == records  # a released descriptor reopens
+            assert sum(index._descriptor is not None for index in indices) <= 2
+            assert open_descriptors() <= before + 2
+    assert len(small_pool) == 2
+
+
+def test_a_released_descriptor_stays_open_while_a_read_holds_it(tmp_path, small_pool):
+    records = write_sft_jsonl(tmp_path / "c.jsonl", 2)
+    index = JsonlLineIndex(str(tmp_path / "c.jsonl"))
+    assert index[0] == records[0]
+    held = index._descriptor
+    index.release_reader()  # as the pool does, from another dataset's open
+    assert os.pread(held.fd, 1, 0) == b"{"
+    fd = held.fd
+    del held  # the last reference: closed now
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert index[1] == records[1]
+
+
+def test_a_blend_of_pretokenized_corpora_holds_a_bounded_number_of_masks(
+    tmp_path, tokenizer_dir, small_pool
+):
+    tokenizer = SFTTokenizer(str(tokenizer_dir))
+    prefixes = []
+    for i in range(5):
+        write_sft_jsonl(tmp_path / f"c{i}.jsonl", 3, seed=i)
+        prefixes.append(str(tmp_path / f"c{i}"))
+        write_tokenized(JsonlLineIndex(str(tmp_path / f"c{i}.jsonl")), tokenizer, prefixes[-1])
+    before = open_descriptors()
+    corpora = [TokenizedConversations(prefix) for prefix in prefixes]
+    assert sum(corpus._mask is not None for corpus in corpora) == 2
+    expected = [
+        [TokenizedConversations(prefix).tokenized_conversations(i) for i in range(3)]
+        for prefix in prefixes
+    ]
+    for _ in range(2):
+        for corpus, wanted in zip(corpora, expected, strict=True):
+            for i in range(3):
+                for (tokens, targets), (want_tokens, want_targets) in zip(
+                    corpus.tokenized_conversations(i), wanted[i], strict=True
+                ):
+                    numpy.testing.assert_array_equal(tokens, want_tokens)
+                    numpy.testing.assert_array_equal(targets, want_targets)
+            assert sum(corpus._mask is not None for corpus in corpora) <= 2
+            assert open_descriptors() <= before + 2
+    # a mask replaced while its reader was released is refused when it reopens
+    corpora[0].release_reader()
+    mask = get_loss_mask_path(prefixes[0])
+    with open(mask, "ab") as stream:
+        stream.write(b"\x01")
+    with pytest.raises(ValueError, match=r"c0\.lossmask: reopened with \d+ bytes, expected"):
+        corpora[0].tokenized_conversations(0)
+    assert pickle.loads(pickle.dumps(corpora[1])).tokenized_conversations(0)
 
 
 def test_mega_preprocess_sft(tmp_path, tokenizer_dir, capsys):

@@ -2,7 +2,8 @@
 
 A blend of a thousand corpora opens a thousand datasets. The ``mmap`` reader holds no descriptor
 (:mod:`megafmt.mapping`), but readers that do (``file``, and any reader that does not say
-``holds_descriptor = False``) register here when their dataset opens them; past ``capacity``
+``holds_descriptor = False``, an SFT corpus's loss mask, an SFT jsonl's lines) register here when
+their dataset opens them; past ``capacity``
 (the ``MEGAFMT_MAX_OPEN_BIN`` environment variable; default 512, or half the open-files limit
 where that is lower; a value the limit cannot hold is refused, naming the limit) the pool
 releases the reader of a dataset not read from recently (a CLOCK sweep: every read marks its
@@ -12,6 +13,7 @@ read. Arrays already handed out stay valid.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -68,6 +70,22 @@ class ReaderPool:
                     continue
                 self._members.discard(candidate)
                 candidate.release_reader()
+
+
+class OpenDescriptor:
+    """A read-only descriptor of a file, opened by this process (``pid``), closed when the last
+    reference to it goes: a read under way holds one, so a pool that releases its dataset's
+    descriptor meanwhile neither closes it under the read nor lets its number be reused."""
+
+    __slots__ = ("fd", "pid")
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.pid = os.getpid()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def _capacity_from_environment() -> int:

@@ -32,6 +32,8 @@ from megafmt.checked import one_checker
 from megafmt.errors import BadInputError, ObjectChangedError
 from megafmt.fingerprint import file_version
 from megafmt.readers import is_url
+from megafmt.readers import pool as reader_pool
+from megafmt.readers.pool import OpenDescriptor
 from megafmt.remote import default_cache_dir, fetch_range, filesystem
 from megafmt.sft.messages import Message, parse_line
 from megafmt.sft.scan import line_ranges, scan
@@ -131,7 +133,10 @@ class JsonlLineIndex:
         check: str = "all",
         masked_turns: bool = True,
     ) -> None:
-        self._fd: int | None = None
+        #: the local file's descriptor, opened at the first read (in each process), held in
+        #: megafmt's pool of open readers (a blend of thousands of files keeps a bounded number)
+        self._descriptor: OpenDescriptor | None = None
+        self.recently_read = False
         self._pid = -1
         self._client: tuple[Any, str] | None = None  # a URL's file system, per process
         if check not in CHECKS:
@@ -188,23 +193,31 @@ class JsonlLineIndex:
         return len(self.starts)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None, "_pid": -1, "_client": None}
+        return {**self.__dict__, "_descriptor": None, "_pid": -1, "_client": None}
+
+    def release_reader(self) -> None:
+        """Drop the file's descriptor (the pool of open readers calls this); the next read opens
+        it again."""
+        self._descriptor = None
 
     def raw(self, idx: int) -> bytes:
         """The bytes of good line ``idx`` (0-based among the good lines)."""
         start, end = int(self.starts[idx]), int(self.ends[idx])
         if self._remote:
             return self._fetch(start, end)
-        if self._pid != os.getpid():  # opened once per process (DataLoader workers fork)
-            self._fd, self._pid = os.open(self.path, os.O_RDONLY), os.getpid()
-        found = _identity(os.fstat(self._fd))
+        held = self._descriptor
+        if held is None or held.pid != os.getpid():  # DataLoader workers fork: one each
+            held = self._descriptor = OpenDescriptor(self.path)
+            reader_pool.POOL.opened(self)
+        self.recently_read = True
+        found = _identity(os.fstat(held.fd))
         if found != self._identity:  # an fstat: microseconds next to parsing the line
             raise ObjectChangedError(
                 f"{self.path} changed since it was indexed (device, inode, size, mtime_ns "
                 f"{self._identity} then, {found} now: replaced or edited in place); its lines "
                 "would be read at the old offsets. Open it again to index it anew"
             )
-        return os.pread(self._fd, end - start, start)
+        return os.pread(held.fd, end - start, start)
 
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of the object, through one client per process bound to
@@ -239,7 +252,3 @@ class JsonlLineIndex:
     ) -> list[tuple[numpy.ndarray, numpy.ndarray]]:
         """The ids and targets of line ``idx``'s conversations, tokenized by ``tokenizer``."""
         return tokenize_line(self[idx], tokenizer)
-
-    def __del__(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)

@@ -28,6 +28,7 @@ from megafmt.limits import naming_full_disk
 from megafmt.manifest import read_manifest, remove_manifest, write_manifest
 from megafmt.progress import Progress
 from megafmt.readers import is_url
+from megafmt.readers import pool as reader_pool
 from megafmt.readers.file_reader import FileBinReader
 from megafmt.redaction import redact
 from megafmt.remote import file_size, read_range
@@ -210,19 +211,49 @@ class TokenizedConversations:
                 f"{self.mask_path}: expected {expected} bytes (one per token of "
                 f"{get_bin_path(path_prefix)}), found {found}"
             )
+        self._mask_bytes = expected
         # read, not mapped: a mask truncated under a mapping kills the process (SIGBUS); a
-        # reader's short read is a FormatError naming the file and the byte
-        self._mask = None if is_url(self.mask_path) else FileBinReader(self.mask_path)
+        # reader's short read is a FormatError naming the file and the byte. Its descriptor is
+        # held in megafmt's pool of open readers: a blend of thousands keeps a bounded number
+        self._mask: FileBinReader | None = None
+        self.recently_read = False
+        if not is_url(self.mask_path):
+            self._open_mask()
         if not is_url(path_prefix):
             check_companions(path_prefix, manifest)
+
+    def _open_mask(self) -> FileBinReader:
+        reader = FileBinReader(self.mask_path)
+        if reader.nbytes != self._mask_bytes:
+            reader.close()
+            raise FormatError(
+                f"{self.mask_path}: reopened with {reader.nbytes} bytes, expected "
+                f"{self._mask_bytes} (one per token of {get_bin_path(self.path_prefix)}): the "
+                "loss mask changed since the corpus was opened"
+            )
+        self._mask = reader
+        reader_pool.POOL.opened(self)
+        return reader
+
+    def release_reader(self) -> None:
+        """Drop the loss mask's reader (the pool of open readers calls this); the next read
+        opens it again."""
+        self._mask = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_mask": None}  # reopened, and pooled, where it is read
 
     def __len__(self) -> int:
         return len(self.tokens.document_indices) - 1
 
     def _mask_of(self, start: int, length: int) -> numpy.ndarray:
-        if self._mask is not None:
-            return self._mask.read(numpy.uint8, length, start)
-        return numpy.frombuffer(read_range(self.mask_path, start, length), numpy.uint8)
+        if is_url(self.mask_path):
+            return numpy.frombuffer(read_range(self.mask_path, start, length), numpy.uint8)
+        reader = self._mask
+        if reader is None:
+            reader = self._open_mask()
+        self.recently_read = True
+        return reader.read(numpy.uint8, length, start)
 
     def conversation(self, sequence: int) -> tuple[numpy.ndarray, numpy.ndarray]:
         """The ids and targets of conversation (sequence) ``sequence`` of the corpus."""
