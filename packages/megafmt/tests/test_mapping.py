@@ -77,3 +77,58 @@ def test_a_live_mapping_costs_little_memory_and_nothing_once_released(tmp_path):
     del live, warm
     gc.collect()
     assert not addresses & set(mapping._MAPPINGS)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_mappings_held_and_their_limit_are_the_system_s(tmp_path):
+    from megafmt import mapping
+
+    with open("/proc/sys/vm/max_map_count") as stream:
+        assert mapping.mapping_limit() == int(stream.read())
+    path = tmp_path / "data"
+    path.write_bytes(bytes(8192))
+    fd = os.open(path, os.O_RDONLY)
+    before = mapping.mappings_in_use()
+    data = map_file(str(path), fd, 8192)
+    os.close(fd)
+    assert mapping.mappings_in_use() == before + 1
+    del data
+    assert mapping.mappings_in_use() == before
+
+
+class _RefusingLibc:
+    """A C library whose ``mmap`` fails, as the kernel's does past ``vm.max_map_count``."""
+
+    def mmap(self, *args):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("held", "limit", "said"),
+    [
+        (
+            65_500,
+            65_530,
+            r"holds 65,500 memory mappings, the most .* vm\.max_map_count is "
+            r"65,530; .* sysctl -w vm\.max_map_count=131060\)",
+        ),
+        (1_000, 65_530, r"holds 1,000 memory mappings, below the 65,530 .* out of memory"),
+    ],
+)
+def test_a_refused_mapping_names_the_mappings_held_and_the_limit(
+    tmp_path, monkeypatch, held, limit, said
+):
+    import ctypes
+    import errno
+
+    from megafmt import mapping
+
+    monkeypatch.setattr(mapping, "_LIBC", _RefusingLibc())
+    monkeypatch.setattr(ctypes, "get_errno", lambda: errno.ENOMEM)
+    monkeypatch.setattr(mapping, "mappings_in_use", lambda: held)
+    monkeypatch.setattr(mapping, "mapping_limit", lambda: limit)
+    path = tmp_path / "data"
+    path.write_bytes(bytes(10))
+    refused = rf"cannot map .*data: Cannot allocate memory \(this process {said}"
+    with pytest.raises(OSError, match=refused):
+        map_file(str(path), 0, 10)

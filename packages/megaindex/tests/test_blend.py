@@ -112,3 +112,30 @@ def test_blends_of_differently_tokenized_corpora_are_warned_about(tmp_path):
     other_tokenizer = tokenized("books", "sha256:bb", 0)
     with pytest.warns(UserWarning, match=r"fingerprint sha256:bb eod 0: .*books"):
         check_tokenizers_agree([([web, other_tokenizer], None)])
+
+
+@pytest.mark.parametrize(("limit", "warned"), [(1_014, True), (1_015, False)])
+def test_a_blend_that_would_pass_the_mapping_limit_is_warned_of_at_build(
+    make_config, tmp_path, monkeypatch, limit, warned
+):
+    """Three corpora, one split with data ("100,0,0"): 2 mappings each for the .idx and .bin,
+    3 for the train dataset's tables: 15 beside the 1,000 held (counting the empty splits'
+    datasets would be 33)."""
+    import warnings
+
+    from megafmt.testing import write_corpus
+    from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
+    from megaindex import blend as blend_module
+
+    prefixes = [write_corpus(str(tmp_path / f"c{i}"), seed=i) for i in range(3)]
+    monkeypatch.setattr(blend_module, "mappings_in_use", lambda: 1_000)
+    monkeypatch.setattr(blend_module, "mapping_limit", lambda: limit)
+    config = make_config(blend=(prefixes, None), split="100,0,0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
+    said = [str(w.message) for w in caught if "vm.max_map_count" in str(w.message)]
+    assert bool(said) == warned
+    if warned:
+        assert said[0].startswith("the blends' 3 corpora may need 1,015 memory mappings")
+        assert said[0].endswith("sysctl -w vm.max_map_count=2048")

@@ -6,12 +6,18 @@ thousand descriptors and runs into the open-file limit (1024 by default on many 
 does not need the descriptor once the mapping exists: here the file is mapped with the C
 library's ``mmap``, the descriptor is closed at once, and the mapping is released when the last
 array viewing it is garbage-collected. Where that is unavailable, ``mmap.mmap`` is used.
+
+Mappings have a limit of their own: Linux lets a process hold ``vm.max_map_count`` of them
+(65,530 by default), and a blend maps up to five files of each corpus once every part has been
+read (its ``.idx`` and ``.bin``, its three index tables). A mapping refused for want of room says
+how many the process holds and the limit (:func:`mappings_in_use`, :func:`mapping_limit`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 import weakref
@@ -51,6 +57,50 @@ _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 _PAGE = mmap.PAGESIZE
 #: address -> size of each live mapping made by ``map_file``
 _MAPPINGS: dict[int, int] = {}
+#: where Linux says how many memory mappings a process may hold
+MAP_COUNT_LIMIT_PATH = "/proc/sys/vm/max_map_count"
+#: mappings within this many of the limit count as having reached it (libraries map too)
+MAP_COUNT_MARGIN = 64
+
+
+def mapping_limit() -> int | None:
+    """How many memory mappings a process may hold (Linux's ``vm.max_map_count``), or None
+    where the system does not say."""
+    try:
+        with open(MAP_COUNT_LIMIT_PATH, "rb") as stream:
+            return int(stream.read())
+    except (OSError, ValueError):
+        return None
+
+
+def mappings_in_use() -> int | None:
+    """How many memory mappings this process holds now (the lines of ``/proc/self/maps``), or
+    None where the system does not say."""
+    try:
+        with open("/proc/self/maps", "rb") as stream:
+            return stream.read().count(b"\n")
+    except OSError:
+        return None
+
+
+def _refusal_hint(code: int) -> str:
+    """What a mapping refused with ``code`` ran into: for ENOMEM, the mappings held against the
+    limit (the kernel's answer when the count would pass it) or else memory."""
+    if code != errno.ENOMEM:
+        return ""
+    held, limit = mappings_in_use(), mapping_limit()
+    if held is None or limit is None:
+        return ""
+    if held + MAP_COUNT_MARGIN < limit:
+        return (
+            f" (this process holds {held:,} memory mappings, below the {limit:,} the system "
+            "allows: the machine ran out of memory or address space)"
+        )
+    return (
+        f" (this process holds {held:,} memory mappings, the most the system allows a process: "
+        f"vm.max_map_count is {limit:,}; a blend maps up to five files of each corpus. Raise "
+        f"it, e.g. sysctl -w vm.max_map_count={2 * limit})"
+    )
 
 
 class _Mapping:
@@ -94,7 +144,7 @@ def map_file(path: str, fd: int, size: int) -> numpy.ndarray:
     address = _LIBC.mmap(None, size, _PROT_READ, _MAP_SHARED, fd, 0)
     if address in (None, _MAP_FAILED):
         error = ctypes.get_errno()
-        raise OSError(error, f"cannot map {path}: {os.strerror(error)}")
+        raise OSError(error, f"cannot map {path}: {os.strerror(error)}{_refusal_hint(error)}")
     memory = _Mapping(address, size)
     _MAPPINGS[address] = size
     release = weakref.finalize(memory, _unmap, address, size)

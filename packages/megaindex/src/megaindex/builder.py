@@ -38,7 +38,7 @@ from megafmt.progress import Progress
 from megafmt.protocols import conforms
 from megafmt.readers import is_url
 from megaindex import distributed, file_writes
-from megaindex.blend import check_prefixes_exist, check_tokenizers_agree
+from megaindex.blend import check_mappings_fit, check_prefixes_exist, check_tokenizers_agree
 from megaindex.blended_dataset import BlendedDataset, blend_in_advance
 from megaindex.collector import collector_paused
 from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified, own_field
@@ -172,6 +172,17 @@ class BlendedMegatronDatasetBuilder:
             return self.config.blend
         return self.config.blend_per_split[split.value]
 
+    def _blends_of_datasets(self, blends: list[Any]) -> list[Any]:
+        """``blends`` (each split's) without those of splits that get no dataset: a blend of
+        every split (``blend``) gives one only to the splits its split matrix shares out."""
+        if self.config.blend_per_split is not None:
+            return blends
+        matrix = self.config.split_matrix
+        return [
+            blend if matrix[split.value] is not None else None
+            for split, blend in zip(Split, blends, strict=True)
+        ]
+
     @property
     def _synchronize(self) -> bool:
         """Rank 0 first, the others after a barrier (off with fast_cache_load, as in Megatron)."""
@@ -226,6 +237,7 @@ class BlendedMegatronDatasetBuilder:
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
             check_tokenizers_agree(blends)
+            check_mappings_fit(self._blends_of_datasets(blends))
         datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets, strict=True):
             if dataset is None or len(dataset) == 0:  # an empty split: nothing to check
