@@ -220,6 +220,7 @@ def test_processes_opening_an_unnoted_corpus_at_once_check_it_once(
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    monkeypatch.setattr(dataset_module, "UNLOCKED_CHECK_SEQUENCES", 0)  # a large index's way
     prefix = make_corpus(DOCUMENTS)
     time.sleep(0.05)
     calls = []
@@ -237,6 +238,32 @@ def test_processes_opening_an_unnoted_corpus_at_once_check_it_once(
         checked.remember_checked(idx, identity, 0, time.time_ns())
     waiter.join(timeout=10)
     assert len(opened) == 1 and calls == []  # the note the first one wrote: no scan
+
+
+@pytest.mark.parametrize("unlocked", [4096, 0])
+def test_a_small_unnoted_corpus_is_checked_without_the_lock(
+    make_corpus, monkeypatch, tmp_path, unlocked
+):
+    """An index of at most UNLOCKED_CHECK_SEQUENCES sequences checks faster than the lock is
+    taken: it is checked and noted without it; a larger one under it."""
+    from megafmt import dataset as dataset_module
+    from megafmt import fingerprint
+
+    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    monkeypatch.setattr(dataset_module, "UNLOCKED_CHECK_SEQUENCES", unlocked)
+    prefix = make_corpus(DOCUMENTS)
+    time.sleep(0.05)
+    checks, locks = [], []
+    real_check, real_lock = dataset_module.check_consistency, dataset_module.one_checker
+    monkeypatch.setattr(
+        dataset_module, "check_consistency", lambda *a: checks.append(a) or real_check(*a)
+    )
+    monkeypatch.setattr(dataset_module, "one_checker", lambda *a: locks.append(a) or real_lock(*a))
+    IndexedDataset(prefix)
+    assert len(checks) == 1 and len(locks) == (0 if unlocked else 1)
+    IndexedDataset(prefix)
+    assert len(checks) == 1  # noted either way: not checked again
 
 
 def test_a_corpus_changed_in_the_last_second_is_not_remembered(make_corpus, monkeypatch, tmp_path):

@@ -14,6 +14,8 @@ write the note (a read-only home) only means the next open scans again.
 Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
 check it one at a time (:func:`one_checker`, a lock in the notes' folder): the first checks and
 writes the note, the others find it, so the machine reads the index once, not once per process.
+A small index (``megafmt.dataset.UNLOCKED_CHECK_SEQUENCES``) checks faster than the lock is
+taken: each process checks it without the lock.
 The notes of a machine share 256 locks, chosen by the note's name (a lock of its own was one more
 file created per corpus, thousands at a blend's first build); files that share one are checked in
 turns. A check that may take minutes (an SFT file's scan) takes a lock of its own.
