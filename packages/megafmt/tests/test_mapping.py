@@ -113,6 +113,12 @@ class _RefusingLibc:
             r"65,530; .* sysctl -w vm\.max_map_count=131060\)",
         ),
         (1_000, 65_530, r"holds 1,000 memory mappings, below the 65,530 .* out of memory"),
+        (
+            1_000,
+            65_530,
+            r"holds 1,000 memory mappings, below the 65,530 the system allows: the "
+            r"address-space limit \(ulimit -v, RLIMIT_AS: 4,096 bytes\) may have been reached",
+        ),
     ],
 )
 def test_a_refused_mapping_names_the_mappings_held_and_the_limit(
@@ -127,6 +133,8 @@ def test_a_refused_mapping_names_the_mappings_held_and_the_limit(
     monkeypatch.setattr(ctypes, "get_errno", lambda: errno.ENOMEM)
     monkeypatch.setattr(mapping, "mappings_in_use", lambda: held)
     monkeypatch.setattr(mapping, "mapping_limit", lambda: limit)
+    address_space = 4096 if "RLIMIT_AS" in said else None
+    monkeypatch.setattr(mapping, "soft_limit", lambda name: address_space)
     path = tmp_path / "data"
     path.write_bytes(bytes(10))
     refused = rf"cannot map .*data: Cannot allocate memory \(this process {said}"

@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import random
+import sys
 from pathlib import Path
 
 import numpy
@@ -207,6 +208,10 @@ def open_descriptors():
     return len(os.listdir("/proc/self/fd"))
 
 
+on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+@on_linux
 def test_a_blend_of_jsonl_files_holds_a_bounded_number_of_descriptors(tmp_path, small_pool):
     written = [write_sft_jsonl(tmp_path / f"c{i}.jsonl", 3, seed=i) for i in range(6)]
     indices = [JsonlLineIndex(str(tmp_path / f"c{i}.jsonl")) for i in range(6)]
@@ -233,6 +238,7 @@ def test_a_released_descriptor_stays_open_while_a_read_holds_it(tmp_path, small_
     assert index[1] == records[1]
 
 
+@on_linux
 def test_a_blend_of_pretokenized_corpora_holds_a_bounded_number_of_masks(
     tmp_path, tokenizer_dir, small_pool
 ):
@@ -259,14 +265,32 @@ def test_a_blend_of_pretokenized_corpora_holds_a_bounded_number_of_masks(
                     numpy.testing.assert_array_equal(targets, want_targets)
             assert sum(corpus._mask is not None for corpus in corpora) <= 2
             assert open_descriptors() <= before + 2
-    # a mask replaced while its reader was released is refused when it reopens
+    # a mask changed while its reader was released is refused when it reopens: grown, or
+    # replaced by another of the same size
     corpora[0].release_reader()
     mask = get_loss_mask_path(prefixes[0])
     with open(mask, "ab") as stream:
         stream.write(b"\x01")
     with pytest.raises(ValueError, match=r"c0\.lossmask: reopened with \d+ bytes, expected"):
         corpora[0].tokenized_conversations(0)
-    assert pickle.loads(pickle.dumps(corpora[1])).tokenized_conversations(0)
+    copy = pickle.loads(pickle.dumps(corpora[1]))  # as a loader worker receives it
+    assert copy.tokenized_conversations(0)
+    corpora[1].release_reader()
+    copy.release_reader()
+    mask = get_loss_mask_path(prefixes[1])
+    replacement = tmp_path / "other.lossmask"
+    replacement.write_bytes(bytes(os.path.getsize(mask)))  # every token unmasked
+    os.replace(replacement, mask)
+    for corpus in (corpora[1], copy):
+        with pytest.raises(ValueError, match=r"c1\.lossmask: replaced or written since"):
+            corpus.tokenized_conversations(0)
+
+
+def test_a_file_that_cannot_be_opened_leaves_no_descriptor_behind(tmp_path):
+    from megafmt.readers.pool import OpenDescriptor
+
+    with pytest.raises(FileNotFoundError):  # and nothing for __del__ to report
+        OpenDescriptor(str(tmp_path / "missing.jsonl"))
 
 
 def test_mega_preprocess_sft(tmp_path, tokenizer_dir, capsys):

@@ -114,13 +114,24 @@ def test_blends_of_differently_tokenized_corpora_are_warned_about(tmp_path):
         check_tokenizers_agree([([web, other_tokenizer], None)])
 
 
-@pytest.mark.parametrize(("limit", "warned"), [(1_014, True), (1_015, False)])
+@pytest.mark.parametrize("warned", [True, False])
+@pytest.mark.parametrize(
+    ("form", "needed"),
+    [
+        # 3 corpora opened (2 mappings each), 3 datasets over them (3), 1 blend (2)
+        ("one split", 1_017),
+        ("three splits, two asked for no samples", 1_017),
+        ("one split, and a blend per split of none", 1_017),
+        # each split opens its corpora: 9 opened, 9 datasets, 3 blends
+        ("a blend per split", 1_051),
+    ],
+)
 def test_a_blend_that_would_pass_the_mapping_limit_is_warned_of_at_build(
-    make_config, tmp_path, monkeypatch, limit, warned
+    make_config, tmp_path, monkeypatch, form, needed, warned
 ):
-    """Three corpora, one split with data ("100,0,0"): 2 mappings each for the .idx and .bin,
-    3 for the train dataset's tables: 15 beside the 1,000 held (counting the empty splits'
-    datasets would be 33)."""
+    """The mappings a build needs once read, beside the 1,000 held: counted for the corpora it
+    opens and the datasets and blends it reads, not for splits without data (a blend of every
+    split counted for all three would need 1,051)."""
     import warnings
 
     from megafmt.testing import write_corpus
@@ -129,13 +140,24 @@ def test_a_blend_that_would_pass_the_mapping_limit_is_warned_of_at_build(
 
     prefixes = [write_corpus(str(tmp_path / f"c{i}"), seed=i) for i in range(3)]
     monkeypatch.setattr(blend_module, "mappings_in_use", lambda: 1_000)
-    monkeypatch.setattr(blend_module, "mapping_limit", lambda: limit)
-    config = make_config(blend=(prefixes, None), split="100,0,0")
+    monkeypatch.setattr(blend_module, "mapping_limit", lambda: needed - 1 if warned else needed)
+    if form == "one split":
+        config, sizes = make_config(blend=(prefixes, None), split="100,0,0"), [None] * 3
+    elif form == "one split, and a blend per split of none":  # the blend builds, as Megatron's
+        config = make_config(blend=(prefixes, None), blend_per_split=[None] * 3, split="100,0,0")
+        sizes = [None] * 3
+    elif form == "a blend per split":
+        per_split = [(prefixes, None)] * 3
+        config, sizes = make_config(blend=None, blend_per_split=per_split, split=None), [None] * 3
+    else:
+        config, sizes = make_config(blend=(prefixes, None), split="90,8,2"), [None, 0, 0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
+        BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     said = [str(w.message) for w in caught if "vm.max_map_count" in str(w.message)]
     assert bool(said) == warned
     if warned:
-        assert said[0].startswith("the blends' 3 corpora may need 1,015 memory mappings")
-        assert said[0].endswith("sysctl -w vm.max_map_count=2048")
+        corpora = 9 if form == "a blend per split" else 3
+        assert said[0].startswith(f"the datasets of {corpora} corpora may need {needed:,} ")
+        suggested = {1_017: 2048, 1_051: 4096}[needed]  # the power of two from twice it up
+        assert said[0].endswith(f"sysctl -w vm.max_map_count={suggested}")

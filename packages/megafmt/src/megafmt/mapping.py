@@ -8,9 +8,10 @@ library's ``mmap``, the descriptor is closed at once, and the mapping is release
 array viewing it is garbage-collected. Where that is unavailable, ``mmap.mmap`` is used.
 
 Mappings have a limit of their own: Linux lets a process hold ``vm.max_map_count`` of them
-(65,530 by default), and a blend maps up to five files of each corpus once every part has been
-read (its ``.idx`` and ``.bin``, its three index tables). A mapping refused for want of room says
-how many the process holds and the limit (:func:`mappings_in_use`, :func:`mapping_limit`).
+(65,530 by default), and a blend, once every part has been read, maps two files of each corpus
+(its ``.idx`` and ``.bin``) and three of each split's dataset over it (its index tables). A
+mapping refused for want of room says how many the process holds and the limit
+(:func:`mappings_in_use`, :func:`mapping_limit`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import os
 import weakref
 
 import numpy
+
+from megafmt.limits import soft_limit
 
 _PROT_READ = mmap.PROT_READ if hasattr(mmap, "PROT_READ") else 1
 _MAP_SHARED = mmap.MAP_SHARED if hasattr(mmap, "MAP_SHARED") else 1
@@ -77,9 +80,9 @@ def mappings_in_use() -> int | None:
     """How many memory mappings this process holds now (the lines of ``/proc/self/maps``), or
     None where the system does not say."""
     try:
-        with open("/proc/self/maps", "rb") as stream:
-            return stream.read().count(b"\n")
-    except OSError:
+        with open("/proc/self/maps", "rb") as stream:  # in pieces: asked when memory is short
+            return sum(piece.count(b"\n") for piece in iter(lambda: stream.read(1 << 16), b""))
+    except (OSError, MemoryError):
         return None
 
 
@@ -92,14 +95,21 @@ def _refusal_hint(code: int) -> str:
     if held is None or limit is None:
         return ""
     if held + MAP_COUNT_MARGIN < limit:
+        address_space = soft_limit("RLIMIT_AS")
+        reached = (
+            "the machine ran out of memory or address space"
+            if address_space is None
+            else f"the address-space limit (ulimit -v, RLIMIT_AS: {address_space:,} bytes) may "
+            "have been reached"
+        )
         return (
             f" (this process holds {held:,} memory mappings, below the {limit:,} the system "
-            "allows: the machine ran out of memory or address space)"
+            f"allows: {reached})"
         )
     return (
         f" (this process holds {held:,} memory mappings, the most the system allows a process: "
-        f"vm.max_map_count is {limit:,}; a blend maps up to five files of each corpus. Raise "
-        f"it, e.g. sysctl -w vm.max_map_count={2 * limit})"
+        f"vm.max_map_count is {limit:,}; a blend maps two files of each corpus and three of each "
+        f"split's dataset over it. Raise it, e.g. sysctl -w vm.max_map_count={2 * limit})"
     )
 
 

@@ -130,31 +130,37 @@ def check_prefixes_exist(blends: Sequence[Blend | None]) -> None:
         )
 
 
-#: memory mappings of each corpus once read (its ``.idx`` and ``.bin``), and of each split's
-#: dataset over it (its three index tables)
+#: memory mappings of each corpus opened (its ``.idx`` and ``.bin``), of each dataset over one
+#: (its three index tables) and of each blend (its two), once read
 MAPPINGS_PER_CORPUS = 2
 MAPPINGS_PER_DATASET = 3
+MAPPINGS_PER_BLEND = 2
 
 
-def check_mappings_fit(blends: Sequence[Blend | None]) -> str | None:
-    """Warn when the blends' corpora, once every part has been read, would hold more memory
-    mappings than the system allows a process (Linux's ``vm.max_map_count``, 65,530 by
-    default: about 13,000 corpora): the mapping past the limit fails in the middle of training.
-    Returns the warning given, if any."""
+def check_mappings_fit(corpora: int, datasets: int, blends: int) -> str | None:
+    """Warn when a build's ``corpora`` (each time one is opened), the ``datasets`` over them
+    and its ``blends``, once every part has been read, would hold more memory mappings than the
+    system allows a process (Linux's ``vm.max_map_count``, 65,530 by default: about 13,000
+    corpora of one split, 5,900 of three): the mapping past the limit fails in the middle of
+    training. Returns the warning given, if any."""
     limit, held = mapping_limit(), mappings_in_use()
     if limit is None or held is None:
         return None
-    corpora = {prefix for blend in blends if blend is not None for prefix in blend[0]}
-    datasets = sum(len(set(blend[0])) for blend in blends if blend is not None)
-    needed = held + MAPPINGS_PER_CORPUS * len(corpora) + MAPPINGS_PER_DATASET * datasets
+    needed = (
+        held
+        + MAPPINGS_PER_CORPUS * corpora
+        + MAPPINGS_PER_DATASET * datasets
+        + MAPPINGS_PER_BLEND * blends
+    )
     if needed <= limit:
         return None
     message = (
-        f"the blends' {len(corpora):,} corpora may need {needed:,} memory mappings once every "
-        f"part has been read ({MAPPINGS_PER_CORPUS} per corpus for its .idx and .bin, "
-        f"{MAPPINGS_PER_DATASET} per split's dataset for its index tables, {held:,} held "
-        f"already), more than the {limit:,} the system allows a process (vm.max_map_count): "
-        "the first mapping past it fails with 'Cannot allocate memory'. Raise the limit, e.g. "
+        f"the datasets of {corpora:,} corpora may need {needed:,} memory mappings once every "
+        f"part has been read ({MAPPINGS_PER_CORPUS} for each corpus opened, its .idx and .bin; "
+        f"{MAPPINGS_PER_DATASET} for each of the {datasets:,} datasets over them, their index "
+        f"tables; {MAPPINGS_PER_BLEND} for each of the {blends} blends; {held:,} held already), "
+        f"more than the {limit:,} the system allows a process (vm.max_map_count): the first "
+        "mapping past it fails with 'Cannot allocate memory'. Raise the limit, e.g. "
         f"sysctl -w vm.max_map_count={1 << (2 * needed - 1).bit_length()}"
     )
     logger.warning(message)

@@ -168,20 +168,30 @@ class BlendedMegatronDatasetBuilder:
                     )
 
     def _blend_of(self, split: Split) -> tuple[list[str], list[float] | None] | None:
-        if self.config.blend_per_split is None:
+        """The blend that builds ``split``: ``blend`` where there is one (as the build decides),
+        else the split's own."""
+        if self.config.blend or self.config.blend_per_split is None:
             return self.config.blend
         return self.config.blend_per_split[split.value]
 
-    def _blends_of_datasets(self, blends: list[Any]) -> list[Any]:
-        """``blends`` (each split's) without those of splits that get no dataset: a blend of
-        every split (``blend``) gives one only to the splits its split matrix shares out."""
-        if self.config.blend_per_split is not None:
-            return blends
+    def _mapped_files(self, blends: list[Any]) -> tuple[int, int, int]:
+        """What the build over ``blends`` (each split's) maps once its datasets are read: the
+        corpora it opens (each prefix listed, once for a blend of every split, once per split
+        for a blend of its own), the datasets over them (one per split that is read: a share of
+        the split matrix, a size other than 0) and the blends of more than one corpus."""
+        read = [size != 0 for size in self.sizes]
+        if not self.config.blend:
+            served = [blend[0] for blend, r in zip(blends, read, strict=True) if blend and r]
+            corpora = sum(len(prefixes) for prefixes in served)
+            return corpora, corpora, sum(len(prefixes) > 1 for prefixes in served)
+        prefixes = self.config.blend[0]
         matrix = self.config.split_matrix
-        return [
-            blend if matrix[split.value] is not None else None
-            for split, blend in zip(Split, blends, strict=True)
-        ]
+        splits = sum(matrix[split.value] is not None and read[split.value] for split in Split)
+        return (
+            len(prefixes) if splits else 0,
+            len(prefixes) * splits,
+            splits if len(prefixes) > 1 else 0,
+        )
 
     @property
     def _synchronize(self) -> bool:
@@ -237,7 +247,7 @@ class BlendedMegatronDatasetBuilder:
             blends = [self._blend_of(split) for split in Split]
             check_prefixes_exist(blends)
             check_tokenizers_agree(blends)
-            check_mappings_fit(self._blends_of_datasets(blends))
+            check_mappings_fit(*self._mapped_files(blends))
         datasets = self._build_blended_dataset_splits()
         for split, dataset in zip(Split, datasets, strict=True):
             if dataset is None or len(dataset) == 0:  # an empty split: nothing to check

@@ -1,14 +1,14 @@
-"""A bound on how many ``.bin`` readers that hold a file descriptor a process keeps open.
+"""A bound on how many readers that hold a file descriptor a process keeps open.
 
 A blend of a thousand corpora opens a thousand datasets. The ``mmap`` reader holds no descriptor
-(:mod:`megafmt.mapping`), but readers that do (``file``, and any reader that does not say
-``holds_descriptor = False``, an SFT corpus's loss mask, an SFT jsonl's lines) register here when
-their dataset opens them; past ``capacity``
-(the ``MEGAFMT_MAX_OPEN_BIN`` environment variable; default 512, or half the open-files limit
-where that is lower; a value the limit cannot hold is refused, naming the limit) the pool
-releases the reader of a dataset not read from recently (a CLOCK sweep: every read marks its
-dataset, the sweep spares marked datasets once), and that dataset reopens its reader on its next
-read. Arrays already handed out stay valid.
+(:mod:`megafmt.mapping`), but readers that do (``.bin`` readers: ``file``, and any reader that
+does not say ``holds_descriptor = False``; an SFT corpus's loss mask; an SFT jsonl's lines)
+register here when their dataset opens them; past ``capacity`` (the ``MEGAFMT_MAX_OPEN_BIN``
+environment variable; default 512, or half the open-files limit where that is lower; a value
+the limit cannot hold is refused, naming the limit) the pool releases the reader of a dataset
+not read from recently (a CLOCK sweep: every read marks its dataset, the sweep spares marked
+datasets once), and that dataset reopens its reader on its next read. Arrays already handed out
+stay valid.
 """
 
 from __future__ import annotations
@@ -84,8 +84,10 @@ class OpenDescriptor:
         self.pid = os.getpid()
 
     def __del__(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        fd = getattr(self, "fd", None)  # None: the file could not be opened
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _capacity_from_environment() -> int:
@@ -105,7 +107,7 @@ def _capacity_from_environment() -> int:
         raise ValueError(f"MEGAFMT_MAX_OPEN_BIN={value!r}: expected a positive number of readers")
     if room is not None and capacity > room:
         raise ValueError(
-            f"MEGAFMT_MAX_OPEN_BIN={capacity} open .bin readers do not fit the open-files limit "
+            f"MEGAFMT_MAX_OPEN_BIN={capacity} open readers do not fit the open-files limit "
             f"(ulimit -n, RLIMIT_NOFILE: {limit} files, {RESERVED_DESCRIPTORS} of them kept for "
             f"the rest of the process): set MEGAFMT_MAX_OPEN_BIN to at most {max(room, 1)}, or "
             "raise the limit"
@@ -114,3 +116,13 @@ def _capacity_from_environment() -> int:
 
 
 POOL = ReaderPool(_capacity_from_environment())
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) has only the thread that forked: a lock another
+    thread of the parent held would never be released."""
+    POOL._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

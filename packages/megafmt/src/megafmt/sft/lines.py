@@ -56,8 +56,9 @@ def _version(path: str) -> dict[str, Any]:
     return version
 
 
-def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
-    """Which file, as it was: device, inode, size and modification time."""
+def stat_identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    """Which file, as it was: device, inode, size and modification time (a file replaced, or
+    written in place, differs; one whose mode or links changed does not)."""
     return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
 
 
@@ -152,7 +153,7 @@ class JsonlLineIndex:
         self.index_path = index_path(path)
         arrays, meta = self._indexed(skip_bad_lines, workers, check)
         #: the local file the offsets are of: every read checks that its descriptor is still it
-        self._identity = None if self._remote else _identity(os.stat(path))
+        self._identity = None if self._remote else stat_identity(os.stat(path))
         #: the object's version (ETag) the offsets are of: every read of a URL is bound to it
         self._etag = str(meta["version"]["hash"]) if self._remote else None
         self.starts, self.ends, self.lines = arrays["starts"], arrays["ends"], arrays["lines"]
@@ -210,7 +211,7 @@ class JsonlLineIndex:
             held = self._descriptor = OpenDescriptor(self.path)
             reader_pool.POOL.opened(self)
         self.recently_read = True
-        found = _identity(os.fstat(held.fd))
+        found = stat_identity(os.fstat(held.fd))
         if found != self._identity:  # an fstat: microseconds next to parsing the line
             raise ObjectChangedError(
                 f"{self.path} changed since it was indexed (device, inode, size, mtime_ns "

@@ -32,7 +32,7 @@ from megafmt.readers import pool as reader_pool
 from megafmt.readers.file_reader import FileBinReader
 from megafmt.redaction import redact
 from megafmt.remote import file_size, read_range
-from megafmt.sft.lines import JsonlLineIndex
+from megafmt.sft.lines import JsonlLineIndex, stat_identity
 from megafmt.sft.tokenizer import DEFAULT_PROMPT_FORMAT, IGNORE_INDEX, SFTTokenizer, tokenize_line
 
 #: the json key the output is named after, as preprocess names ``<prefix>_<key>_document``
@@ -212,6 +212,7 @@ class TokenizedConversations:
                 f"{get_bin_path(path_prefix)}), found {found}"
             )
         self._mask_bytes = expected
+        self._mask_identity: tuple[int, int, int, int] | None = None  # the file first opened
         # read, not mapped: a mask truncated under a mapping kills the process (SIGBUS); a
         # reader's short read is a FormatError naming the file and the byte. Its descriptor is
         # held in megafmt's pool of open readers: a blend of thousands keeps a bounded number
@@ -223,13 +224,26 @@ class TokenizedConversations:
             check_companions(path_prefix, manifest)
 
     def _open_mask(self) -> FileBinReader:
+        """The loss mask's reader, pooled; opened again (after the pool released it, or in a
+        copy of the corpus), the mask must be the very file first opened."""
         reader = FileBinReader(self.mask_path)
+        identity = stat_identity(os.stat(self.mask_path))
         if reader.nbytes != self._mask_bytes:
             reader.close()
             raise FormatError(
                 f"{self.mask_path}: reopened with {reader.nbytes} bytes, expected "
                 f"{self._mask_bytes} (one per token of {get_bin_path(self.path_prefix)}): the "
                 "loss mask changed since the corpus was opened"
+            )
+        if self._mask_identity is None:
+            self._mask_identity = identity
+        elif identity != self._mask_identity:
+            reader.close()
+            raise FormatError(
+                f"{self.mask_path}: replaced or written since the corpus was opened (device, "
+                f"inode, size, mtime_ns {self._mask_identity} then, {identity} now); its masks "
+                f"would not be those of {get_bin_path(self.path_prefix)}'s tokens. Open the "
+                "corpus again"
             )
         self._mask = reader
         reader_pool.POOL.opened(self)
