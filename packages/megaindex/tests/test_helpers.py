@@ -213,6 +213,19 @@ def test_gpt_tables_arguments_are_checked(change, message, backend, use_backend)
         build_gpt_tables(**{**arguments, **change})
 
 
+@pytest.mark.parametrize("backend", ["cpp", "numpy"])
+def test_gpt_tables_check_only_the_lengths_of_the_split_s_documents(backend, use_backend):
+    """A negative length is refused where the split reads it (naming its document), and not
+    looked for in the rest of the corpus: a small split of a large corpus read every length."""
+    use_backend(backend)
+    sizes = numpy.array([4, 4, -7, 4, 4], dtype=numpy.int32)
+    split = numpy.array([0, 1, 3], dtype=numpy.int32)
+    document_index, _, _ = build_gpt_tables(sizes, split, 1, False, 0, 3, 12)
+    assert sorted(document_index.tolist()) == [0, 1, 3]
+    with pytest.raises(ValueError, match="sizes must be >= 0, found -7 at 2"):
+        build_gpt_tables(sizes, numpy.array([1, 2], dtype=numpy.int32), 1, False, 0, 3, 1)
+
+
 def test_gpt_tables_of_a_stream_ending_in_an_empty_document_are_refused():
     sizes = numpy.array([5, 0], dtype=numpy.int32)
     for seed in range(8):  # whichever document the shuffle puts last: one order ends in 1
