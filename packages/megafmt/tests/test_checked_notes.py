@@ -120,3 +120,76 @@ def test_machines_sharing_a_notes_folder_take_locks_of_their_own(notes, monkeypa
 def test_a_long_check_takes_a_lock_of_its_own(notes):
     note = checked._note_path(notes, checked.CORPORA)
     assert checked._lock_path(note, of_its_own=True) == note + ".lock" != checked._lock_path(note)
+
+
+class KeptNotes:
+    """A NoteWriter that keeps what it is handed."""
+
+    def __init__(self):
+        self.notes = []
+
+    def write_note(self, path, data):
+        self.notes.append((path, data))
+
+
+def test_a_threads_note_writer_writes_its_notes_and_no_other_threads(notes):
+    identity = checked.corpus_identity(notes, 1)
+    taken = time.time_ns() + 10**10
+    writer = KeptNotes()
+    assert checked.write_notes_with(writer) is None
+    try:
+        checked.remember_checked(notes, identity, identity[2], taken)
+        other = threading.Thread(
+            target=checked.remember_checked, args=(notes, identity, identity[2], taken)
+        )
+        other.start()
+        other.join()
+    finally:
+        assert checked.write_notes_with(None) is writer
+    # this thread's note went to the writer; the other thread wrote its own at once
+    assert [path for path, _ in writer.notes] == [checked._note_path(notes, checked.CORPORA)]
+    assert checked.was_checked(notes, identity)
+    os.remove(checked._note_path(notes, checked.CORPORA))
+    path, data = writer.notes[0]
+    with open(path, "wb") as stream:  # what the writer was handed is the note itself
+        stream.write(data)
+    assert checked.was_checked(notes, identity)
+
+
+def test_a_child_forked_while_a_note_writer_is_set_writes_its_notes_at_once(notes):
+    import multiprocessing
+
+    identity = checked.corpus_identity(notes, 1)
+    taken = time.time_ns() + 10**10
+
+    def child():
+        checked.remember_checked(notes, identity, identity[2], taken)
+        assert checked.was_checked(notes, identity)
+
+    writer = KeptNotes()
+    checked.write_notes_with(writer)
+    try:
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+        process.join(120)
+    finally:
+        checked.write_notes_with(None)
+    assert process.exitcode == 0
+    assert writer.notes == []
+    assert checked.was_checked(notes, identity)
+
+
+def test_a_note_written_under_the_lock_is_in_place_before_the_lock_is_let_go(notes):
+    identity = checked.corpus_identity(notes, 1)
+    taken = time.time_ns() + 10**10
+    writer = KeptNotes()
+    checked.write_notes_with(writer)
+    try:
+        with checked.one_checker(notes):
+            checked.remember_checked(notes, identity, identity[2], taken)
+            assert checked.was_checked(notes, identity)  # a waiter finds it once let in
+        other = notes + ".other"
+        checked.remember_checked(other, identity, identity[2], taken)  # no lock: the writer's
+    finally:
+        checked.write_notes_with(None)
+    assert [path for path, _ in writer.notes] == [checked._note_path(other, checked.CORPORA)]
