@@ -294,6 +294,44 @@ def test_with_builder_threads_the_first_failing_corpus_of_the_blend_is_the_error
         BlendedMegatronDatasetBuilder(GPTDataset, [60, 0, 0], lambda: True, config).build()
 
 
+def test_a_failed_corpus_stops_the_blend_from_building_the_corpora_after_it(
+    make_config, tmp_path, monkeypatch
+):
+    import concurrent.futures
+    import time
+
+    from megaindex import builder
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 5 + 3 * n, seed=n) for n in range(6)]
+    monkeypatch.setattr(builder, "SMALL_CORPUS_IDX_BYTES", 0)  # all on the builder's pool
+    submitted: list[concurrent.futures.Future] = []
+
+    class RecordingPool(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, *args, **kwargs):
+            submitted.append(super().submit(*args, **kwargs))
+            return submitted[-1]
+
+    monkeypatch.setattr(builder, "ThreadPoolExecutor", RecordingPool)
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+    built = []
+
+    def failing(self, prefix, *args):
+        if prefix == prefixes[1]:
+            raise RuntimeError(f"cannot build {prefix}")
+        if prefix == prefixes[2]:  # running when corpus 1 fails: the rest are called off
+            deadline = time.monotonic() + 60
+            while not all(f.cancelled() for f in submitted[3:]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        built.append(prefixes.index(prefix))
+        return build_splits(self, prefix, *args)
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", failing)
+    config = make_config(blend=(prefixes, [1.0] * 6), split="100,0,0")
+    with pytest.raises(RuntimeError, match=f"cannot build {prefixes[1]}$"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [60, 0, 0], lambda: True, config).build()
+    assert built == [0, 2]
+
+
 def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
     """A cold build draws each split blend's indices on a thread of their own, started once
     the first corpus had its tables built, and the blend takes them: the same tables as a blend

@@ -456,14 +456,26 @@ class BlendedMegatronDatasetBuilder:
                 for future in futures:
                     future.add_done_callback(finished.put)
                 counted = 0
+                errors: dict[int, Exception] = {}
+
+                def failed(n: int, error: Exception) -> None:
+                    """Keep corpus ``n``'s error; the pool's corpora after the first that
+                    failed, not started yet, are not built (the blend fails with its error)."""
+                    errors[n] = error
+                    first = min(errors)
+                    for future, m in futures.items():
+                        if m > first:
+                            future.cancel()
 
                 def count_finished(block: bool) -> None:
-                    """Count the pool's corpora finished (with ``block``: all of them, the
-                    progress line redrawn when due while a long one builds)."""
+                    """Count the pool's corpora finished, keeping their errors (with ``block``:
+                    all of them, the progress line redrawn when due while a long one builds)."""
                     nonlocal counted
                     while counted < len(futures):
                         try:
-                            finished.get(block=block, timeout=PROGRESS_SECONDS if block else None)
+                            future = finished.get(
+                                block=block, timeout=PROGRESS_SECONDS if block else None
+                            )
                         except queue.Empty:
                             if not block:
                                 return
@@ -471,17 +483,20 @@ class BlendedMegatronDatasetBuilder:
                             continue
                         counted += 1
                         progress.update()
+                        if not future.cancelled() and future.exception() is not None:
+                            failed(futures[future], future.exception())
 
-                errors: dict[int, Exception] = {}
                 first_built = on_first_built  # asked after the first corpus built here
                 for n, (prefix, sizes) in enumerate(corpora):
+                    if errors and n > min(errors):  # the blend fails with an earlier corpus's
+                        break  # error: those after it need not build
                     if here[n]:
                         try:
                             per_prefix[n] = self._build_megatron_dataset_splits(
                                 prefix, split, sizes, False
                             )
                         except Exception as error:  # raised below, in the blend's order
-                            errors[n] = error
+                            failed(n, error)
                             break
                         if first_built is not None and _tables_built(per_prefix[n]):
                             first_built()
@@ -490,10 +505,8 @@ class BlendedMegatronDatasetBuilder:
                         count_finished(block=False)
                 count_finished(block=True)
                 for future, n in futures.items():
-                    if future.exception() is None:
+                    if not future.cancelled() and future.exception() is None:
                         per_prefix[n] = future.result()
-                    else:
-                        errors[n] = future.exception()
                 if errors:  # the first corpus of the blend that failed, as on one thread (and
                     # before a failed write of the background's, which waits for its end)
                     raise errors[min(errors)]
