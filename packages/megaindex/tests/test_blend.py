@@ -70,6 +70,26 @@ def test_per_split_json(tmp_path):
         get_blend_and_blend_per_split(per_split_data_args_path=str(path))
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            "train valid test",
+            "expected a JSON object with the keys train, valid and test, found str",
+        ),
+        ({"train": 5, "valid": None, "test": None}, "the train entry is int 5; expected a string"),
+        ({"train": ["a"], "valid": ["b", {"c": 1}], "test": None}, r"valid\[1\] is dict"),
+        ({"train": ["a"], "valid": None, "test": [True, "d"]}, r"test\[0\] is bool True"),
+    ],
+)
+def test_a_per_split_json_of_other_shapes_is_refused_naming_the_entry(tmp_path, content, message):
+    path = tmp_path / "splits.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ConfigError, match=message) as raised:
+        get_blend_and_blend_per_split(per_split_data_args_path=str(path))
+    assert str(path) in str(raised.value)
+
+
 def test_per_split_paths_and_exclusivity():
     assert get_blend_and_blend_per_split(train_data_path=["a"], test_data_path=["b"]) == (
         None,

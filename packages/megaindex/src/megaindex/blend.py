@@ -17,6 +17,7 @@ import logging
 import os
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from megafmt import IndexedDataset, read_manifest
 from megafmt.blend_list import Blend, BlendListError, parse_blend_list
@@ -85,12 +86,19 @@ def get_blend_and_blend_per_split(
                 by_split = json.load(stream)
         except (OSError, ValueError) as error:
             raise ConfigError(f"cannot read {per_split_data_args_path}: {error}") from error
+        if not isinstance(by_split, dict):
+            raise ConfigError(
+                f"{per_split_data_args_path}: expected a JSON object with the keys train, valid "
+                f"and test, found {type(by_split).__name__}"
+            )
         missing = [name for name in SPLITS if name not in by_split]
         if missing:
             raise ConfigError(
                 f"{per_split_data_args_path} has no {', '.join(missing)} entry; "
                 "expected keys train, valid and test"
             )
+        for name in SPLITS:
+            _check_split_entry(per_split_data_args_path, name, by_split[name])
         per_split = [
             by_split[name].split() if isinstance(by_split[name], str) else by_split[name]
             for name in SPLITS
@@ -104,6 +112,25 @@ def get_blend_and_blend_per_split(
         get_blend_from_list(blend, argument=source)
         for blend, source in zip(per_split, sources, strict=True)
     ]
+
+
+def _check_split_entry(path: str, name: str, value: Any) -> None:
+    """Refuse a split's entry of a per-split data args file unless it is what Megatron-LM
+    reads there: a string of prefixes (and weights), a list of them, or null (no data)."""
+    if value is None or isinstance(value, str):
+        return
+    if isinstance(value, list):
+        for position, item in enumerate(value):
+            if not isinstance(item, str | int | float) or isinstance(item, bool):
+                raise ConfigError(
+                    f"{path}: {name}[{position}] is {type(item).__name__} {item!r}; expected a "
+                    "dataset prefix or a weight"
+                )
+        return
+    raise ConfigError(
+        f"{path}: the {name} entry is {type(value).__name__} {value!r}; expected a string of "
+        "prefixes (and weights), a list of them, or null"
+    )
 
 
 def default_split(split: str | None, blend: Blend | None) -> str | None:
