@@ -239,6 +239,54 @@ def test_a_process_that_may_not_build_leaves_the_error_to_the_loader(store, tmp_
     assert not fsspec.filesystem("memory").exists(lease_of(store, 1))
 
 
+def test_a_process_that_may_not_build_fails_naming_a_dead_lease_nobody_claims(store, tmp_path):
+    dead_lease(store, 1)  # a failed job's, left behind; no process that may build comes
+    entry, calls = entry_in(tmp_path / "node1"), []
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.05))
+    raised: list[Exception] = []
+
+    def obtain() -> None:
+        try:
+            cache.obtain(entry, "described", saver(entry, calls), may_build=False)
+        except Exception as error:
+            raised.append(error)
+
+    waiter = threading.Thread(target=obtain, daemon=True)  # a wait without end stays behind
+    waiter.start()
+    waiter.join(60)
+    assert not waiter.is_alive(), "the process waits on a dead lease without end"
+    assert len(raised) == 1 and isinstance(raised[0], SharedCacheError)
+    message = str(raised[0])
+    assert lease_of(store, 1) in message and "node7 pid 42 (heartbeat 3)" in message
+    assert "no process that builds shared files (global rank 0) claimed lease 2" in message
+    assert calls == []
+
+
+def test_a_process_that_may_not_build_gets_the_tables_of_the_next_lease(store, tmp_path):
+    dead_lease(store, 1)
+    config = SharedCacheConfig(store, lease_seconds=1.0, poll_seconds=0.05, heartbeat_seconds=0.05)
+    builder_entry, waiter_entry = entry_in(tmp_path / "node0"), entry_in(tmp_path / "node1")
+    waiter_built: list[str] = []
+    got: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(
+            SharedTableCache(config).obtain(
+                waiter_entry, "described", saver(waiter_entry, waiter_built), False
+            )
+        )
+    )
+    waiter.start()
+    built: list[str] = []
+    assert (
+        SharedTableCache(config).obtain(
+            builder_entry, "described", saver(builder_entry, built), True
+        )
+        == "built"
+    )
+    waiter.join(10)
+    assert built == ["built"] and waiter_built == [] and got == ["loaded"]
+
+
 def test_the_lease_length_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", "7.5")
     assert SharedCacheConfig.from_environment("s3://b/c").lease_seconds == 7.5
@@ -252,3 +300,30 @@ def test_a_file_in_the_way_of_the_local_copy_is_named(store, tmp_path):
     cache = SharedTableCache(SharedCacheConfig(store))
     with pytest.raises(NotAFolderError, match="the local copy of the shared index cache must be"):
         cache.obtain(entry_in(tmp_path / "node1"), "described", lambda: None, may_build=True)
+
+
+def test_a_lease_in_a_local_folder_is_created_by_one_process_only(tmp_path):
+    folder = tmp_path / "store"
+    folder.mkdir()
+    store = shared_cache._Store(f"file://{folder}")
+    assert store.create("t-lease-1.json", b"first")
+    assert not store.create("t-lease-1.json", b"second")
+    assert (folder / "t-lease-1.json").read_bytes() == b"first"
+    os.symlink(tmp_path / "elsewhere", folder / "t-lease-2.json")  # never written through
+    assert not store.create("t-lease-2.json", b"x")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_conditional_put_refused_with_an_io_error_lost_the_race_or_is_named(store, monkeypatch):
+    shared = shared_cache._Store(store)
+
+    def conflict(path, data, mode="overwrite"):
+        raise OSError(5, "An error occurred (ConditionalRequestConflict)")
+
+    fsspec.filesystem("memory").pipe_file(f"{store}/t-lease-1.json", b"{}")
+    monkeypatch.setattr(shared.fs, "pipe_file", conflict)
+    assert not shared.create("t-lease-1.json", b"mine")  # another process's lease is there
+    with pytest.raises(SharedCacheError) as raised:
+        shared.create("t-lease-2.json", b"mine")
+    assert f"{store}/t-lease-2.json: the lease could not be created" in str(raised.value)
+    assert "ConditionalRequestConflict" in str(raised.value)

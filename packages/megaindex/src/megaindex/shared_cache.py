@@ -28,7 +28,9 @@ Every process that needs a dataset's tables then:
    ``lease_seconds`` (measured on the watcher's own clock, so clocks of different nodes need
    not agree) belongs to a build that died; the watcher claims the next lease (again a
    conditional put: one winner) and builds again. After ``max_builds`` leases died the error
-   names the store and the last holder, instead of waiting forever. While it waits, a process
+   names the store and the last holder, instead of waiting forever; a watcher that may not
+   build waits another ``lease_seconds`` for a process that may to claim the next lease, then
+   fails naming the dead lease (a failed job's, left behind). While it waits, a process
    logs every ``message_seconds`` what it waits for: the object, its holder and its last
    heartbeat.
 
@@ -53,8 +55,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
-from megafmt.atomic import partial_path, remove_quietly, write_atomically
+from megafmt.atomic import NO_FOLLOW, partial_path, remove_quietly, write_atomically
 from megafmt.confinement import confined_path, url_components
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
@@ -200,12 +203,31 @@ class _Store:
         self.fs.pipe_file(self.key(name), data)
 
     def create(self, name: str, data: bytes) -> bool:
-        """Write ``data`` unless the object exists (a conditional put); whether it did."""
+        """Write ``data`` unless the object exists (a conditional put); whether it did. On a
+        local file system the file is created exclusively (fsspec's local create looks, then
+        writes: two processes could both create it). A store that refuses a conditional put
+        raced by another (S3 answers 409, which s3fs reports as an I/O error) lost the race
+        when the object is there after."""
         _count("create")
+        key = self.key(name)
         try:
-            self.fs.pipe_file(self.key(name), data, mode="create")
+            if isinstance(self.fs, LocalFileSystem):
+                descriptor = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644)
+                try:
+                    os.write(descriptor, data)
+                finally:
+                    os.close(descriptor)
+            else:
+                self.fs.pipe_file(key, data, mode="create")
         except FileExistsError:
             return False
+        except OSError as error:
+            if self.exists(name):
+                return False
+            raise SharedCacheError(
+                f"{self.url}/{name}: the lease could not be created ({error}), and no other "
+                "process holds it"
+            ) from error
         return True
 
     def remove(self, name: str) -> None:
@@ -260,10 +282,15 @@ class SharedTableCache:
                     return load_or_build()
                 if generation >= self.config.max_builds:
                     raise SharedCacheError(self._gave_up(entry, generation))
-                if may_build and self._claim(entry, generation + 1):
-                    return self._build(entry, generation + 1, load_or_build)
-                watch = _Watch()
-                continue
+                if may_build:
+                    if self._claim(entry, generation + 1):
+                        return self._build(entry, generation + 1, load_or_build)
+                    watch = _Watch()
+                    continue
+                # the lease died: a process that may build claims the next one meanwhile; one
+                # that may not waits a second lease_seconds for that, then says what is missing
+                if time.monotonic() - watch.changed >= 2 * self.config.lease_seconds:
+                    raise SharedCacheError(self._unclaimed(entry, generation, watch))
             if time.monotonic() - last_message >= self.config.message_seconds:
                 last_message = time.monotonic()
                 logger.warning(self._waiting(entry, generation, watch))
@@ -432,6 +459,17 @@ class SharedTableCache:
             f"waiting for {self._url(os.path.basename(entry.description_path))}: lease "
             f"{generation} held by {holder}, last changed {time.monotonic() - watch.changed:.0f} "
             f"s ago (declared dead after {self.config.lease_seconds:g} s)"
+        )
+
+    def _unclaimed(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
+        lease = self._lease_name(entry, generation)
+        return (
+            f"{self._url(lease)}: held by {_describe_lease(watch.content)}, unchanged for "
+            f"{time.monotonic() - watch.changed:.0f} s (declared dead after "
+            f"{self.config.lease_seconds:g} s), and no process that builds shared files (global "
+            f"rank 0) claimed lease {generation + 1} since; this process does not build them. "
+            f"Is rank 0 building this dataset? A lease a failed job left behind is removed with "
+            f"{self._url(entry.base + '-lease-*.json')}"
         )
 
     def _gave_up(self, entry: CacheEntry, generation: int) -> str:
