@@ -193,3 +193,30 @@ def test_a_note_written_under_the_lock_is_in_place_before_the_lock_is_let_go(not
     finally:
         checked.write_notes_with(None)
     assert [path for path, _ in writer.notes] == [checked._note_path(other, checked.CORPORA)]
+
+
+def test_a_lock_that_cannot_be_opened_or_taken_is_reported_once_per_folder(
+    notes, monkeypatch, caplog
+):
+    monkeypatch.setattr(checked, "_reported_folders", set())
+    lock = checked._lock_path(checked._note_path(notes, checked.CORPORA))
+    os.makedirs(lock)  # something that cannot be opened as the lock file
+    with caplog.at_level(logging.WARNING, logger="megafmt.checked"):
+        for _ in range(3):
+            with checked.one_checker(notes):
+                pass
+    assert caplog.text.count("checks run without this machine's locks") == 1
+    assert f"{lock}: cannot be opened (Is a directory)" in caplog.text
+    os.rmdir(lock)
+    caplog.clear()
+    monkeypatch.setattr(checked, "_reported_folders", set())
+
+    def refuse(*args):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(checked.fcntl, "flock", refuse)
+    with caplog.at_level(logging.WARNING, logger="megafmt.checked"):
+        for _ in range(2):
+            with checked.one_checker(notes):
+                pass
+    assert caplog.text.count(f"{lock}: cannot be locked (Function not implemented)") == 1

@@ -226,7 +226,22 @@ def _open_lock(lock_path: str) -> int | None:
                 os.readlink(lock_path),
                 error.strerror,
             )
+        else:
+            _report_once(lock_path, f"cannot be opened ({error.strerror})")
         return None
+
+
+def _report_once(lock_path: str, what: str) -> None:
+    """Say, once per folder of locks, that a lock is not taken and why: each process then
+    checks by itself (the machine reads an index once per process instead of once)."""
+    folder = os.path.dirname(lock_path)
+    if folder not in _reported_folders:
+        _reported_folders.add(folder)
+        logger.warning(
+            "%s: %s; checks run without this machine's locks (each process checks by itself)",
+            lock_path,
+            what,
+        )
 
 
 def _lock(fd: int, lock_path: str, path: str) -> bool:
@@ -258,7 +273,8 @@ def _lock(fd: int, lock_path: str, path: str) -> bool:
                     LOCK_WAIT_SECONDS,
                 )
             time.sleep(0.05)
-        except OSError:  # a file system without locks: each process checks
+        except OSError as error:  # a file system without locks: each process checks
+            _report_once(lock_path, f"cannot be locked ({error.strerror})")
             return False
 
 
