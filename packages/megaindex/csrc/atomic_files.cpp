@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <stdexcept>
 
 namespace {
@@ -109,10 +110,13 @@ WriteOutcome write_files(const std::vector<FileStep>& steps) {
   return outcome;
 }
 
-const WriteOutcome& PendingWrite::wait() {
+const WriteOutcome* PendingWrite::wait_for(double seconds) {
   std::unique_lock<std::mutex> lock(mutex_);
-  changed_.wait(lock, [this] { return finished_; });
-  return outcome_;
+  if (!changed_.wait_for(lock, std::chrono::duration<double>(seconds),
+                         [this] { return finished_; })) {
+    return nullptr;
+  }
+  return &outcome_;
 }
 
 void PendingWrite::run() {
@@ -151,19 +155,22 @@ FileWriterPool::~FileWriterPool() {
   if (::getpid() == owner_) delete threads_;
 }
 
-std::shared_ptr<PendingWrite> FileWriterPool::submit(std::vector<FileStep> steps) {
+std::shared_ptr<PendingWrite> FileWriterPool::submit(std::vector<FileStep>& steps,
+                                                     double seconds) {
   if (::getpid() != owner_) {
     throw std::logic_error("this FileWriterPool belongs to the process this one was forked from");
   }
   size_t bytes = 0;
   for (const FileStep& step : steps) bytes += step.data.size();
-  auto pending = std::make_shared<PendingWrite>(std::move(steps));
+  std::shared_ptr<PendingWrite> pending;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    room_.wait(lock, [&] {
+    bool room = room_.wait_for(lock, std::chrono::duration<double>(seconds), [&] {
       return closing_ || queue_.empty() || queued_bytes_ + bytes <= max_queued_bytes_;
     });
     if (closing_) throw std::logic_error("this FileWriterPool is closed");
+    if (!room) return nullptr;
+    pending = std::make_shared<PendingWrite>(std::move(steps));
     queue_.push_back({pending, bytes});
     queued_bytes_ += bytes;
   }

@@ -60,8 +60,9 @@ WriteOutcome write_files(const std::vector<FileStep>& steps);
 class PendingWrite {
  public:
   explicit PendingWrite(std::vector<FileStep> steps) : steps_(std::move(steps)) {}
-  // Block until the write is finished; its outcome.
-  const WriteOutcome& wait();
+  // Wait at most `seconds` for the write to finish: its outcome, or nullptr while unfinished
+  // (the caller says what it waits for between waits, and takes its signals).
+  const WriteOutcome* wait_for(double seconds);
   void run();
 
  private:
@@ -83,7 +84,9 @@ class FileWriterPool {
   ~FileWriterPool();
   FileWriterPool(const FileWriterPool&) = delete;
   FileWriterPool& operator=(const FileWriterPool&) = delete;
-  std::shared_ptr<PendingWrite> submit(std::vector<FileStep> steps);
+  // Queue `steps` once there is room, waiting at most `seconds` for it: the write, or nullptr
+  // (and `steps` left as they were) when there was none.
+  std::shared_ptr<PendingWrite> submit(std::vector<FileStep>& steps, double seconds);
   // Finish what was submitted and stop the threads (submitting afterwards is an error).
   void close();
 

@@ -8,6 +8,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -615,26 +616,37 @@ NB_MODULE(_ext, m) {
   nb::class_<PendingWrite>(m, "PendingWrite", "A write submitted to a FileWriterPool.")
       .def(
           "wait",
-          [](PendingWrite& pending) {
+          [](PendingWrite& pending, double seconds) -> std::optional<nb::tuple> {
             const WriteOutcome* outcome;
             {
               nb::gil_scoped_release released;
-              outcome = &pending.wait();
+              outcome = pending.wait_for(seconds);
             }
+            if (outcome == nullptr) return std::nullopt;
             return outcome_tuple(*outcome);
           },
-          "The outcome, once written: (identities, errno, failed path).");
+          "seconds"_a,
+          "The outcome once written, waiting at most seconds: (identities, errno, failed "
+          "path), or None while unfinished.");
   nb::class_<FileWriterPool>(m, "FileWriterPool",
                              "Threads writing files atomically; see megaindex.file_writes.")
       .def(nb::init<size_t, size_t>(), "threads"_a, "max_queued_bytes"_a)
       .def(
           "submit",
-          [](FileWriterPool& pool, const std::vector<StepTuple>& given) {
+          [](FileWriterPool& pool, const std::vector<StepTuple>& given,
+             double seconds) -> std::optional<std::shared_ptr<PendingWrite>> {
             std::vector<FileStep> steps = file_steps(given);
-            nb::gil_scoped_release released;  // waits while the queue is full
-            return pool.submit(std::move(steps));
+            std::shared_ptr<PendingWrite> pending;
+            {
+              nb::gil_scoped_release released;  // waits while the queue is full
+              pending = pool.submit(steps, seconds);
+            }
+            if (!pending) return std::nullopt;
+            return pending;
           },
-          "steps"_a, "Queue a write (waiting while too many bytes wait); its PendingWrite.")
+          "steps"_a, "seconds"_a,
+          "Queue a write, waiting at most seconds while too many bytes wait: its "
+          "PendingWrite, or None when it was not queued.")
       .def(
           "close",
           [](FileWriterPool& pool) {

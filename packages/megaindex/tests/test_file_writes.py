@@ -311,3 +311,34 @@ def test_a_note_that_cannot_be_written_fails_no_build(tmp_path):
         write_files(entry_files(tmp_path), lambda: None, Failed)
     check_entry(tmp_path)
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_note_handed_to_writes_that_ended_is_written_at_once(tmp_path):
+    with background_writes() as writes:
+        pass
+    writes.write_note(str(tmp_path / "note.json"), b"{}")  # a thread that outlived the build
+    assert (tmp_path / "note.json").read_bytes() == b"{}"
+
+
+def test_a_wait_for_the_writer_says_what_it_waits_for(tmp_path, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.setattr(file_writes, "WAIT_SLICE_SECONDS", 0.05)
+    monkeypatch.setattr(file_writes, "WAIT_MESSAGE_SECONDS", 0.2)
+    prefix = str(tmp_path / "corpus")
+    os.mkfifo(prefix + ".idx")  # the writer's fingerprint of it waits for a writer of the fifo
+    (tmp_path / "corpus.bin").write_bytes(b"")
+    files = [FileWrite(str(tmp_path / "sidecar.json"), b"{", corpus=CorpusFiles(prefix), tail="}")]
+
+    def feed() -> None:
+        with open(prefix + ".idx", "wb") as stream:
+            stream.write(b"not an index")
+
+    with caplog.at_level(logging.WARNING, logger="megaindex.file_writes"):
+        with contextlib.suppress(Failed), background_writes():  # the fingerprint may fail
+            written = write_files(files, lambda: None, Failed)
+            threading.Timer(1.0, feed).start()
+            with contextlib.suppress(OSError):
+                written.identities()
+        assert f"for the write of {tmp_path / 'sidecar.json'}" in caplog.text
+        assert "the file system is slow or does not answer" in caplog.text

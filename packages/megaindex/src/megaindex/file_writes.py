@@ -22,13 +22,16 @@ rename, for the sidecar and for the tables mapped later.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from megafmt import get_bin_path, get_idx_path
-from megafmt.atomic import partial_path
+from megafmt.atomic import partial_path, write_atomically
 from megafmt.checked import write_notes_with
 from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS, SAMPLED_HEADER_BYTES
 from megaindex import _ext
@@ -39,6 +42,13 @@ WRITER_THREADS = 2
 #: the most bytes of files waiting to be written before a submit waits (one write always
 #: passes): a slow file system does not pile a blend's tables up in memory
 MAX_QUEUED_BYTES = 32 << 20
+#: how long one wait for the writer threads lasts before signals are taken again
+WAIT_SLICE_SECONDS = 1.0
+#: how often a wait for the writer threads says what it waits for
+WAIT_MESSAGE_SECONDS = 10.0
+
+logger = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -88,12 +98,34 @@ class FileWrite:
     between: str = ""
 
 
+def _waited(attempt: Callable[[float], Result | None], what: str) -> Result:
+    """``attempt(seconds)`` again until it gives something, saying every
+    :data:`WAIT_MESSAGE_SECONDS` what it waits for (a stalled network file system would
+    otherwise hold the build without a word) and taking signals between attempts."""
+    start = last = time.monotonic()
+    while True:
+        result = attempt(WAIT_SLICE_SECONDS)
+        if result is not None:
+            return result
+        now = time.monotonic()
+        if now - last >= WAIT_MESSAGE_SECONDS:
+            last = now
+            logger.warning(
+                "waiting %.0f s for %s: the file system is slow or does not answer",
+                now - start,
+                what,
+            )
+
+
 class Written:
     """The files of one write, in place now or later (:meth:`identities` waits)."""
 
-    def __init__(self, outcome: tuple[list, int, bytes] | None, pending: object = None) -> None:
+    def __init__(
+        self, outcome: tuple[list, int, bytes] | None, pending: object = None, last: str = ""
+    ) -> None:
         self._outcome = outcome
         self._pending = pending
+        self._last = last
         self._lock = threading.Lock()
 
     def identities(self) -> list[list[int]]:
@@ -101,7 +133,7 @@ class Written:
         the write failed."""
         with self._lock:  # any thread may ask (a table mapped when first read)
             if self._outcome is None:
-                self._outcome = self._pending.wait()
+                self._outcome = _waited(self._pending.wait, f"the write of {self._last}")
                 self._pending = None
             identities, error, path = self._outcome
         if error:
@@ -141,7 +173,12 @@ class BackgroundWrites:
         on_done: Callable[[], None],
         on_error: Callable[[OSError], Exception | None],
     ) -> Written:
-        written = Written(None, self._pool.submit(_steps(files)))
+        steps, last = _steps(files), files[-1].path
+        pending = _waited(
+            lambda seconds: self._pool.submit(steps, seconds),
+            f"room among the build's writes in the background for {last}",
+        )
+        written = Written(None, pending, last)
         with self._lock:
             self._submitted.append(_Submitted(written, on_done, on_error))
             self._by_last_path.setdefault(files[-1].path, []).append(written)
@@ -149,8 +186,13 @@ class BackgroundWrites:
 
     def write_note(self, path: str, data: bytes) -> None:
         """A note of megafmt's checks (:class:`megafmt.checked.NoteWriter`), written among the
-        build's files; a failed one fails nothing."""
-        self.submit([FileWrite(path, data)], _nothing, _no_failure)
+        build's files; a failed one fails nothing. Once the build's writes ended (a thread
+        that adopted them and outlived them), written at once."""
+        try:
+            self.submit([FileWrite(path, data)], _nothing, _no_failure)
+        except RuntimeError:  # the writer's threads are stopped
+            with contextlib.suppress(OSError):
+                write_atomically(path, data)
 
     def wait_for(self, path: str) -> None:
         """Wait for the writes whose last file is ``path`` (another dataset of the same build
