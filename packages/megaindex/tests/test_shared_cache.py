@@ -320,10 +320,29 @@ def test_a_conditional_put_refused_with_an_io_error_lost_the_race_or_is_named(st
     def conflict(path, data, mode="overwrite"):
         raise OSError(5, "An error occurred (ConditionalRequestConflict)")
 
-    fsspec.filesystem("memory").pipe_file(f"{store}/t-lease-1.json", b"{}")
+    memory = fsspec.filesystem("memory")
+    memory.pipe_file(f"{store}/t-lease-1.json", b"{}")
+    memory.pipe_file(f"{store}/t-lease-3.json", b"mine")
+    monkeypatch.setattr(shared_cache, "CONFLICT_SECONDS", 0.3)
     monkeypatch.setattr(shared.fs, "pipe_file", conflict)
     assert not shared.create("t-lease-1.json", b"mine")  # another process's lease is there
+    assert shared.create("t-lease-3.json", b"mine")  # this one's put landed, its reply was lost
     with pytest.raises(SharedCacheError) as raised:
         shared.create("t-lease-2.json", b"mine")
     assert f"{store}/t-lease-2.json: the lease could not be created" in str(raised.value)
     assert "ConditionalRequestConflict" in str(raised.value)
+
+
+def test_a_local_lease_whose_write_fails_is_removed_and_named(tmp_path, monkeypatch):
+    folder = tmp_path / "store"
+    folder.mkdir()
+    store = shared_cache._Store(f"file://{folder}")
+
+    def full(descriptor, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shared_cache.os, "write", full)
+    with pytest.raises(SharedCacheError, match="t-lease-1.json: the lease could not be written"):
+        store.create("t-lease-1.json", b"lease")
+    monkeypatch.undo()
+    assert not (folder / "t-lease-1.json").exists()  # not taken for another process's

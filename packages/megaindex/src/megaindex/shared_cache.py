@@ -29,7 +29,7 @@ Every process that needs a dataset's tables then:
    not agree) belongs to a build that died; the watcher claims the next lease (again a
    conditional put: one winner) and builds again. After ``max_builds`` leases died the error
    names the store and the last holder, instead of waiting forever; a watcher that may not
-   build waits another ``lease_seconds`` for a process that may to claim the next lease, then
+   build waits two more ``lease_seconds`` for a process that may to claim the next lease, then
    fails naming the dead lease (a failed job's, left behind). While it waits, a process
    logs every ``message_seconds`` what it waits for: the object, its holder and its last
    heartbeat.
@@ -203,37 +203,62 @@ class _Store:
         self.fs.pipe_file(self.key(name), data)
 
     def create(self, name: str, data: bytes) -> bool:
-        """Write ``data`` unless the object exists (a conditional put); whether it did. On a
-        local file system the file is created exclusively (fsspec's local create looks, then
-        writes: two processes could both create it). A store that refuses a conditional put
-        raced by another (S3 answers 409, which s3fs reports as an I/O error) lost the race
-        when the object is there after."""
+        """Write ``data`` unless the object exists (a conditional put); whether it did
+        (``data``, a lease naming its holder and time, is this call's own). On a local file
+        system the file is created exclusively (fsspec's local create looks, then writes: two
+        processes could both create it), and removed again when its write fails. A put that
+        fails otherwise (S3 answers a conditional put raced by another with 409, which s3fs
+        reports as an I/O error; a reply lost after the put landed) is settled by what the store
+        then holds under the name, looked at for :data:`CONFLICT_SECONDS`."""
         _count("create")
         key = self.key(name)
         try:
             if isinstance(self.fs, LocalFileSystem):
-                descriptor = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644)
-                try:
-                    os.write(descriptor, data)
-                finally:
-                    os.close(descriptor)
-            else:
-                self.fs.pipe_file(key, data, mode="create")
+                return self._create_local(key, data)
+            self.fs.pipe_file(key, data, mode="create")
         except FileExistsError:
             return False
         except OSError as error:
-            if self.exists(name):
-                return False
-            raise SharedCacheError(
-                f"{self.url}/{name}: the lease could not be created ({error}), and no other "
-                "process holds it"
-            ) from error
+            deadline = time.monotonic() + CONFLICT_SECONDS
+            while True:
+                found = self.read(name)
+                if found is not None:
+                    return found == data
+                if time.monotonic() >= deadline:
+                    raise SharedCacheError(
+                        f"{self.url}/{name}: the lease could not be created ({error}), and "
+                        f"no other process held it {CONFLICT_SECONDS:g} s later"
+                    ) from error
+                time.sleep(CONFLICT_POLL_SECONDS)
+        return True
+
+    def _create_local(self, path: str, data: bytes) -> bool:
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as error:
+            raise SharedCacheError(f"{path}: the lease could not be created ({error})") from error
+        try:
+            remaining = memoryview(data)
+            while remaining:
+                remaining = remaining[os.write(descriptor, remaining) :]
+        except OSError as error:
+            os.close(descriptor)
+            remove_quietly(path)
+            raise SharedCacheError(f"{path}: the lease could not be written ({error})") from error
+        os.close(descriptor)
         return True
 
     def remove(self, name: str) -> None:
         _count("remove")
         with suppress(FileNotFoundError):
             self.fs.rm_file(self.key(name))
+
+
+#: how long a conditional put that failed with an error is settled by looking at the store
+CONFLICT_SECONDS = 5.0
+CONFLICT_POLL_SECONDS = 0.2
 
 
 @dataclass
@@ -287,9 +312,10 @@ class SharedTableCache:
                         return self._build(entry, generation + 1, load_or_build)
                     watch = _Watch()
                     continue
-                # the lease died: a process that may build claims the next one meanwhile; one
-                # that may not waits a second lease_seconds for that, then says what is missing
-                if time.monotonic() - watch.changed >= 2 * self.config.lease_seconds:
+                # the lease died: a process that may build claims the next one meanwhile (after
+                # watching it for lease_seconds itself); one that may not waits two more
+                # lease_seconds for that, then says what is missing
+                if time.monotonic() - watch.changed >= 3 * self.config.lease_seconds:
                     raise SharedCacheError(self._unclaimed(entry, generation, watch))
             if time.monotonic() - last_message >= self.config.message_seconds:
                 last_message = time.monotonic()
