@@ -90,6 +90,16 @@ def test_a_per_split_json_of_other_shapes_is_refused_naming_the_entry(tmp_path, 
     assert str(path) in str(raised.value)
 
 
+def test_a_per_split_json_may_give_weights_as_numbers(tmp_path):
+    path = tmp_path / "splits.json"
+    path.write_text(json.dumps({"train": [0.3, "a", 0.7, "b"], "valid": None, "test": ["c"]}))
+    _, per_split = get_blend_and_blend_per_split(per_split_data_args_path=str(path))
+    assert per_split == [(["a", "b"], [0.3, 0.7]), None, (["c"], None)]
+    path.write_text(json.dumps({"train": ["a", 5], "valid": None, "test": "a 5"}))
+    _, per_split = get_blend_and_blend_per_split(per_split_data_args_path=str(path))
+    assert per_split[0] == per_split[2] == (["a", "5"], None)  # as the words: prefixes a and 5
+
+
 def test_per_split_paths_and_exclusivity():
     assert get_blend_and_blend_per_split(train_data_path=["a"], test_data_path=["b"]) == (
         None,

@@ -99,10 +99,7 @@ def get_blend_and_blend_per_split(
             )
         for name in SPLITS:
             _check_split_entry(per_split_data_args_path, name, by_split[name])
-        per_split = [
-            by_split[name].split() if isinstance(by_split[name], str) else by_split[name]
-            for name in SPLITS
-        ]
+        per_split = [_split_words(by_split[name]) for name in SPLITS]
     sources = (
         [f"--per-split-data-args-path {per_split_data_args_path} [{name!r}]" for name in SPLITS]
         if per_split_data_args_path is not None
@@ -131,6 +128,16 @@ def _check_split_entry(path: str, name: str, value: Any) -> None:
         f"{path}: the {name} entry is {type(value).__name__} {value!r}; expected a string of "
         "prefixes (and weights), a list of them, or null"
     )
+
+
+def _split_words(value: str | list | None) -> list[str] | None:
+    """A checked entry as the words of a blend list: a JSON number is a weight written as a
+    number (in a prefix's place, the prefix check names it)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.split()
+    return [item if isinstance(item, str) else repr(item) for item in value]
 
 
 def default_split(split: str | None, blend: Blend | None) -> str | None:
