@@ -340,5 +340,5 @@ def test_a_wait_for_the_writer_says_what_it_waits_for(tmp_path, monkeypatch, cap
             threading.Timer(1.0, feed).start()
             with contextlib.suppress(OSError):
                 written.identities()
-        assert f"for the write of {tmp_path / 'sidecar.json'}" in caplog.text
+        assert f"the write of the files ending with {tmp_path / 'sidecar.json'}" in caplog.text
         assert "the file system is slow or does not answer" in caplog.text

@@ -133,7 +133,9 @@ class Written:
         the write failed."""
         with self._lock:  # any thread may ask (a table mapped when first read)
             if self._outcome is None:
-                self._outcome = _waited(self._pending.wait, f"the write of {self._last}")
+                self._outcome = _waited(
+                    self._pending.wait, f"the write of the files ending with {self._last}"
+                )
                 self._pending = None
             identities, error, path = self._outcome
         if error:
@@ -176,7 +178,7 @@ class BackgroundWrites:
         steps, last = _steps(files), files[-1].path
         pending = _waited(
             lambda seconds: self._pool.submit(steps, seconds),
-            f"room among the build's writes in the background for {last}",
+            f"room among the build's writes in the background (for the files ending with {last})",
         )
         written = Written(None, pending, last)
         with self._lock:
