@@ -122,83 +122,10 @@ def test_a_long_check_takes_a_lock_of_its_own(notes):
     assert checked._lock_path(note, of_its_own=True) == note + ".lock" != checked._lock_path(note)
 
 
-class KeptNotes:
-    """A NoteWriter that keeps what it is handed."""
-
-    def __init__(self):
-        self.notes = []
-
-    def write_note(self, path, data):
-        self.notes.append((path, data))
-
-
-def test_a_threads_note_writer_writes_its_notes_and_no_other_threads(notes):
-    identity = checked.corpus_identity(notes, 1)
-    taken = time.time_ns() + 10**10
-    writer = KeptNotes()
-    assert checked.write_notes_with(writer) is None
-    try:
-        checked.remember_checked(notes, identity, identity[2], taken)
-        other = threading.Thread(
-            target=checked.remember_checked, args=(notes, identity, identity[2], taken)
-        )
-        other.start()
-        other.join()
-    finally:
-        assert checked.write_notes_with(None) is writer
-    # this thread's note went to the writer; the other thread wrote its own at once
-    assert [path for path, _ in writer.notes] == [checked._note_path(notes, checked.CORPORA)]
-    assert checked.was_checked(notes, identity)
-    os.remove(checked._note_path(notes, checked.CORPORA))
-    path, data = writer.notes[0]
-    with open(path, "wb") as stream:  # what the writer was handed is the note itself
-        stream.write(data)
-    assert checked.was_checked(notes, identity)
-
-
-def test_a_child_forked_while_a_note_writer_is_set_writes_its_notes_at_once(notes):
-    import multiprocessing
-
-    identity = checked.corpus_identity(notes, 1)
-    taken = time.time_ns() + 10**10
-
-    def child():
-        checked.remember_checked(notes, identity, identity[2], taken)
-        assert checked.was_checked(notes, identity)
-
-    writer = KeptNotes()
-    checked.write_notes_with(writer)
-    try:
-        process = multiprocessing.get_context("fork").Process(target=child)
-        process.start()
-        process.join(120)
-    finally:
-        checked.write_notes_with(None)
-    assert process.exitcode == 0
-    assert writer.notes == []
-    assert checked.was_checked(notes, identity)
-
-
-def test_a_note_written_under_the_lock_is_in_place_before_the_lock_is_let_go(notes):
-    identity = checked.corpus_identity(notes, 1)
-    taken = time.time_ns() + 10**10
-    writer = KeptNotes()
-    checked.write_notes_with(writer)
-    try:
-        with checked.one_checker(notes):
-            checked.remember_checked(notes, identity, identity[2], taken)
-            assert checked.was_checked(notes, identity)  # a waiter finds it once let in
-        other = notes + ".other"
-        checked.remember_checked(other, identity, identity[2], taken)  # no lock: the writer's
-    finally:
-        checked.write_notes_with(None)
-    assert [path for path, _ in writer.notes] == [checked._note_path(other, checked.CORPORA)]
-
-
 def test_a_lock_that_cannot_be_opened_or_taken_is_reported_once_per_folder(
     notes, monkeypatch, caplog
 ):
-    monkeypatch.setattr(checked, "_reported_folders", set())
+    monkeypatch.setattr(checked, "_reported_lock_folders", set())
     lock = checked._lock_path(checked._note_path(notes, checked.CORPORA))
     os.makedirs(lock)  # something that cannot be opened as the lock file
     with caplog.at_level(logging.WARNING, logger="megafmt.checked"):
@@ -209,7 +136,7 @@ def test_a_lock_that_cannot_be_opened_or_taken_is_reported_once_per_folder(
     assert f"{lock}: cannot be opened (Is a directory)" in caplog.text
     os.rmdir(lock)
     caplog.clear()
-    monkeypatch.setattr(checked, "_reported_folders", set())
+    monkeypatch.setattr(checked, "_reported_lock_folders", set())
 
     def refuse(*args):
         raise OSError(38, "Function not implemented")
@@ -220,3 +147,22 @@ def test_a_lock_that_cannot_be_opened_or_taken_is_reported_once_per_folder(
             with checked.one_checker(notes):
                 pass
     assert caplog.text.count(f"{lock}: cannot be locked (Function not implemented)") == 1
+
+
+def test_a_reported_lock_does_not_hide_a_notes_folder_that_is_not_one(
+    notes, monkeypatch, caplog, tmp_path
+):
+    monkeypatch.setattr(checked, "_reported_folders", set())
+    monkeypatch.setattr(checked, "_reported_lock_folders", set())
+    lock = checked._lock_path(checked._note_path(notes, checked.CORPORA))
+    os.makedirs(lock)
+    with caplog.at_level(logging.WARNING, logger="megafmt.checked"):
+        with checked.one_checker(notes):
+            pass
+        assert "checks run without this machine's locks" in caplog.text
+        folder = os.path.dirname(lock)
+        os.rename(folder, str(tmp_path / "elsewhere"))
+        os.symlink(str(tmp_path / "elsewhere"), folder)  # the notes' folder became a link
+        with checked.one_checker(notes):
+            pass
+    assert f"{folder}: the notes' folder is a symbolic link" in caplog.text

@@ -194,6 +194,7 @@ def test_a_checked_corpus_is_remembered_until_its_index_changes(make_corpus, mon
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
+    monkeypatch.setattr(dataset_module, "UNNOTED_CHECK_SEQUENCES", 0)  # a large index's way
     prefix = make_corpus(DOCUMENTS)
     IndexedDataset(prefix)  # checked, and remembered
     calls = []
@@ -220,7 +221,7 @@ def test_processes_opening_an_unnoted_corpus_at_once_check_it_once(
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
-    monkeypatch.setattr(dataset_module, "UNLOCKED_CHECK_SEQUENCES", 0)  # a large index's way
+    monkeypatch.setattr(dataset_module, "UNNOTED_CHECK_SEQUENCES", 0)  # a large index's way
     prefix = make_corpus(DOCUMENTS)
     time.sleep(0.05)
     calls = []
@@ -240,18 +241,19 @@ def test_processes_opening_an_unnoted_corpus_at_once_check_it_once(
     assert len(opened) == 1 and calls == []  # the note the first one wrote: no scan
 
 
-@pytest.mark.parametrize("unlocked", [4096, 0])
-def test_a_small_unnoted_corpus_is_checked_without_the_lock(
-    make_corpus, monkeypatch, tmp_path, unlocked
+@pytest.mark.parametrize("unnoted", [4096, 0])
+def test_a_small_corpus_is_checked_at_every_open_without_a_note_or_the_lock(
+    make_corpus, monkeypatch, tmp_path, unnoted
 ):
-    """An index of at most UNLOCKED_CHECK_SEQUENCES sequences checks faster than the lock is
-    taken: it is checked and noted without it; a larger one under it."""
+    """An index of at most UNNOTED_CHECK_SEQUENCES sequences checks faster than its note is
+    written or the lock taken: it is checked at every open, never noted; a larger one is
+    checked once under the lock and noted."""
     from megafmt import dataset as dataset_module
     from megafmt import fingerprint
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(fingerprint, "SETTLED_SECONDS", 0.0)
-    monkeypatch.setattr(dataset_module, "UNLOCKED_CHECK_SEQUENCES", unlocked)
+    monkeypatch.setattr(dataset_module, "UNNOTED_CHECK_SEQUENCES", unnoted)
     prefix = make_corpus(DOCUMENTS)
     time.sleep(0.05)
     checks, locks = [], []
@@ -261,15 +263,19 @@ def test_a_small_unnoted_corpus_is_checked_without_the_lock(
     )
     monkeypatch.setattr(dataset_module, "one_checker", lambda *a: locks.append(a) or real_lock(*a))
     IndexedDataset(prefix)
-    assert len(checks) == 1 and len(locks) == (0 if unlocked else 1)
+    assert len(checks) == 1 and len(locks) == (0 if unnoted else 1)
     IndexedDataset(prefix)
-    assert len(checks) == 1  # noted either way: not checked again
+    assert len(checks) == (2 if unnoted else 1)
+    notes = list((tmp_path / "cache").glob("checked/*.json"))
+    assert len(notes) == (0 if unnoted else 1)
 
 
 def test_a_corpus_changed_in_the_last_second_is_not_remembered(make_corpus, monkeypatch, tmp_path):
+    from megafmt import dataset as dataset_module
     from megafmt import fingerprint
 
     monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(dataset_module, "UNNOTED_CHECK_SEQUENCES", 0)  # a large index's way
     prefix = make_corpus(DOCUMENTS)
     IndexedDataset(prefix)
     notes = tmp_path / "cache" / "checked"

@@ -281,45 +281,6 @@ def test_a_cache_whose_corpus_cannot_be_read_names_the_corpus_not_the_cache_fold
     assert not os.path.exists(entry.description_path)
 
 
-def test_a_builds_notes_of_the_corpora_it_checks_are_written_in_its_background(
-    tmp_path, monkeypatch
-):
-    from megafmt import IndexWriter, checked
-    from megafmt.dataset import IndexedDataset
-
-    monkeypatch.setenv("MEGA_CACHE_DIR", str(tmp_path / "notes"))
-    prefix = str(tmp_path / "corpus")
-    with open(prefix + ".idx", "wb") as stream:
-        IndexWriter(numpy.uint16).write(stream, numpy.array([3, 2], numpy.int32), [0, 1, 2])
-    with open(prefix + ".bin", "wb") as stream:
-        stream.truncate(10)
-    monkeypatch.setattr(checked, "settled", lambda *times: True)  # noted, though just made
-    handed = []
-    with background_writes() as writes:
-        monkeypatch.setattr(writes, "write_note", lambda *a: handed.append(a))
-        dataset = IndexedDataset(prefix)
-    assert [path for path, _ in handed] == [checked._note_path(dataset.index.path, checked.CORPORA)]
-    assert checked.write_notes_with(None) is None  # the scope gave the writer back
-    with background_writes():  # and the real writer writes it
-        IndexedDataset(prefix)
-    assert checked.was_checked(dataset.index.path, dataset._checked)
-
-
-def test_a_note_that_cannot_be_written_fails_no_build(tmp_path):
-    with background_writes() as writes:
-        writes.write_note(str(tmp_path / "missing" / "note.json"), b"{}")
-        write_files(entry_files(tmp_path), lambda: None, Failed)
-    check_entry(tmp_path)
-    assert not (tmp_path / "missing").exists()
-
-
-def test_a_note_handed_to_writes_that_ended_is_written_at_once(tmp_path):
-    with background_writes() as writes:
-        pass
-    writes.write_note(str(tmp_path / "note.json"), b"{}")  # a thread that outlived the build
-    assert (tmp_path / "note.json").read_bytes() == b"{}"
-
-
 def test_a_wait_for_the_writer_says_what_it_waits_for(tmp_path, monkeypatch, caplog):
     import logging
 

@@ -9,15 +9,13 @@ with the identity of its ``.idx`` (size, modification and change times, inode, d
 ``.bin``'s size; the scan is skipped while both are unchanged. A file written in place gets a new
 change time, so it is checked again; a file changed within the last second is not remembered
 (a write in the same tick of the file system's clock would keep its change time). Failing to
-write the note (a read-only home) only means the next open scans again. A thread may hand its
-notes to a writer of its own (:func:`write_notes_with`: megaindex's builder, whose threads write
-a blend's cache files, writes the notes of its corpora with them).
+write the note (a read-only home) only means the next open scans again.
 
 Processes that open the same unnoted corpus at once (the ranks of a node, on its first job)
 check it one at a time (:func:`one_checker`, a lock in the notes' folder): the first checks and
 writes the note, the others find it, so the machine reads the index once, not once per process.
-A small index (``megafmt.dataset.UNLOCKED_CHECK_SEQUENCES``) checks faster than the lock is
-taken: each process checks it without the lock.
+A small index (``megafmt.dataset.UNNOTED_CHECK_SEQUENCES``) checks faster than its note is
+written or the lock taken: each process checks it at every open, without either.
 The notes of a machine share 256 locks, chosen by the note's name (a lock of its own was one more
 file created per corpus, thousands at a blend's first build); files that share one are checked in
 turns. A check that may take minutes (an SFT file's scan) takes a lock of its own.
@@ -41,10 +39,9 @@ import json
 import logging
 import os
 import platform
-import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 try:
     import fcntl
@@ -69,32 +66,6 @@ LOCK_WAIT_SECONDS = 300.0
 LOCK_MESSAGE_SECONDS = 10.0
 #: the size of the record a lock's holder writes at its start (what it checks, padded)
 LOCK_RECORD_BYTES = 4096
-
-
-class NoteWriter(Protocol):
-    """What writes the notes of a thread's checks off that thread (megaindex's background
-    writer of a build's cache files, :func:`write_notes_with`): the note is in place later, or
-    never when its write fails, which only means that a later open checks again."""
-
-    def write_note(self, path: str, data: bytes) -> None:
-        """Write ``data`` atomically at ``path`` (as :func:`~megafmt.atomic.write_atomically`
-        does), later; never raise for a failed write."""
-        ...
-
-
-_writers = threading.local()
-if hasattr(os, "register_at_fork"):  # a forked child has none of a writer's threads
-    os.register_at_fork(after_in_child=lambda: _writers.__dict__.clear())
-
-
-def write_notes_with(writer: NoteWriter | None) -> NoteWriter | None:
-    """Hand the notes this thread writes to ``writer`` (None: each written at once, the
-    default); returns the writer it replaces. A blend of thousands of small corpora creates a
-    note for each at its first open: 0.1-0.5 ms of file creation each, on the builder's
-    thread, while the build's writer threads create its cache files beside it."""
-    replaced = getattr(_writers, "writer", None)
-    _writers.writer = writer
-    return replaced
 
 
 def _note_path(path: str, kind: str) -> str:
@@ -141,24 +112,15 @@ def remember_checked(
 ) -> None:
     """Note that the files passed the check, unless the newest change time among them
     (``changed_ns``) was within a second of the moment the identity was taken (``taken_ns``,
-    :func:`time.time_ns` before the ``stat`` calls), or the note cannot be written. The
-    thread's :class:`NoteWriter`, if it has one, writes it, unless the thread holds
-    :func:`one_checker`'s lock."""
+    :func:`time.time_ns` before the ``stat`` calls), or the note cannot be written."""
     if not settled(changed_ns, taken_ns):
         return
     note_path = _note_path(path, kind)
     note = {"path": os.path.abspath(path), "identity": identity}
     if not _notes_folder(note_path):
         return
-    data = json.dumps(note).encode()
-    writer = getattr(_writers, "writer", None)
-    # under one_checker's lock the note is written before the lock is let go: the processes
-    # waiting for it look for the note, and would check again without it
-    if writer is not None and not getattr(_writers, "holds_lock", 0):
-        writer.write_note(note_path, data)
-        return
     with contextlib.suppress(OSError):
-        write_atomically(note_path, data)
+        write_atomically(note_path, json.dumps(note).encode())
 
 
 @contextlib.contextmanager
@@ -173,7 +135,6 @@ def one_checker(path: str, kind: str = CORPORA, lock_of_its_own: bool = False) -
     if fd is None:
         yield
         return
-    _writers.holds_lock = getattr(_writers, "holds_lock", 0) + 1
     try:
         if fcntl is not None and _lock(fd, lock_path, path):
             # what a process waiting for the lock names (a lock serves the notes of many files),
@@ -184,11 +145,13 @@ def one_checker(path: str, kind: str = CORPORA, lock_of_its_own: bool = False) -
                 os.pwrite(fd, record, 0)
         yield
     finally:
-        _writers.holds_lock = getattr(_writers, "holds_lock", 1) - 1
         os.close(fd)  # releases the lock
 
 
+#: the folders whose notes (a cache folder that is not one) or locks (none to take) were
+#: reported not usable, each kind once per process
 _reported_folders: set[str] = set()
+_reported_lock_folders: set[str] = set()
 
 
 def _notes_folder(note_path: str) -> bool:
@@ -235,8 +198,8 @@ def _report_once(lock_path: str, what: str) -> None:
     """Say, once per folder of locks, that a lock is not taken and why: each process then
     checks by itself (the machine reads an index once per process instead of once)."""
     folder = os.path.dirname(lock_path)
-    if folder not in _reported_folders:
-        _reported_folders.add(folder)
+    if folder not in _reported_lock_folders:
+        _reported_lock_folders.add(folder)
         logger.warning(
             "%s: %s; checks run without this machine's locks (each process checks by itself)",
             lock_path,

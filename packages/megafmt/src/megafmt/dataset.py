@@ -41,11 +41,11 @@ from megafmt.verification import check_consistency
 #: how often, at most, a read from a memory-mapped ``.bin`` first checks that the file did not
 #: shrink (one ``stat``, a few microseconds: checking before every ``get`` would double its cost)
 SIZE_CHECK_SECONDS = 0.01
-#: an index of at most this many sequences is checked without the machine's lock on its note:
-#: its check (about 0.1 ms) costs no more than taking the lock, so the ranks of a node that
-#: open it at once each check it rather than wait for one another (a blend of thousands of
-#: small corpora took 0.06 to 0.17 ms per corpus for the lock)
-UNLOCKED_CHECK_SEQUENCES = 4096
+#: an index of at most this many sequences is checked at every open, without a note or the
+#: machine's lock on one: its check (0.06-0.1 ms) costs less than creating the note (0.1-0.5 ms
+#: of a file creation, thousands at a blend's first build) and no more than looking the note
+#: up or taking the lock, so the ranks of a node that open it at once each check it
+UNNOTED_CHECK_SEQUENCES = 4096
 
 
 class IndexedDataset:
@@ -117,7 +117,7 @@ class IndexedDataset:
     ) -> None:
         """Open the files. The consistency check is skipped only for files that passed it
         already: those a pickled dataset's ``checked`` names (DataLoader workers do not scan
-        the index again), or those :mod:`megafmt.checked` remembers."""
+        the index again), or a large index :mod:`megafmt.checked` remembers."""
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap
@@ -143,17 +143,22 @@ class IndexedDataset:
         self._modes = self.index.sequence_modes
         taken = time.time_ns()
         self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
-        if self._checked != checked and not was_checked(self.index.path, self._checked):
-            if self.index.sequence_count <= UNLOCKED_CHECK_SEQUENCES:
-                self._check(bin_reader, taken)
-            else:
-                with one_checker(self.index.path):  # the ranks of a node: one reads, one notes
-                    if not was_checked(self.index.path, self._checked):
-                        self._check(bin_reader, taken)
+        if self._checked != checked:
+            self._check_unless_noted(bin_reader, taken)
         self._attach(bin_reader)
 
+    def _check_unless_noted(self, bin_reader: BinReader, taken: int) -> None:
+        """The consistency check: a small index's every time, a larger one's unless its note
+        says it passed (``taken``: when the identity was taken)."""
+        if self.index.sequence_count <= UNNOTED_CHECK_SEQUENCES:
+            check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
+        elif not was_checked(self.index.path, self._checked):
+            with one_checker(self.index.path):  # the ranks of a node: one reads, one notes
+                if not was_checked(self.index.path, self._checked):
+                    self._check(bin_reader, taken)
+
     def _check(self, bin_reader: BinReader, taken: int) -> None:
-        """The consistency check, then its note (``taken``: when the identity was taken)."""
+        """The consistency check, then its note."""
         check_consistency(self.index, bin_reader.path, bin_reader.nbytes)
         changed = self._checked[CHANGE_TIME]  # the .idx's (its identity leads)
         remember_checked(self.index.path, self._checked, changed, taken)

@@ -6,10 +6,8 @@ hundreds on a busy file system, about a third of the build when Python makes the
 the other. Inside :func:`background_writes` (the builder's scope over a blend's corpora) each
 entry's files are handed to threads of the extension that never take the GIL, and the build
 goes on; the scope ends only once every file is in place, before the builder's barrier lets
-other ranks read them. The notes megafmt keeps of the corpora the build checks at their first
-open go the same way (:func:`megafmt.checked.write_notes_with`), a failed one failing nothing.
-Outside it (a dataset built on its own, a cache shared through object storage, whose files are
-uploaded right after) the same write runs at once.
+other ranks read them. Outside it (a dataset built on its own, a cache shared through object
+storage, whose files are uploaded right after) the same write runs at once.
 
 Each file is written as :func:`megafmt.atomic.write_atomically` writes it: created exclusively
 under a temporary name (:func:`megafmt.atomic.partial_path`: the next build removes those a
@@ -22,6 +20,7 @@ rename, for the sidecar and for the tables mapped later.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -31,8 +30,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from megafmt import get_bin_path, get_idx_path
-from megafmt.atomic import partial_path, write_atomically
-from megafmt.checked import write_notes_with
+from megafmt.atomic import partial_path
 from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS, SAMPLED_HEADER_BYTES
 from megaindex import _ext
 
@@ -147,17 +145,8 @@ class Written:
 class _Submitted:
     written: Written
     on_done: Callable[[], None]
-    on_error: Callable[[OSError], Exception | None]
-    """The failure's exception, raised at the build's end; None: not a failure of the build."""
-
-
-def _nothing() -> None:
-    pass
-
-
-def _no_failure(error: OSError) -> None:
-    """A note that could not be written: a later open checks again."""
-    return None
+    on_error: Callable[[OSError], Exception]
+    """The failure's exception, raised at the build's end."""
 
 
 class BackgroundWrites:
@@ -173,11 +162,11 @@ class BackgroundWrites:
         self,
         files: Sequence[FileWrite],
         on_done: Callable[[], None],
-        on_error: Callable[[OSError], Exception | None],
+        on_error: Callable[[OSError], Exception],
     ) -> Written:
         steps, last = _steps(files), files[-1].path
         pending = _waited(
-            lambda seconds: self._pool.submit(steps, seconds),
+            functools.partial(self._pool.submit, steps),
             f"room among the build's writes in the background (for the files ending with {last})",
         )
         written = Written(None, pending, last)
@@ -185,16 +174,6 @@ class BackgroundWrites:
             self._submitted.append(_Submitted(written, on_done, on_error))
             self._by_last_path.setdefault(files[-1].path, []).append(written)
         return written
-
-    def write_note(self, path: str, data: bytes) -> None:
-        """A note of megafmt's checks (:class:`megafmt.checked.NoteWriter`), written among the
-        build's files; a failed one fails nothing. Once the build's writes ended (a thread
-        that adopted them and outlived them), written at once."""
-        try:
-            self.submit([FileWrite(path, data)], _nothing, _no_failure)
-        except RuntimeError:  # the writer's threads are stopped
-            with contextlib.suppress(OSError):
-                write_atomically(path, data)
 
     def wait_for(self, path: str) -> None:
         """Wait for the writes whose last file is ``path`` (another dataset of the same build
@@ -217,9 +196,7 @@ class BackgroundWrites:
                 try:
                     item.written.identities()
                 except OSError as error:
-                    reported = item.on_error(error)
-                    if reported is not None and failure is None:
-                        failure = (reported, error)
+                    failure = failure or (item.on_error(error), error)
                 finally:
                     item.on_done()
         finally:
@@ -249,11 +226,9 @@ def current() -> BackgroundWrites | None:
 @contextlib.contextmanager
 def background_writes() -> Iterator[BackgroundWrites]:
     """A build's scope: writes submitted on this thread (and on threads that
-    :func:`adopt` it) go to the background, megafmt's notes of the corpora it checks too; all
-    are in place when the block ends."""
+    :func:`adopt` it) go to the background; all are in place when the block ends."""
     writes = BackgroundWrites()
     outer = current()
-    outer_notes = write_notes_with(writes)
     _scope.writes = writes
     try:
         yield writes
@@ -265,13 +240,11 @@ def background_writes() -> Iterator[BackgroundWrites]:
         writes.finish()
     finally:
         _scope.writes = outer
-        write_notes_with(outer_notes)
 
 
 def adopt(writes: BackgroundWrites | None) -> None:
-    """Make ``writes`` this thread's scope (a builder's pool thread), its notes' too."""
+    """Make ``writes`` this thread's scope (a builder's pool thread)."""
     _scope.writes = writes
-    write_notes_with(writes)
 
 
 def write_files(
