@@ -195,12 +195,14 @@ def atomic_write(path: str, fsync: bool = False) -> Iterator[BinaryIO]:
             os.fsync(stream.fileno())
 
 
-def write_atomically(path: str, data: bytes | bytearray | memoryview, fsync: bool = False) -> None:
-    """:func:`atomic_write` of bytes in hand, written by the descriptor without a file object:
-    a cache of thousands of corpora writes five small files for each, and a Python file (with
-    ``numpy.save``'s writer) cost twice the creation of the file itself."""
-    with _replacing(path) as partial:
-        descriptor = _create_exclusive(partial)
+def write_exclusively(path: str, data: bytes | bytearray | memoryview, fsync: bool = False) -> None:
+    """Write ``data`` into the new file ``path``, by the descriptor without a file object (a
+    cache of thousands of corpora writes five small files for each, and a Python file with
+    ``numpy.save``'s writer cost twice the creation of the file itself); raises
+    ``FileExistsError`` when anything (a file, a link) is at ``path`` already. A write or close
+    that fails (a full disk) removes the file again: nothing half-written stays at ``path``."""
+    descriptor = _create_exclusive(path)
+    try:
         try:
             remaining = memoryview(data).cast("B")
             while remaining:
@@ -208,4 +210,14 @@ def write_atomically(path: str, data: bytes | bytearray | memoryview, fsync: boo
             if fsync:
                 os.fsync(descriptor)
         finally:
-            os.close(descriptor)
+            os.close(descriptor)  # checked: a network file system reports a full disk here
+    except BaseException:
+        remove_quietly(path)
+        raise
+
+
+def write_atomically(path: str, data: bytes | bytearray | memoryview, fsync: bool = False) -> None:
+    """:func:`atomic_write` of bytes in hand (:func:`write_exclusively` under a temporary
+    name)."""
+    with _replacing(path) as partial:
+        write_exclusively(partial, data, fsync)

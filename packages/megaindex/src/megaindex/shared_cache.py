@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from megafmt.atomic import NO_FOLLOW, partial_path, remove_quietly, write_atomically
+from megafmt.atomic import partial_path, remove_quietly, write_atomically, write_exclusively
 from megafmt.confinement import confined_path, url_components
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
@@ -234,20 +234,11 @@ class _Store:
 
     def _create_local(self, path: str, data: bytes) -> bool:
         try:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644)
+            write_exclusively(path, data)
         except FileExistsError:
             return False
-        except OSError as error:
-            raise SharedCacheError(f"{path}: the lease could not be created ({error})") from error
-        try:
-            remaining = memoryview(data)
-            while remaining:
-                remaining = remaining[os.write(descriptor, remaining) :]
-        except OSError as error:
-            os.close(descriptor)
-            remove_quietly(path)
+        except OSError as error:  # a lease half-written was removed: not another's
             raise SharedCacheError(f"{path}: the lease could not be written ({error})") from error
-        os.close(descriptor)
         return True
 
     def remove(self, name: str) -> None:
