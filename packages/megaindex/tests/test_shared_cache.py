@@ -346,3 +346,78 @@ def test_a_local_lease_whose_write_fails_is_removed_and_named(tmp_path, monkeypa
         store.create("t-lease-1.json", b"lease")
     monkeypatch.undo()
     assert not (folder / "t-lease-1.json").exists()  # not taken for another process's
+
+
+def failed_lease(store: str, generation: int) -> None:
+    lease = {"holder": "node7 pid 42", "beat": -1, "time": 0, "failed": "ValueError: damaged"}
+    fsspec.filesystem("memory").pipe_file(lease_of(store, generation), json.dumps(lease).encode())
+
+
+def test_a_failed_build_fails_the_processes_waiting_for_it_with_its_error(store, tmp_path):
+    # lease_seconds of 30: without the failure in the lease the waiter waits 90 s
+    config = SharedCacheConfig(store, lease_seconds=30, heartbeat_seconds=0.05, poll_seconds=0.05)
+    builder_entry, waiter_entry = entry_in(tmp_path / "node0"), entry_in(tmp_path / "node1")
+    release = threading.Event()
+    outcomes: dict[str, Exception] = {}
+
+    def failing_build() -> str:
+        release.wait(10)
+        raise ValueError("corpus c7 is damaged")
+
+    def run(name: str, entry: CacheEntry, load_or_build, may_build: bool) -> None:
+        try:
+            SharedTableCache(config).obtain(entry, "described", load_or_build, may_build)
+        except Exception as error:
+            outcomes[name] = error
+
+    builder = threading.Thread(target=run, args=("builder", builder_entry, failing_build, True))
+    builder.start()
+    fs = fsspec.filesystem("memory")
+    for _ in range(200):  # the builder's lease, within 2 s
+        if fs.exists(lease_of(store, 1)):
+            break
+        threading.Event().wait(0.01)
+    waiter = threading.Thread(
+        target=run, args=("waiter", waiter_entry, saver(waiter_entry, []), False), daemon=True
+    )
+    waiter.start()
+    threading.Event().wait(0.3)  # the waiter watches the lease
+    release.set()
+    builder.join(20)
+    waiter.join(20)
+    assert not waiter.is_alive(), "the waiter did not learn of the failed build"
+    assert isinstance(outcomes["builder"], ValueError)
+    message = str(outcomes["waiter"])
+    assert isinstance(outcomes["waiter"], SharedCacheError)
+    assert lease_of(store, 1) in message and "ValueError: corpus c7 is damaged" in message
+    assert json.loads(fs.cat_file(lease_of(store, 1)))["failed"] == (
+        "ValueError: corpus c7 is damaged"
+    )
+
+
+def test_a_process_that_may_build_claims_the_lease_of_a_failed_build_at_once(
+    store, tmp_path, caplog
+):
+    failed_lease(store, 1)
+    entry, calls = entry_in(tmp_path / "node1"), []
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=30, poll_seconds=0.05))
+    got: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        claimer = threading.Thread(
+            target=lambda: got.append(cache.obtain(entry, "described", saver(entry, calls), True)),
+            daemon=True,
+        )
+        claimer.start()
+        claimer.join(20)  # a dead lease would be watched for 30 s first
+    assert got == ["built"] and calls == ["built"]
+    assert "the build under lease 1 failed: ValueError: damaged; building again" in caplog.text
+
+
+def test_a_failure_found_on_arrival_is_waited_on_as_a_dead_lease(store, tmp_path):
+    failed_lease(store, 1)  # maybe an earlier job's: a builder of this one may claim lease 2
+    entry = entry_in(tmp_path / "node1")
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.05))
+    with pytest.raises(SharedCacheError) as raised:
+        cache.obtain(entry, "described", saver(entry, []), may_build=False)
+    assert "node7 pid 42, whose build failed: ValueError: damaged" in str(raised.value)
+    assert "claimed lease 2" in str(raised.value)

@@ -30,9 +30,12 @@ Every process that needs a dataset's tables then:
    conditional put: one winner) and builds again. After ``max_builds`` leases died the error
    names the store and the last holder, instead of waiting forever; a watcher that may not
    build waits two more ``lease_seconds`` for a process that may to claim the next lease, then
-   fails naming the dead lease (a failed job's, left behind). While it waits, a process
-   logs every ``message_seconds`` what it waits for: the object, its holder and its last
-   heartbeat.
+   fails naming the dead lease (a failed job's, left behind). A build that fails with an error
+   (a damaged corpus, a full disk) writes the error into its lease before it raises: a watcher
+   that may build claims the next lease at once, one that may not fails at once with that error
+   when the build failed while it watched (a failure it found on arrival may be an earlier
+   job's: it waits for a claim as for a dead lease). While it waits, a process logs every
+   ``message_seconds`` what it waits for: the object, its holder and its last heartbeat.
 
 ``requests_sent`` counts the requests this process sent to stores, by kind (a listing counts
 once, however many pages the store answers it in).
@@ -258,6 +261,8 @@ class _Watch:
 
     content: bytes | None = None
     changed: float = 0.0
+    failed_while_watched: bool = False
+    """Whether the lease recorded a failed build after this process saw it without one."""
 
 
 class SharedTableCache:
@@ -299,10 +304,12 @@ class SharedTableCache:
                 if generation >= self.config.max_builds:
                     raise SharedCacheError(self._gave_up(entry, generation))
                 if may_build:
-                    if self._claim(entry, generation + 1):
+                    if self._claim(entry, generation + 1, watch.content):
                         return self._build(entry, generation + 1, load_or_build)
                     watch = _Watch()
                     continue
+                if watch.failed_while_watched:
+                    raise SharedCacheError(self._failed(entry, generation, watch))
                 # the lease died: a process that may build claims the next one meanwhile (after
                 # watching it for lease_seconds itself); one that may not waits two more
                 # lease_seconds for that, then says what is missing
@@ -329,23 +336,28 @@ class SharedTableCache:
         return generation
 
     def _died(self, entry: CacheEntry, generation: int, watch: _Watch) -> bool:
-        """Whether lease ``generation`` has not changed for ``lease_seconds`` of this clock."""
+        """Whether lease ``generation`` has not changed for ``lease_seconds`` of this clock, or
+        records a failed build."""
         content = self.store.read(self._lease_name(entry, generation))
         now = time.monotonic()
         if content != watch.content or watch.changed == 0.0:
+            watched = watch.changed != 0.0 and _failure(watch.content) is None
             watch.content, watch.changed = content, now
-            return False
-        return now - watch.changed >= self.config.lease_seconds
+            watch.failed_while_watched = watched and _failure(content) is not None
+        return _failure(content) is not None or now - watch.changed >= self.config.lease_seconds
 
-    def _claim(self, entry: CacheEntry, generation: int) -> bool:
+    def _claim(self, entry: CacheEntry, generation: int, previous: bytes | None) -> bool:
+        """Claim lease ``generation``; ``previous``: what lease ``generation - 1`` held."""
         claimed = self.store.create(self._lease_name(entry, generation), _lease_text(0))
         if claimed and generation > 1:
+            failure = _failure(previous)
             logger.warning(
-                "%s: the build under lease %d stopped sending heartbeats for %g s; building "
-                "again here (%s)",
+                "%s: the build under lease %d %s; building again here (%s)",
                 self._url(entry.base),
                 generation - 1,
-                self.config.lease_seconds,
+                f"stopped sending heartbeats for {self.config.lease_seconds:g} s"
+                if failure is None
+                else f"failed: {failure}",
                 _holder(),
             )
         return claimed
@@ -358,14 +370,26 @@ class SharedTableCache:
         )
         beats.start()
         try:
-            result = load_or_build()
-            self._upload(entry)
-        finally:
-            stop.set()
-            beats.join()
+            try:
+                result = load_or_build()
+                self._upload(entry)
+            finally:
+                stop.set()
+                beats.join()
+        except BaseException as error:
+            self._record_failure(lease, error)
+            raise
         for number in range(1, generation + 1):
             self.store.remove(self._lease_name(entry, number))
         return result
+
+    def _record_failure(self, lease: str, error: BaseException) -> None:
+        """Write the build's error into its lease, for the processes that wait for it; a store
+        that refuses the write leaves the lease to be declared dead."""
+        try:
+            self.store.write(lease, _lease_text(-1, f"{type(error).__name__}: {error}"))
+        except OSError as refused:
+            logger.warning("%s: the build's failure not recorded (%s)", self._url(lease), refused)
 
     def _beat(self, lease: str, stop: threading.Event) -> None:
         beat = 0
@@ -489,13 +513,26 @@ class SharedTableCache:
             f"{self._url(entry.base + '-lease-*.json')}"
         )
 
+    def _failed(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
+        lease = self._lease_name(entry, generation)
+        return (
+            f"{self._url(lease)}: the build this process waited for failed on "
+            f"{_describe_lease(watch.content)}; this process does not build shared files "
+            "(global rank 0 does)"
+        )
+
     def _gave_up(self, entry: CacheEntry, generation: int) -> str:
         content = self.store.read(self._lease_name(entry, generation))
+        ended = (
+            f"stopped sending heartbeats for {self.config.lease_seconds:g} s"
+            if _failure(content) is None
+            else "failed"
+        )
         return (
             f"{self._url(entry.base)}: {generation} builds of these tables started and none "
-            f"finished (the last by {_describe_lease(content)} stopped sending heartbeats for "
-            f"{self.config.lease_seconds:g} s); at most {self.config.max_builds} are tried. "
-            f"Remove {self._url(entry.base + '-lease-*.json')} to try again"
+            f"finished (the last by {_describe_lease(content)} {ended}); at most "
+            f"{self.config.max_builds} are tried. Remove "
+            f"{self._url(entry.base + '-lease-*.json')} to try again"
         )
 
     @contextmanager
@@ -535,13 +572,33 @@ def _holder() -> str:
     return f"{socket.gethostname()} pid {os.getpid()}"
 
 
-def _lease_text(beat: int) -> bytes:
-    return json.dumps({"holder": _holder(), "beat": beat, "time": time.time()}).encode()
+def _lease_text(beat: int, failure: str | None = None) -> bytes:
+    """A lease's content: its holder, heartbeat and time, and the error of a failed build."""
+    lease: dict[str, Any] = {"holder": _holder(), "beat": beat, "time": time.time()}
+    if failure is not None:
+        lease["failed"] = failure
+    return json.dumps(lease).encode()
+
+
+def _parsed_lease(content: bytes | None) -> dict[str, Any]:
+    try:
+        lease = json.loads(content or b"")
+    except ValueError:
+        return {}
+    return lease if isinstance(lease, dict) else {}
+
+
+def _failure(content: bytes | None) -> str | None:
+    """The error a lease records of its failed build (None: it records none)."""
+    failure = _parsed_lease(content).get("failed")
+    return None if failure is None else str(failure)
 
 
 def _describe_lease(content: bytes | None) -> str:
+    lease = _parsed_lease(content)
     try:
-        lease: dict[str, Any] = json.loads(content or b"")
-        return f"{lease['holder']} (heartbeat {lease['beat']})"
-    except (ValueError, KeyError, TypeError):
+        described = f"{lease['holder']} (heartbeat {lease['beat']})"
+    except KeyError:
         return "an unknown process"
+    failure = lease.get("failed")
+    return described if failure is None else f"{lease['holder']}, whose build failed: {failure}"
