@@ -17,9 +17,10 @@ many processes from a cache in object storage.
    excluded), the process's peak RSS (whole, and above what it held once its imports were done:
    torch's are most of it on both sides), and the most open file descriptors seen (sampled
    every 5 ms from /proc/self/fd). megaindex's first cold build also
-   checks each corpus at its first open and notes it (megafmt's notes, in a folder of the
-   run's: ``MEGA_CACHE_DIR``); a second cold build into an empty cache folder, the corpora
-   checked before, is the case of a new mix over corpora a machine has read already.
+   checks each corpus at its first open and notes those of more than 4,096 sequences (233 of
+   2,400; megafmt's notes, in a folder of the run's: ``MEGA_CACHE_DIR``; a smaller one is
+   checked at every open); a second cold build into an empty cache folder, the corpora checked
+   before, is the case of a new mix over corpora a machine has read already.
    ``--cache-root`` puts the caches in another folder: on a tmpfs (``/dev/shm/...``) the
    figures leave the disk's file creations out (this VM's ext4 swings them by 10x).
    Then the blending indices alone (the blend's two tables), each side's helper in this
@@ -212,8 +213,9 @@ def bench_blend(
     )
 
     def run(side: str, cache: str, notes: str = "notes-1") -> dict:
-        # megafmt's notes of the corpora it checked at their first open, in a folder of this
-        # run's: a cold build with new notes checks each corpus (megatron-core checks none)
+        # megafmt's notes of the corpora it checked at their first open (those above 4,096
+        # sequences), in a folder of this run's: a cold build with new notes checks each
+        # corpus (megatron-core checks none)
         os.environ["MEGA_CACHE_DIR"] = str(WORKDIR / notes)
         # what the run before left to write back (the corpora, the other side's cache) is
         # written first, not during this one
@@ -240,7 +242,7 @@ def bench_blend(
     theirs_runs.append(run("megatron", "cache-megatron-2"))
     ours_cold = min(ours_runs, key=lambda answer: answer["seconds"])
     theirs_cold = min(theirs_runs, key=lambda answer: answer["seconds"])
-    # a new mix over corpora this machine has read: their notes are there
+    # a new mix over corpora this machine has read: the notes of the larger ones are there
     ours_cold_again = run("megaindex", "cache-megaindex-3")
     ours_hit, theirs_hit = (
         run("megaindex", "cache-megaindex-1"),

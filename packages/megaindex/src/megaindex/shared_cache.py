@@ -31,11 +31,11 @@ Every process that needs a dataset's tables then:
    names the store and the last holder, instead of waiting forever; a watcher that may not
    build waits two more ``lease_seconds`` for a process that may to claim the next lease, then
    fails naming the dead lease (a failed job's, left behind). A build that fails with an error
-   (a damaged corpus, a full disk) writes the error into its lease before it raises: a watcher
-   that may build claims the next lease at once, one that may not fails at once with that error
-   when the build failed while it watched (a failure it found on arrival may be an earlier
-   job's: it waits for a claim as for a dead lease). While it waits, a process logs every
-   ``message_seconds`` what it waits for: the object, its holder and its last heartbeat.
+   (a damaged corpus, a full disk; not an interrupt) writes the error into its lease before it
+   raises: a watcher that may build claims the next lease at once; one that may not waits one
+   lease time for that claim (the failure may be another job's), then fails quoting the error.
+   While it waits, a process logs every ``message_seconds`` what it waits for: the object, its
+   holder and its last heartbeat.
 
 ``requests_sent`` counts the requests this process sent to stores, by kind (a listing counts
 once, however many pages the store answers it in).
@@ -64,6 +64,7 @@ from megafmt.atomic import partial_path, remove_quietly, write_atomically, write
 from megafmt.confinement import confined_path, url_components
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
+from megafmt.redaction import redact
 from megafmt.remote import default_cache_dir
 from megaindex.cache import CacheEntry
 from megaindex.errors import CacheError
@@ -240,8 +241,10 @@ class _Store:
             write_exclusively(path, data)
         except FileExistsError:
             return False
-        except OSError as error:  # a lease half-written was removed: not another's
-            raise SharedCacheError(f"{path}: the lease could not be written ({error})") from error
+        except OSError as error:  # nothing is left at the name: not another process's lease
+            raise SharedCacheError(
+                f"{path}: the lease could not be created or written ({error})"
+            ) from error
         return True
 
     def remove(self, name: str) -> None:
@@ -250,6 +253,8 @@ class _Store:
             self.fs.rm_file(self.key(name))
 
 
+#: the most characters of a failed build's error its lease records
+FAILURE_CHARACTERS = 2000
 #: how long a conditional put that failed with an error is settled by looking at the store
 CONFLICT_SECONDS = 5.0
 CONFLICT_POLL_SECONDS = 0.2
@@ -261,8 +266,6 @@ class _Watch:
 
     content: bytes | None = None
     changed: float = 0.0
-    failed_while_watched: bool = False
-    """Whether the lease recorded a failed build after this process saw it without one."""
 
 
 class SharedTableCache:
@@ -308,12 +311,15 @@ class SharedTableCache:
                         return self._build(entry, generation + 1, load_or_build)
                     watch = _Watch()
                     continue
-                if watch.failed_while_watched:
-                    raise SharedCacheError(self._failed(entry, generation, watch))
-                # the lease died: a process that may build claims the next one meanwhile (after
-                # watching it for lease_seconds itself); one that may not waits two more
-                # lease_seconds for that, then says what is missing
-                if time.monotonic() - watch.changed >= 3 * self.config.lease_seconds:
+                # the build failed or died: a process that may build claims the next lease (at
+                # once, or after watching a dead one for lease_seconds itself); one that may not
+                # waits for that one lease time after a failure, two after a death, then says
+                # what is missing
+                waited = time.monotonic() - watch.changed
+                if _failure(watch.content) is not None:
+                    if waited >= self.config.lease_seconds:
+                        raise SharedCacheError(self._failed(entry, generation, watch))
+                elif waited >= 3 * self.config.lease_seconds:
                     raise SharedCacheError(self._unclaimed(entry, generation, watch))
             if time.monotonic() - last_message >= self.config.message_seconds:
                 last_message = time.monotonic()
@@ -341,9 +347,7 @@ class SharedTableCache:
         content = self.store.read(self._lease_name(entry, generation))
         now = time.monotonic()
         if content != watch.content or watch.changed == 0.0:
-            watched = watch.changed != 0.0 and _failure(watch.content) is None
             watch.content, watch.changed = content, now
-            watch.failed_while_watched = watched and _failure(content) is not None
         return _failure(content) is not None or now - watch.changed >= self.config.lease_seconds
 
     def _claim(self, entry: CacheEntry, generation: int, previous: bytes | None) -> bool:
@@ -376,19 +380,23 @@ class SharedTableCache:
             finally:
                 stop.set()
                 beats.join()
-        except BaseException as error:
+        except Exception as error:  # interrupted (Ctrl-C), the lease is left to die
             self._record_failure(lease, error)
             raise
         for number in range(1, generation + 1):
             self.store.remove(self._lease_name(entry, number))
         return result
 
-    def _record_failure(self, lease: str, error: BaseException) -> None:
-        """Write the build's error into its lease, for the processes that wait for it; a store
-        that refuses the write leaves the lease to be declared dead."""
+    def _record_failure(self, lease: str, error: Exception) -> None:
+        """Write the build's error into its lease, for the processes that wait for it (every
+        reader of the store reads it: credentials in it are masked); a store that refuses the
+        write leaves the lease to be declared dead, and the build's error is the one raised."""
+        text = redact(f"{type(error).__name__}: {error}".removesuffix(": "))
+        if len(text) > FAILURE_CHARACTERS:
+            text = text[:FAILURE_CHARACTERS] + "..."
         try:
-            self.store.write(lease, _lease_text(-1, f"{type(error).__name__}: {error}"))
-        except OSError as refused:
+            self.store.write(lease, _lease_text(-1, text))
+        except Exception as refused:
             logger.warning("%s: the build's failure not recorded (%s)", self._url(lease), refused)
 
     def _beat(self, lease: str, stop: threading.Event) -> None:
@@ -514,11 +522,12 @@ class SharedTableCache:
         )
 
     def _failed(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
-        lease = self._lease_name(entry, generation)
+        lease = _parsed_lease(watch.content)
         return (
-            f"{self._url(lease)}: the build this process waited for failed on "
-            f"{_describe_lease(watch.content)}; this process does not build shared files "
-            "(global rank 0 does)"
+            f"{self._url(self._lease_name(entry, generation))}: the build by "
+            f"{lease.get('holder', 'an unknown process')} failed: {_failure(watch.content)}; no "
+            f"process that builds shared files (global rank 0) claimed lease {generation + 1} "
+            f"within {self.config.lease_seconds:g} s, and this process does not build them"
         )
 
     def _gave_up(self, entry: CacheEntry, generation: int) -> str:
