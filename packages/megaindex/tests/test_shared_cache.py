@@ -168,6 +168,11 @@ def dead_lease(store: str, generation: int) -> None:
     fsspec.filesystem("memory").pipe_file(lease_of(store, generation), json.dumps(holder).encode())
 
 
+def failed_lease(store: str, generation: int) -> None:
+    lease = {"holder": "node7 pid 42", "beat": -1, "time": 0, "failed": "ValueError: damaged"}
+    fsspec.filesystem("memory").pipe_file(lease_of(store, generation), json.dumps(lease).encode())
+
+
 def test_a_build_that_died_is_redone_once_by_the_next_process(store, tmp_path, caplog):
     dead_lease(store, 1)  # a build started and stopped sending heartbeats
     entry, calls = entry_in(tmp_path / "node1"), []
@@ -262,9 +267,20 @@ def test_a_process_that_may_not_build_fails_naming_a_dead_lease_nobody_claims(st
     assert calls == []
 
 
-def test_a_process_that_may_not_build_gets_the_tables_of_the_next_lease(store, tmp_path):
-    dead_lease(store, 1)
-    config = SharedCacheConfig(store, lease_seconds=1.0, poll_seconds=0.05, heartbeat_seconds=0.05)
+@pytest.mark.parametrize(
+    ("left_lease", "lease_seconds"),
+    [(dead_lease, 1.0), (failed_lease, 5.0)],
+    ids=["dead", "failed"],
+)
+def test_a_process_that_may_not_build_gets_the_tables_of_the_next_lease(
+    store, tmp_path, left_lease, lease_seconds
+):
+    # a failed lease may be another job's: this one's builder claims the next at once, while
+    # the waiter gives it a lease time
+    left_lease(store, 1)
+    config = SharedCacheConfig(
+        store, lease_seconds=lease_seconds, poll_seconds=0.05, heartbeat_seconds=0.05
+    )
     builder_entry, waiter_entry = entry_in(tmp_path / "node0"), entry_in(tmp_path / "node1")
     waiter_built: list[str] = []
     got: list[str] = []
@@ -348,11 +364,6 @@ def test_a_local_lease_whose_write_fails_is_removed_and_named(tmp_path, monkeypa
     assert not (folder / "t-lease-1.json").exists()  # not taken for another process's
 
 
-def failed_lease(store: str, generation: int) -> None:
-    lease = {"holder": "node7 pid 42", "beat": -1, "time": 0, "failed": "ValueError: damaged"}
-    fsspec.filesystem("memory").pipe_file(lease_of(store, generation), json.dumps(lease).encode())
-
-
 def test_a_failed_build_fails_the_processes_waiting_for_it_with_its_error(store, tmp_path):
     config = SharedCacheConfig(store, lease_seconds=2, heartbeat_seconds=0.05, poll_seconds=0.05)
     builder_entry, waiter_entry = entry_in(tmp_path / "node0"), entry_in(tmp_path / "node1")
@@ -410,31 +421,6 @@ def test_a_process_that_may_build_claims_the_lease_of_a_failed_build_at_once(
         claimer.join(20)  # a dead lease would be watched for 30 s first
     assert got == ["built"] and calls == ["built"]
     assert "the build under lease 1 failed: ValueError: damaged; building again" in caplog.text
-
-
-def test_a_process_that_may_not_build_gets_the_tables_of_a_claim_after_a_failure(store, tmp_path):
-    failed_lease(store, 1)  # another job's failure: this one's builder claims lease 2
-    config = SharedCacheConfig(store, lease_seconds=5, poll_seconds=0.05, heartbeat_seconds=0.05)
-    builder_entry, waiter_entry = entry_in(tmp_path / "node0"), entry_in(tmp_path / "node1")
-    got: list[str] = []
-    waiter = threading.Thread(
-        target=lambda: got.append(
-            SharedTableCache(config).obtain(
-                waiter_entry, "described", saver(waiter_entry, []), False
-            )
-        ),
-        daemon=True,
-    )
-    waiter.start()
-    built: list[str] = []
-    assert (
-        SharedTableCache(config).obtain(
-            builder_entry, "described", saver(builder_entry, built), True
-        )
-        == "built"
-    )
-    waiter.join(20)
-    assert built == ["built"] and got == ["loaded"]
 
 
 def test_a_failed_builds_lease_masks_credentials_in_its_error(store, tmp_path):
