@@ -186,16 +186,26 @@ def test_a_build_that_died_is_redone_once_by_the_next_process(store, tmp_path, c
     assert fs.cat_file(f"{store}/0123-Tables-train-description.txt") == b"described"
 
 
-def test_builds_that_keep_dying_end_in_an_error_naming_the_store(store, tmp_path):
+@pytest.mark.parametrize(
+    ("last_lease", "ended"),
+    [
+        (dead_lease, "node7 pid 42 (heartbeat 3) stopped sending heartbeats for 0.2 s)"),
+        (failed_lease, "node7 pid 42 failed: ValueError: damaged)"),  # at once, quoted
+    ],
+    ids=["dead", "failed"],
+)
+def test_builds_that_keep_dying_end_in_an_error_naming_the_store(
+    store, tmp_path, last_lease, ended
+):
     dead_lease(store, 1)
-    dead_lease(store, 2)
+    last_lease(store, 2)
     entry = entry_in(tmp_path / "node1")
     cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.05))
     with pytest.raises(SharedCacheError) as raised:
         cache.obtain(entry, "described", saver(entry, []), may_build=True)
     message = str(raised.value)
     assert "2 builds of these tables started and none finished" in message
-    assert "node7 pid 42 (heartbeat 3)" in message and store in message
+    assert f"(the last by {ended}" in message and store in message
 
 
 def test_a_waiting_process_says_what_it_waits_for_and_gets_the_upload(store, tmp_path, caplog):
@@ -434,3 +444,44 @@ def test_a_failed_builds_lease_masks_credentials_in_its_error(store, tmp_path):
         cache.obtain(entry, "described", failing_build, may_build=True)
     failed = json.loads(fsspec.filesystem("memory").cat_file(lease_of(store, 1)))["failed"]
     assert failed.startswith("OSError: cannot read s3://") and "s3cr3tkey" not in failed
+
+
+def failing(error: BaseException):
+    def load_or_build() -> str:
+        raise error
+
+    return load_or_build
+
+
+def test_an_interrupted_build_leaves_its_lease_to_die(store, tmp_path):
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=30, poll_seconds=0.05))
+    with pytest.raises(KeyboardInterrupt):
+        cache.obtain(entry_in(tmp_path), "described", failing(KeyboardInterrupt()), True)
+    lease = json.loads(fsspec.filesystem("memory").cat_file(lease_of(store, 1)))
+    assert "failed" not in lease and lease["beat"] == 0
+
+
+def test_a_failure_the_store_refuses_to_record_leaves_the_builds_error(
+    store, tmp_path, monkeypatch, caplog
+):
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=30, poll_seconds=0.05))
+
+    def refuse(name, data):
+        raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(cache.store, "write", refuse)
+    with (
+        caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"),
+        pytest.raises(ValueError, match="damaged corpus"),
+    ):
+        cache.obtain(entry_in(tmp_path), "described", failing(ValueError("damaged corpus")), True)
+    assert "the build's failure not recorded (the store is gone)" in caplog.text
+
+
+def test_a_long_failure_is_recorded_cut_to_its_limit(store, tmp_path):
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=30, poll_seconds=0.05))
+    with pytest.raises(ValueError):
+        cache.obtain(entry_in(tmp_path), "described", failing(ValueError("x" * 5000)), True)
+    failed = json.loads(fsspec.filesystem("memory").cat_file(lease_of(store, 1)))["failed"]
+    assert len(failed) == shared_cache.FAILURE_CHARACTERS and failed.endswith("x...")
+    assert failed.startswith("ValueError: xxx")

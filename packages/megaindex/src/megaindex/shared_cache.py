@@ -33,7 +33,8 @@ Every process that needs a dataset's tables then:
    fails naming the dead lease (a failed job's, left behind). A build that fails with an error
    (a damaged corpus, a full disk; not an interrupt) writes the error into its lease before it
    raises: a watcher that may build claims the next lease at once; one that may not waits one
-   lease time for that claim (the failure may be another job's), then fails quoting the error.
+   lease time for that claim (the failure may be another job's), then fails quoting the error
+   (the ``max_builds``-th lease failed: every watcher fails at once).
    While it waits, a process logs every ``message_seconds`` what it waits for: the object, its
    holder and its last heartbeat.
 
@@ -305,7 +306,7 @@ class SharedTableCache:
                 if not may_build and generation == 0:
                     return load_or_build()
                 if generation >= self.config.max_builds:
-                    raise SharedCacheError(self._gave_up(entry, generation))
+                    raise SharedCacheError(self._gave_up(entry, generation, watch))
                 if may_build:
                     if self._claim(entry, generation + 1, watch.content):
                         return self._build(entry, generation + 1, load_or_build)
@@ -391,10 +392,10 @@ class SharedTableCache:
         """Write the build's error into its lease, for the processes that wait for it (every
         reader of the store reads it: credentials in it are masked); a store that refuses the
         write leaves the lease to be declared dead, and the build's error is the one raised."""
-        text = redact(f"{type(error).__name__}: {error}".removesuffix(": "))
-        if len(text) > FAILURE_CHARACTERS:
-            text = text[:FAILURE_CHARACTERS] + "..."
         try:
+            text = redact(f"{type(error).__name__}: {error}".removesuffix(": "))
+            if len(text) > FAILURE_CHARACTERS:
+                text = text[: FAILURE_CHARACTERS - 3] + "..."
             self.store.write(lease, _lease_text(-1, text))
         except Exception as refused:
             logger.warning("%s: the build's failure not recorded (%s)", self._url(lease), refused)
@@ -503,11 +504,19 @@ class SharedTableCache:
         )
 
     def _waiting(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
-        holder = _describe_lease(watch.content)
+        holder, failure = _describe_lease(watch.content), _failure(watch.content)
+        what = (
+            f"waiting for {self._url(os.path.basename(entry.description_path))}: lease {generation}"
+        )
+        if failure is not None:
+            return (
+                f"{what}: the build by {holder} failed ({failure}); waiting at most "
+                f"{self.config.lease_seconds:g} s for a process that builds shared files to "
+                f"claim lease {generation + 1}"
+            )
         return (
-            f"waiting for {self._url(os.path.basename(entry.description_path))}: lease "
-            f"{generation} held by {holder}, last changed {time.monotonic() - watch.changed:.0f} "
-            f"s ago (declared dead after {self.config.lease_seconds:g} s)"
+            f"{what} held by {holder}, last changed {time.monotonic() - watch.changed:.0f} s ago "
+            f"(declared dead after {self.config.lease_seconds:g} s)"
         )
 
     def _unclaimed(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
@@ -522,24 +531,24 @@ class SharedTableCache:
         )
 
     def _failed(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
-        lease = _parsed_lease(watch.content)
         return (
             f"{self._url(self._lease_name(entry, generation))}: the build by "
-            f"{lease.get('holder', 'an unknown process')} failed: {_failure(watch.content)}; no "
-            f"process that builds shared files (global rank 0) claimed lease {generation + 1} "
-            f"within {self.config.lease_seconds:g} s, and this process does not build them"
+            f"{_describe_lease(watch.content)} failed: {_failure(watch.content)}; no process "
+            f"that builds shared files (global rank 0) claimed lease {generation + 1} within "
+            f"{self.config.lease_seconds:g} s, and this process does not build them. A lease a "
+            f"failed job left behind is removed with {self._url(entry.base + '-lease-*.json')}"
         )
 
-    def _gave_up(self, entry: CacheEntry, generation: int) -> str:
-        content = self.store.read(self._lease_name(entry, generation))
+    def _gave_up(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
+        failure = _failure(watch.content)
         ended = (
             f"stopped sending heartbeats for {self.config.lease_seconds:g} s"
-            if _failure(content) is None
-            else "failed"
+            if failure is None
+            else f"failed: {failure}"
         )
         return (
             f"{self._url(entry.base)}: {generation} builds of these tables started and none "
-            f"finished (the last by {_describe_lease(content)} {ended}); at most "
+            f"finished (the last by {_describe_lease(watch.content)} {ended}); at most "
             f"{self.config.max_builds} are tried. Remove "
             f"{self._url(entry.base + '-lease-*.json')} to try again"
         )
@@ -604,10 +613,10 @@ def _failure(content: bytes | None) -> str | None:
 
 
 def _describe_lease(content: bytes | None) -> str:
+    """The lease's holder, and its last heartbeat (a failed build's lease has none)."""
     lease = _parsed_lease(content)
-    try:
-        described = f"{lease['holder']} (heartbeat {lease['beat']})"
-    except KeyError:
+    if "holder" not in lease:
         return "an unknown process"
-    failure = lease.get("failed")
-    return described if failure is None else f"{lease['holder']}, whose build failed: {failure}"
+    if "failed" in lease or "beat" not in lease:
+        return str(lease["holder"])
+    return f"{lease['holder']} (heartbeat {lease['beat']})"
