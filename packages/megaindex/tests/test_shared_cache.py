@@ -163,6 +163,14 @@ def lease_of(store: str, generation: int) -> str:
     return f"{store}/0123-Tables-train-lease-{generation}.json"
 
 
+def wait_for_lease(store: str, generation: int) -> None:
+    """Until the builder's lease is in the store, at most 2 s."""
+    for _ in range(200):
+        if fsspec.filesystem("memory").exists(lease_of(store, generation)):
+            return
+        threading.Event().wait(0.01)
+
+
 def dead_lease(store: str, generation: int) -> None:
     holder = {"holder": "node7 pid 42", "beat": 3, "time": 0}
     fsspec.filesystem("memory").pipe_file(lease_of(store, generation), json.dumps(holder).encode())
@@ -224,11 +232,7 @@ def test_a_waiting_process_says_what_it_waits_for_and_gets_the_upload(store, tmp
         args=(builder_entry, "described", slow_build, True),
     )
     thread.start()
-    fs = fsspec.filesystem("memory")
-    for _ in range(200):  # the builder's lease, within 2 s
-        if fs.exists(lease_of(store, 1)):
-            break
-        threading.Event().wait(0.01)
+    wait_for_lease(store, 1)
     waiter_built: list[str] = []
     with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
         threading.Timer(0.5, release.set).start()
@@ -393,10 +397,7 @@ def test_a_failed_build_fails_the_processes_waiting_for_it_with_its_error(store,
     builder = threading.Thread(target=run, args=("builder", builder_entry, failing_build, True))
     builder.start()
     fs = fsspec.filesystem("memory")
-    for _ in range(200):  # the builder's lease, within 2 s
-        if fs.exists(lease_of(store, 1)):
-            break
-        threading.Event().wait(0.01)
+    wait_for_lease(store, 1)
     waiter = threading.Thread(
         target=run, args=("waiter", waiter_entry, saver(waiter_entry, []), False), daemon=True
     )
