@@ -3,6 +3,7 @@ one build, a download per node, description checks, dead builds redone once, mes
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import pytest
 from megafmt.errors import NotAFolderError
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, shared_cache
 from megaindex.cache import CacheEntry
+from megaindex.errors import CacheError
 from megaindex.shared_cache import (
     SharedCacheConfig,
     SharedCacheError,
@@ -97,8 +99,9 @@ def test_a_store_holding_another_description_under_the_name_is_refused(
     fs = fsspec.filesystem("memory")
     description = next(n for n in fs.ls(store, detail=False) if n.endswith("description.txt"))
     fs.pipe_file(description, b'{"other": "tables"}')
-    if listed:  # a fresh process lists the store: the listed size is another description's
-        monkeypatch.setattr(shared_cache, "_listings", {})
+    # a fresh process lists the store (the listed size is another description's), or one
+    # listed it before anything was committed (the description is fetched)
+    monkeypatch.setattr(shared_cache, "_listings", {} if listed else {store: {}})
     with pytest.raises(SharedCacheError, match="description does not match"):
         build_on_node(make_config, store, str(tmp_path / "node1"))
 
@@ -320,9 +323,131 @@ def test_a_process_that_may_not_build_gets_the_tables_of_the_next_lease(
 def test_the_lease_length_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", "7.5")
     assert SharedCacheConfig.from_environment("s3://b/c").lease_seconds == 7.5
-    monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", "soon")
-    with pytest.raises(Exception, match="expected a number of seconds above 0"):
+
+
+@pytest.mark.parametrize("text", ["soon", "0", "-5", "inf", "nan"])
+def test_a_lease_length_from_the_environment_that_is_no_finite_time_is_named(monkeypatch, text):
+    monkeypatch.setenv("MEGAINDEX_SHARED_CACHE_LEASE_SECONDS", text)
+    with pytest.raises(
+        CacheError,
+        match=f"MEGAINDEX_SHARED_CACHE_LEASE_SECONDS='{text}': expected a finite number",
+    ):
         SharedCacheConfig.from_environment("s3://b/c")
+
+
+def test_a_heartbeat_no_shorter_than_the_lease_is_refused():
+    with pytest.raises(CacheError, match="heartbeat_seconds must be above 0 and below"):
+        SharedCacheConfig("s3://b/c", lease_seconds=10, heartbeat_seconds=10)
+
+
+def test_a_local_copy_the_store_lacks_is_uploaded_by_a_process_that_may_build(store, tmp_path):
+    # a run that built here was killed before its upload ended: the node keeps a complete copy,
+    # the store a dead lease
+    entry, calls = entry_in(tmp_path / "node0"), []
+    saver(entry, calls)()
+    dead_lease(store, 1)
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.3, poll_seconds=0.05))
+    assert cache.obtain(entry, "described", saver(entry, calls), may_build=True) == "loaded"
+    assert calls == ["built"]  # the first run's build only
+    fs = fsspec.filesystem("memory")
+    assert fs.cat_file(f"{store}/0123-Tables-train-description.txt") == b"described"
+    assert not fs.exists(lease_of(store, 1))
+    # another node then gets them; a process that may not build uploads nothing
+    other = entry_in(tmp_path / "node1")
+    assert cache.obtain(other, "described", saver(other, calls), may_build=False) == "loaded"
+    assert calls == ["built"]
+    # a process that may not build maps a complete copy as it is, whatever the store holds
+    fs.rm(f"{store}/0123-Tables-train-description.txt")
+    before = dict(requests_sent)
+    assert cache.obtain(other, "described", saver(other, calls), may_build=False) == "loaded"
+    assert sent_since(before) == {}
+
+
+def test_a_description_being_written_is_waited_for_not_refused(store, tmp_path):
+    # a file system whose put writes in place: the description's first bytes are there first
+    entry = entry_in(tmp_path / "node1")
+    fs = fsspec.filesystem("memory")
+    numpy.save(str(tmp_path / "a.npy"), numpy.arange(5))
+    fs.put_file(str(tmp_path / "a.npy"), f"{store}/0123-Tables-train-a.npy")
+    fs.pipe_file(f"{store}/0123-Tables-train-description.txt", b"descr")
+    wait = SharedTableCache(SharedCacheConfig(store, lease_seconds=5, poll_seconds=0.05))
+    dead_lease(store, 1)  # the uploader's lease, while it writes
+    got: list[str] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(wait.obtain(entry, "described", saver(entry, []), False))
+    )
+    waiter.start()
+    threading.Event().wait(0.3)
+    assert waiter.is_alive() and got == []  # still waiting, not refused
+    fs.pipe_file(f"{store}/0123-Tables-train-description.txt", b"described")
+    fs.rm(lease_of(store, 1))
+    waiter.join(10)
+    assert got == ["loaded"]
+
+
+def test_the_store_s_credentials_stay_out_of_the_log(tmp_path, caplog):
+    store = f"memory://AKIAEXAMPLE:SuperSecret@creds-{uuid.uuid4().hex}/cache"
+    entry = entry_in(tmp_path / "node0")
+    with caplog.at_level(logging.INFO, logger="megaindex.shared_cache"):
+        SharedTableCache(SharedCacheConfig(store)).obtain(
+            entry, "described", saver(entry, []), True
+        )
+    assert "uploaded the 0123-Tables-train tables" in caplog.text
+    assert "SuperSecret" not in caplog.text and "AKIAEXAMPLE" not in caplog.text
+
+
+def test_a_heartbeat_that_fails_with_any_error_does_not_stop_the_next(
+    store, tmp_path, monkeypatch, caplog
+):
+    cache = SharedTableCache(
+        SharedCacheConfig(store, lease_seconds=0.4, heartbeat_seconds=0.05, poll_seconds=0.05)
+    )
+    writes = []
+    write = cache.store.write
+
+    def flaky(name: str, data: bytes) -> None:
+        writes.append(name)
+        if len(writes) == 1:
+            raise RuntimeError("a client error s3fs passed through")
+        write(name, data)
+
+    monkeypatch.setattr(cache.store, "write", flaky)
+    entry = entry_in(tmp_path / "node0")
+    build = saver(entry, [])
+
+    def slow_build() -> str:
+        threading.Event().wait(0.4)
+        return build()
+
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", slow_build, may_build=True) == "built"
+    assert len(writes) >= 2  # beats went on after the failed one
+    assert "heartbeat 1 not written (a client error s3fs passed through)" in caplog.text
+
+
+def test_a_lease_the_store_will_not_remove_after_the_commit_leaves_the_build_done(
+    store, tmp_path, monkeypatch, caplog
+):
+    cache = SharedTableCache(SharedCacheConfig(store))
+
+    def refuse(name: str) -> None:
+        raise PermissionError("DELETE denied")
+
+    monkeypatch.setattr(cache.store, "remove", refuse)
+    entry = entry_in(tmp_path / "node0")
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", saver(entry, []), may_build=True) == "built"
+    assert "the lease of a finished build not removed (DELETE denied)" in caplog.text
+
+
+def test_a_node_lock_the_file_system_cannot_take_is_named(store, tmp_path, monkeypatch):
+    def no_locks(stream, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(shared_cache.fcntl, "flock", no_locks)
+    entry = entry_in(tmp_path / "node0")
+    with pytest.raises(SharedCacheError, match="node.lock: the node's lock .* on a local disk"):
+        SharedTableCache(SharedCacheConfig(store)).obtain(entry, "d", saver(entry, []), True)
 
 
 def test_a_file_in_the_way_of_the_local_copy_is_named(store, tmp_path):

@@ -7,7 +7,10 @@ a local copy on every node, under ``object_storage_cache_path`` (the seed's loca
 what comes from object storage; megafmt's cache folder when unset) at a path made of the URL.
 Every process that needs a dataset's tables then:
 
-1. maps the local copy when the node has it complete (nothing is sent);
+1. maps the local copy when the node has it complete (nothing is sent; a process that may
+   build first makes sure the store holds it too, by its listing, else a GET of the
+   description, and uploads it under a lease, step 4, where the store does not: a run killed
+   during its upload would otherwise leave the other nodes waiting for it);
 2. else takes the node's lock (``<base>-node.lock`` beside the local copy, ``flock``: released
    by the kernel when its holder dies), so that one process per node talks to the store while
    the others wait, and finds the copy that process made;
@@ -48,6 +51,7 @@ import collections
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -119,8 +123,18 @@ class SharedCacheConfig:
     """How often a waiting process logs what it waits for."""
 
     def __post_init__(self) -> None:
-        if not self.lease_seconds > 0:
-            raise CacheError(f"lease_seconds must be above 0, got {self.lease_seconds}")
+        if not 0 < self.lease_seconds < math.inf:
+            raise CacheError(
+                f"lease_seconds must be a number of seconds above 0, got {self.lease_seconds}"
+            )
+        if self.heartbeat_seconds is not None and not (
+            0 < self.heartbeat_seconds < self.lease_seconds
+        ):
+            raise CacheError(
+                f"heartbeat_seconds must be above 0 and below lease_seconds "
+                f"({self.lease_seconds:g}: a lease unchanged that long is declared dead), got "
+                f"{self.heartbeat_seconds}"
+            )
         if self.max_builds < 1:
             raise CacheError(f"max_builds must be at least 1, got {self.max_builds}")
 
@@ -136,9 +150,9 @@ class SharedCacheConfig:
             return cls(url)
         try:
             return cls(url, lease_seconds=float(text))
-        except ValueError:
+        except (ValueError, CacheError):
             raise CacheError(
-                f"{LEASE_SECONDS_VARIABLE}={text!r}: expected a number of seconds above 0"
+                f"{LEASE_SECONDS_VARIABLE}={text!r}: expected a finite number of seconds above 0"
             ) from None
 
 
@@ -161,7 +175,8 @@ class _Store:
 
     def __init__(self, url: str) -> None:
         self.fs, self.root = fsspec.core.url_to_fs(url)
-        self.url = url.rstrip("/")
+        self.url = redact(url.rstrip("/"))
+        """The store's URL as messages and logs show it: its credentials masked."""
 
     def key(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
@@ -286,13 +301,27 @@ class SharedTableCache:
         """Make ``entry`` complete locally (downloaded, or built by ``load_or_build`` under a
         lease and uploaded), then return ``load_or_build()``, which loads it. ``may_build``:
         whether this process may claim a build; one that may not and finds nothing in the store
-        and no build under way calls ``load_or_build`` as it is (whose error says why)."""
-        if entry.complete():
+        and no build under way calls ``load_or_build`` as it is (whose error says why).
+
+        A process that may build and finds the entry complete locally but not in the store (a
+        run killed, or a store that refused it, before the upload ended; objects deleted since)
+        uploads it under a lease: the other nodes would otherwise wait for it in vain."""
+        if self._complete_here(entry, may_build):
             return load_or_build()
         with self._node_lock(entry):
-            if entry.complete():  # another process of this node fetched it
+            if self._complete_here(entry, may_build):  # another process of this node fetched it
                 return load_or_build()
             return self._fetch_or_build(entry, description, load_or_build, may_build)
+
+    def _complete_here(self, entry: CacheEntry, may_build: bool) -> bool:
+        """Whether the entry is complete locally, and, where this process may build, in the
+        store too (its listing, else a GET of the description)."""
+        if not entry.complete():
+            return False
+        if not may_build:
+            return True
+        name = os.path.basename(entry.description_path)
+        return name in self._listed() or self.store.read(name) is not None
 
     def _fetch_or_build(self, entry, description, load_or_build, may_build):
         """:meth:`obtain`'s work under the node's lock."""
@@ -307,21 +336,21 @@ class SharedTableCache:
                     return load_or_build()
                 if generation >= self.config.max_builds:
                     raise SharedCacheError(self._gave_up(entry, generation, watch))
-                if may_build:
-                    if self._claim(entry, generation + 1, watch.content):
-                        return self._build(entry, generation + 1, load_or_build)
-                    watch = _Watch()
-                    continue
                 # the build failed or died: a process that may build claims the next lease (at
                 # once, or after watching a dead one for lease_seconds itself); one that may not
                 # waits for that one lease time after a failure, two after a death, then says
                 # what is missing
-                waited = time.monotonic() - watch.changed
-                if _failure(watch.content) is not None:
-                    if waited >= self.config.lease_seconds:
-                        raise SharedCacheError(self._failed(entry, generation, watch))
-                elif waited >= 3 * self.config.lease_seconds:
-                    raise SharedCacheError(self._unclaimed(entry, generation, watch))
+                if may_build:
+                    if self._claim(entry, generation + 1, watch.content):
+                        return self._build(entry, generation + 1, load_or_build)
+                    watch = _Watch()  # another process claimed it: watch the new lease
+                else:
+                    waited = time.monotonic() - watch.changed
+                    if _failure(watch.content) is not None:
+                        if waited >= self.config.lease_seconds:
+                            raise SharedCacheError(self._failed(entry, generation, watch))
+                    elif waited >= 3 * self.config.lease_seconds:
+                        raise SharedCacheError(self._unclaimed(entry, generation, watch))
             if time.monotonic() - last_message >= self.config.message_seconds:
                 last_message = time.monotonic()
                 logger.warning(self._waiting(entry, generation, watch))
@@ -385,7 +414,16 @@ class SharedTableCache:
             self._record_failure(lease, error)
             raise
         for number in range(1, generation + 1):
-            self.store.remove(self._lease_name(entry, number))
+            lease = self._lease_name(entry, number)
+            try:
+                self.store.remove(lease)
+            except Exception as error:  # the tables are committed: a lease left is harmless
+                logger.warning(
+                    "%s: the lease of a finished build not removed (%s); the tables are in "
+                    "the store",
+                    self._url(lease),
+                    error,
+                )
         return result
 
     def _record_failure(self, lease: str, error: Exception) -> None:
@@ -406,15 +444,18 @@ class SharedTableCache:
             beat += 1
             try:
                 self.store.write(lease, _lease_text(beat))
-            except OSError as error:  # the next beat may get through
+            except Exception as error:  # the next beat may get through (s3fs passes botocore's
+                # errors through untranslated: a thread that stopped would let a live build
+                # be declared dead)
                 logger.warning("%s: heartbeat %d not written (%s)", self._url(lease), beat, error)
 
     def _upload(self, entry: CacheEntry) -> None:
         """The tables and the sidecar, then the description: the commit mark."""
-        for path in [entry.table_path(t) for t in entry.tables] + [entry.sidecar_path]:
-            if os.path.isfile(path):
-                self.store.upload(path, os.path.basename(path))
-        self.store.upload(entry.description_path, os.path.basename(entry.description_path))
+        paths = [entry.table_path(t) for t in entry.tables] + [entry.sidecar_path]
+        for path in [p for p in paths if os.path.isfile(p)] + [entry.description_path]:
+            self.store.upload(path, os.path.basename(path))
+            with _listing:  # this process's listing holds what it committed since
+                _listings.get(self.store.url, {})[os.path.basename(path)] = os.path.getsize(path)
         logger.info("uploaded the %s tables to %s", entry.base, self.store.url)
 
     def _listed(self) -> dict[str, int | None]:
@@ -427,27 +468,23 @@ class SharedTableCache:
     def _download(self, entry: CacheEntry, description: str) -> bool:
         """Download the entry when the store holds it complete; whether it did.
 
-        A listed description is not fetched: its name is the md5 of its text, and the listed
-        size must be this text's (another size is refused as another description); the
-        entry's other objects were complete before it was committed, so their listed sizes
-        are checked against the downloads. One committed since the listing is fetched and
-        compared whole, and the listing's sizes are not used: they may be of an upload then
-        under way."""
+        A description listed with this text's size is not fetched: its name is the md5 of its
+        text, and the entry's other objects were complete before it was committed, so their
+        listed sizes are checked against the downloads. One committed since the listing, or
+        listed with another size, is fetched and compared whole, and the listing's sizes are
+        not used: they may be of an upload then under way. A shorter start of this text is
+        one being written (a file system whose put writes in place) and counts as none yet."""
         name = os.path.basename(entry.description_path)
         listed = self._listed()
         sizes: dict[str, int | None] = {}
-        if name in listed:
-            found = description.encode("utf-8")
-            size = listed[name]
-            if size is not None and size != len(found):
-                self._check_description(name, size, description)
+        found = description.encode("utf-8")
+        if name in listed and listed[name] in (None, len(found)):
             sizes = listed
-        else:  # not committed when this process listed the store: ask again
+        else:  # not committed when this process listed the store, or of another size: ask
             fetched = self.store.read(name)
-            if fetched is None:
-                return False
+            if fetched is None or (len(fetched) < len(found) and found.startswith(fetched)):
+                return False  # none, or one being written (a file system's put is no commit)
             self._check_description(name, fetched, description)
-            found = fetched
         sidecar = os.path.basename(entry.sidecar_path)
         wanted = {os.path.basename(entry.table_path(t)): entry.table_path(t) for t in entry.tables}
         if name not in listed or sidecar in listed:  # where it is not listed, it may exist
@@ -491,16 +528,14 @@ class SharedTableCache:
             )
         return True
 
-    def _check_description(self, name: str, found: bytes | int, description: str) -> None:
-        """Refuse the store's description ``found`` (its bytes, or its listed size) unless it
-        is ``description``."""
-        if isinstance(found, bytes) and found.decode("utf-8", "replace") == description:
+    def _check_description(self, name: str, found: bytes, description: str) -> None:
+        """Refuse the store's description ``found`` unless it is ``description``."""
+        if found.decode("utf-8", "replace") == description:
             return
-        size = found if isinstance(found, int) else len(found)
         raise SharedCacheError(
             f"{self._url(name)}: the description does not match this dataset's (expected "
             f"the {len(description.encode('utf-8'))} bytes this config describes, found "
-            f"{size} bytes of another): the store holds other tables under this name"
+            f"{len(found)} bytes of another): the store holds other tables under this name"
         )
 
     def _waiting(self, entry: CacheEntry, generation: int, watch: _Watch) -> str:
@@ -566,6 +601,12 @@ class SharedTableCache:
                     break
                 except BlockingIOError:
                     pass
+                except OSError as error:  # a network file system without locks
+                    raise SharedCacheError(
+                        f"{path}: the node's lock of the shared index cache's local copy could "
+                        f"not be taken ({error}); put object_storage_cache_path "
+                        "(--object-storage-cache-path) on a local disk"
+                    ) from error
                 if time.monotonic() - last_message >= self.config.message_seconds:
                     last_message = time.monotonic()
                     stream.seek(0)
