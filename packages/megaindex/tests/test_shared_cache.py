@@ -611,3 +611,21 @@ def test_a_long_failure_is_recorded_cut_to_its_limit(store, tmp_path):
     failed = json.loads(fsspec.filesystem("memory").cat_file(lease_of(store, 1)))["failed"]
     assert len(failed) == shared_cache.FAILURE_CHARACTERS and failed.endswith("x...")
     assert failed.startswith("ValueError: xxx")
+
+
+def test_deferred_tables_on_another_node_are_downloaded_when_first_read(
+    make_config, store, tmp_path
+):
+    built = build_on_node(make_config, store, str(tmp_path / "node0"))
+    config = make_config(
+        path_to_cache=store,
+        object_storage_cache_path=str(tmp_path / "node1"),
+        defer_npy_index_mmap=True,
+    )
+    before = dict(requests_sent)
+    deferred = BlendedMegatronDatasetBuilder(GPTDataset, [100, 10, 5], lambda: True, config).build()
+    assert sent_since(before) == {}  # nothing fetched before a sample is read
+    assert [d.index_source.kind for d in deferred] == ["deferred"] * 3
+    for table in TABLES:
+        numpy.testing.assert_array_equal(deferred[0].tables[table], built[0].tables[table])
+    assert sent_since(before).get("create", 0) == 0  # downloaded, never claimed

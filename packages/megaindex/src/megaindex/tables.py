@@ -160,17 +160,20 @@ class CachedTables:
                 )
             )
 
-    def _through_shared(self, load_or_build: Callable[[], Result]) -> Result:
+    def _through_shared(
+        self, load_or_build: Callable[[], Result], may_build: bool | None = None
+    ) -> Result:
         """``load_or_build()``; with a shared store (:mod:`megaindex.shared_cache`), after the
-        node's copy was downloaded, or built under the job's lease and uploaded."""
+        node's copy was downloaded, or built under the job's lease and uploaded (where
+        ``may_build``; None: where this process builds shared files)."""
         entry = self._cache.entry
         if entry.remote is None:
             return load_or_build()
         shared = SharedTableCache(SharedCacheConfig.from_environment(entry.remote))
         start = time.perf_counter()
-        result = shared.obtain(
-            entry, self._cache.description, load_or_build, distributed.builds_shared_files()
-        )
+        if may_build is None:
+            may_build = distributed.builds_shared_files()
+        result = shared.obtain(entry, self._cache.description, load_or_build, may_build)
         self.source.seconds["shared"] = time.perf_counter() - start
         return result
 
@@ -186,10 +189,11 @@ class CachedTables:
 
     def __getitem__(self, name: str) -> numpy.ndarray:
         tables = self._tables
-        if tables is None:  # deferred, or unpickled: map the cached files now
+        if tables is None:  # deferred, or unpickled: map the cached files now (a shared store's
+            # downloaded first where the node has none; mapping never builds)
             deferred = self.source.kind == "deferred"
             who = "defer_npy_index_mmap" if deferred else "a copy of the dataset (unpickled)"
-            tables = self._tables = self._map_trusted(who)
+            tables = self._tables = self._through_shared(lambda: self._map_trusted(who), False)
         return tables[name]
 
     def shape(self, name: str) -> tuple[int, ...]:
