@@ -18,7 +18,7 @@ import pytest
 
 from megafmt.atomic import remove_stale_partials
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
-from megaindex.cache import _npy_bytes, read_npy_header
+from megaindex.cache import IndexCache, _npy_bytes, read_npy_header
 
 SIZES = [1000, 50, 10]
 
@@ -44,6 +44,35 @@ def test_a_table_damaged_inside_its_valid_range_is_rebuilt(make_config):
         rebuilt = build(make_config())
     assert rebuilt.index_source.kind == "built"
     numpy.testing.assert_array_equal(rebuilt.shuffle_index, expected)
+
+
+def test_a_rebuild_withdraws_the_old_commit_mark_before_it_rewrites_a_table(
+    make_config, monkeypatch
+):
+    """A run killed while it rewrites a damaged entry leaves no description beside a mix of
+    old and new tables (megatron-core, and fast_cache_load, take an entry with its
+    description for complete)."""
+    config = make_config()
+    train = build(config)
+    base = cache_base(config, train)
+    table = numpy.load(base + "-shuffle_index.npy")
+    table[[3, 4]] = table[[4, 3]]
+    time.sleep(0.05)
+    numpy.save(base + "-shuffle_index.npy", table)
+    seen = []
+    save = IndexCache.save
+
+    def killed_midway(self, tables, sidecar):
+        seen.append(os.path.exists(self.entry.description_path))
+        raise KeyboardInterrupt  # the run is killed before the first table is rewritten
+
+    monkeypatch.setattr(IndexCache, "save", killed_midway)
+    with pytest.warns(UserWarning, match="the table changed"), pytest.raises(KeyboardInterrupt):
+        build(make_config())
+    assert seen == [False]
+    monkeypatch.setattr(IndexCache, "save", save)
+    rebuilt = build(make_config())  # the next run builds again, and commits
+    assert rebuilt.index_source.kind == "built" and os.path.exists(base + "-description.txt")
 
 
 def test_built_tables_are_served_from_the_files_just_saved(make_config):

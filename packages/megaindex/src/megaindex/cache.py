@@ -42,7 +42,7 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from megafmt.atomic import atomic_write, remove_stale_partials, write_atomically
+from megafmt.atomic import atomic_write, remove_quietly, remove_stale_partials, write_atomically
 from megafmt.fingerprint import checksum, corpus_fingerprint, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
@@ -635,7 +635,10 @@ def load_or_build(
         try:
             return load(), "cache"
         except (DamagedCacheError, StaleCacheError):
-            pass
+            # rewritten file by file below: without its commit mark meanwhile, so that a run
+            # killed midway leaves no mix of old and new tables that a later one (or
+            # megatron-core, or fast_cache_load) takes for complete
+            remove_quietly(cache.entry.description_path)
     start = time.perf_counter()
     record = sidecar(tables)
     identities = cache.save(tables, record)
