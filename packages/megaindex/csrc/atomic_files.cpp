@@ -53,12 +53,16 @@ bool write_all(int descriptor, const char* data, size_t size) {
 
 // One file; false (errno set, the partial removed) when it fails. The file is closed, and the
 // close checked (a network or FUSE file system reports a full disk or quota there), before it
-// is renamed into place; its identity is then that of the name, as file_identity takes it.
+// is renamed into place; its identity is then that of the name, as file_identity takes it,
+// when the name still holds this file. Where another process renamed its own over it
+// meanwhile, the identity is this file's as written (an inode no longer at the name): a
+// reader then checks the file at the name by its checksum instead of taking it for this one.
 bool write_one(const FileStep& step, const std::string& bytes, FileIdentity& identity) {
   int descriptor = ::open(step.partial.c_str(),
                           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (descriptor < 0) return false;
-  bool written = write_all(descriptor, bytes.data(), bytes.size());
+  struct stat own;
+  bool written = write_all(descriptor, bytes.data(), bytes.size()) && ::fstat(descriptor, &own) == 0;
   int failure = written ? 0 : errno;
   if (::close(descriptor) != 0 && written) {
     written = false;
@@ -73,7 +77,8 @@ bool write_one(const FileStep& step, const std::string& bytes, FileIdentity& ide
     errno = failure;
     return false;
   }
-  identity = identity_of(status);
+  bool ours = status.st_ino == own.st_ino && status.st_dev == own.st_dev;
+  identity = identity_of(ours ? status : own);
   return true;
 }
 

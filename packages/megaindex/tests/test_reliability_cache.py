@@ -18,6 +18,7 @@ import pytest
 
 from megafmt.atomic import remove_stale_partials
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
+from megaindex import cache as cache_module
 from megaindex.cache import IndexCache, _npy_bytes, read_npy_header
 
 SIZES = [1000, 50, 10]
@@ -73,6 +74,38 @@ def test_a_rebuild_withdraws_the_old_commit_mark_before_it_rewrites_a_table(
     monkeypatch.setattr(IndexCache, "save", save)
     rebuilt = build(make_config())  # the next run builds again, and commits
     assert rebuilt.index_source.kind == "built" and os.path.exists(base + "-description.txt")
+
+
+def test_a_table_another_process_renamed_over_this_one_s_is_checked_not_trusted(
+    make_config, monkeypatch
+):
+    """Another process's file renamed over a table between its rename and the recording of its
+    identity (large tables: after all of them are renamed) is recorded as not this one's: the
+    next load checks it by its checksum and rebuilds, instead of trusting it."""
+    monkeypatch.setattr(cache_module, "SIDE_BY_SIDE_BYTES", 0)  # numpy's writes on threads
+    write_table = IndexCache._write_table
+
+    def raced(self, table, array):
+        written = write_table(self, table, array)
+        if table == "shuffle_index":
+            other_process_saves(self.entry.table_path(table), array)
+        return written
+
+    monkeypatch.setattr(IndexCache, "_write_table", raced)
+    build(make_config())
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match=r"shuffle_index.npy: checksum .* the table changed"):
+        rebuilt = build(make_config())
+    assert rebuilt.index_source.kind == "built"
+
+
+def other_process_saves(path: str, array: numpy.ndarray) -> None:
+    """Another process's rename of its own (different) table over ``path``."""
+    other = array.copy()
+    other[[0, 1]] = other[[1, 0]]
+    with open(path + ".other", "wb") as stream:
+        numpy.save(stream, other)
+    os.replace(path + ".other", path)
 
 
 def test_built_tables_are_served_from_the_files_just_saved(make_config):

@@ -473,9 +473,12 @@ class IndexCache:
         1.4 GB); then the sidecar and the description."""
         entry = self.entry
         with ThreadPoolExecutor(max(1, len(entry.tables))) as pool:
-            list(pool.map(lambda table: self._write_table(table, tables[table]), entry.tables))
-        # the identity of each table file now in place
-        stats = {t: file_identity(entry.table_path(t)) for t in entry.tables}
+            written = pool.map(lambda table: self._write_table(table, tables[table]), entry.tables)
+            # the identity of each table file now in place, where it is still this one's
+            stats = {
+                t: _identity_if_written(entry.table_path(t), own)
+                for t, own in zip(entry.tables, written, strict=True)
+            }
         if sidecar is not None and isinstance(sidecar.get("corpus"), CorpusFiles):
             sidecar = {**sidecar, "corpus": corpus_fingerprint(sidecar["corpus"].prefix)}
         if sidecar is not None:
@@ -485,9 +488,21 @@ class IndexCache:
         logger.info("saved %s tables to %s", entry.base, entry.directory)
         return lambda: stats
 
-    def _write_table(self, table: str, array: numpy.ndarray) -> None:
+    def _write_table(self, table: str, array: numpy.ndarray) -> os.stat_result:
+        """Write one table; the status of the file written (taken before its rename)."""
         with atomic_write(self.entry.table_path(table)) as stream:
             numpy.save(stream, array, allow_pickle=False)
+            stream.flush()
+            return os.fstat(stream.fileno())
+
+
+def _identity_if_written(path: str, written: os.stat_result) -> list[int]:
+    """The identity of the file at ``path`` when it is the one ``written`` (same inode), else
+    that of the one written: another process renamed its own over it since, and a reader is
+    to check that one by its checksum rather than take it for this one."""
+    found = os.stat(path)
+    ours = (found.st_ino, found.st_dev) == (written.st_ino, written.st_dev)
+    return identity_of(found if ours else written)
 
 
 def _write_error(directory: str, error: OSError) -> CacheError:

@@ -14,7 +14,9 @@ under a temporary name (:func:`megafmt.atomic.partial_path`: the next build remo
 killed one left), never through a planted link, with the umask's permissions, then renamed
 into place (closed first, its close checked: a network file system reports a full disk
 there). Each file's identity (:func:`megafmt.fingerprint.file_identity`) is taken after its
-rename, for the sidecar and for the tables mapped later.
+rename, for the sidecar and for the tables mapped later; where another process renamed its own
+file over it meanwhile, the identity is that of the file written, which no longer matches the
+name's (a reader checks that one by its checksum).
 """
 
 from __future__ import annotations
