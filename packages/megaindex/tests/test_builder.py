@@ -360,14 +360,14 @@ def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path,
         return BlendedMegatronDatasetBuilder(GPTDataset, [300, 30, 5], lambda: True, config)
 
     built = blend("cache").build()
-    assert len(draws) == 3 and all(name.startswith("megaindex-blending") for name in draws)
+    assert len(draws) == 3 and all(name == "megaindex-blending-in-advance" for name in draws)
     assert blended_dataset._in_advance == {}  # taken, or forgotten
     draws.clear()
     loaded = blend("cache").build()
     assert draws == []  # loaded: nothing drawn, in advance or not
     monkeypatch.setattr(builder, "IN_ADVANCE_MAX_SAMPLES", 334)  # the three blends hold more
     alone = blend("alone").build()
-    assert len(draws) == 3 and not any(name.startswith("megaindex-blending") for name in draws)
+    assert len(draws) == 3 and "megaindex-blending-in-advance" not in draws
     for ours, cached, theirs in zip(built, loaded, alone, strict=True):
         for table in ("dataset_index", "dataset_sample_index"):
             numpy.testing.assert_array_equal(getattr(ours, table), getattr(theirs, table))
@@ -379,7 +379,8 @@ def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
     blend draws its indices itself, and raises in its own terms); a forgotten one is gone."""
     from megaindex import blended_dataset
 
-    weights, expected = [0.25, 0.75], blended_dataset._draw_blending_indices([0.25, 0.75], 8)
+    weights = [0.25, 0.75]
+    expected = blended_dataset._draw_blending_indices(weights, 8).wait()
     forget = blended_dataset.blend_in_advance([1.0, 3.0], 8)  # as given to the blend
     assert blended_dataset._drawn_in_advance(weights, 9) is None  # another size
     drawn = blended_dataset._drawn_in_advance(weights, 8)

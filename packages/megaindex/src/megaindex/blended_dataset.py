@@ -22,7 +22,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +35,7 @@ from megafmt.protocols import (
     conforms,
 )
 from megaindex.batch_merge import BlendGatherer, merge_rows
+from megaindex.blend_draw import BlendDraw
 from megaindex.cache import CacheEntry, TableSpec
 from megaindex.config import BlendedMegatronDatasetConfig, GPTDatasetConfig, own_field
 from megaindex.errors import ConfigError, IndexBuildError
@@ -60,7 +60,7 @@ from megaindex.utils import Split, normalize
 
 #: blending indices drawn ahead of their blend (:func:`blend_in_advance`), by the blend's
 #: weights and size
-_in_advance: dict[tuple[tuple[float, ...], int], Future] = {}
+_in_advance: dict[tuple[tuple[float, ...], int], BlendDraw] = {}
 _in_advance_lock = threading.Lock()
 
 
@@ -82,17 +82,7 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     size takes them instead of drawing them; returns what forgets them (the builder calls it
     once the blend is built)."""
     key = (tuple(normalize(list(weights))), int(size))
-    drawn: Future = Future()
-
-    def draw() -> None:
-        try:
-            drawn.set_result(_draw_blending_indices(list(key[0]), key[1]))
-        except BaseException as error:  # the blend draws them again, and raises its own error
-            drawn.set_exception(error)
-
-    # a daemon: a draw no blend takes (a part failed, the blend was in the cache) does not hold
-    # the interpreter's exit
-    threading.Thread(target=draw, name="megaindex-blending", daemon=True).start()
+    drawn = _draw_blending_indices(list(key[0]), key[1], "megaindex-blending-in-advance")
     with _in_advance_lock:
         _in_advance[key] = drawn
 
@@ -104,11 +94,19 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     return forget
 
 
-def _draw_blending_indices(weights: list[float], size: int) -> tuple[numpy.ndarray, numpy.ndarray]:
-    dataset_index = numpy.zeros(size, dtype=numpy.int16)
-    dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
-    build_blending_indices(dataset_index, dataset_sample_index, weights, len(weights), size, False)
-    return dataset_index, dataset_sample_index
+def _draw_blending_indices(
+    weights: list[float], size: int, thread: str = "megaindex-blending"
+) -> BlendDraw:
+    """The greedy draw of ``size`` samples by ``weights``, started on a thread named
+    ``thread``."""
+    return BlendDraw(
+        lambda index, sample_index: build_blending_indices(
+            index, sample_index, weights, len(weights), size, False
+        ),
+        size,
+        f"{len(weights)} datasets",
+        thread,
+    )
 
 
 def _drawn_in_advance(
@@ -119,9 +117,12 @@ def _drawn_in_advance(
     raises the error in its own terms)."""
     with _in_advance_lock:
         drawn = _in_advance.pop((tuple(weights), size), None)
-    if drawn is None or drawn.exception() is not None:
+    if drawn is None:
         return None
-    return drawn.result()
+    try:
+        return drawn.wait()
+    except Exception:
+        return None
 
 
 @dataclass
@@ -156,14 +157,16 @@ class BlendTableRecipe:
         if drawn is not None:
             dataset_index, dataset_sample_index = drawn
         elif self.size is not None:
-            dataset_index, dataset_sample_index = _draw_blending_indices(self.weights, size)
+            dataset_index, dataset_sample_index = _draw_blending_indices(self.weights, size).wait()
         else:
-            dataset_index = numpy.zeros(size, dtype=numpy.int16)
-            dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
             counts = [int(weight) for weight in self.weights]  # whole, checked at construction
-            build_exhaustive_blending_indices(
-                dataset_index, dataset_sample_index, counts, len(self.datasets)
-            )
+            dataset_index, dataset_sample_index = BlendDraw(
+                lambda index, sample_index: build_exhaustive_blending_indices(
+                    index, sample_index, counts, len(counts)
+                ),
+                size,
+                f"{len(counts)} datasets, every sample once",
+            ).wait()
         self._check_not_oversampled(dataset_index)
         return BuiltTables(
             {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
