@@ -185,6 +185,24 @@ def test_leftovers_of_several_paths_are_found_with_one_listing_of_their_folder(
     assert os.path.exists(running) and os.path.exists(unrelated)
 
 
+def test_leftovers_of_writers_on_other_machines_are_left_to_them(tmp_path):
+    """A pid names a process on its own machine (and PID namespace) only: a temporary name
+    written elsewhere on a shared file system is never judged by this machine's processes;
+    one of a release that named no machine is judged by its pid, as it was."""
+    dead = 2**22 + 54321  # beyond pid_max: no process here
+    path = str(tmp_path / "entry-a.npy")
+    mine = partial_path(path).replace(f".{os.getpid()}-", f".{dead}-")
+    where = mine[-len(PARTIAL_SUFFIX) - 8 : -len(PARTIAL_SUFFIX)]
+    elsewhere = mine.replace(f"-{where}{PARTIAL_SUFFIX}", f"-{'0' * 8}{PARTIAL_SUFFIX}")
+    if elsewhere == mine:
+        elsewhere = mine.replace(f"-{where}{PARTIAL_SUFFIX}", f"-{'1' * 8}{PARTIAL_SUFFIX}")
+    legacy = f"{path}.{dead}-0badf00d{PARTIAL_SUFFIX}"
+    for name in (mine, elsewhere, legacy):
+        Path(name).write_bytes(b"half")
+    assert sorted(remove_stale_partials(path)) == sorted([mine, legacy])
+    assert os.path.exists(elsewhere)
+
+
 def test_temporary_names_differ_call_by_call_and_between_processes(tmp_path):
     """Each call its own name (counted from a random start), a process of its own its own
     start: no two writers, nor a writer and a killed run's leftover, share a name."""
@@ -193,11 +211,13 @@ def test_temporary_names_differ_call_by_call_and_between_processes(tmp_path):
     path = str(tmp_path / "table.npy")
     names = [partial_path(path) for _ in range(1000)]
     assert len(set(names)) == len(names)
-    shape = re.compile(re.escape(f"{path}.{os.getpid()}-") + r"[0-9a-f]{8}" + PARTIAL_SUFFIX)
+    shape = re.compile(
+        re.escape(f"{path}.{os.getpid()}-") + r"[0-9a-f]{8}-[0-9a-f]{8}" + PARTIAL_SUFFIX
+    )
     assert all(shape.fullmatch(name) for name in names)  # the names the next run clears
     code = "from megafmt.atomic import partial_path; print(partial_path('x'))"
     others = [
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
         for _ in range(3)
     ]
-    assert len({name.rsplit("-", 1)[1] for name in others}) == 3  # three random starts
+    assert len({name.split("-")[1] for name in others}) == 3  # three random starts

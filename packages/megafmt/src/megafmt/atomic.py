@@ -20,6 +20,7 @@ import itertools
 import os
 import secrets
 import shutil
+import socket
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -29,9 +30,9 @@ PARTIAL_SUFFIX = ".partial"
 NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-#: the bytes a temporary name adds to its destination's: ``.<pid>-<8 hex>.partial`` (a pid has
-#: at most 7 digits on Linux, pid_max <= 4194304)
-PARTIAL_EXTRA = len(".4194304-") + 8 + len(PARTIAL_SUFFIX)
+#: the bytes a temporary name adds to its destination's: ``.<pid>-<8 hex>-<8 hex>.partial`` (a
+#: pid has at most 7 digits on Linux, pid_max <= 4194304)
+PARTIAL_EXTRA = len(".4194304-") + 8 + len("-") + 8 + len(PARTIAL_SUFFIX)
 #: the name limit assumed where the file system does not say (NAME_MAX of Linux file systems)
 DEFAULT_NAME_MAX = 255
 
@@ -78,21 +79,42 @@ def _partial_stem(path: str) -> str:
 _tokens = itertools.count(secrets.randbits(32))
 
 
+def _where() -> str:
+    """This machine and PID namespace, as 8 hex digits: a pid names a process only there, so
+    the leftovers of writers elsewhere (another node on a shared file system, another
+    container) are never judged by this machine's processes."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # no procfs: the machine alone
+        namespace = ""
+    where = f"{socket.gethostname()} {namespace}".encode()
+    return hashlib.blake2b(where, digest_size=4).hexdigest()
+
+
+#: what this process's temporary names end with (a forked child's are its parent's: the same
+#: machine and namespace)
+_WHERE = _where()
+
+
 def partial_path(path: str) -> str:
     """A temporary name beside ``path``, unique to this process and call; never longer than the
     file system allows when the name of ``path`` itself fits."""
     token = next(_tokens) & 0xFFFFFFFF
-    return f"{_partial_stem(path)}.{os.getpid()}-{token:08x}{PARTIAL_SUFFIX}"
+    return f"{_partial_stem(path)}.{os.getpid()}-{token:08x}-{_WHERE}{PARTIAL_SUFFIX}"
 
 
 def _writer_of(name: str, stem: str) -> int | None:
-    """The pid in ``name`` when it is a temporary name of ``stem``
-    (``<stem>.<pid>-<hex>.partial``), else None. Plain string tests: a regular expression per
+    """The pid in ``name`` when it is a temporary name of ``stem`` written on this machine and
+    PID namespace (``<stem>.<pid>-<hex>-<where>.partial``, or a release's before them,
+    ``<stem>.<pid>-<hex>.partial``), else None. Plain string tests: a regular expression per
     stem fills the ``re`` module's cache when thousands of entries are saved."""
     if not (name.startswith(stem + ".") and name.endswith(PARTIAL_SUFFIX)):
         return None
-    pid, dash, token = name[len(stem) + 1 : -len(PARTIAL_SUFFIX)].partition("-")
+    pid, dash, rest = name[len(stem) + 1 : -len(PARTIAL_SUFFIX)].partition("-")
+    token, _, where = rest.partition("-")
     if not (pid.isdigit() and dash and token) or token.strip("0123456789abcdef"):
+        return None
+    if where and where != _WHERE:  # another machine's: its pid means nothing here
         return None
     return int(pid)
 
@@ -116,8 +138,10 @@ def _process_exists(pid: int) -> bool:
 def remove_stale_partials(*paths: str) -> list[str]:
     """Delete the ``*.partial`` files and folders that writers of ``paths`` left behind when
     they were killed (their process no longer exists); returns what was removed. Those of
-    writers still running are left alone. Each folder is listed once, whatever the number of
-    paths in it (an index cache of thousands of corpora holds tens of thousands of files)."""
+    writers still running are left alone, and those written on another machine or in another
+    PID namespace (a cache on a shared file system), whose writers this one cannot see. Each
+    folder is listed once, whatever the number of paths in it (an index cache of thousands of
+    corpora holds tens of thousands of files)."""
     removed = []
     by_folder: dict[str, list[str]] = {}
     for path in paths:
