@@ -160,6 +160,23 @@ def test_the_builds_own_error_wins_and_its_writes_still_finish(tmp_path):
     check_entry(tmp_path, "other")
 
 
+def test_an_interrupted_wait_for_the_writes_still_ends_each_of_them(tmp_path, monkeypatch):
+    """Ctrl-C while the build waits for its writes: every write's ``on_done`` still runs (a
+    cache's save count would otherwise stay up, and its folder never be cleared again)."""
+    identities = file_writes.Written.identities
+
+    def interrupted(self):
+        identities(self)
+        raise KeyboardInterrupt
+
+    ended = []
+    with pytest.raises(KeyboardInterrupt), background_writes():
+        for name in ("one", "two", "three"):
+            write_files(entry_files(tmp_path, name), lambda n=name: ended.append(n), Failed)
+        monkeypatch.setattr(file_writes.Written, "identities", interrupted)
+    assert ended == ["one", "two", "three"]
+
+
 def test_identities_wait_for_a_write_in_the_background(tmp_path):
     with background_writes() as writes:
         written = write_files(entry_files(tmp_path), lambda: None, Failed)

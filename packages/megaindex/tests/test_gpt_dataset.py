@@ -1,3 +1,4 @@
+import errno
 import glob
 import hashlib
 import json
@@ -24,6 +25,7 @@ from megaindex import (
     Split,
     StaleCacheError,
 )
+from megaindex import cache as cache_module
 
 SIZES = [1000, 50, 10]
 
@@ -305,6 +307,23 @@ def test_unwritable_cache_directory_names_path_to_cache(make_config, tmp_path):
         r"path_to_cache \(--data-cache-path\)",
     ):
         build(make_config(path_to_cache=str(blocker / "cache")))
+
+
+@pytest.mark.parametrize(
+    ("number", "advice"),
+    [
+        (errno.EROFS, "which is often read-only: set path_to_cache"),
+        (errno.ENOSPC, "The disk is full: free space there"),
+        (errno.EDQUOT, "The disk is full: free space there"),
+        (errno.EIO, ". Else set path_to_cache (--data-cache-path) to a writable directory"),
+    ],
+)
+def test_a_failed_cache_write_is_advised_by_its_cause(number, advice):
+    error = cache_module._write_error("/cache", OSError(number, os.strerror(number)))
+    assert str(error).startswith(f"cannot write the index cache to /cache: [Errno {number}]")
+    assert advice in str(error)
+    if number != errno.EROFS:
+        assert "read-only" not in str(error)
 
 
 def test_default_cache_sits_beside_the_data(make_config, corpus):

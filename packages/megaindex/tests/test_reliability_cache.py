@@ -475,3 +475,26 @@ def test_a_save_failing_before_its_files_are_written_ends_the_save(tmp_path, in_
     saving.save({"t": numpy.arange(3)}, {"config": {}})()  # and the next one is written
     assert cache._saves_under_way == {}
     assert entry.complete()
+
+
+def test_a_child_forked_during_a_save_has_none_of_its_parents_saves_under_way(tmp_path):
+    """The parent's saves (and its lock, maybe held by one of its threads) stay with it: a
+    child's first save into the folder lists it for leftovers, and takes the lock freely."""
+    import multiprocessing
+
+    folder = str(tmp_path)
+
+    def child():
+        assert cache_module._saves_under_way == {}
+        assert cache_module._begin_save(folder)  # alone there: lists the folder
+        cache_module._end_save(folder)
+
+    cache_module._begin_save(folder)
+    try:
+        with cache_module._saves_lock:  # another thread's, held at the fork
+            process = multiprocessing.get_context("fork").Process(target=child)
+            process.start()
+        process.join(120)
+    finally:
+        cache_module._end_save(folder)
+    assert process.exitcode == 0

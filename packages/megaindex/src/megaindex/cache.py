@@ -25,6 +25,7 @@ names, so either implementation loads what the other built. What this module add
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import json
@@ -84,6 +85,17 @@ def _end_save(directory: str) -> None:
         if not _saves_under_way[directory]:
             del _saves_under_way[directory]
             _unchanged_since_save[directory] = _modified(directory)
+
+
+def _after_fork_in_child() -> None:
+    """A child forked during a save has none of its parent's saves under way, nor its lock."""
+    global _saves_lock
+    _saves_lock = threading.Lock()
+    _saves_under_way.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _modified(directory: str) -> int | None:
@@ -506,11 +518,19 @@ def _identity_if_written(path: str, written: os.stat_result) -> list[int]:
 
 
 def _write_error(directory: str, error: OSError) -> CacheError:
-    return CacheError(
-        f"cannot write the index cache to {directory}: {error}. By default the cache sits "
-        "beside the data (<prefix>/cache), which is often read-only: set path_to_cache "
-        "(--data-cache-path) to a writable directory"
-    )
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        advice = (
+            "By default the cache sits beside the data (<prefix>/cache), which is often "
+            "read-only: set path_to_cache (--data-cache-path) to a writable directory"
+        )
+    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+        advice = (
+            "The disk is full: free space there, or set path_to_cache (--data-cache-path) to "
+            "another disk"
+        )
+    else:
+        advice = "Else set path_to_cache (--data-cache-path) to a writable directory"
+    return CacheError(f"cannot write the index cache to {directory}: {error}. {advice}")
 
 
 #: the ``.npy`` header numpy writes for a dtype and shape, by the dtype and the number of

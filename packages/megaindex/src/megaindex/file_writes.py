@@ -190,18 +190,24 @@ class BackgroundWrites:
         """Wait for every write, stop the threads, and raise the first failure (as its
         ``on_error`` words it, the ``OSError`` as its cause)."""
         failure: tuple[Exception, OSError] | None = None
+        with self._lock:
+            submitted, self._submitted = self._submitted, []
+            self._by_last_path = {}
+        ended = 0
         try:
-            with self._lock:
-                submitted, self._submitted = self._submitted, []
-                self._by_last_path = {}
             for item in submitted:
                 try:
                     item.written.identities()
                 except OSError as error:
                     failure = failure or (item.on_error(error), error)
                 finally:
+                    ended += 1
                     item.on_done()
         finally:
+            # interrupted (Ctrl-C): the writes not waited for end too, whatever became of them
+            for item in submitted[ended:]:
+                with contextlib.suppress(Exception):
+                    item.on_done()
             self._pool.close()
         if failure is not None:
             raise failure[0] from failure[1]
