@@ -93,3 +93,24 @@ def test_the_capacity_fits_the_open_files_limit(monkeypatch):
     assert "set MEGAFMT_MAX_OPEN_BIN to at most 192" in message
     monkeypatch.setattr(pool, "soft_limit", {"RLIMIT_NOFILE": None}.get)  # unlimited
     assert pool._capacity_from_environment() == 1000
+
+
+@pytest.mark.parametrize("limit", [64, 100])
+def test_a_small_open_files_limit_gets_a_default_that_fits_and_advice_that_can_be_taken(
+    monkeypatch, limit
+):
+    from megafmt.readers import pool
+
+    monkeypatch.setattr(pool, "soft_limit", {"RLIMIT_NOFILE": limit}.get)
+    monkeypatch.delenv("MEGAFMT_MAX_OPEN_BIN", raising=False)
+    default = pool._capacity_from_environment()
+    assert default == max(1, limit - pool.RESERVED_DESCRIPTORS)  # the room, one at least
+    monkeypatch.setenv("MEGAFMT_MAX_OPEN_BIN", str(default + 1))
+    with pytest.raises(ValueError) as raised:
+        pool._capacity_from_environment()
+    if limit - pool.RESERVED_DESCRIPTORS >= 1:
+        assert f"set MEGAFMT_MAX_OPEN_BIN to at most {default}" in str(raised.value)
+        monkeypatch.setenv("MEGAFMT_MAX_OPEN_BIN", str(default))
+        assert pool._capacity_from_environment() == default  # the advice taken is accepted
+    else:  # no room at all: what can be done instead
+        assert "raise the limit above 64 files, or unset MEGAFMT_MAX_OPEN_BIN" in str(raised.value)

@@ -93,12 +93,15 @@ class OpenDescriptor:
 def _capacity_from_environment() -> int:
     """``MEGAFMT_MAX_OPEN_BIN``, refused when the open-files limit leaves it no room (the
     readers would fail with "Too many open files" part way through a run); unset, the default,
-    lowered to half the limit where the limit is small."""
+    lowered to half the limit where the limit is small, and to the room the limit leaves (one
+    reader at least: a run that opens one ``.bin`` at a time still works)."""
     limit = soft_limit("RLIMIT_NOFILE")  # ulimit -n
     room = None if limit is None else limit - RESERVED_DESCRIPTORS
     value = os.environ.get("MEGAFMT_MAX_OPEN_BIN")
     if value is None:
-        return DEFAULT_CAPACITY if limit is None else max(1, min(DEFAULT_CAPACITY, limit // 2))
+        if limit is None:
+            return DEFAULT_CAPACITY
+        return max(1, min(DEFAULT_CAPACITY, limit // 2, room))
     try:
         capacity = int(value)
     except ValueError:
@@ -106,11 +109,16 @@ def _capacity_from_environment() -> int:
     if capacity < 1:
         raise ValueError(f"MEGAFMT_MAX_OPEN_BIN={value!r}: expected a positive number of readers")
     if room is not None and capacity > room:
+        fix = (
+            f"set MEGAFMT_MAX_OPEN_BIN to at most {room}, or raise the limit"
+            if room >= 1
+            else f"raise the limit above {RESERVED_DESCRIPTORS} files, or unset "
+            "MEGAFMT_MAX_OPEN_BIN (one reader at a time)"
+        )
         raise ValueError(
             f"MEGAFMT_MAX_OPEN_BIN={capacity} open readers do not fit the open-files limit "
             f"(ulimit -n, RLIMIT_NOFILE: {limit} files, {RESERVED_DESCRIPTORS} of them kept for "
-            f"the rest of the process): set MEGAFMT_MAX_OPEN_BIN to at most {max(room, 1)}, or "
-            "raise the limit"
+            f"the rest of the process): {fix}"
         )
     return capacity
 
