@@ -16,7 +16,7 @@ import warnings
 import numpy
 import pytest
 
-from megafmt.atomic import remove_stale_partials
+from megafmt.atomic import remove_stale_partials_in
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
 from megaindex import cache as cache_module
 from megaindex.cache import IndexCache, _npy_bytes, read_npy_header
@@ -218,6 +218,21 @@ def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):
     assert not glob.glob(os.path.join(config.path_to_cache, "*.partial"))
 
 
+def test_leftovers_of_an_entry_not_saved_again_are_removed_by_another_s_save(make_config):
+    """A killed blend's leftovers belong to entries the next build may load rather than save:
+    a save lists the whole folder, not only its own entry's names."""
+    config = make_config()
+    build(config)
+    dead = 2**22 + 12345
+    other = os.path.join(
+        config.path_to_cache, f"0123-GPTDataset-valid-sample_index.npy.{dead}-0badf00d.partial"
+    )
+    with open(other, "wb") as stream:
+        stream.write(b"half a table")
+    build(make_config(random_seed=7))  # another entry saved into the folder
+    assert not os.path.exists(other)
+
+
 @pytest.mark.parametrize("threads", [1, 4])
 def test_a_blend_built_on_threads_lists_its_cache_folder_for_leftovers_once(
     make_config, tmp_path, monkeypatch, threads
@@ -231,8 +246,8 @@ def test_a_blend_built_on_threads_lists_its_cache_folder_for_leftovers_once(
     listings = []
     monkeypatch.setattr(
         cache,
-        "remove_stale_partials",
-        lambda *paths: listings.append(paths) or remove_stale_partials(*paths),
+        "remove_stale_partials_in",
+        lambda folder: listings.append(folder) or remove_stale_partials_in(folder),
     )
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 5 + n, seed=n) for n in range(40)]
     config = make_config(

@@ -110,7 +110,13 @@ def _writer_of(name: str, stem: str) -> int | None:
     stem fills the ``re`` module's cache when thousands of entries are saved."""
     if not (name.startswith(stem + ".") and name.endswith(PARTIAL_SUFFIX)):
         return None
-    pid, dash, rest = name[len(stem) + 1 : -len(PARTIAL_SUFFIX)].partition("-")
+    return _writer_in(name[len(stem) + 1 : -len(PARTIAL_SUFFIX)])
+
+
+def _writer_in(tail: str) -> int | None:
+    """The pid of a temporary name's end (``<pid>-<hex>-<where>``, or ``<pid>-<hex>``) written
+    on this machine and PID namespace, else None."""
+    pid, dash, rest = tail.partition("-")
     token, _, where = rest.partition("-")
     if not (pid.isdigit() and dash and token) or token.strip("0123456789abcdef"):
         return None
@@ -153,16 +159,35 @@ def remove_stale_partials(*paths: str) -> list[str]:
         except FileNotFoundError:
             continue
         for stem in stems:
-            for name in names:
-                pid = _writer_of(name, stem)
-                if pid is None or _process_exists(pid):
-                    continue
-                candidate = os.path.join(folder, name)
-                if os.path.isdir(candidate):
-                    shutil.rmtree(candidate, ignore_errors=True)
-                else:
-                    remove_quietly(candidate)
-                removed.append(candidate)
+            removed += _remove_dead(folder, [n for n in names if _writer_of(n, stem) is not None])
+    return removed
+
+
+def remove_stale_partials_in(folder: str) -> list[str]:
+    """What :func:`remove_stale_partials` removes, for every destination in ``folder`` (a
+    cache folder, whose killed builds' leftovers belong to entries that may never be saved
+    again); one listing."""
+    try:
+        names = [n for n in os.listdir(folder or ".") if n.endswith(PARTIAL_SUFFIX)]
+    except FileNotFoundError:
+        return []
+    return _remove_dead(folder, names)
+
+
+def _remove_dead(folder: str, names: list[str]) -> list[str]:
+    """Remove the temporary files and folders ``names`` whose writers (on this machine) are
+    gone; what was removed."""
+    removed = []
+    for name in names:
+        pid = _writer_in(name[: -len(PARTIAL_SUFFIX)].rpartition(".")[2])
+        if pid is None or _process_exists(pid):
+            continue
+        candidate = os.path.join(folder, name)
+        if os.path.isdir(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
+            remove_quietly(candidate)
+        removed.append(candidate)
     return removed
 
 

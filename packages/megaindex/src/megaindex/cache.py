@@ -43,7 +43,12 @@ from typing import Any, BinaryIO
 
 import numpy
 
-from megafmt.atomic import atomic_write, remove_quietly, remove_stale_partials, write_atomically
+from megafmt.atomic import (
+    atomic_write,
+    remove_quietly,
+    remove_stale_partials_in,
+    write_atomically,
+)
 from megafmt.fingerprint import checksum, corpus_fingerprint, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
@@ -404,9 +409,8 @@ class IndexCache:
             make_folder(directory, "the index cache folder")
             # a folder nobody wrote to since this process's last save here holds no new
             # leftovers: listing it for every entry of a large blend is quadratic in its size
-            if list_leftovers:
-                files = (*self.entry.files(), self.entry.sidecar_path)
-                for leftover in remove_stale_partials(*files):
+            if list_leftovers:  # every entry's: those of entries not saved again stayed
+                for leftover in remove_stale_partials_in(directory):
                     logger.info("removed %s, left by a build that was killed", leftover)
             if sum(tables[t].nbytes for t in self.entry.tables) >= SIDE_BY_SIDE_BYTES:
                 return self._write_large(tables, sidecar)
