@@ -5,15 +5,19 @@ entries (one per document per epoch), and a long sequence's attention mask is it
 squared: allocating them would go on until the process is killed. Their sizes follow from the
 settings (the tables' from ``TableRecipe.expected_specs``), so they are known first and compared
 with the memory available to this process: the kernel's ``MemAvailable``, capped by the
-cgroup's limit in a container. Building needs somewhat more than the tables themselves (a few
-temporaries); that margin is not counted.
+cgroup's room in a container (v2 or v1: its limit less what it uses, the page cache it can
+reclaim not counted as used), less what this process's other threads hold for tables they are
+building (``num_dataset_builder_threads`` build large corpora side by side). Building needs
+somewhat more than the tables themselves (a few temporaries); that margin is not counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy
 
@@ -64,15 +68,34 @@ def available_memory() -> int | None:
     return available
 
 
+#: each cgroup version's files: the limit, the usage, its statistics and the line of the
+#: reclaimable page cache in them
+CGROUPS = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat",
+     "inactive_file "),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+     "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file "),
+)  # fmt: skip
+
+
 def _read_available() -> int | None:
     """The kernel's ``MemAvailable`` now, capped by the cgroup's room in a container."""
     available = _read_number("/proc/meminfo", "MemAvailable:")
-    limit = _read_number("/sys/fs/cgroup/memory.max")
-    used = _read_number("/sys/fs/cgroup/memory.current")
-    if limit is not None and used is not None:
+    for limit_file, usage_file, stat_file, cache_line in CGROUPS:
+        limit, used = _read_number(limit_file), _read_number(usage_file)
+        if limit is None or used is None:
+            continue
+        used -= min(used, _read_number(stat_file, cache_line) or 0)
+        # v1 says "no limit" with a number beyond any memory: MemAvailable is then the bound
         room = max(limit - used, 0)
         available = room if available is None else min(available, room)
+        break
     return available
+
+
+#: bytes this process's threads hold for tables they are building (:func:`reserving`)
+_reserved = [0]
+_reserving = threading.Lock()
 
 
 def table_bytes(specs: Mapping[str, TableSpec]) -> dict[str, int]:
@@ -86,14 +109,33 @@ def table_bytes(specs: Mapping[str, TableSpec]) -> dict[str, int]:
 
 def check_fits(where: str, parts: Mapping[str, int], sizing: str) -> None:
     """Raise :class:`IndexBuildError` when ``parts`` (name: bytes) need more memory than is
-    available, naming ``where`` (the dataset), each part's size and ``sizing`` (the settings
-    that set those sizes, with their values)."""
+    available (less what other threads hold for their tables), naming ``where`` (the dataset),
+    each part's size and ``sizing`` (the settings that set those sizes, with their values)."""
     needed = sum(parts.values())
     available = available_memory()
-    if available is None or needed <= available:
+    if available is None:
+        return
+    held = _reserved[0]
+    if needed <= available - held:
         return
     sizes = ", ".join(f"{name} {human(size)}" for name, size in parts.items())
+    others = f" ({human(held)} of it held for tables other threads are building)" if held else ""
     raise IndexBuildError(
         f"{where}: needs {human(needed)} ({sizes}), but this machine has {human(available)} "
-        f"available; the sizes follow from {sizing}: lower them"
+        f"available{others}; the sizes follow from {sizing}: lower them"
     )
+
+
+@contextlib.contextmanager
+def reserving(where: str, parts: Mapping[str, int], sizing: str) -> Iterator[None]:
+    """:func:`check_fits`, then hold ``parts``' bytes for the block: another thread's check
+    meanwhile counts them as taken (the kernel's figures show an allocation only once made)."""
+    needed = sum(parts.values())
+    with _reserving:  # checked and held at once: two threads never both take the last room
+        check_fits(where, parts, sizing)
+        _reserved[0] += needed
+    try:
+        yield
+    finally:
+        with _reserving:
+            _reserved[0] -= needed

@@ -53,7 +53,7 @@ from megaindex.cache import (
 )
 from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
 from megaindex.file_writes import CorpusFiles
-from megaindex.memory import check_fits, table_bytes
+from megaindex.memory import reserving, table_bytes
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
 from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
 
@@ -229,7 +229,12 @@ class CachedTables:
             sizes, sizing = table_bytes(recipe.expected_specs()), recipe.sizing()
         except ValueError:  # inputs the build refuses itself, with its own message
             sizes, sizing = {}, ""
-        check_fits(recipe.where, sizes, sizing)
+        with reserving(recipe.where, sizes, sizing):
+            return self._build_within(sizes)
+
+    def _build_within(self, sizes: Mapping[str, int]) -> dict[str, numpy.ndarray]:
+        """:meth:`_build` once the tables' memory is held."""
+        recipe = self.recipe
         corpus = recipe.corpus if self._cache is not None else None
         if sum(sizes.values()) < SIDE_BY_SIDE_BYTES:  # small: one after the other
             built = recipe.build()
