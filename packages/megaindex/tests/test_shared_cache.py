@@ -16,7 +16,7 @@ import pytest
 
 from megafmt.errors import NotAFolderError
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, shared_cache
-from megaindex.cache import CacheEntry
+from megaindex.cache import CacheEntry, DamagedCopyError
 from megaindex.errors import CacheError
 from megaindex.shared_cache import (
     SharedCacheConfig,
@@ -629,3 +629,25 @@ def test_deferred_tables_on_another_node_are_downloaded_when_first_read(
     for table in TABLES:
         numpy.testing.assert_array_equal(deferred[0].tables[table], built[0].tables[table])
     assert sent_since(before).get("create", 0) == 0  # downloaded, never claimed
+
+
+def test_a_damaged_copy_on_a_node_that_does_not_build_is_fetched_again(store, tmp_path, caplog):
+    builder = entry_in(tmp_path / "node0")
+    SharedTableCache(SharedCacheConfig(store)).obtain(builder, "d", saver(builder, []), True)
+    entry, loads = entry_in(tmp_path / "node1"), []
+    cache = SharedTableCache(SharedCacheConfig(store))
+    assert cache.obtain(entry, "described", saver(entry, []), may_build=False) == "loaded"
+    with open(entry.table_path("a"), "r+b") as stream:  # a disk error: a table cut short
+        stream.truncate(10)
+
+    def checked() -> str:
+        loads.append(1)
+        if os.path.getsize(entry.table_path("a")) == 10:
+            raise DamagedCopyError(f"rank 3: {entry.table_path('a')}: unreadable .npy header")
+        return "loaded"
+
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", checked, may_build=False) == "loaded"
+    assert loads == [1, 1]  # the damaged copy, then the one fetched again
+    assert "unreadable .npy header; fetching the tables again from memory://" in caplog.text
+    numpy.testing.assert_array_equal(numpy.load(entry.table_path("a")), numpy.arange(5))

@@ -115,6 +115,11 @@ class DamagedCacheError(MegaindexError):
     """A cached table cannot be used as it is (internal: the cache is rebuilt)."""
 
 
+class DamagedCopyError(CacheError):
+    """A process that does not build found the cached tables damaged: global rank 0 should
+    have rebuilt them (with a shared store, the node's copy is fetched again instead)."""
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """What a cached table must look like: one of ``dtypes`` and exactly ``shape``."""
@@ -658,7 +663,7 @@ def load_or_build(
             return load(), "cache"
         except DamagedCacheError as damage:
             if not builds_here:
-                raise CacheError(
+                raise DamagedCopyError(
                     f"rank {rank}: {damage}; global rank 0 should have rebuilt it before the "
                     "others load it"
                 ) from None

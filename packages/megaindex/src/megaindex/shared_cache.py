@@ -10,7 +10,8 @@ Every process that needs a dataset's tables then:
 1. maps the local copy when the node has it complete (nothing is sent; a process that may
    build first makes sure the store holds it too, by its listing, else a GET of the
    description, and uploads it under a lease, step 4, where the store does not: a run killed
-   during its upload would otherwise leave the other nodes waiting for it);
+   during its upload would otherwise leave the other nodes waiting for it; a process that may
+   not build and finds the copy damaged fetches it again, once);
 2. else takes the node's lock (``<base>-node.lock`` beside the local copy, ``flock``: released
    by the kernel when its holder dies), so that one process per node talks to the store while
    the others wait, and finds the copy that process made;
@@ -71,7 +72,7 @@ from megafmt.folders import make_folder
 from megafmt.readers import is_url
 from megafmt.redaction import redact
 from megafmt.remote import default_cache_dir
-from megaindex.cache import CacheEntry
+from megaindex.cache import CacheEntry, DamagedCopyError
 from megaindex.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -305,9 +306,16 @@ class SharedTableCache:
 
         A process that may build and finds the entry complete locally but not in the store (a
         run killed, or a store that refused it, before the upload ended; objects deleted since)
-        uploads it under a lease: the other nodes would otherwise wait for it in vain."""
+        uploads it under a lease: the other nodes would otherwise wait for it in vain. A process
+        that may not build and finds the node's copy damaged fetches it again, once."""
         if self._complete_here(entry, may_build):
-            return load_or_build()
+            try:
+                return load_or_build()
+            except DamagedCopyError as damage:  # a disk error, a file cut short: once more
+                logger.warning(
+                    "%s; fetching the tables again from %s", damage, self._url(entry.base)
+                )
+                remove_quietly(entry.description_path)  # not complete: fetched under the lock
         with self._node_lock(entry):
             if self._complete_here(entry, may_build):  # another process of this node fetched it
                 return load_or_build()
