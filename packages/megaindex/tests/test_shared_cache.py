@@ -16,7 +16,7 @@ import pytest
 
 from megafmt.errors import NotAFolderError
 from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, shared_cache
-from megaindex.cache import CacheEntry, DamagedCopyError
+from megaindex.cache import CacheEntry, UnusableCopyError
 from megaindex.errors import CacheError
 from megaindex.shared_cache import (
     SharedCacheConfig,
@@ -363,6 +363,40 @@ def test_a_local_copy_the_store_lacks_is_uploaded_by_a_process_that_may_build(st
     assert sent_since(before) == {}
 
 
+def test_a_description_cut_short_in_the_store_is_uploaded_again_by_the_builder(
+    store, tmp_path, monkeypatch
+):
+    # a run killed while it wrote the description in place: a start of it is in the store
+    entry, calls = entry_in(tmp_path / "node0"), []
+    saver(entry, calls)()
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(f"{store}/0123-Tables-train-description.txt", b"descr")
+    dead_lease(store, 1)
+    cache = SharedTableCache(SharedCacheConfig(store, lease_seconds=0.3, poll_seconds=0.05))
+    assert cache.obtain(entry, "described", saver(entry, calls), may_build=True) == "loaded"
+    assert fs.cat_file(f"{store}/0123-Tables-train-description.txt") == b"described"
+    monkeypatch.setattr(shared_cache, "_listings", {})  # another node's process
+    other = entry_in(tmp_path / "node1")
+    assert cache.obtain(other, "described", saver(other, calls), may_build=False) == "loaded"
+    assert calls == ["built"]  # the first run's build only
+
+
+def test_a_store_that_cannot_be_asked_leaves_the_builder_s_complete_copy_to_serve(
+    store, tmp_path, monkeypatch, caplog
+):
+    entry = entry_in(tmp_path / "node0")
+    saver(entry, [])()
+    cache = SharedTableCache(SharedCacheConfig(store))
+
+    def down(*args):
+        raise ConnectionError("the endpoint does not answer")
+
+    monkeypatch.setattr(cache.store, "listing", down)
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", saver(entry, []), may_build=True) == "loaded"
+    assert "the endpoint does not answer); this node's copy is used as it is" in caplog.text
+
+
 def test_a_description_being_written_is_waited_for_not_refused(store, tmp_path):
     # a file system whose put writes in place: the description's first bytes are there first
     entry = entry_in(tmp_path / "node1")
@@ -643,7 +677,7 @@ def test_a_damaged_copy_on_a_node_that_does_not_build_is_fetched_again(store, tm
     def checked() -> str:
         loads.append(1)
         if os.path.getsize(entry.table_path("a")) == 10:
-            raise DamagedCopyError(f"rank 3: {entry.table_path('a')}: unreadable .npy header")
+            raise UnusableCopyError(f"rank 3: {entry.table_path('a')}: unreadable .npy header")
         return "loaded"
 
     with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):

@@ -115,9 +115,9 @@ class DamagedCacheError(MegaindexError):
     """A cached table cannot be used as it is (internal: the cache is rebuilt)."""
 
 
-class DamagedCopyError(CacheError):
-    """A process that does not build found the cached tables damaged: global rank 0 should
-    have rebuilt them (with a shared store, the node's copy is fetched again instead)."""
+class UnusableCopyError(CacheError):
+    """A process that does not build found the cached tables damaged or gone: global rank 0
+    should have built them (with a shared store, the node's copy is fetched again instead)."""
 
 
 @dataclass(frozen=True)
@@ -663,13 +663,13 @@ def load_or_build(
             return load(), "cache"
         except DamagedCacheError as damage:
             if not builds_here:
-                raise DamagedCopyError(
+                raise UnusableCopyError(
                     f"rank {rank}: {damage}; global rank 0 should have rebuilt it before the "
                     "others load it"
                 ) from None
             warnings.warn(f"rebuilding the index cache: {damage}", stacklevel=3)
     elif not builds_here:
-        raise CacheError(
+        raise UnusableCopyError(
             f"rank {rank} found no complete index cache at {cache.entry.description_path}: "
             "global rank 0 builds it before the other ranks load it (do all ranks call the "
             "dataset builder?)"

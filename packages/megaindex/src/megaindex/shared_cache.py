@@ -72,7 +72,7 @@ from megafmt.folders import make_folder
 from megafmt.readers import is_url
 from megafmt.redaction import redact
 from megafmt.remote import default_cache_dir
-from megaindex.cache import CacheEntry, DamagedCopyError
+from megaindex.cache import CacheEntry, UnusableCopyError
 from megaindex.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -306,30 +306,63 @@ class SharedTableCache:
 
         A process that may build and finds the entry complete locally but not in the store (a
         run killed, or a store that refused it, before the upload ended; objects deleted since)
-        uploads it under a lease: the other nodes would otherwise wait for it in vain. A process
-        that may not build and finds the node's copy damaged fetches it again, once."""
-        if self._complete_here(entry, may_build):
+        uploads it under a lease: the other nodes would otherwise wait for it in vain (a store
+        that cannot be asked, or refuses the upload, leaves the node's copy to serve, with a
+        warning). A process that may not build and finds the node's copy damaged or gone
+        fetches it again, once."""
+        unusable = None  # the description of a copy that could not be used
+        if self._complete_here(entry, description, may_build):
             try:
                 return load_or_build()
-            except DamagedCopyError as damage:  # a disk error, a file cut short: once more
-                logger.warning(
-                    "%s; fetching the tables again from %s", damage, self._url(entry.base)
-                )
-                remove_quietly(entry.description_path)  # not complete: fetched under the lock
+            except UnusableCopyError as error:  # a disk error, a file cut short: once more
+                logger.warning("%s; fetching the tables again from %s", error, self.store.url)
+                unusable = _inode(entry.description_path)
         with self._node_lock(entry):
-            if self._complete_here(entry, may_build):  # another process of this node fetched it
+            if unusable is not None and _inode(entry.description_path) == unusable:
+                remove_quietly(entry.description_path)  # not fetched again by another meanwhile
+            if self._complete_here(entry, description, may_build):  # fetched by another process
                 return load_or_build()
-            return self._fetch_or_build(entry, description, load_or_build, may_build)
+            if not entry.complete():
+                return self._fetch_or_build(entry, description, load_or_build, may_build)
+            try:  # complete here, not in the store: uploaded under a lease
+                return self._fetch_or_build(entry, description, load_or_build, may_build)
+            except (SharedCacheError, OSError) as error:  # a store down, or refusing it
+                logger.warning("%s; this node's copy is used as it is", error)
+                return load_or_build()
 
-    def _complete_here(self, entry: CacheEntry, may_build: bool) -> bool:
+    def _complete_here(self, entry: CacheEntry, description: str, may_build: bool) -> bool:
         """Whether the entry is complete locally, and, where this process may build, in the
-        store too (its listing, else a GET of the description)."""
+        store too (a store that cannot be asked leaves the node's copy to serve)."""
         if not entry.complete():
             return False
         if not may_build:
             return True
         name = os.path.basename(entry.description_path)
-        return name in self._listed() or self.store.read(name) is not None
+        expected = description.encode("utf-8")
+        try:
+            committed = self._committed(name, expected)
+        except Exception as error:  # a store down, credentials expired: the copy still serves
+            logger.warning(
+                "%s: not found out whether the store holds these tables (%s); this node's "
+                "copy is used as it is",
+                self._url(name),
+                error,
+            )
+            return True
+        return committed is not None and committed[0] == expected
+
+    def _committed(self, name: str, expected: bytes) -> tuple[bytes, bool] | None:
+        """The store's description ``name``, and whether the listing vouched for it: ``expected``
+        itself where the listing holds it with that size (or none), else as a GET reads it; None
+        where there is none, or only a start of ``expected`` (an upload under way: a file
+        system whose put writes in place, with no commit of its own)."""
+        listed = self._listed()
+        if name in listed and listed[name] in (None, len(expected)):
+            return expected, True
+        fetched = self.store.read(name)
+        if fetched is None or (len(fetched) < len(expected) and expected.startswith(fetched)):
+            return None
+        return fetched, False
 
     def _fetch_or_build(self, entry, description, load_or_build, may_build):
         """:meth:`obtain`'s work under the node's lock."""
@@ -483,16 +516,14 @@ class SharedTableCache:
         not used: they may be of an upload then under way. A shorter start of this text is
         one being written (a file system whose put writes in place) and counts as none yet."""
         name = os.path.basename(entry.description_path)
+        committed = self._committed(name, description.encode("utf-8"))
+        if committed is None:
+            return False
+        found, vouched = committed
+        if not vouched:  # the listing's sizes may be of an upload then under way
+            self._check_description(name, found, description)
         listed = self._listed()
-        sizes: dict[str, int | None] = {}
-        found = description.encode("utf-8")
-        if name in listed and listed[name] in (None, len(found)):
-            sizes = listed
-        else:  # not committed when this process listed the store, or of another size: ask
-            fetched = self.store.read(name)
-            if fetched is None or (len(fetched) < len(found) and found.startswith(fetched)):
-                return False  # none, or one being written (a file system's put is no commit)
-            self._check_description(name, fetched, description)
+        sizes = listed if vouched else {}
         sidecar = os.path.basename(entry.sidecar_path)
         wanted = {os.path.basename(entry.table_path(t)): entry.table_path(t) for t in entry.tables}
         if name not in listed or sidecar in listed:  # where it is not listed, it may exist
@@ -633,6 +664,13 @@ class SharedTableCache:
                 yield
             finally:
                 fcntl.flock(stream, fcntl.LOCK_UN)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def _holder() -> str:
