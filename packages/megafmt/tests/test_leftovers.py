@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from megafmt import atomic
 from megafmt.atomic import (
     DEFAULT_NAME_MAX,
     PARTIAL_SUFFIX,
@@ -201,6 +202,20 @@ def test_leftovers_of_writers_on_other_machines_are_left_to_them(tmp_path):
         Path(name).write_bytes(b"half")
     assert sorted(remove_stale_partials(path)) == sorted([mine, legacy])
     assert os.path.exists(elsewhere)
+    # a day later it is removed: a container restarted under another name never comes back
+    day_ago = time.time() - atomic.FOREIGN_LEFTOVER_SECONDS - 60
+    os.utime(elsewhere, (day_ago, day_ago))
+    assert remove_stale_partials(path) == [elsewhere]
+
+
+def test_a_long_name_s_leftover_of_a_release_before_the_machine_was_named_is_removed(tmp_path):
+    """Its stem was cut at another length: both cuts are looked for."""
+    dead = 2**22 + 54321
+    path = str(tmp_path / ("n" * (DEFAULT_NAME_MAX - len(".bin")) + ".bin"))
+    stem = atomic._partial_stem(path, atomic.LEGACY_PARTIAL_EXTRA)
+    legacy = f"{stem}.{dead}-0badf00d{PARTIAL_SUFFIX}"
+    Path(legacy).write_bytes(b"half")
+    assert remove_stale_partials(path) == [legacy]
 
 
 def test_temporary_names_differ_call_by_call_and_between_processes(tmp_path):

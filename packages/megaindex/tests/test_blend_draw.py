@@ -39,24 +39,36 @@ def test_a_long_draw_reports_the_samples_drawn_and_the_time_left(monkeypatch, ca
     monkeypatch.setattr(blend_draw, "PROGRESS_SECONDS", 0.02)
     release = threading.Event()
 
+    class Reported(blend_draw.Progress):
+        def update(self, *args, **kwargs):
+            super().update(*args, **kwargs)
+            release.set()  # the wait reported once: the draw goes on
+
+    monkeypatch.setattr(blend_draw, "Progress", Reported)
+
     def slow(index, sample_index):  # in sample order, as the extension fills them
         for sample in range(len(index)):
             index[sample] = sample % 3
             if sample == 400:
-                release.wait(10)  # held until the wait has reported
-            elif sample % 40 == 0:
-                threading.Event().wait(0.01)
+                release.wait(60)
+            elif sample > 400 and sample % 40 == 0:
+                threading.Event().wait(0.03)  # longer than a report's interval
 
     draw = BlendDraw(slow, 1000, "3 datasets")
-    for _ in range(500):  # the draw reaches the held sample, at most 5 s
+    for _ in range(1000):  # the draw reaches the held sample, at most 10 s
         if draw.drawn() == 401:
             break
         threading.Event().wait(0.01)
     assert draw.drawn() == 401  # counted by bisection of the filled prefix
-    threading.Timer(0.3, release.set).start()
     index, _ = draw.wait()
     assert (index >= 0).all()
     err = capsys.readouterr().err
     assert "blending indices of 3 datasets: the 599 samples after the first 401" in err
     assert "ETA" in err  # a line with the estimate, while the draw went on
-    assert "599/599 (100%)" in err  # the summary: the samples drawn since the report began
+    assert "599/599 (100%)" in err  # the summary: the samples drawn since the wait began
+
+
+def test_a_short_draw_says_nothing(capsys):
+    draw = BlendDraw(lambda index, sample_index: index.fill(0), 10, "2 datasets")
+    draw.wait()
+    assert capsys.readouterr().err == ""

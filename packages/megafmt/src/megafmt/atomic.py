@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -33,6 +34,13 @@ NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 #: the bytes a temporary name adds to its destination's: ``.<pid>-<8 hex>-<8 hex>.partial`` (a
 #: pid has at most 7 digits on Linux, pid_max <= 4194304)
 PARTIAL_EXTRA = len(".4194304-") + 8 + len("-") + 8 + len(PARTIAL_SUFFIX)
+#: what a temporary name added before it named its machine (``.<pid>-<8 hex>.partial``): the
+#: stems of those leftovers are cut at other lengths
+LEGACY_PARTIAL_EXTRA = len(".4194304-") + 8 + len(PARTIAL_SUFFIX)
+#: how old a leftover of another machine (or PID namespace) must be to be removed: its writer
+#: cannot be seen from here, and a container restarted under another name never comes back
+#: for it
+FOREIGN_LEFTOVER_SECONDS = 24 * 3600
 #: the name limit assumed where the file system does not say (NAME_MAX of Linux file systems)
 DEFAULT_NAME_MAX = 255
 
@@ -58,12 +66,12 @@ def _name_max(folder: str) -> int:
     return limit
 
 
-def _partial_stem(path: str) -> str:
+def _partial_stem(path: str, extra: int = PARTIAL_EXTRA) -> str:
     """What the temporary names of ``path`` start with: ``path`` itself, or, where its name
     plus :data:`PARTIAL_EXTRA` would pass the file system's name limit (so that a name that
     fits would fail as a temporary one), the name cut short and ended with a digest of it."""
     folder, name = os.path.split(path)
-    room = _name_max(folder) - PARTIAL_EXTRA
+    room = _name_max(folder) - extra
     encoded = os.fsencode(name)  # a name that is not UTF-8 counts its own bytes
     if len(encoded) <= room:
         return path
@@ -103,26 +111,24 @@ def partial_path(path: str) -> str:
     return f"{_partial_stem(path)}.{os.getpid()}-{token:08x}-{_WHERE}{PARTIAL_SUFFIX}"
 
 
-def _writer_of(name: str, stem: str) -> int | None:
-    """The pid in ``name`` when it is a temporary name of ``stem`` written on this machine and
-    PID namespace (``<stem>.<pid>-<hex>-<where>.partial``, or a release's before them,
-    ``<stem>.<pid>-<hex>.partial``), else None. Plain string tests: a regular expression per
-    stem fills the ``re`` module's cache when thousands of entries are saved."""
+def _is_partial_of(name: str, stem: str) -> bool:
+    """Whether ``name`` is a temporary name of ``stem`` (``<stem>.<pid>-<hex>-<where>.partial``,
+    or a release's before them, ``<stem>.<pid>-<hex>.partial``). Plain string tests: a regular
+    expression per stem fills the ``re`` module's cache when thousands of entries are saved."""
     if not (name.startswith(stem + ".") and name.endswith(PARTIAL_SUFFIX)):
-        return None
-    return _writer_in(name[len(stem) + 1 : -len(PARTIAL_SUFFIX)])
+        return False
+    return _writer_in(name[len(stem) + 1 : -len(PARTIAL_SUFFIX)]) is not None
 
 
-def _writer_in(tail: str) -> int | None:
-    """The pid of a temporary name's end (``<pid>-<hex>-<where>``, or ``<pid>-<hex>``) written
-    on this machine and PID namespace, else None."""
+def _writer_in(tail: str) -> tuple[int, bool] | None:
+    """The pid of a temporary name's end (``<pid>-<hex>-<where>``, or ``<pid>-<hex>``), and
+    whether it was written on this machine and PID namespace (where its pid means a process
+    this one can see); None: not such a name."""
     pid, dash, rest = tail.partition("-")
     token, _, where = rest.partition("-")
     if not (pid.isdigit() and dash and token) or token.strip("0123456789abcdef"):
         return None
-    if where and where != _WHERE:  # another machine's: its pid means nothing here
-        return None
-    return int(pid)
+    return int(pid), not where or where == _WHERE
 
 
 def remove_quietly(path: str) -> None:
@@ -145,21 +151,23 @@ def remove_stale_partials(*paths: str) -> list[str]:
     """Delete the ``*.partial`` files and folders that writers of ``paths`` left behind when
     they were killed (their process no longer exists); returns what was removed. Those of
     writers still running are left alone, and those written on another machine or in another
-    PID namespace (a cache on a shared file system), whose writers this one cannot see. Each
-    folder is listed once, whatever the number of paths in it (an index cache of thousands of
-    corpora holds tens of thousands of files)."""
+    PID namespace (a cache on a shared file system), whose writers this one cannot see, until
+    they are :data:`FOREIGN_LEFTOVER_SECONDS` old. Each folder is listed once, whatever the
+    number of paths in it (an index cache of thousands of corpora holds tens of thousands of
+    files)."""
     removed = []
-    by_folder: dict[str, list[str]] = {}
+    by_folder: dict[str, set[str]] = {}
     for path in paths:
-        folder, stem = os.path.split(_partial_stem(path))
-        by_folder.setdefault(folder, []).append(stem)
+        for extra in (PARTIAL_EXTRA, LEGACY_PARTIAL_EXTRA):  # a long name's two cuts
+            folder, stem = os.path.split(_partial_stem(path, extra))
+            by_folder.setdefault(folder, set()).add(stem)
     for folder, stems in by_folder.items():
         try:
             names = [n for n in os.listdir(folder or ".") if n.endswith(PARTIAL_SUFFIX)]
         except FileNotFoundError:
             continue
-        for stem in stems:
-            removed += _remove_dead(folder, [n for n in names if _writer_of(n, stem) is not None])
+        ours = {n for n in names for stem in stems if _is_partial_of(n, stem)}
+        removed += _remove_dead(folder, sorted(ours))
     return removed
 
 
@@ -175,20 +183,33 @@ def remove_stale_partials_in(folder: str) -> list[str]:
 
 
 def _remove_dead(folder: str, names: list[str]) -> list[str]:
-    """Remove the temporary files and folders ``names`` whose writers (on this machine) are
-    gone; what was removed."""
+    """Remove the temporary files and folders ``names`` whose writers are gone (on another
+    machine: left :data:`FOREIGN_LEFTOVER_SECONDS` ago); what was removed."""
     removed = []
     for name in names:
-        pid = _writer_in(name[: -len(PARTIAL_SUFFIX)].rpartition(".")[2])
-        if pid is None or _process_exists(pid):
+        writer = _writer_in(name[: -len(PARTIAL_SUFFIX)].rpartition(".")[2])
+        if writer is None:
             continue
+        pid, here = writer
         candidate = os.path.join(folder, name)
+        if here and _process_exists(pid):
+            continue
+        if not here and not _left_before(candidate, time.time() - FOREIGN_LEFTOVER_SECONDS):
+            continue
         if os.path.isdir(candidate):
             shutil.rmtree(candidate, ignore_errors=True)
         else:
             remove_quietly(candidate)
         removed.append(candidate)
     return removed
+
+
+def _left_before(path: str, moment: float) -> bool:
+    """Whether ``path`` was last changed before ``moment`` (seconds since the epoch)."""
+    try:
+        return os.lstat(path).st_mtime < moment
+    except OSError:
+        return False
 
 
 def _create_exclusive(path: str) -> int:

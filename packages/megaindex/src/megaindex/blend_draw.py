@@ -4,8 +4,9 @@ The extension releases the GIL while it draws, so the draw runs beside the build
 parts (:func:`megaindex.blended_dataset.blend_in_advance`); a blend of tens of millions of
 samples over thousands of corpora takes tens of seconds to draw. The extension fills the
 tables in sample order, so the samples drawn so far are those before the first entry of
-``dataset_index`` still at its initial -1 (no dataset's id): a wait for the draw reports them,
-with a rate and an estimate of the time left, every :data:`PROGRESS_SECONDS`.
+``dataset_index`` still at its initial -1 (no dataset's id): a wait for the draw that lasts
+over :data:`PROGRESS_SECONDS` reports them, with a rate and an estimate of the time left, every
+:data:`PROGRESS_SECONDS`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy
 
@@ -51,33 +53,29 @@ class BlendDraw:
         threading.Thread(target=run, name=thread, daemon=True).start()
 
     def wait(self) -> tuple[numpy.ndarray, numpy.ndarray]:
-        """The two tables once drawn (the fill's error raised), reporting progress while the
-        draw goes on."""
-        progress, first, drawn_all = None, 0, False
+        """The two tables once drawn (the fill's error raised), reporting progress every
+        :data:`PROGRESS_SECONDS` while the draw goes on (nothing for a short one)."""
+        first = self.drawn()  # a draw made in advance is under way: its rate is counted from here
+        left = len(self.dataset_index) - first
+        progress = Progress(
+            f"blending indices of {self.what}: the {left:,} samples after the first {first:,}",
+            total=left,
+            unit="samples",
+            log_interval=PROGRESS_SECONDS,
+        )
+        drawn_all = False
         try:
-            while True:
+            while not drawn_all:
                 try:
                     self._done.result(timeout=PROGRESS_SECONDS)
                     drawn_all = True
-                    break
-                except TimeoutError:
-                    drawn = self.drawn()
-                    if progress is None:  # counted from here: the rate of the draw now
-                        left = len(self.dataset_index) - drawn
-                        progress = Progress(
-                            f"blending indices of {self.what}: the {left:,} samples after the "
-                            f"first {drawn:,}",
-                            total=left,
-                            unit="samples",
-                            log_interval=PROGRESS_SECONDS,
-                        )
-                        first = drawn
-                    progress.update(drawn - first - progress.done)
+                except FutureTimeout:
+                    progress.update(self.drawn() - first - progress.done)
         finally:
-            if progress is not None:
-                if drawn_all:
-                    progress.update(len(self.dataset_index) - first - progress.done)
-                progress.close(None if drawn_all else "")
+            if drawn_all:
+                progress.update(left - progress.done)
+            long = drawn_all and progress.elapsed >= PROGRESS_SECONDS
+            progress.close(None if long else "")
         return self.dataset_index, self.dataset_sample_index
 
     def drawn(self) -> int:

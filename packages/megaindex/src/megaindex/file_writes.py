@@ -204,11 +204,14 @@ class BackgroundWrites:
                     ended += 1
                     item.on_done()
         finally:
-            # interrupted (Ctrl-C): the writes not waited for end too, whatever became of them
-            for item in submitted[ended:]:
-                with contextlib.suppress(Exception):
-                    item.on_done()
-            self._pool.close()
+            try:
+                self._pool.close()
+            finally:
+                # interrupted (Ctrl-C): the writes not waited for end too, once the threads
+                # stopped, whatever became of them
+                for item in submitted[ended:]:
+                    with contextlib.suppress(Exception):
+                        item.on_done()
         if failure is not None:
             raise failure[0] from failure[1]
 

@@ -68,6 +68,8 @@ def available_memory() -> int | None:
     return available
 
 
+#: the kernel's memory figures
+MEMINFO = "/proc/meminfo"
 #: each cgroup version's files: the limit, the usage, its statistics and the line of the
 #: reclaimable page cache in them
 CGROUPS = (
@@ -80,7 +82,7 @@ CGROUPS = (
 
 def _read_available() -> int | None:
     """The kernel's ``MemAvailable`` now, capped by the cgroup's room in a container."""
-    available = _read_number("/proc/meminfo", "MemAvailable:")
+    available = _read_number(MEMINFO, "MemAvailable:")
     for limit_file, usage_file, stat_file, cache_line in CGROUPS:
         limit, used = _read_number(limit_file), _read_number(usage_file)
         if limit is None or used is None:
@@ -93,9 +95,20 @@ def _read_available() -> int | None:
     return available
 
 
-#: bytes this process's threads hold for tables they are building (:func:`reserving`)
-_reserved = [0]
+#: what this process's threads hold for tables they are building (:func:`reserving`): each
+#: build's bytes, and the memory available when it began
+_reserved: list[tuple[int, int | None]] = []
 _reserving = threading.Lock()
+
+
+def _held(available: int) -> int:
+    """The bytes other builds hold and have not allocated yet: what the memory available has
+    not fallen by since each began (what it fell by is theirs already, or another
+    allocation's: it is counted once, in ``available``)."""
+    return sum(
+        max(0, size - max(0, (began if began is not None else available) - available))
+        for size, began in _reserved
+    )
 
 
 def table_bytes(specs: Mapping[str, TableSpec]) -> dict[str, int]:
@@ -115,7 +128,7 @@ def check_fits(where: str, parts: Mapping[str, int], sizing: str) -> None:
     available = available_memory()
     if available is None:
         return
-    held = _reserved[0]
+    held = _held(available)
     if needed <= available - held:
         return
     sizes = ", ".join(f"{name} {human(size)}" for name, size in parts.items())
@@ -130,12 +143,12 @@ def check_fits(where: str, parts: Mapping[str, int], sizing: str) -> None:
 def reserving(where: str, parts: Mapping[str, int], sizing: str) -> Iterator[None]:
     """:func:`check_fits`, then hold ``parts``' bytes for the block: another thread's check
     meanwhile counts them as taken (the kernel's figures show an allocation only once made)."""
-    needed = sum(parts.values())
+    held = (sum(parts.values()), available_memory())
     with _reserving:  # checked and held at once: two threads never both take the last room
         check_fits(where, parts, sizing)
-        _reserved[0] += needed
+        _reserved.append(held)
     try:
         yield
     finally:
         with _reserving:
-            _reserved[0] -= needed
+            _reserved.remove(held)
