@@ -394,6 +394,8 @@ def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
     finally:
         forget()
     blended_dataset.blend_in_advance([1.0, 3.0], 8)()  # forgotten before a blend took it
+    blended_dataset.blend_in_advance([1.0, 3.0], -5)()  # no draw: the blend raises its error
+    assert blended_dataset._drawn_in_advance(weights, -5) is None
     assert blended_dataset._drawn_in_advance(weights, 8) is None
     assert blended_dataset._in_advance == {}
 

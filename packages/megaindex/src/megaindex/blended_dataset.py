@@ -82,7 +82,10 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     size takes them instead of drawing them; returns what forgets them (the builder calls it
     once the blend is built)."""
     key = (tuple(normalize(list(weights))), int(size))
-    drawn = _draw_blending_indices(list(key[0]), key[1], "megaindex-blending-in-advance")
+    try:
+        drawn = _draw_blending_indices(list(key[0]), key[1], "megaindex-blending-in-advance")
+    except Exception:  # a size no table can have: the blend raises the error in its own terms
+        return lambda: None
     with _in_advance_lock:
         _in_advance[key] = drawn
 
