@@ -162,11 +162,7 @@ def remove_stale_partials(*paths: str) -> list[str]:
             folder, stem = os.path.split(_partial_stem(path, extra))
             by_folder.setdefault(folder, set()).add(stem)
     for folder, stems in by_folder.items():
-        try:
-            names = [n for n in os.listdir(folder or ".") if n.endswith(PARTIAL_SUFFIX)]
-        except FileNotFoundError:
-            continue
-        ours = {n for n in names for stem in stems if _is_partial_of(n, stem)}
+        ours = {n for n in _partial_names(folder) for stem in stems if _is_partial_of(n, stem)}
         removed += _remove_dead(folder, sorted(ours))
     return removed
 
@@ -175,11 +171,15 @@ def remove_stale_partials_in(folder: str) -> list[str]:
     """What :func:`remove_stale_partials` removes, for every destination in ``folder`` (a
     cache folder, whose killed builds' leftovers belong to entries that may never be saved
     again); one listing."""
+    return _remove_dead(folder, _partial_names(folder))
+
+
+def _partial_names(folder: str) -> list[str]:
+    """The names in ``folder`` that end like temporary ones (none where it does not exist)."""
     try:
-        names = [n for n in os.listdir(folder or ".") if n.endswith(PARTIAL_SUFFIX)]
+        return [n for n in os.listdir(folder or ".") if n.endswith(PARTIAL_SUFFIX)]
     except FileNotFoundError:
         return []
-    return _remove_dead(folder, names)
 
 
 def _remove_dead(folder: str, names: list[str]) -> list[str]:

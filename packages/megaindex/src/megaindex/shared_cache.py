@@ -322,11 +322,12 @@ class SharedTableCache:
                 remove_quietly(entry.description_path)  # not fetched again by another meanwhile
             if self._complete_here(entry, description, may_build):  # fetched by another process
                 return load_or_build()
-            if not entry.complete():
-                return self._fetch_or_build(entry, description, load_or_build, may_build)
-            try:  # complete here, not in the store: uploaded under a lease
+            complete = entry.complete()  # here, not in the store: uploaded under a lease
+            try:
                 return self._fetch_or_build(entry, description, load_or_build, may_build)
             except (SharedCacheError, OSError) as error:  # a store down, or refusing it
+                if not complete:
+                    raise
                 logger.warning("%s; this node's copy is used as it is", error)
                 return load_or_build()
 

@@ -109,11 +109,11 @@ def _capacity_from_environment() -> int:
     if capacity < 1:
         raise ValueError(f"MEGAFMT_MAX_OPEN_BIN={value!r}: expected a positive number of readers")
     if room is not None and capacity > max(room, 1):  # one reader always: the default's least
-        fix = f"set MEGAFMT_MAX_OPEN_BIN to at most {max(room, 1)}, or raise the limit"
         raise ValueError(
             f"MEGAFMT_MAX_OPEN_BIN={capacity} open readers do not fit the open-files limit "
             f"(ulimit -n, RLIMIT_NOFILE: {limit} files, {RESERVED_DESCRIPTORS} of them kept for "
-            f"the rest of the process): {fix}"
+            f"the rest of the process): set MEGAFMT_MAX_OPEN_BIN to at most {max(room, 1)}, or "
+            "raise the limit"
         )
     return capacity
 
