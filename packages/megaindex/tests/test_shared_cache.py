@@ -15,7 +15,8 @@ import numpy
 import pytest
 
 from megafmt.errors import NotAFolderError
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, shared_cache
+from megafmt.testing import write_corpus
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, distributed, shared_cache
 from megaindex.cache import CacheEntry, UnusableCopyError
 from megaindex.errors import CacheError
 from megaindex.shared_cache import (
@@ -685,3 +686,29 @@ def test_a_damaged_copy_on_a_node_that_does_not_build_is_fetched_again(store, tm
     assert loads == [1, 1]  # the damaged copy, then the one fetched again
     assert "unreadable .npy header; fetching the tables again from memory://" in caplog.text
     numpy.testing.assert_array_equal(numpy.load(entry.table_path("a")), numpy.arange(5))
+
+
+def test_a_corpus_re_tokenized_in_place_gets_its_rebuilt_tables_to_every_node(
+    make_config, corpus, store, tmp_path, monkeypatch, caplog
+):
+    node0, node1 = str(tmp_path / "node0"), str(tmp_path / "node1")
+    build_on_node(make_config, store, node0)
+    with monkeypatch.context() as rank_3:
+        rank_3.setattr(distributed, "builds_shared_files", lambda: False)
+        assert [d.index_source.kind for d in build_on_node(make_config, store, node1)] == [
+            "cache"
+        ] * 3
+    write_corpus(corpus, 250, seed=7)  # the same path, other documents
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        rebuilt = build_on_node(make_config, store, node0)  # rank 0, first after the barrier
+    assert [d.index_source.kind for d in rebuilt] == ["built"] * 3
+    assert caplog.text.count("older than the one rebuilt here; replacing it") == 3
+    assert not [n for n in fsspec.filesystem("memory").ls(store, detail=False) if "-lease-" in n]
+    with monkeypatch.context() as rank_3:  # its node's copy is stale: fetched again
+        rank_3.setattr(distributed, "builds_shared_files", lambda: False)
+        other = build_on_node(make_config, store, node1)
+    assert [d.index_source.kind for d in other] == ["cache"] * 3
+    for mine, theirs in zip(rebuilt, other, strict=True):
+        for table in TABLES:
+            numpy.testing.assert_array_equal(mine.tables[table], theirs.tables[table])
+    assert len(other[0]) != 0 and other[0][0]["tokens"].tolist() == rebuilt[0][0]["tokens"].tolist()

@@ -11,7 +11,11 @@ Every process that needs a dataset's tables then:
    build first makes sure the store holds it too, by its listing, else a GET of the
    description, and uploads it under a lease, step 4, where the store does not: a run killed
    during its upload would otherwise leave the other nodes waiting for it; a process that may
-   not build and finds the copy damaged fetches it again, once);
+   not build and finds the copy damaged fetches it again, once). A process that may build and
+   rebuilds a copy it found stale (its corpus re-tokenized at the same path) or damaged
+   replaces the store's copy with it under a lease, the store's description removed first:
+   the description names the config, not the corpus's content, so the old one would
+   otherwise serve the other nodes tables that no longer fit the corpus;
 2. else takes the node's lock (``<base>-node.lock`` beside the local copy, ``flock``: released
    by the kernel when its holder dies), so that one process per node talks to the store while
    the others wait, and finds the copy that process made;
@@ -312,16 +316,20 @@ class SharedTableCache:
         fetches it again, once."""
         unusable = None  # the description of a copy that could not be used
         if self._complete_here(entry, description, may_build):
+            committed = _inode(entry.description_path)
             try:
-                return load_or_build()
-            except UnusableCopyError as error:  # a disk error, a file cut short: once more
+                return self._served(entry, load_or_build, may_build)
+            except UnusableCopyError as error:  # a disk error, a file cut short, a corpus
+                # changed since: once more (rank 0 replaced the store's copy meanwhile)
                 logger.warning("%s; fetching the tables again from %s", error, self.store.url)
-                unusable = _inode(entry.description_path)
+                unusable = committed
+                with _listing:  # its sizes may be those of the copy replaced since
+                    _listings.pop(self.store.url, None)
         with self._node_lock(entry):
             if unusable is not None and _inode(entry.description_path) == unusable:
                 remove_quietly(entry.description_path)  # not fetched again by another meanwhile
             if self._complete_here(entry, description, may_build):  # fetched by another process
-                return load_or_build()
+                return self._served(entry, load_or_build, may_build)
             complete = entry.complete()  # here, not in the store: uploaded under a lease
             try:
                 return self._fetch_or_build(entry, description, load_or_build, may_build)
@@ -330,6 +338,47 @@ class SharedTableCache:
                     raise
                 logger.warning("%s; this node's copy is used as it is", error)
                 return load_or_build()
+
+    def _served(
+        self, entry: CacheEntry, load_or_build: Callable[[], Result], may_build: bool
+    ) -> Result:
+        """``load_or_build()`` of the node's complete copy; where it rebuilt that copy (its
+        corpus changed, or it was damaged) and this process may build, the store's copy, as
+        old, is replaced by it."""
+        committed = _inode(entry.description_path)
+        result = load_or_build()
+        if may_build and _inode(entry.description_path) != committed:
+            return self._replace(entry, result)
+        return result
+
+    def _replace(self, entry: CacheEntry, result: Result) -> Result:
+        """Upload the node's copy, just rebuilt (its corpus changed, or it was damaged), over
+        the store's, under a lease. Their description is the same text (it describes the
+        config, not the corpus's content), so the store's is removed first: no process then
+        downloads old and new tables mixed; those that wait see the lease. A store that
+        refuses it is logged: the other nodes then find its copy stale and name it."""
+        name = os.path.basename(entry.description_path)
+        try:
+            generation = self._current_generation(entry, 0) + 1
+            if generation > self.config.max_builds or not self._claim(entry, generation, None):
+                raise SharedCacheError(f"lease {generation} is held by another process")
+            self.store.remove(name)
+            with _listing:
+                _listings.get(self.store.url, {}).pop(name, None)
+            logger.warning(
+                "%s: the store's copy of these tables is older than the one rebuilt here; "
+                "replacing it",
+                self._url(entry.base),
+            )
+            return self._build(entry, generation, lambda: result)
+        except Exception as error:
+            logger.warning(
+                "%s: the tables rebuilt here did not replace the store's older copy (%s); the "
+                "other nodes will find that copy stale",
+                self._url(name),
+                error,
+            )
+            return result
 
     def _complete_here(self, entry: CacheEntry, description: str, may_build: bool) -> bool:
         """Whether the entry is complete locally, and, where this process may build, in the
@@ -371,7 +420,7 @@ class SharedTableCache:
         generation = 0
         while True:  # bounded: each lease is built or declared dead within lease_seconds
             if self._download(entry, description):
-                return load_or_build()
+                return self._served(entry, load_or_build, may_build)
             generation = self._current_generation(entry, generation)
             if generation == 0 or self._died(entry, generation, watch):
                 if not may_build and generation == 0:
