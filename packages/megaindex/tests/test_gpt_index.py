@@ -1,11 +1,19 @@
 """The epoch plan and the tables, on figures worked out by hand."""
 
 import tempfile
+import time
 
 import numpy
 import pytest
 
-from megaindex import EmptySplitError, IndexBuildError, backends, gpt_index, helpers
+from megaindex import (
+    EmptySplitError,
+    IndexBuildError,
+    backends,
+    build_progress,
+    gpt_index,
+    helpers,
+)
 from megaindex.gpt_index import (
     EpochPlan,
     GPTTableRecipe,
@@ -101,6 +109,39 @@ def test_tables_follow_the_plan():
     assert tables.document_index.shape == (30,)
     assert tables.sample_index.shape == (34, 2)
     assert sorted(tables.shuffle_index.tolist()) == list(range(33))
+
+
+def test_a_long_build_reports_its_progress_with_an_estimate_and_a_short_one_nothing(
+    monkeypatch, capsys
+):
+    lengths = numpy.random.default_rng(0).integers(1, 50, 400, dtype=numpy.int32)
+    arguments = (lengths, numpy.arange(400, dtype=numpy.int32), 300, 16, 7, True, True)
+    monkeypatch.setattr(gpt_index, "ONE_CALL_BELOW", 0)
+    monkeypatch.setattr(helpers, "SAMPLE_INDEX_ROWS_PER_STEP", 64)  # the walk in steps
+    expected = build_gpt_index_tables(*arguments, what="corpus c, train")
+    assert capsys.readouterr().err == ""  # short: silent
+    monkeypatch.setattr(build_progress, "PROGRESS_SECONDS", 0.05)
+    shuffled = gpt_index.build_document_index
+
+    def slow_document_index(*args):  # a document index of hundreds of millions of entries
+        time.sleep(0.3)
+        return shuffled(*args)
+
+    monkeypatch.setattr(gpt_index, "build_document_index", slow_document_index)
+    tables = build_gpt_index_tables(*arguments, what="corpus c, train")
+    lines = capsys.readouterr().err.splitlines()
+    entries = tables.document_index.size
+    assert lines and all(
+        line.startswith(
+            f"index tables of corpus c, train ({entries:,} document-index entries shuffled, "
+            f"then walked): "
+        )
+        for line in lines
+    )
+    assert f"0/{2 * entries} (0%)" in lines[0]  # still shuffling: nothing counted yet
+    assert lines[-1].split(": ", 1)[1].startswith(f"{2 * entries}/{2 * entries} (100%)")
+    for table in TABLES:
+        assert numpy.array_equal(getattr(tables, table), getattr(expected, table)), table
 
 
 @pytest.mark.parametrize("separate_final_epoch", [False, True])

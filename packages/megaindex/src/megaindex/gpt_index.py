@@ -31,6 +31,7 @@ import numpy
 
 from megafmt.mapping import map_file, release_pages
 from megafmt.protocols import TokenSource
+from megaindex.build_progress import BuildProgress
 from megaindex.cache import TableSpec, dtype_name
 from megaindex.errors import EmptySplitError, IndexBuildError
 from megaindex.helpers import (
@@ -194,8 +195,11 @@ def build_gpt_index_tables(
     spill_directory: str | None = None,
     spill_min_bytes: int | None = None,
     plan: EpochPlan | None = None,
+    what: str = "a GPT split",
 ) -> GPTIndexTables:
-    """All three tables for the split made of the sequences at ``indices``.
+    """All three tables for the split made of the sequences at ``indices`` (``what``, in the
+    progress line of a build that takes over
+    :data:`~megaindex.build_progress.PROGRESS_SECONDS`).
 
     A split of fewer than :data:`ONE_CALL_BELOW` samples and document-index entries, its
     document index not spilled, is built in one call of the backend. A shuffle index of
@@ -238,10 +242,20 @@ def build_gpt_index_tables(
             start,
         )
     random_state = seeded_random_state(random_seed)
-    document_index = build_document_index(
-        indices, plan.num_epochs, random_state, plan.separate_final_epoch
-    )
     with contextlib.ExitStack() as stack:
+        # each entry of the document index counts twice: shuffled, then walked
+        progress = stack.enter_context(
+            BuildProgress(
+                f"index tables of {what} ({entries:,} document-index entries shuffled, then "
+                "walked)",
+                2 * entries,
+                "entries",
+            )
+        )
+        document_index = build_document_index(
+            indices, plan.num_epochs, random_state, plan.separate_final_epoch
+        )
+        progress.reach(entries)
         # its draws follow the document index's (the walk draws none); the C++ shuffle
         # releases the GIL, so a large one runs beside the walk
         shuffle_job = None
@@ -263,10 +277,11 @@ def build_gpt_index_tables(
             plan.tokens_per_epoch,
             drop_last_partial_sequence,
             add_extra_token,
-            walked=lambda position: release_pages(document_index[:position]),
+            walked=lambda position: _walked(document_index, position, progress, entries),
         )
         release_pages(sequence_lengths)  # read: a mapped corpus's pages need not stay resident
         release_pages(document_index)  # saved from the file, later: no need to keep it resident
+        progress.reach(2 * entries)  # walked (the last sample may end before the last entry)
         seconds["sample_index"] = time.perf_counter() - start
         if sample_index.shape[0] - 1 != total:
             raise IndexBuildError(
@@ -280,6 +295,15 @@ def build_gpt_index_tables(
         )
     _log_built(total, plan, seconds)
     return GPTIndexTables(document_index, sample_index, shuffle_index, plan, seconds)
+
+
+def _walked(
+    document_index: numpy.ndarray, position: int, progress: BuildProgress, entries: int
+) -> None:
+    """The sample index's walk has read ``document_index`` up to ``position``: its pages are
+    given back, and the build's progress counts them."""
+    release_pages(document_index[:position])
+    progress.reach(entries + position)
 
 
 def _seed(value: object) -> bool:
@@ -442,6 +466,7 @@ class GPTTableRecipe:
                 self.add_extra_token,
                 self.spill_directory,
                 plan=plan,
+                what=self.where,
             )
         except IndexBuildError as error:
             raise self._located(error) from None
