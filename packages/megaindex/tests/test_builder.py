@@ -190,30 +190,41 @@ def test_corpora_built_on_the_builder_threads_are_counted_as_they_finish(
     assert "indices of 3 corpora: 3/3 (100%)" in capsys.readouterr().err
 
 
-def test_a_corpus_that_fails_is_the_error_even_when_a_cache_write_failed(
+def test_a_cache_write_that_failed_stops_the_blend_before_its_next_corpus(
     make_config, tmp_path, monkeypatch
 ):
+    import time
+
     from megaindex import file_writes
 
-    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(2)]
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(4)]
     # every cache file fails to be written (in the background of the build)
     monkeypatch.setattr(file_writes, "partial_path", lambda path: str(tmp_path / "no" / "x"))
+    writes: list[file_writes.Written] = []
+    submit = file_writes.BackgroundWrites.submit
+
+    def recording(self, *args):
+        writes.append(submit(self, *args))
+        return writes[-1]
+
+    monkeypatch.setattr(file_writes.BackgroundWrites, "submit", recording)
     build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+    built = []
 
-    def failing(self, prefix, *args):
-        if prefix == prefixes[1]:
-            raise RuntimeError("the corpus's own error")
-        return build_splits(self, prefix, *args)
+    def waiting(self, prefix, *args):
+        datasets = build_splits(self, prefix, *args)
+        built.append(prefixes.index(prefix))
+        deadline = time.monotonic() + 60
+        while not writes[-1].ended() and time.monotonic() < deadline:  # ended, failed
+            time.sleep(0.01)
+        return datasets
 
-    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", failing)
-    config = make_config(blend=(prefixes, [1.0, 1.0]), split="100,0,0")
-    with pytest.raises(RuntimeError, match="the corpus's own error"):
-        BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
-    monkeypatch.undo()  # the corpora build; the writes still fail
-    monkeypatch.setattr(file_writes, "partial_path", lambda path: str(tmp_path / "no" / "x"))
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", waiting)
+    config = make_config(blend=(prefixes, [1.0] * 4), split="100,0,0")
     with pytest.raises(CacheError, match="cannot write the index cache") as caught:
         BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
     assert isinstance(caught.value.__cause__, FileNotFoundError)
+    assert built == [0]  # the corpora after the failed write were not built
 
 
 @pytest.mark.parametrize("threads", [1, 2])

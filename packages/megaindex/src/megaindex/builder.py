@@ -42,7 +42,7 @@ from megaindex.blend import check_mappings_fit, check_prefixes_exist, check_toke
 from megaindex.blended_dataset import BlendedDataset, blend_in_advance
 from megaindex.collector import collector_paused
 from megaindex.config import BlendedMegatronDatasetConfig, UniquelyIdentified, own_field
-from megaindex.errors import ConfigError, IndexBuildError
+from megaindex.errors import CacheError, ConfigError, IndexBuildError
 from megaindex.megatron_dataset import MegatronDataset
 from megaindex.mix_resume import MixResumedBlend, resumed_part_sizes
 from megaindex.plugins import DATASETS
@@ -502,7 +502,12 @@ class BlendedMegatronDatasetBuilder:
                             first_built()
                         first_built = None
                         progress.update()
-                        count_finished(block=False)
+                    count_finished(block=False)
+                    try:  # a cache that takes no file: the corpora after need not build
+                        writes.raise_failure()
+                    except CacheError as error:
+                        failed(n, error)
+                        break
                 count_finished(block=True)
                 for future, n in futures.items():
                     if not future.cancelled() and future.exception() is None:

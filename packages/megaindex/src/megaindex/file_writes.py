@@ -142,6 +142,16 @@ class Written:
             raise OSError(error, os.strerror(error), os.fsdecode(path))
         return identities
 
+    def ended(self) -> bool:
+        """Whether the write has ended (its :meth:`identities` then come without a wait)."""
+        with self._lock:
+            if self._outcome is None:
+                self._outcome = self._pending.wait(0.0)
+                if self._outcome is None:
+                    return False
+                self._pending = None
+            return True
+
 
 @dataclass
 class _Submitted:
@@ -157,6 +167,7 @@ class BackgroundWrites:
     def __init__(self, threads: int = WRITER_THREADS) -> None:
         self._pool = _ext.FileWriterPool(threads, MAX_QUEUED_BYTES)
         self._submitted: list[_Submitted] = []
+        self._ended = 0  # the submissions before it ended without an error
         self._by_last_path: dict[str, list[Written]] = {}
         self._lock = threading.Lock()
 
@@ -186,12 +197,27 @@ class BackgroundWrites:
             with contextlib.suppress(OSError):  # reported when the build's writes end
                 written.identities()
 
+    def raise_failure(self) -> None:
+        """Raise the first failure among the writes that have ended, in the order they were
+        submitted, as :meth:`finish` would raise it (which still ends every write): a build
+        that can write no file stops at once, not after thousands of corpora."""
+        with self._lock:
+            while self._ended < len(self._submitted):
+                item = self._submitted[self._ended]
+                if not item.written.ended():
+                    return
+                try:
+                    item.written.identities()
+                except OSError as error:
+                    raise item.on_error(error) from error
+                self._ended += 1
+
     def finish(self) -> None:
         """Wait for every write, stop the threads, and raise the first failure (as its
         ``on_error`` words it, the ``OSError`` as its cause)."""
         failure: tuple[Exception, OSError] | None = None
         with self._lock:
-            submitted, self._submitted = self._submitted, []
+            submitted, self._submitted, self._ended = self._submitted, [], 0
             self._by_last_path = {}
         ended = 0
         try:
