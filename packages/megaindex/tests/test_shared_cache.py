@@ -712,3 +712,28 @@ def test_a_corpus_re_tokenized_in_place_gets_its_rebuilt_tables_to_every_node(
         for table in TABLES:
             numpy.testing.assert_array_equal(mine.tables[table], theirs.tables[table])
     assert len(other[0]) != 0 and other[0][0]["tokens"].tolist() == rebuilt[0][0]["tokens"].tolist()
+
+
+@pytest.mark.parametrize("lease", [failed_lease, dead_lease], ids=["failed", "dead"])
+def test_the_node_s_next_processes_fail_at_once_with_the_error_of_the_first_that_gave_up(
+    store, tmp_path, monkeypatch, lease
+):
+    lease(store, 1)  # and no process that builds shared files claims lease 2
+    config = SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.02)
+    entry = entry_in(tmp_path / "node1")
+    with pytest.raises(SharedCacheError, match="lease-1.json") as first:
+        SharedTableCache(config).obtain(entry, "described", saver(entry, []), may_build=False)
+    pauses: list[float] = []
+    monkeypatch.setattr(shared_cache.time, "sleep", pauses.append)
+    for _ in range(3):  # the node's other ranks, one after another behind its lock
+        with pytest.raises(SharedCacheError) as then:
+            SharedTableCache(config).obtain(entry, "described", saver(entry, []), False)
+        assert str(then.value) == f"{first.value} (as another process of this node found)"
+    assert pauses == []  # none of them waited
+    monkeypatch.undo()
+    fs = fsspec.filesystem("memory")  # the lease changed since: the next process watches it
+    changed = {**json.loads(fs.cat_file(lease_of(store, 1))), "holder": "node8 pid 43"}
+    fs.pipe_file(lease_of(store, 1), json.dumps(changed).encode())
+    with pytest.raises(SharedCacheError, match="lease-1.json") as again:
+        SharedTableCache(config).obtain(entry, "described", saver(entry, []), False)
+    assert "as another process of this node found" not in str(again.value)

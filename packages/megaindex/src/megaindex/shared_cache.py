@@ -43,6 +43,10 @@ Every process that needs a dataset's tables then:
    raises: a watcher that may build claims the next lease at once; one that may not waits one
    lease time for that claim (the failure may be another job's), then fails quoting the error
    (the ``max_builds``-th lease failed: every watcher fails at once).
+   A process that gives up notes its error beside the node's lock
+   (``<base>-node-verdict.json``, with the lease it saw): the node's next processes, which
+   took the lock after it, fail with that error at once while the lease is unchanged, instead
+   of each waiting as long again.
    While it waits, a process logs every ``message_seconds`` what it waits for: the object, its
    holder and its last heartbeat.
 
@@ -422,11 +426,15 @@ class SharedTableCache:
             if self._download(entry, description):
                 return self._served(entry, load_or_build, may_build)
             generation = self._current_generation(entry, generation)
+            if generation > 0 and not may_build:  # another process of this node gave up on it
+                verdict = self._verdict(entry, generation)
+                if verdict is not None:
+                    raise SharedCacheError(verdict)
             if generation == 0 or self._died(entry, generation, watch):
                 if not may_build and generation == 0:
                     return load_or_build()
                 if generation >= self.config.max_builds:
-                    raise SharedCacheError(self._gave_up(entry, generation, watch))
+                    raise self._give_up(entry, generation, watch, self._gave_up)
                 # the build failed or died: a process that may build claims the next lease (at
                 # once, or after watching a dead one for lease_seconds itself); one that may not
                 # waits for that one lease time after a failure, two after a death, then says
@@ -439,13 +447,46 @@ class SharedTableCache:
                     waited = time.monotonic() - watch.changed
                     if _failure(watch.content) is not None:
                         if waited >= self.config.lease_seconds:
-                            raise SharedCacheError(self._failed(entry, generation, watch))
+                            raise self._give_up(entry, generation, watch, self._failed)
                     elif waited >= 3 * self.config.lease_seconds:
-                        raise SharedCacheError(self._unclaimed(entry, generation, watch))
+                        raise self._give_up(entry, generation, watch, self._unclaimed)
             if time.monotonic() - last_message >= self.config.message_seconds:
                 last_message = time.monotonic()
                 logger.warning(self._waiting(entry, generation, watch))
             time.sleep(self.config.poll_seconds)
+
+    def _give_up(
+        self,
+        entry: CacheEntry,
+        generation: int,
+        watch: _Watch,
+        why: Callable[[CacheEntry, int, _Watch], str],
+    ) -> SharedCacheError:
+        """The error of a wait for lease ``generation`` that ends without tables (``why``
+        words it), noted for the node's other processes (:meth:`_verdict`): they take the
+        node's lock one after another, and would each wait as long again."""
+        message = why(entry, generation, watch)
+        verdict = {"generation": generation, "lease": (watch.content or b"").hex()}
+        with suppress(OSError):  # unnoted, the next process waits on its own
+            write_atomically(entry.path("node-verdict.json"), json.dumps(
+                {**verdict, "error": message}
+            ).encode())
+        return SharedCacheError(message)
+
+    def _verdict(self, entry: CacheEntry, generation: int) -> str | None:
+        """The error another process of this node ended its wait for lease ``generation``
+        with, while that lease is still what it saw (one GET); None: no such note."""
+        try:
+            with open(entry.path("node-verdict.json"), "rb") as stream:
+                verdict = json.loads(stream.read())
+            if verdict["generation"] != generation:
+                return None
+            seen, message = bytes.fromhex(verdict["lease"]), str(verdict["error"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if self.store.read(self._lease_name(entry, generation)) != seen:
+            return None  # the lease changed since: a build under way again
+        return f"{message} (as another process of this node found)"
 
     def _lease_name(self, entry: CacheEntry, generation: int) -> str:
         return f"{entry.base}-lease-{generation}.json"
