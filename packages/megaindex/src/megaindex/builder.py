@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import queue
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -62,6 +63,9 @@ Bookends = list[tuple[float, float] | None]
 #: build on the builder threads meanwhile, while this one redraws the progress
 SMALL_CORPUS_SAMPLES = 1 << 16
 SMALL_CORPUS_IDX_BYTES = 1 << 20
+#: how often a blend's build looks for a failed write of its cache files (in the background,
+#: :mod:`megaindex.file_writes`): a cache that takes no file stops the build within this time
+WRITE_CHECK_SECONDS = 0.25
 #: the most samples of a blend's splits whose indices are drawn while its parts build (160 MB
 #: of tables in all): larger blends' are drawn after, once the memory they take was checked
 #: (megaindex.memory)
@@ -487,6 +491,7 @@ class BlendedMegatronDatasetBuilder:
                             failed(futures[future], future.exception())
 
                 first_built = on_first_built  # asked after the first corpus built here
+                next_write_check = 0.0  # after the first corpus, then every WRITE_CHECK_SECONDS
                 for n, (prefix, sizes) in enumerate(corpora):
                     if errors and n > min(errors):  # the blend fails with an earlier corpus's
                         break  # error: those after it need not build
@@ -503,11 +508,13 @@ class BlendedMegatronDatasetBuilder:
                         first_built = None
                         progress.update()
                     count_finished(block=False)
-                    try:  # a cache that takes no file: the corpora after need not build
-                        writes.raise_failure()
-                    except CacheError as error:
-                        failed(n, error)
-                        break
+                    if time.monotonic() >= next_write_check:  # a look costs 40 us in a build
+                        next_write_check = time.monotonic() + WRITE_CHECK_SECONDS
+                        try:  # a cache that takes no file: the corpora after need not build
+                            writes.raise_failure()
+                        except CacheError as error:
+                            failed(n, error)
+                            break
                 count_finished(block=True)
                 for future, n in futures.items():
                     if not future.cancelled() and future.exception() is None:
