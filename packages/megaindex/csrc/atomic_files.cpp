@@ -96,7 +96,8 @@ WriteOutcome write_files(const std::vector<FileStep>& steps) {
       if (!step.corpus_idx.empty()) {
         std::string fingerprint;
         if (!megaindex::corpus_fingerprint_json(step.corpus_idx, step.corpus_bin, step.sampling,
-                                                &fingerprint, &outcome.failed_path)) {
+                                                step.corpus_opened, &fingerprint,
+                                                &outcome.failed_path)) {
           outcome.error = errno;
           return outcome;
         }

@@ -30,6 +30,7 @@ struct FileStep {
   std::string corpus_idx;
   std::string corpus_bin;
   megaindex::SampledBlocks sampling;
+  std::vector<uint64_t> corpus_opened;  // the corpus's files as opened (empty: not checked)
   std::string between;
   std::vector<std::pair<std::string, size_t>> identities_of;
   std::string tail;

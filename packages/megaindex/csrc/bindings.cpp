@@ -507,7 +507,8 @@ class BlendGatherer {
 // encoded by os.fsencode (a name that is not UTF-8 is written as it is)
 // (path, partial, data, corpus (idx path, bin path, header bytes, blocks, block bytes: empty
 // paths for none), between, identities_of, tail)
-using CorpusTuple = std::tuple<nb::bytes, nb::bytes, int64_t, int64_t, int64_t>;
+using CorpusTuple =
+    std::tuple<nb::bytes, nb::bytes, int64_t, int64_t, int64_t, std::vector<uint64_t>>;
 using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::bytes, CorpusTuple, std::string,
                              std::vector<std::pair<std::string, size_t>>, std::string>;
 
@@ -522,7 +523,7 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
                                 std::to_string(index) + " is asked before it is written");
       }
     }
-    const auto& [idx, bin, header_bytes, blocks, block_bytes] = corpus;
+    const auto& [idx, bin, header_bytes, blocks, block_bytes, opened] = corpus;
     if (idx.size() && (header_bytes < 0 || blocks < 1 || block_bytes < 1)) {
       throw std::invalid_argument(destination + ": a corpus is sampled in blocks of 1 byte or "
                                                 "more, at least one, after a header of 0 or more");
@@ -530,7 +531,7 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
     steps.push_back({destination, std::string(partial.c_str(), partial.size()),
                      std::string(data.c_str(), data.size()), std::string(idx.c_str(), idx.size()),
                      std::string(bin.c_str(), bin.size()),
-                     megaindex::SampledBlocks{header_bytes, blocks, block_bytes}, between,
+                     megaindex::SampledBlocks{header_bytes, blocks, block_bytes}, opened, between,
                      identities_of, tail});
   }
   return steps;

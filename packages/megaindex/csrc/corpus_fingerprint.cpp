@@ -100,12 +100,28 @@ bool read_at(int descriptor, int64_t offset, int64_t size, std::vector<unsigned 
   return true;
 }
 
+// Whether the file of `status` is the one recorded as opened (`opened`: its size, modification
+// time in ns and inode; nullptr: no record); errno is ESTALE where it is not.
+bool as_opened(const struct stat& status, const uint64_t* opened) {
+  if (opened == nullptr) return true;
+  const int64_t mtime_ns = static_cast<int64_t>(status.st_mtim.tv_sec) * 1000000000 +
+                           static_cast<int64_t>(status.st_mtim.tv_nsec);
+  if (static_cast<uint64_t>(status.st_size) == opened[0] &&
+      static_cast<uint64_t>(mtime_ns) == opened[1] &&
+      static_cast<uint64_t>(status.st_ino) == opened[2]) {
+    return true;
+  }
+  errno = ESTALE;
+  return false;
+}
+
 // megafmt.fingerprint.file_checksum: every byte to the end of the file.
-bool idx_checksum(const std::string& path, int64_t* size, uint32_t* crc) {
+bool idx_checksum(const std::string& path, const uint64_t* opened, int64_t* size,
+                  uint32_t* crc) {
   Descriptor file(path);
   if (file.value < 0) return false;
   struct stat status;
-  if (::fstat(file.value, &status) != 0) return false;
+  if (::fstat(file.value, &status) != 0 || !as_opened(status, opened)) return false;
   // no larger than the file (a blend's .idx files are small), at most 1 MiB
   std::vector<unsigned char> buffer(
       static_cast<size_t>(std::min<int64_t>(status.st_size + 1, int64_t{1} << 20)));
@@ -124,12 +140,12 @@ bool idx_checksum(const std::string& path, int64_t* size, uint32_t* crc) {
 }
 
 // megafmt.fingerprint._sampled_hash.
-bool bin_hash(const std::string& path, const SampledBlocks& sampling, int64_t* size,
-              std::string* digest) {
+bool bin_hash(const std::string& path, const SampledBlocks& sampling, const uint64_t* opened,
+              int64_t* size, std::string* digest) {
   Descriptor file(path);
   if (file.value < 0) return false;
   struct stat status;
-  if (::fstat(file.value, &status) != 0) return false;
+  if (::fstat(file.value, &status) != 0 || !as_opened(status, opened)) return false;
   *size = status.st_size;
   Blake2b hash(16);
   std::vector<unsigned char> block;
@@ -236,17 +252,24 @@ std::string Blake2b::hexdigest() {
 }
 
 bool corpus_fingerprint_json(const std::string& idx_path, const std::string& bin_path,
-                             const SampledBlocks& sampling, std::string* json,
-                             std::string* failed_path) {
+                             const SampledBlocks& sampling, const std::vector<uint64_t>& opened,
+                             std::string* json, std::string* failed_path) {
+  if (!opened.empty() && opened.size() != 6) {
+    errno = EINVAL;
+    *failed_path = idx_path;
+    return false;
+  }
+  const uint64_t* opened_idx = opened.empty() ? nullptr : opened.data();
+  const uint64_t* opened_bin = opened.empty() ? nullptr : opened.data() + 3;
   int64_t idx_bytes = 0;
   uint32_t idx_crc = 0;
-  if (!idx_checksum(idx_path, &idx_bytes, &idx_crc)) {
+  if (!idx_checksum(idx_path, opened_idx, &idx_bytes, &idx_crc)) {
     *failed_path = idx_path;
     return false;
   }
   int64_t bin_bytes = 0;
   std::string digest;
-  if (!bin_hash(bin_path, sampling, &bin_bytes, &digest)) {
+  if (!bin_hash(bin_path, sampling, opened_bin, &bin_bytes, &digest)) {
     *failed_path = bin_path;
     return false;
   }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace megaindex {
 
@@ -41,9 +42,11 @@ struct SampledBlocks {
 
 // The fingerprint as JSON text, {"idx_bytes": ..., "idx_crc32": "...", "bin_bytes": ...,
 // "bin_hash": "..."}; false (errno set, `failed_path` naming the file) when a file cannot be
-// read.
+// read. With `opened` (six values: the .idx's size, modification time in ns and inode, then the
+// .bin's, as unsigned 64-bit values), a file that is not the one opened then (replaced or
+// written since) fails with ESTALE: its fingerprint would describe other data than the tables'.
 bool corpus_fingerprint_json(const std::string& idx_path, const std::string& bin_path,
-                             const SampledBlocks& sampling, std::string* json,
-                             std::string* failed_path);
+                             const SampledBlocks& sampling, const std::vector<uint64_t>& opened,
+                             std::string* json, std::string* failed_path);
 
 }  // namespace megaindex

@@ -19,7 +19,7 @@ class Failed(Exception):
 
 
 #: a step's corpus field when it fingerprints none
-NONE = (b"", b"", 0, 1, 1)
+NONE = (b"", b"", 0, 1, 1, [])
 
 
 def entry_files(folder, name="entry"):

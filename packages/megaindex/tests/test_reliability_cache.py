@@ -201,6 +201,50 @@ def test_a_corpus_rewritten_with_the_same_sizes_is_noticed(make_config, corpus):
         build(make_config(stale_cache="error"))
 
 
+@pytest.mark.parametrize("fingerprinted", ["by the writer", "in python"])
+def test_a_corpus_replaced_while_its_tables_build_is_not_cached(
+    make_config, corpus, tmp_path, monkeypatch, fingerprinted
+):
+    from megafmt.testing import write_corpus
+    from megaindex import file_writes, tables
+    from megaindex.gpt_index import GPTTableRecipe
+
+    other = write_corpus(str(tmp_path / "other"), 250, seed=9)
+
+    def replace_corpus() -> None:  # re-tokenized elsewhere, renamed over it
+        for suffix in (".idx", ".bin"):
+            if os.path.exists(other + suffix):
+                os.replace(other + suffix, corpus + suffix)
+
+    if fingerprinted == "by the writer":  # after the tables were cut, before the write
+        build_tables = GPTTableRecipe.build
+
+        def replacing(self):
+            built = build_tables(self)
+            replace_corpus()
+            return built
+
+        monkeypatch.setattr(GPTTableRecipe, "build", replacing)
+    else:  # large tables: fingerprinted beside the build, in Python
+        monkeypatch.setattr(tables, "SIDE_BY_SIDE_BYTES", 0)
+        monkeypatch.setattr(cache_module, "SIDE_BY_SIDE_BYTES", 0)
+        fingerprint = file_writes.corpus_fingerprint
+
+        def replacing(prefix):
+            replace_corpus()
+            return fingerprint(prefix)
+
+        monkeypatch.setattr(file_writes, "corpus_fingerprint", replacing)
+    config = make_config()
+    with pytest.raises(CacheError, match="changed while its index tables were built"):
+        build(config)
+    assert not glob.glob(os.path.join(config.path_to_cache, "*-description.txt"))
+    monkeypatch.undo()
+    train = build(config)  # the next run cuts its tables from the corpus there now
+    assert train.index_source.kind == "built"
+    assert len(train.dataset.sequence_lengths) == 250
+
+
 def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):
     config = make_config()
     train = build(config)

@@ -18,7 +18,7 @@ import numpy
 
 from megafmt.checked import corpus_identity, one_checker, remember_checked, was_checked
 from megafmt.errors import FormatError
-from megafmt.fingerprint import CHANGE_TIME
+from megafmt.fingerprint import CHANGE_TIME, corpus_stat
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.object_storage import is_msc_url
@@ -143,6 +143,10 @@ class IndexedDataset:
         self._modes = self.index.sequence_modes
         taken = time.time_ns()
         self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
+        #: the corpus's files as opened (:func:`~megafmt.fingerprint.corpus_stat`; None for
+        #: object storage): what a cache of tables cut from them records, and what a later
+        #: fingerprint of the files must still find (a corpus replaced meanwhile is not these)
+        self.opened_stat = None if is_url(path_prefix) else corpus_stat(path_prefix)
         if self._checked != checked:
             self._check_unless_noted(bin_reader, taken)
         self._attach(bin_reader)

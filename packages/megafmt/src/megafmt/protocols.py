@@ -9,13 +9,16 @@ They live in megafmt because every other package depends on it: megaload, which 
 megaindex, and megaindex agree on them here. Nothing in this module needs torch.
 
 Token sources, the low-level datasets a mid-level dataset reads (megafmt's ``IndexedDataset``
-implements all five; megatron-core's, or a user's, may implement only the first):
+implements all of them; megatron-core's, or a user's, may implement only the first):
 
 ``TokenSource``
     megatron-core's minimum: ``sequence_lengths`` and ``get(idx, offset, length)``.
 ``StoredTokenSource``
     ``path_prefix``: the ``.bin``/``.idx`` pair it reads (caches sit beside it and
     fingerprint it).
+``OpenedCorpus``
+    ``opened_stat``: that pair's sizes, modification times and inodes as it was opened, which
+    a cache of tables cut from it records (a corpus replaced while they build is noticed).
 ``SpanSource``
     ``read_spans``: several spans of several sequences copied into one array in one call.
 ``MappedTokenSource``
@@ -100,6 +103,15 @@ class StoredTokenSource(TokenSource, Protocol):
 
     path_prefix: str
     """The pair's path without its suffix."""
+
+
+@runtime_checkable
+class OpenedCorpus(StoredTokenSource, Protocol):
+    """A stored token source that recorded its files as it opened them."""
+
+    opened_stat: dict[str, list[int]] | None
+    """:func:`megafmt.fingerprint.corpus_stat` of the pair when it was opened (None: in object
+    storage): tables cut from the source describe these files, whatever the path holds later."""
 
 
 @runtime_checkable
@@ -452,6 +464,7 @@ __all__ = [
     "DescribedDataset",
     "EpochAware",
     "MappedTokenSource",
+    "OpenedCorpus",
     "PlannedBatch",
     "PlannedPrefetch",
     "PrefetchingSource",

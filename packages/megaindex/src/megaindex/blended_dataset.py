@@ -140,6 +140,7 @@ class BlendTableRecipe:
 
     names = ("dataset_index", "dataset_sample_index")
     corpus = None
+    opened_stat = None
 
     @property
     def where(self) -> str:

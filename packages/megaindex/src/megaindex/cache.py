@@ -49,12 +49,18 @@ from megafmt.atomic import (
     remove_stale_partials_in,
     write_atomically,
 )
-from megafmt.fingerprint import checksum, corpus_fingerprint, file_identity, identity_of
+from megafmt.fingerprint import checksum, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
-from megaindex.file_writes import CorpusFiles, FileWrite, current, write_files
+from megaindex.file_writes import (
+    CorpusFiles,
+    FileWrite,
+    changed_while_built,
+    current,
+    write_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -472,6 +478,8 @@ class IndexCache:
         def error_of(error: OSError) -> CacheError:
             if error.filename is None or os.fsdecode(error.filename) not in corpus_files:
                 return _write_error(directory, error)
+            if error.errno == errno.ESTALE:  # not the file opened (CorpusFiles.opened)
+                return CacheError(changed_while_built(os.fsdecode(error.filename)))
             return CacheError(
                 f"{os.fsdecode(error.filename)}: cannot be read to fingerprint its corpus for "
                 f"the index cache in {directory}: {error.strerror} (the corpus changed or went "
@@ -501,7 +509,7 @@ class IndexCache:
                 for t, own in zip(entry.tables, written, strict=True)
             }
         if sidecar is not None and isinstance(sidecar.get("corpus"), CorpusFiles):
-            sidecar = {**sidecar, "corpus": corpus_fingerprint(sidecar["corpus"].prefix)}
+            sidecar = {**sidecar, "corpus": sidecar["corpus"].fingerprint()}
         if sidecar is not None:
             text = json.dumps({"format": SIDECAR_FORMAT, **sidecar, "table_files": stats})
             write_atomically(entry.sidecar_path, text.encode())

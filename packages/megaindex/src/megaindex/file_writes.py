@@ -29,12 +29,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from megafmt import get_bin_path, get_idx_path
 from megafmt.atomic import partial_path
-from megafmt.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS, SAMPLED_HEADER_BYTES
+from megafmt.fingerprint import (
+    BLOCK_BYTES,
+    SAMPLED_BLOCKS,
+    SAMPLED_HEADER_BYTES,
+    corpus_fingerprint,
+    corpus_stat,
+)
 from megaindex import _ext
+from megaindex.errors import CacheError
 
 #: the threads of a build's background writes: two overlap creations in one folder best (one
 #: thread 51 us per file, two 33, four 36, on this project's ext4 test machine)
@@ -59,6 +66,10 @@ class CorpusFiles:
 
     prefix: str
     """The corpus's path prefix, absolute (read later, maybe in another working directory)."""
+    opened: dict[str, list[int]] | None = None
+    """The files as the tables were cut from them (:func:`megafmt.fingerprint.corpus_stat`):
+    files found otherwise (the corpus replaced or rewritten since) are not fingerprinted, and
+    the write fails (None: not checked)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", os.path.abspath(self.prefix))
@@ -67,20 +78,43 @@ class CorpusFiles:
         """The ``.idx`` and the ``.bin``."""
         return get_idx_path(self.prefix), get_bin_path(self.prefix)
 
-    def step(self) -> tuple[bytes, bytes, int, int, int]:
-        """What the extension takes: both paths and how the ``.bin`` is sampled."""
+    def step(self) -> tuple[bytes, bytes, int, int, int, list[int]]:
+        """What the extension takes: both paths, how the ``.bin`` is sampled, and the files as
+        opened (as unsigned 64-bit values; empty: not checked)."""
         idx, bin_path = self.paths()
+        opened = [] if self.opened is None else self.opened["idx"] + self.opened["bin"]
         return (
             os.fsencode(idx),
             os.fsencode(bin_path),
             SAMPLED_HEADER_BYTES,
             SAMPLED_BLOCKS,
             BLOCK_BYTES,
+            [value & UINT64 for value in opened],
         )
 
+    def fingerprint(self) -> dict[str, Any]:
+        """The corpus's fingerprint, taken in Python (a large corpus's, beside its build);
+        raises :class:`~megaindex.errors.CacheError` where the files are no longer those
+        opened, before or after it was taken (as the extension fails the write)."""
+        fingerprint = corpus_fingerprint(self.prefix)
+        if self.opened is not None and corpus_stat(self.prefix) != self.opened:
+            raise CacheError(changed_while_built(self.prefix))
+        return fingerprint
 
+
+def changed_while_built(prefix: str) -> str:
+    """Why a cache of tables cut from the corpus at ``prefix`` is not written."""
+    return (
+        f"{prefix}: the corpus's files changed while its index tables were built (they are not "
+        "the files opened: replaced, or written to); its tables are not cached. Build again "
+        "once the corpus is complete"
+    )
+
+
+#: unsigned 64-bit values of the stats the extension compares
+UINT64 = (1 << 64) - 1
 #: a step without a corpus to fingerprint
-_NO_CORPUS = (b"", b"", 0, 1, 1)
+_NO_CORPUS = (b"", b"", 0, 1, 1, [])
 
 
 @dataclass(frozen=True)

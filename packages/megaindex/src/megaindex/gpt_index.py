@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from megafmt.mapping import map_file, release_pages
-from megafmt.protocols import TokenSource
+from megafmt.protocols import OpenedCorpus, TokenSource, conforms
 from megaindex.build_progress import BuildProgress
 from megaindex.cache import TableSpec, dtype_name
 from megaindex.errors import EmptySplitError, IndexBuildError
@@ -435,6 +435,13 @@ class GPTTableRecipe:
     folder: the same disk the tables go to); None keeps it in memory."""
 
     names = ("document_index", "sample_index", "shuffle_index")
+
+    @property
+    def opened_stat(self) -> dict[str, list[int]] | None:
+        """The corpus's files as the source opened them (where it says)."""
+        if self.corpus is None or not conforms(self.source, OpenedCorpus):
+            return None
+        return self.source.opened_stat
 
     @functools.cached_property
     def plan(self) -> EpochPlan:

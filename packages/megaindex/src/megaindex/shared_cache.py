@@ -468,9 +468,9 @@ class SharedTableCache:
         message = why(entry, generation, watch)
         verdict = {"generation": generation, "lease": (watch.content or b"").hex()}
         with suppress(OSError):  # unnoted, the next process waits on its own
-            write_atomically(entry.path("node-verdict.json"), json.dumps(
-                {**verdict, "error": message}
-            ).encode())
+            write_atomically(
+                entry.path("node-verdict.json"), json.dumps({**verdict, "error": message}).encode()
+            )
         return SharedCacheError(message)
 
     def _verdict(self, entry: CacheEntry, generation: int) -> str | None:

@@ -105,6 +105,11 @@ class TableRecipe(Protocol):
     corpus: str | None
     """The corpus the tables are cut from, fingerprinted in the cache's sidecar (None: none)."""
 
+    opened_stat: dict[str, list[int]] | None
+    """That corpus's files as they were opened (:func:`megafmt.fingerprint.corpus_stat`; None:
+    not known), recorded in the sidecar: a corpus replaced while its tables build is not
+    cached under the replacement's fingerprint."""
+
     def settings(self) -> dict[str, Any] | None:
         """The settings the tables depend on that the cache key leaves out, recorded in the
         sidecar and compared at load; None: no sidecar (the shapes are checked instead)."""
@@ -236,15 +241,22 @@ class CachedTables:
         """:meth:`_build` once the tables' memory is held."""
         recipe = self.recipe
         corpus = recipe.corpus if self._cache is not None else None
+        # a local corpus's files, fingerprinted only where they are still those opened
+        local = corpus is not None and not is_url(corpus)
+        files = CorpusFiles(corpus, recipe.opened_stat) if local else None
         if sum(sizes.values()) < SIDE_BY_SIDE_BYTES:  # small: one after the other
             built = recipe.build()
-            if corpus is not None and not is_url(corpus):  # taken by the cache's writer
-                self._corpus_fingerprint = CorpusFiles(corpus)
+            if files is not None:  # taken by the cache's writer
+                self._corpus_fingerprint = files
             else:
                 self._corpus_fingerprint = None if corpus is None else corpus_fingerprint(corpus)
         else:  # the sidecar's fingerprint of the corpus (a pass over its .idx) meanwhile
             with ThreadPoolExecutor(1, thread_name_prefix="megaindex-fingerprint") as pool:
-                fingerprint = None if corpus is None else pool.submit(corpus_fingerprint, corpus)
+                fingerprint = None
+                if files is not None:
+                    fingerprint = pool.submit(files.fingerprint)
+                elif corpus is not None:
+                    fingerprint = pool.submit(corpus_fingerprint, corpus)
                 built = recipe.build()
                 self._corpus_fingerprint = None if fingerprint is None else fingerprint.result()
         self.source.seconds.update(built.seconds)
@@ -258,7 +270,7 @@ class CachedTables:
         corpus = self.recipe.corpus
         return {
             "corpus": None if corpus is None else self._corpus_fingerprint,
-            "corpus_stat": None if corpus is None else corpus_stat(corpus),
+            "corpus_stat": self._corpus_stat(),
             "config": settings,
             **self._notes,
             "tables": table_specs(tables),
@@ -322,10 +334,18 @@ class CachedTables:
             remember_verified(cache.entry, identity, taken_ns)
         return tables
 
+    def _corpus_stat(self) -> dict[str, list[int]] | None:
+        """The corpus's files as the tables read them: as opened, where the recipe knows it,
+        else as the path holds them now (two ``stat`` calls; None: no corpus)."""
+        recipe = self.recipe
+        if recipe.corpus is None:
+            return None
+        opened = recipe.opened_stat
+        return corpus_stat(recipe.corpus) if opened is None else opened
+
     def _corpus_as_recorded(self, sidecar: Mapping[str, Any]) -> bool:
-        """Whether the corpus files have the stats the sidecar recorded (two ``stat`` calls)."""
-        corpus = self.recipe.corpus
-        return sidecar.get("corpus_stat") == (None if corpus is None else corpus_stat(corpus))
+        """Whether the corpus files have the stats the sidecar recorded."""
+        return sidecar.get("corpus_stat") == self._corpus_stat()
 
     def _changes(
         self, sidecar: Mapping[str, Any], settings: dict[str, Any], verified: bool
