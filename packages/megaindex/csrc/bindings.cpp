@@ -528,6 +528,11 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
       throw std::invalid_argument(destination + ": a corpus is sampled in blocks of 1 byte or "
                                                 "more, at least one, after a header of 0 or more");
     }
+    if (!opened.empty() && opened.size() != 4) {
+      throw std::invalid_argument(destination + ": a corpus as opened is 4 values (the .idx's "
+                                                "size and inode, the .bin's), got " +
+                                  std::to_string(opened.size()));
+    }
     steps.push_back({destination, std::string(partial.c_str(), partial.size()),
                      std::string(data.c_str(), data.size()), std::string(idx.c_str(), idx.size()),
                      std::string(bin.c_str(), bin.size()),

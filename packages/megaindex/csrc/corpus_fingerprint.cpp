@@ -100,15 +100,12 @@ bool read_at(int descriptor, int64_t offset, int64_t size, std::vector<unsigned 
   return true;
 }
 
-// Whether the file of `status` is the one recorded as opened (`opened`: its size, modification
-// time in ns and inode; nullptr: no record); errno is ESTALE where it is not.
+// Whether the file of `status` is the one recorded as opened (`opened`: its size and inode;
+// nullptr: no record); errno is ESTALE where it is not.
 bool as_opened(const struct stat& status, const uint64_t* opened) {
   if (opened == nullptr) return true;
-  const int64_t mtime_ns = static_cast<int64_t>(status.st_mtim.tv_sec) * 1000000000 +
-                           static_cast<int64_t>(status.st_mtim.tv_nsec);
   if (static_cast<uint64_t>(status.st_size) == opened[0] &&
-      static_cast<uint64_t>(mtime_ns) == opened[1] &&
-      static_cast<uint64_t>(status.st_ino) == opened[2]) {
+      static_cast<uint64_t>(status.st_ino) == opened[1]) {
     return true;
   }
   errno = ESTALE;
@@ -254,13 +251,8 @@ std::string Blake2b::hexdigest() {
 bool corpus_fingerprint_json(const std::string& idx_path, const std::string& bin_path,
                              const SampledBlocks& sampling, const std::vector<uint64_t>& opened,
                              std::string* json, std::string* failed_path) {
-  if (!opened.empty() && opened.size() != 6) {
-    errno = EINVAL;
-    *failed_path = idx_path;
-    return false;
-  }
   const uint64_t* opened_idx = opened.empty() ? nullptr : opened.data();
-  const uint64_t* opened_bin = opened.empty() ? nullptr : opened.data() + 3;
+  const uint64_t* opened_bin = opened.empty() ? nullptr : opened.data() + 2;
   int64_t idx_bytes = 0;
   uint32_t idx_crc = 0;
   if (!idx_checksum(idx_path, opened_idx, &idx_bytes, &idx_crc)) {

@@ -42,9 +42,10 @@ struct SampledBlocks {
 
 // The fingerprint as JSON text, {"idx_bytes": ..., "idx_crc32": "...", "bin_bytes": ...,
 // "bin_hash": "..."}; false (errno set, `failed_path` naming the file) when a file cannot be
-// read. With `opened` (six values: the .idx's size, modification time in ns and inode, then the
-// .bin's, as unsigned 64-bit values), a file that is not the one opened then (replaced or
-// written since) fails with ESTALE: its fingerprint would describe other data than the tables'.
+// read. With `opened` (four values: the .idx's size and inode, then the .bin's), a file that is
+// not the one opened then (replaced by a rename, or cut or grown) fails with ESTALE: its
+// fingerprint would describe other data than the tables'. A change of its times alone (a
+// `touch`) passes.
 bool corpus_fingerprint_json(const std::string& idx_path, const std::string& bin_path,
                              const SampledBlocks& sampling, const std::vector<uint64_t>& opened,
                              std::string* json, std::string* failed_path);

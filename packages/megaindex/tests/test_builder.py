@@ -190,6 +190,28 @@ def test_corpora_built_on_the_builder_threads_are_counted_as_they_finish(
     assert "indices of 3 corpora: 3/3 (100%)" in capsys.readouterr().err
 
 
+def test_a_corpus_that_fails_is_the_error_when_the_failed_write_is_found_at_the_end(
+    make_config, tmp_path, monkeypatch
+):
+    from megaindex import file_writes
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(2)]
+    # every cache file fails to be written, noticed only once the writes end (after the blend)
+    monkeypatch.setattr(file_writes, "partial_path", lambda path: str(tmp_path / "no" / "x"))
+    monkeypatch.setattr(file_writes.BackgroundWrites, "raise_failure", lambda self: None)
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def failing(self, prefix, *args):
+        if prefix == prefixes[1]:
+            raise RuntimeError("the corpus's own error")
+        return build_splits(self, prefix, *args)
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", failing)
+    config = make_config(blend=(prefixes, [1.0, 1.0]), split="100,0,0")
+    with pytest.raises(RuntimeError, match="the corpus's own error"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
+
+
 def test_a_cache_write_that_failed_stops_the_blend_before_its_next_corpus(
     make_config, tmp_path, monkeypatch
 ):

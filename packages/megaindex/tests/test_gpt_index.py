@@ -122,14 +122,18 @@ def test_a_long_build_reports_its_progress_with_an_estimate_and_a_short_one_noth
     assert capsys.readouterr().err == ""  # short: silent
     monkeypatch.setattr(build_progress, "PROGRESS_SECONDS", 0.05)
     shuffled = gpt_index.build_document_index
+    printed: list[str] = []
 
-    def slow_document_index(*args):  # a document index of hundreds of millions of entries
-        time.sleep(0.3)
+    def slow_document_index(*args):  # a document index of hundreds of millions of entries:
+        deadline = time.monotonic() + 60  # still shuffling at the first line
+        while not printed and time.monotonic() < deadline:
+            printed.extend(capsys.readouterr().err.splitlines())
+            time.sleep(0.01)
         return shuffled(*args)
 
     monkeypatch.setattr(gpt_index, "build_document_index", slow_document_index)
     tables = build_gpt_index_tables(*arguments, what="corpus c, train")
-    lines = capsys.readouterr().err.splitlines()
+    lines = printed + capsys.readouterr().err.splitlines()
     entries = tables.document_index.size
     assert lines and all(
         line.startswith(

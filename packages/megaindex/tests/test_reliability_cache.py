@@ -236,13 +236,34 @@ def test_a_corpus_replaced_while_its_tables_build_is_not_cached(
 
         monkeypatch.setattr(file_writes, "corpus_fingerprint", replacing)
     config = make_config()
-    with pytest.raises(CacheError, match="changed while its index tables were built"):
+    with pytest.raises(CacheError, match="changed while its index tables were built") as caught:
         build(config)
+    assert "opened as .idx of 6042 bytes" in str(caught.value)
+    assert "now .idx of 5042 bytes" in str(caught.value)
     assert not glob.glob(os.path.join(config.path_to_cache, "*-description.txt"))
     monkeypatch.undo()
     train = build(config)  # the next run cuts its tables from the corpus there now
     assert train.index_source.kind == "built"
     assert len(train.dataset.sequence_lengths) == 250
+
+
+def test_a_corpus_touched_while_its_tables_build_is_cached(make_config, corpus, monkeypatch):
+    from megaindex.gpt_index import GPTTableRecipe
+
+    build_tables = GPTTableRecipe.build
+
+    def touching(self):  # a purge of old files, an rsync without -t: the times alone change
+        built = build_tables(self)
+        for suffix in (".idx", ".bin"):
+            status = os.stat(corpus + suffix)
+            os.utime(corpus + suffix, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+        return built
+
+    monkeypatch.setattr(GPTTableRecipe, "build", touching)
+    config = make_config()
+    assert build(config).index_source.kind == "built"
+    monkeypatch.undo()
+    assert build(config).index_source.kind == "cache"  # the same contents: fingerprinted so
 
 
 def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):

@@ -719,21 +719,86 @@ def test_the_node_s_next_processes_fail_at_once_with_the_error_of_the_first_that
     store, tmp_path, monkeypatch, lease
 ):
     lease(store, 1)  # and no process that builds shared files claims lease 2
-    config = SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.02)
+    first_config = SharedCacheConfig(store, lease_seconds=0.2, poll_seconds=0.02)
     entry = entry_in(tmp_path / "node1")
     with pytest.raises(SharedCacheError, match="lease-1.json") as first:
-        SharedTableCache(config).obtain(entry, "described", saver(entry, []), may_build=False)
+        SharedTableCache(first_config).obtain(entry, "described", saver(entry, []), False)
+    # the node's other ranks, one after another behind its lock (a lease time long enough that
+    # the note is fresh whatever the machine's load)
+    config = SharedCacheConfig(store, lease_seconds=600, poll_seconds=0.02)
     pauses: list[float] = []
     monkeypatch.setattr(shared_cache.time, "sleep", pauses.append)
-    for _ in range(3):  # the node's other ranks, one after another behind its lock
+    for _ in range(3):
         with pytest.raises(SharedCacheError) as then:
             SharedTableCache(config).obtain(entry, "described", saver(entry, []), False)
         assert str(then.value) == f"{first.value} (as another process of this node found)"
     assert pauses == []  # none of them waited
     monkeypatch.undo()
+    note = entry.path("node-verdict.json")
+    with open(note) as stream:
+        old = {**json.load(stream), "time": 0}  # another job's, long ago: not taken
+    with open(note, "w") as stream:
+        json.dump(old, stream)
+    with pytest.raises(SharedCacheError, match="lease-1.json") as again:
+        SharedTableCache(first_config).obtain(entry, "described", saver(entry, []), False)
+    assert "as another process of this node found" not in str(again.value)
     fs = fsspec.filesystem("memory")  # the lease changed since: the next process watches it
     changed = {**json.loads(fs.cat_file(lease_of(store, 1))), "holder": "node8 pid 43"}
     fs.pipe_file(lease_of(store, 1), json.dumps(changed).encode())
     with pytest.raises(SharedCacheError, match="lease-1.json") as again:
-        SharedTableCache(config).obtain(entry, "described", saver(entry, []), False)
+        SharedTableCache(first_config).obtain(entry, "described", saver(entry, []), False)
     assert "as another process of this node found" not in str(again.value)
+
+
+def is_rebuilt(result: str) -> bool:
+    return result == "rebuilt"
+
+
+def rebuilt_saver(entry: CacheEntry):
+    """A load_or_build that finds the node's copy stale and rebuilds it (a new description
+    file), as rank 0 does for a corpus re-tokenized in place."""
+
+    def load_or_build() -> str:
+        os.remove(entry.description_path)
+        with open(entry.description_path, "w") as stream:
+            stream.write("described")
+        return "rebuilt"
+
+    return load_or_build
+
+
+def test_a_rebuilt_copy_does_not_replace_the_store_s_while_a_lease_is_there(
+    store, tmp_path, caplog
+):
+    entry = entry_in(tmp_path / "node0")
+    cache = SharedTableCache(SharedCacheConfig(store))
+    cache.obtain(entry, "described", saver(entry, []), True)
+    dead_lease(store, 1)  # another job's build, or a failed job's lease
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", rebuilt_saver(entry), True, is_rebuilt) == "rebuilt"
+    assert "lease-1.json exists: another build holds these tables" in caplog.text
+    fs = fsspec.filesystem("memory")
+    assert json.loads(fs.cat_file(lease_of(store, 1)))["holder"] == "node7 pid 42"  # its own
+    assert fs.exists(f"{store}/0123-Tables-train-description.txt")  # not removed
+
+
+def test_a_store_that_refuses_to_remove_the_old_copy_keeps_no_lease(
+    store, tmp_path, monkeypatch, caplog
+):
+    entry = entry_in(tmp_path / "node0")
+    cache = SharedTableCache(SharedCacheConfig(store))
+    cache.obtain(entry, "described", saver(entry, []), True)
+    remove = shared_cache._Store.remove
+
+    def refusing(self, name):
+        if name.endswith("-description.txt"):
+            raise PermissionError(f"{name}: access denied")
+        remove(self, name)
+
+    monkeypatch.setattr(shared_cache._Store, "remove", refusing)
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(entry, "described", rebuilt_saver(entry), True, is_rebuilt) == "rebuilt"
+    assert "did not replace the store's older copy (0123-Tables-train-description.txt" in (
+        caplog.text
+    )
+    assert not fsspec.filesystem("memory").exists(lease_of(store, 1))

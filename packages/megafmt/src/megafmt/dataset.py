@@ -127,6 +127,11 @@ class IndexedDataset:
         self._bin_reader: BinReader | None = None
         self._tokens: numpy.ndarray | None = None
         self.recently_read = False
+        #: the corpus's files as opened (:func:`~megafmt.fingerprint.corpus_stat`, taken just
+        #: before they are opened: a replacement after it makes a later fingerprint of the
+        #: path differ, never agree; None for object storage, or files the open reports): what
+        #: a cache of tables cut from them records, and what a later fingerprint must find
+        self.opened_stat = None if is_url(path_prefix) else _stat_before_open(path_prefix)
         bin_reader = self._open_reader()
         counts = sequences_per_dataset if fast_cache_load else None
         self.index = Index(
@@ -143,10 +148,6 @@ class IndexedDataset:
         self._modes = self.index.sequence_modes
         taken = time.time_ns()
         self._checked = corpus_identity(self.index.path, bin_reader.nbytes)
-        #: the corpus's files as opened (:func:`~megafmt.fingerprint.corpus_stat`; None for
-        #: object storage): what a cache of tables cut from them records, and what a later
-        #: fingerprint of the files must still find (a corpus replaced meanwhile is not these)
-        self.opened_stat = None if is_url(path_prefix) else corpus_stat(path_prefix)
         if self._checked != checked:
             self._check_unless_noted(bin_reader, taken)
         self._attach(bin_reader)
@@ -416,3 +417,12 @@ class IndexedDataset:
             f"documents={self.index.document_count - 1}, dtype={self.index.dtype.__name__}, "
             f"reader={self.reader_name!r})"
         )
+
+
+def _stat_before_open(path_prefix: str) -> dict[str, list[int]] | None:
+    """:func:`~megafmt.fingerprint.corpus_stat` of a local pair about to be opened; None where a
+    file cannot be stat'ed (the open then says what is wrong with it)."""
+    try:
+        return corpus_stat(path_prefix)
+    except OSError:
+        return None

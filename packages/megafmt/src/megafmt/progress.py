@@ -74,7 +74,11 @@ class Progress:
         log_interval: float = 10.0,
         also: tuple[str, ...] = (),
         every: float | None = None,
+        started: float | None = None,
     ) -> None:
+        """``started``: the :func:`time.perf_counter` at which the work began, where the
+        progress is made after it (a line drawn only once the work runs long); its rates and
+        estimates count from there. None: now."""
         self.description = redact(description)  # may quote a signed URL
         self.total = total
         self.unit = unit
@@ -90,7 +94,7 @@ class Progress:
             if self._tty and self._enabled
             else None
         )
-        self._start = time.perf_counter()
+        self._start = time.perf_counter() if started is None else started
         self._last = self._start
 
     @property

@@ -4,12 +4,15 @@ A large corpus's tables (hundreds of millions of document-index entries, or many
 tens of seconds, mostly in calls of the extension that report nothing until they return. The
 build advances a count (:meth:`BuildProgress.reach`, a plain store); a thread redraws the
 progress line from it every :data:`PROGRESS_SECONDS`, with a rate and an estimate of the time
-left, and a build that lasted that long ends with a summary. A short build prints nothing.
+left, and a build that lasted that long ends with a summary. A short build prints nothing, on
+a terminal too (the progress, whose tqdm bar draws when it is made, is made at the first
+redraw).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from types import TracebackType
 
 from megafmt.progress import Progress
@@ -22,7 +25,9 @@ class BuildProgress:
     """``total`` units (``unit``) of the build ``what``, counted by :meth:`reach`."""
 
     def __init__(self, what: str, total: int, unit: str) -> None:
-        self._progress = Progress(what, total=total, unit=unit, log_interval=PROGRESS_SECONDS)
+        self._what, self._total, self._unit = what, total, unit
+        self._started = time.perf_counter()
+        self._progress: Progress | None = None  # made at the first redraw
         self._reached = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -36,17 +41,26 @@ class BuildProgress:
 
     def _redraw(self) -> None:
         while not self._stop.wait(PROGRESS_SECONDS):
+            if self._progress is None:
+                self._progress = Progress(
+                    self._what,
+                    total=self._total,
+                    unit=self._unit,
+                    log_interval=PROGRESS_SECONDS,
+                    started=self._started,
+                )
             self._progress.update(self._reached - self._progress.done)
 
     def close(self, finished: bool) -> None:
-        """Stop redrawing; a build that ran long enough to report ends with a summary (when
-        ``finished``; an error ends it without one)."""
+        """Stop redrawing; a build that reported ends with a summary (when ``finished``; an
+        error ends it without one)."""
         self._stop.set()
         self._thread.join()
-        long = self._progress.elapsed >= PROGRESS_SECONDS
+        if self._progress is None:  # short: nothing was drawn
+            return
         if finished:
             self._progress.update(self._reached - self._progress.done)
-        self._progress.close(None if finished and long else "")
+        self._progress.close(None if finished else "")
 
     def __enter__(self) -> BuildProgress:
         return self

@@ -54,13 +54,7 @@ from megafmt.folders import make_folder
 from megafmt.mapping import map_file
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
-from megaindex.file_writes import (
-    CorpusFiles,
-    FileWrite,
-    changed_while_built,
-    current,
-    write_files,
-)
+from megaindex.file_writes import CorpusFiles, FileWrite, current, write_files
 
 logger = logging.getLogger(__name__)
 
@@ -428,6 +422,8 @@ class IndexCache:
             files = self._small_files(tables, sidecar)
             handed_over = True
             return self._write_small(files)
+        except CacheError:  # an OSError too, worded already (a corpus changed meanwhile)
+            raise
         except OSError as error:
             raise _write_error(directory, error) from error
         finally:
@@ -472,14 +468,18 @@ class IndexCache:
             _end_save(directory)
             logger.info("saved %s tables to %s", entry.base, directory)
 
-        # the corpus files the writer reads for the sidecar's fingerprint (CorpusFiles)
-        corpus_files = {path for f in files if f.corpus for path in f.corpus.paths()}
+        # the corpus the writer reads for the sidecar's fingerprint, and its files
+        corpus = next((f.corpus for f in files if f.corpus), None)
+        corpus_files = set() if corpus is None else set(corpus.paths())
 
         def error_of(error: OSError) -> CacheError:
             if error.filename is None or os.fsdecode(error.filename) not in corpus_files:
                 return _write_error(directory, error)
-            if error.errno == errno.ESTALE:  # not the file opened (CorpusFiles.opened)
-                return CacheError(changed_while_built(os.fsdecode(error.filename)))
+            if error.errno == errno.ESTALE:  # not the files opened (CorpusFiles.opened)
+                try:
+                    corpus.check_as_opened()  # the error naming what was opened, what is there
+                except CacheError as changed:
+                    return changed
             return CacheError(
                 f"{os.fsdecode(error.filename)}: cannot be read to fingerprint its corpus for "
                 f"the index cache in {directory}: {error.strerror} (the corpus changed or went "

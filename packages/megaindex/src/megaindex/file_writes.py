@@ -68,8 +68,9 @@ class CorpusFiles:
     """The corpus's path prefix, absolute (read later, maybe in another working directory)."""
     opened: dict[str, list[int]] | None = None
     """The files as the tables were cut from them (:func:`megafmt.fingerprint.corpus_stat`):
-    files found otherwise (the corpus replaced or rewritten since) are not fingerprinted, and
-    the write fails (None: not checked)."""
+    files of another size or inode (the corpus replaced by a rename, or cut or grown, since) are
+    not fingerprinted, and the write fails (None: not checked); a change of times alone (a
+    ``touch``) passes."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", os.path.abspath(self.prefix))
@@ -80,9 +81,9 @@ class CorpusFiles:
 
     def step(self) -> tuple[bytes, bytes, int, int, int, list[int]]:
         """What the extension takes: both paths, how the ``.bin`` is sampled, and the files as
-        opened (as unsigned 64-bit values; empty: not checked)."""
+        opened (each file's size and inode, as unsigned 64-bit values; empty: not checked)."""
         idx, bin_path = self.paths()
-        opened = [] if self.opened is None else self.opened["idx"] + self.opened["bin"]
+        opened = [] if self.opened is None else _sizes_and_inodes(self.opened)
         return (
             os.fsencode(idx),
             os.fsencode(bin_path),
@@ -97,17 +98,34 @@ class CorpusFiles:
         raises :class:`~megaindex.errors.CacheError` where the files are no longer those
         opened, before or after it was taken (as the extension fails the write)."""
         fingerprint = corpus_fingerprint(self.prefix)
-        if self.opened is not None and corpus_stat(self.prefix) != self.opened:
-            raise CacheError(changed_while_built(self.prefix))
+        self.check_as_opened()
         return fingerprint
 
+    def check_as_opened(self) -> None:
+        """Raise :class:`~megaindex.errors.CacheError` where the path's files now are not those
+        opened (another size or inode), naming both."""
+        if self.opened is None:
+            return
+        now = corpus_stat(self.prefix)
+        if _sizes_and_inodes(now) != _sizes_and_inodes(self.opened):
+            raise CacheError(
+                f"{self.prefix}: the corpus's files changed while its index tables were built: "
+                f"opened as {_described(self.opened)}, now {_described(now)} (replaced, or cut "
+                "or grown); the tables are not cached. Build again once the corpus is complete"
+            )
 
-def changed_while_built(prefix: str) -> str:
-    """Why a cache of tables cut from the corpus at ``prefix`` is not written."""
+
+def _sizes_and_inodes(stat: dict[str, list[int]]) -> list[int]:
+    """The ``.idx``'s size and inode, then the ``.bin``'s, of a
+    :func:`~megafmt.fingerprint.corpus_stat`."""
+    return [stat["idx"][0], stat["idx"][2], stat["bin"][0], stat["bin"][2]]
+
+
+def _described(stat: dict[str, list[int]]) -> str:
+    idx_size, idx_inode, bin_size, bin_inode = _sizes_and_inodes(stat)
     return (
-        f"{prefix}: the corpus's files changed while its index tables were built (they are not "
-        "the files opened: replaced, or written to); its tables are not cached. Build again "
-        "once the corpus is complete"
+        f".idx of {idx_size} bytes (inode {idx_inode}) and .bin of {bin_size} bytes "
+        f"(inode {bin_inode})"
     )
 
 
@@ -177,14 +195,19 @@ class Written:
         return identities
 
     def ended(self) -> bool:
-        """Whether the write has ended (its :meth:`identities` then come without a wait)."""
-        with self._lock:
+        """Whether the write has ended (its :meth:`identities` then come without a wait); never
+        waits: False while another thread waits for it."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
             if self._outcome is None:
                 self._outcome = self._pending.wait(0.0)
                 if self._outcome is None:
                     return False
                 self._pending = None
             return True
+        finally:
+            self._lock.release()
 
 
 @dataclass

@@ -306,6 +306,7 @@ class SharedTableCache:
         description: str,
         load_or_build: Callable[[], Result],
         may_build: bool,
+        rebuilt: Callable[[Result], bool] = lambda result: False,
     ) -> Result:
         """Make ``entry`` complete locally (downloaded, or built by ``load_or_build`` under a
         lease and uploaded), then return ``load_or_build()``, which loads it. ``may_build``:
@@ -317,12 +318,14 @@ class SharedTableCache:
         uploads it under a lease: the other nodes would otherwise wait for it in vain (a store
         that cannot be asked, or refuses the upload, leaves the node's copy to serve, with a
         warning). A process that may not build and finds the node's copy damaged or gone
-        fetches it again, once."""
+        fetches it again, once. Where ``load_or_build`` rebuilt the copy it found (``rebuilt``
+        says it of its result: a corpus re-tokenized in place, a damaged table), a process that
+        may build replaces the store's copy with it."""
         unusable = None  # the description of a copy that could not be used
         if self._complete_here(entry, description, may_build):
             committed = _inode(entry.description_path)
             try:
-                return self._served(entry, load_or_build, may_build)
+                return self._served(entry, load_or_build, may_build, rebuilt)
             except UnusableCopyError as error:  # a disk error, a file cut short, a corpus
                 # changed since: once more (rank 0 replaced the store's copy meanwhile)
                 logger.warning("%s; fetching the tables again from %s", error, self.store.url)
@@ -333,10 +336,10 @@ class SharedTableCache:
             if unusable is not None and _inode(entry.description_path) == unusable:
                 remove_quietly(entry.description_path)  # not fetched again by another meanwhile
             if self._complete_here(entry, description, may_build):  # fetched by another process
-                return self._served(entry, load_or_build, may_build)
+                return self._served(entry, load_or_build, may_build, rebuilt)
             complete = entry.complete()  # here, not in the store: uploaded under a lease
             try:
-                return self._fetch_or_build(entry, description, load_or_build, may_build)
+                return self._fetch_or_build(entry, description, load_or_build, may_build, rebuilt)
             except (SharedCacheError, OSError) as error:  # a store down, or refusing it
                 if not complete:
                     raise
@@ -344,45 +347,66 @@ class SharedTableCache:
                 return load_or_build()
 
     def _served(
-        self, entry: CacheEntry, load_or_build: Callable[[], Result], may_build: bool
+        self,
+        entry: CacheEntry,
+        load_or_build: Callable[[], Result],
+        may_build: bool,
+        rebuilt: Callable[[Result], bool],
     ) -> Result:
         """``load_or_build()`` of the node's complete copy; where it rebuilt that copy (its
-        corpus changed, or it was damaged) and this process may build, the store's copy, as
-        old, is replaced by it."""
-        committed = _inode(entry.description_path)
+        corpus changed, or it was damaged: ``rebuilt`` says it of the result) and this process
+        may build, the store's copy, as old, is replaced by it."""
         result = load_or_build()
-        if may_build and _inode(entry.description_path) != committed:
+        if may_build and rebuilt(result):
             return self._replace(entry, result)
         return result
 
     def _replace(self, entry: CacheEntry, result: Result) -> Result:
         """Upload the node's copy, just rebuilt (its corpus changed, or it was damaged), over
-        the store's, under a lease. Their description is the same text (it describes the
+        the store's, under lease 1. Their description is the same text (it describes the
         config, not the corpus's content), so the store's is removed first: no process then
-        downloads old and new tables mixed; those that wait see the lease. A store that
-        refuses it is logged: the other nodes then find its copy stale and name it."""
+        downloads old and new tables mixed; those that wait see the lease. Where a lease is
+        there already (another job's build, or one a failed job left) nothing is replaced, and
+        where the store refuses the removal the lease is removed again: both are logged, and
+        the other nodes then find the store's copy stale, naming it. A failed upload is
+        recorded in the lease (the other nodes fail quoting it)."""
         name = os.path.basename(entry.description_path)
+        lease = self._lease_name(entry, 1)
         try:
-            generation = self._current_generation(entry, 0) + 1
-            if generation > self.config.max_builds or not self._claim(entry, generation, None):
-                raise SharedCacheError(f"lease {generation} is held by another process")
+            if self._current_generation(entry, 0) > 0:
+                raise SharedCacheError(
+                    f"{self._url(lease)} exists: another build holds these tables, or a failed "
+                    "job left its lease"
+                )
+            if not self._claim(entry, 1, None):
+                raise SharedCacheError(f"{self._url(lease)} was claimed by another process")
+        except Exception as error:
+            return self._not_replaced(name, error, result)
+        try:
             self.store.remove(name)
             with _listing:
                 _listings.get(self.store.url, {}).pop(name, None)
-            logger.warning(
-                "%s: the store's copy of these tables is older than the one rebuilt here; "
-                "replacing it",
-                self._url(entry.base),
-            )
-            return self._build(entry, generation, lambda: result)
-        except Exception as error:
-            logger.warning(
-                "%s: the tables rebuilt here did not replace the store's older copy (%s); the "
-                "other nodes will find that copy stale",
-                self._url(name),
-                error,
-            )
-            return result
+        except Exception as error:  # nothing changed in the store but the lease: removed
+            with suppress(Exception):
+                self.store.remove(lease)
+            return self._not_replaced(name, error, result)
+        logger.warning(
+            "%s: the store's copy of these tables is older than the one rebuilt here; replacing it",
+            self._url(entry.base),
+        )
+        try:
+            return self._build(entry, 1, lambda: result)
+        except Exception as error:  # the lease records the failure (_build)
+            return self._not_replaced(name, error, result)
+
+    def _not_replaced(self, name: str, error: Exception, result: Result) -> Result:
+        logger.warning(
+            "%s: the tables rebuilt here did not replace the store's older copy (%s); this "
+            "node uses its own, and the other nodes fail naming what the store holds",
+            self._url(name),
+            error,
+        )
+        return result
 
     def _complete_here(self, entry: CacheEntry, description: str, may_build: bool) -> bool:
         """Whether the entry is complete locally, and, where this process may build, in the
@@ -418,13 +442,13 @@ class SharedTableCache:
             return None
         return fetched, False
 
-    def _fetch_or_build(self, entry, description, load_or_build, may_build):
+    def _fetch_or_build(self, entry, description, load_or_build, may_build, rebuilt):
         """:meth:`obtain`'s work under the node's lock."""
         watch, last_message = _Watch(), time.monotonic()
         generation = 0
         while True:  # bounded: each lease is built or declared dead within lease_seconds
             if self._download(entry, description):
-                return self._served(entry, load_or_build, may_build)
+                return self._served(entry, load_or_build, may_build, rebuilt)
             generation = self._current_generation(entry, generation)
             if generation > 0 and not may_build:  # another process of this node gave up on it
                 verdict = self._verdict(entry, generation)
@@ -466,7 +490,11 @@ class SharedTableCache:
         words it), noted for the node's other processes (:meth:`_verdict`): they take the
         node's lock one after another, and would each wait as long again."""
         message = why(entry, generation, watch)
-        verdict = {"generation": generation, "lease": (watch.content or b"").hex()}
+        verdict = {
+            "generation": generation,
+            "lease": (watch.content or b"").hex(),
+            "time": time.time(),
+        }
         with suppress(OSError):  # unnoted, the next process waits on its own
             write_atomically(
                 entry.path("node-verdict.json"), json.dumps({**verdict, "error": message}).encode()
@@ -475,11 +503,15 @@ class SharedTableCache:
 
     def _verdict(self, entry: CacheEntry, generation: int) -> str | None:
         """The error another process of this node ended its wait for lease ``generation``
-        with, while that lease is still what it saw (one GET); None: no such note."""
+        with, less than ``lease_seconds`` ago (by this node's clock: an older note is another
+        job's, whose rank 0 may be about to claim the next lease) and while that lease is still
+        what it saw (one GET); None: no such note."""
         try:
             with open(entry.path("node-verdict.json"), "rb") as stream:
                 verdict = json.loads(stream.read())
             if verdict["generation"] != generation:
+                return None
+            if not 0 <= time.time() - float(verdict["time"]) < self.config.lease_seconds:
                 return None
             seen, message = bytes.fromhex(verdict["lease"]), str(verdict["error"])
         except (OSError, ValueError, KeyError, TypeError):

@@ -162,15 +162,20 @@ class CachedTables:
             self._tables, self.source.kind = self._through_shared(
                 lambda: load_or_build(
                     self._cache, self._load_checked, self._build, self._sidecar, self.source.seconds
-                )
+                ),
+                rebuilt=lambda result: result[1] == "built",
             )
 
     def _through_shared(
-        self, load_or_build: Callable[[], Result], may_build: bool | None = None
+        self,
+        load_or_build: Callable[[], Result],
+        may_build: bool | None = None,
+        rebuilt: Callable[[Result], bool] = lambda result: False,
     ) -> Result:
         """``load_or_build()``; with a shared store (:mod:`megaindex.shared_cache`), after the
         node's copy was downloaded, or built under the job's lease and uploaded (where
-        ``may_build``; None: where this process builds shared files)."""
+        ``may_build``; None: where this process builds shared files). ``rebuilt`` says of a
+        result whether it rebuilt the node's copy (stale or damaged): the store's is replaced."""
         entry = self._cache.entry
         if entry.remote is None:
             return load_or_build()
@@ -178,7 +183,7 @@ class CachedTables:
         start = time.perf_counter()
         if may_build is None:
             may_build = distributed.builds_shared_files()
-        result = shared.obtain(entry, self._cache.description, load_or_build, may_build)
+        result = shared.obtain(entry, self._cache.description, load_or_build, may_build, rebuilt)
         self.source.seconds["shared"] = time.perf_counter() - start
         return result
 
