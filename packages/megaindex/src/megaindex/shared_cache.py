@@ -494,11 +494,10 @@ class SharedTableCache:
             "generation": generation,
             "lease": (watch.content or b"").hex(),
             "time": time.time(),
+            "error": message,
         }
         with suppress(OSError):  # unnoted, the next process waits on its own
-            write_atomically(
-                entry.path("node-verdict.json"), json.dumps({**verdict, "error": message}).encode()
-            )
+            write_atomically(entry.path("node-verdict.json"), json.dumps(verdict).encode())
         return SharedCacheError(message)
 
     def _verdict(self, entry: CacheEntry, generation: int) -> str | None:
