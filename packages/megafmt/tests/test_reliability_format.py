@@ -188,6 +188,35 @@ def test_pickled_dataset_skips_the_scan_only_for_the_same_files(make_corpus, mon
     assert len(calls) == 1
 
 
+def test_a_pickled_dataset_refuses_a_corpus_replaced_since_it_was_opened(make_corpus):
+    prefix = make_corpus(DOCUMENTS)
+    state = pickle.dumps(IndexedDataset(prefix))
+    then = os.path.getsize(get_idx_path(prefix)), os.path.getsize(get_bin_path(prefix))
+    other = make_corpus(DOCUMENTS[:-1], name="other")  # re-tokenized, renamed over it
+    for path in (get_idx_path, get_bin_path):
+        os.replace(path(other), path(prefix))
+    now = os.path.getsize(get_idx_path(prefix)), os.path.getsize(get_bin_path(prefix))
+    with pytest.raises(FormatError, match="files changed since the dataset was opened") as caught:
+        pickle.loads(state)  # a DataLoader worker's copy
+    message = str(caught.value)
+    assert f"then .idx of {then[0]} bytes" in message and f"and .bin of {then[1]} bytes" in message
+    assert f"now .idx of {now[0]} bytes" in message and f"and .bin of {now[1]} bytes" in message
+
+
+def test_a_reader_reopened_on_a_bin_renamed_over_the_one_opened_is_refused(make_corpus, tmp_path):
+    prefix = make_corpus(DOCUMENTS)
+    dataset = IndexedDataset(prefix, mmap=False)
+    assert dataset.get(0).tolist() == [1, 2, 3]
+    dataset.release_reader()  # as the pool of open files does
+    size = os.path.getsize(get_bin_path(prefix))
+    replacement = str(tmp_path / "replacement.bin")
+    with open(replacement, "wb") as stream:  # the same size, other tokens
+        stream.write(bytes(size))
+    os.replace(replacement, get_bin_path(prefix))
+    with pytest.raises(FormatError, match=r"corpus\.bin: reopened as inode \d+, but it was opened"):
+        dataset.get(0)
+
+
 def test_a_checked_corpus_is_remembered_until_its_index_changes(make_corpus, monkeypatch, tmp_path):
     from megafmt import dataset as dataset_module
     from megafmt import fingerprint

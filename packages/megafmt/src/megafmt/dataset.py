@@ -18,7 +18,7 @@ import numpy
 
 from megafmt.checked import corpus_identity, one_checker, remember_checked, was_checked
 from megafmt.errors import FormatError
-from megafmt.fingerprint import CHANGE_TIME, corpus_stat
+from megafmt.fingerprint import CHANGE_TIME, corpus_stat, described_files, sizes_and_inodes
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.object_storage import is_msc_url
@@ -114,10 +114,13 @@ class IndexedDataset:
         reader: str,
         reader_options: dict[str, Any],
         checked: list[int] | None = None,
+        opened: dict[str, list[int]] | None = None,
     ) -> None:
         """Open the files. The consistency check is skipped only for files that passed it
         already: those a pickled dataset's ``checked`` names (DataLoader workers do not scan
-        the index again), or a large index :mod:`megafmt.checked` remembers."""
+        the index again), or a large index :mod:`megafmt.checked` remembers. ``opened``: the
+        files as the pickled dataset opened them; others at the path now (the corpus replaced
+        since) are refused: its index tables were cut from those."""
         self.path_prefix = path_prefix
         self.multimodal = multimodal
         self.mmap = mmap
@@ -132,6 +135,18 @@ class IndexedDataset:
         #: path differ, never agree; None for object storage, or files the open reports): what
         #: a cache of tables cut from them records, and what a later fingerprint must find
         self.opened_stat = None if is_url(path_prefix) else _stat_before_open(path_prefix)
+        now = self.opened_stat
+        if (
+            opened is not None
+            and now is not None
+            and sizes_and_inodes(opened) != sizes_and_inodes(now)
+        ):
+            raise FormatError(
+                f"{path_prefix}: the corpus's files changed since the dataset was opened (then "
+                f"{described_files(opened)}, now {described_files(now)}): this copy "
+                "of it (a DataLoader worker's) would read other data than its index tables were "
+                "made from. Start again once the corpus is complete"
+            )
         bin_reader = self._open_reader()
         counts = sequences_per_dataset if fast_cache_load else None
         self.index = Index(
@@ -183,6 +198,15 @@ class IndexedDataset:
                 f"{reader.path}: reopened with {reader.nbytes} bytes, but {self.index.name} "
                 f"implies {self.index.bin_nbytes}: the .bin changed since the corpus was opened"
             )
+        if self.opened_stat is not None:
+            inode = _inode_of(reader.path)
+            if inode != self.opened_stat["bin"][2]:
+                reader.close()
+                raise FormatError(
+                    f"{reader.path}: reopened as inode {inode}, but it was opened as inode "
+                    f"{self.opened_stat['bin'][2]}: the .bin was replaced since the corpus was "
+                    "opened, and its index (read then) does not describe it"
+                )
         return self._attach(reader)
 
     def _attach(self, reader: BinReader) -> BinReader:
@@ -239,13 +263,14 @@ class IndexedDataset:
         return get_idx_path(self.path_prefix)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self._arguments, "checked": self._checked}
+        return {**self._arguments, "checked": self._checked, "opened": self.opened_stat}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         checked = state.pop("checked", None)
+        opened = state.pop("opened", None)
         self._arguments = state
-        self._open(**self._arguments, checked=checked)
+        self._open(**self._arguments, checked=checked, opened=opened)
 
     def __len__(self) -> int:
         return self.index.sequence_count
@@ -424,5 +449,12 @@ def _stat_before_open(path_prefix: str) -> dict[str, list[int]] | None:
     file cannot be stat'ed (the open then says what is wrong with it)."""
     try:
         return corpus_stat(path_prefix)
+    except OSError:
+        return None
+
+
+def _inode_of(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
     except OSError:
         return None

@@ -161,6 +161,22 @@ def corpus_stat(path_prefix: str) -> dict[str, list[int]]:
     return stats
 
 
+def sizes_and_inodes(stat: dict[str, list[int]]) -> list[int]:
+    """The ``.idx``'s size and inode, then the ``.bin``'s, of a local :func:`corpus_stat`: what
+    tells the files apart from others put at their path (a rename over them, a cut or a growth),
+    and stays the same when only their times change (a ``touch``)."""
+    return [stat["idx"][0], stat["idx"][2], stat["bin"][0], stat["bin"][2]]
+
+
+def described_files(stat: dict[str, list[int]]) -> str:
+    """A local :func:`corpus_stat` as its sizes and inodes, for messages."""
+    idx_size, idx_inode, bin_size, bin_inode = sizes_and_inodes(stat)
+    return (
+        f".idx of {idx_size} bytes (inode {idx_inode}) and .bin of {bin_size} bytes "
+        f"(inode {bin_inode})"
+    )
+
+
 def fingerprint_changes(old: dict, new: dict) -> list[str]:
     """What differs between two fingerprints, one ``"field: old -> new"`` line each."""
     return [

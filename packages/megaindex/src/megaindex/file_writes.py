@@ -39,6 +39,8 @@ from megafmt.fingerprint import (
     SAMPLED_HEADER_BYTES,
     corpus_fingerprint,
     corpus_stat,
+    described_files,
+    sizes_and_inodes,
 )
 from megaindex import _ext
 from megaindex.errors import CacheError
@@ -83,7 +85,7 @@ class CorpusFiles:
         """What the extension takes: both paths, how the ``.bin`` is sampled, and the files as
         opened (each file's size and inode, as unsigned 64-bit values; empty: not checked)."""
         idx, bin_path = self.paths()
-        opened = [] if self.opened is None else _sizes_and_inodes(self.opened)
+        opened = [] if self.opened is None else sizes_and_inodes(self.opened)
         return (
             os.fsencode(idx),
             os.fsencode(bin_path),
@@ -107,26 +109,13 @@ class CorpusFiles:
         if self.opened is None:
             return
         now = corpus_stat(self.prefix)
-        if _sizes_and_inodes(now) != _sizes_and_inodes(self.opened):
+        if sizes_and_inodes(now) != sizes_and_inodes(self.opened):
             raise CacheError(
                 f"{self.prefix}: the corpus's files changed while its index tables were built: "
-                f"opened as {_described(self.opened)}, now {_described(now)} (replaced, or cut "
-                "or grown); the tables are not cached. Build again once the corpus is complete"
+                f"opened as {described_files(self.opened)}, now {described_files(now)} "
+                "(replaced, or cut or grown); the tables are not cached. Build again once the "
+                "corpus is complete"
             )
-
-
-def _sizes_and_inodes(stat: dict[str, list[int]]) -> list[int]:
-    """The ``.idx``'s size and inode, then the ``.bin``'s, of a
-    :func:`~megafmt.fingerprint.corpus_stat`."""
-    return [stat["idx"][0], stat["idx"][2], stat["bin"][0], stat["bin"][2]]
-
-
-def _described(stat: dict[str, list[int]]) -> str:
-    idx_size, idx_inode, bin_size, bin_inode = _sizes_and_inodes(stat)
-    return (
-        f".idx of {idx_size} bytes (inode {idx_inode}) and .bin of {bin_size} bytes "
-        f"(inode {bin_inode})"
-    )
 
 
 #: unsigned 64-bit values of the stats the extension compares
