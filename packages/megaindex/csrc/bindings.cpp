@@ -506,7 +506,8 @@ class BlendGatherer {
 // a write's files as Python hands them: (path, partial, data, identities_of, tail), the paths
 // encoded by os.fsencode (a name that is not UTF-8 is written as it is)
 // (path, partial, data, corpus (idx path, bin path, header bytes, blocks, block bytes: empty
-// paths for none), between, identities_of, tail)
+// paths for none; the files as opened: empty, or each file's size and inode), between,
+// identities_of, tail)
 using CorpusTuple =
     std::tuple<nb::bytes, nb::bytes, int64_t, int64_t, int64_t, std::vector<uint64_t>>;
 using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::bytes, CorpusTuple, std::string,

@@ -18,7 +18,13 @@ import numpy
 
 from megafmt.checked import corpus_identity, one_checker, remember_checked, was_checked
 from megafmt.errors import FormatError
-from megafmt.fingerprint import CHANGE_TIME, corpus_stat, described_files, sizes_and_inodes
+from megafmt.fingerprint import (
+    CHANGE_TIME,
+    corpus_stat,
+    described_files,
+    inode_of,
+    sizes_and_inodes,
+)
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
 from megafmt.object_storage import is_msc_url
@@ -199,7 +205,7 @@ class IndexedDataset:
                 f"implies {self.index.bin_nbytes}: the .bin changed since the corpus was opened"
             )
         if self.opened_stat is not None:
-            inode = _inode_of(reader.path)
+            inode = inode_of(reader.path)
             if inode != self.opened_stat["bin"][2]:
                 reader.close()
                 raise FormatError(
@@ -449,12 +455,5 @@ def _stat_before_open(path_prefix: str) -> dict[str, list[int]] | None:
     file cannot be stat'ed (the open then says what is wrong with it)."""
     try:
         return corpus_stat(path_prefix)
-    except OSError:
-        return None
-
-
-def _inode_of(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
     except OSError:
         return None

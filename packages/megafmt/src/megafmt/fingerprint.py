@@ -129,6 +129,15 @@ def file_identity(path: str) -> list[int]:
     return identity_of(os.stat(path))
 
 
+def inode_of(path: str) -> int | None:
+    """The inode of the file at ``path`` now (None: none there, or not stat'ed): whether a
+    name still holds the file seen before."""
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 def identity_of(status: os.stat_result) -> list[int]:
     """:func:`file_identity` from a ``stat`` or ``fstat`` result (of a file already open)."""
     return [

@@ -76,6 +76,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from megafmt.atomic import partial_path, remove_quietly, write_atomically, write_exclusively
 from megafmt.confinement import confined_path, url_components
+from megafmt.fingerprint import inode_of
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
 from megafmt.redaction import redact
@@ -323,7 +324,7 @@ class SharedTableCache:
         may build replaces the store's copy with it."""
         unusable = None  # the description of a copy that could not be used
         if self._complete_here(entry, description, may_build):
-            committed = _inode(entry.description_path)
+            committed = inode_of(entry.description_path)
             try:
                 return self._served(entry, load_or_build, may_build, rebuilt)
             except UnusableCopyError as error:  # a disk error, a file cut short, a corpus
@@ -333,7 +334,7 @@ class SharedTableCache:
                 with _listing:  # its sizes may be those of the copy replaced since
                     _listings.pop(self.store.url, None)
         with self._node_lock(entry):
-            if unusable is not None and _inode(entry.description_path) == unusable:
+            if unusable is not None and inode_of(entry.description_path) == unusable:
                 remove_quietly(entry.description_path)  # not fetched again by another meanwhile
             if self._complete_here(entry, description, may_build):  # fetched by another process
                 return self._served(entry, load_or_build, may_build, rebuilt)
@@ -786,13 +787,6 @@ class SharedTableCache:
                 yield
             finally:
                 fcntl.flock(stream, fcntl.LOCK_UN)
-
-
-def _inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None
 
 
 def _holder() -> str:
