@@ -666,6 +666,23 @@ def test_deferred_tables_on_another_node_are_downloaded_when_first_read(
     assert sent_since(before).get("create", 0) == 0  # downloaded, never claimed
 
 
+def test_a_process_its_node_s_copy_serves_never_makes_the_store_s_file_system(
+    store, tmp_path, monkeypatch
+):
+    # the store's client (s3fs and botocore for S3) is imported only by a process that asks it
+    builder = entry_in(tmp_path / "node0")
+    SharedTableCache(SharedCacheConfig(store)).obtain(builder, "d", saver(builder, []), True)
+    entry = entry_in(tmp_path / "node1")
+    SharedTableCache(SharedCacheConfig(store)).obtain(entry, "described", saver(entry, []), False)
+
+    def no_client(url: str) -> None:
+        raise AssertionError(f"the store's file system was made for {url}")
+
+    monkeypatch.setattr(shared_cache.fsspec.core, "url_to_fs", no_client)
+    cache = SharedTableCache(SharedCacheConfig(store))
+    assert cache.obtain(entry, "described", saver(entry, []), may_build=False) == "loaded"
+
+
 def test_a_damaged_copy_on_a_node_that_does_not_build_is_fetched_again(store, tmp_path, caplog):
     builder = entry_in(tmp_path / "node0")
     SharedTableCache(SharedCacheConfig(store)).obtain(builder, "d", saver(builder, []), True)

@@ -69,9 +69,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 import fsspec
+from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from megafmt.atomic import partial_path, remove_quietly, write_atomically, write_exclusively
@@ -184,9 +186,24 @@ class _Store:
     """The requests to one store, counted in ``requests_sent``."""
 
     def __init__(self, url: str) -> None:
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self._address = url
         self.url = redact(url.rstrip("/"))
         """The store's URL as messages and logs show it: its credentials masked."""
+
+    @cached_property
+    def _located(self) -> tuple[AbstractFileSystem, str]:
+        """The store's file system and its folder there, made at the first request: a process
+        that its node's copy serves sends none, and never imports the store's client (s3fs and
+        botocore: most of a second of each rank's start on a loaded node)."""
+        return fsspec.core.url_to_fs(self._address)
+
+    @property
+    def fs(self) -> AbstractFileSystem:
+        return self._located[0]
+
+    @property
+    def root(self) -> str:
+        return self._located[1]
 
     def key(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
