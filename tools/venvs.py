@@ -158,9 +158,11 @@ def byte_compile(python: Path) -> None:
     failed = subprocess.run(
         [python, "-m", "compileall", "-q", "-j", "0", site], capture_output=True, text=True
     )
-    if failed.returncode != 0:
-        refused = failed.stdout.count("SyntaxError")
+    refused = failed.stdout.count("SyntaxError")
+    if refused:
         print(f"  {refused} module(s) of another Python's syntax left uncompiled", flush=True)
+    elif failed.returncode != 0:  # not a module's syntax: say what compileall said
+        sys.exit(f"byte-compiling {site} failed:\n{failed.stdout}{failed.stderr}")
 
 
 def install_torch_first(python: Path) -> bool:
