@@ -158,11 +158,13 @@ def byte_compile(python: Path) -> None:
     failed = subprocess.run(
         [python, "-m", "compileall", "-q", "-j", "0", site], capture_output=True, text=True
     )
-    refused = failed.stdout.count("SyntaxError")
-    if refused:
-        print(f"  {refused} module(s) of another Python's syntax left uncompiled", flush=True)
-    elif failed.returncode != 0:  # not a module's syntax: say what compileall said
+    if failed.returncode == 0:
+        return
+    refused = failed.stdout.count("*** Error compiling")
+    syntax = sum(line.startswith("SyntaxError") for line in failed.stdout.splitlines())
+    if refused == 0 or syntax != refused:  # not only modules' syntax: say what compileall said
         sys.exit(f"byte-compiling {site} failed:\n{failed.stdout}{failed.stderr}")
+    print(f"  {refused} module(s) of another Python's syntax left uncompiled", flush=True)
 
 
 def install_torch_first(python: Path) -> bool:
