@@ -506,7 +506,8 @@ class BlendGatherer {
 // a write's files as Python hands them: (path, partial, data, identities_of, tail), the paths
 // encoded by os.fsencode (a name that is not UTF-8 is written as it is)
 // (path, partial, data, corpus (idx path, bin path, header bytes, blocks, block bytes: empty
-// paths for none; the files as opened: empty, or each file's size and inode), between,
+// paths for none; the files as opened: empty, or each file's size and inode, then the .idx's
+// modification time), between,
 // identities_of, tail)
 using CorpusTuple =
     std::tuple<nb::bytes, nb::bytes, int64_t, int64_t, int64_t, std::vector<uint64_t>>;
@@ -529,9 +530,10 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
       throw std::invalid_argument(destination + ": a corpus is sampled in blocks of 1 byte or "
                                                 "more, at least one, after a header of 0 or more");
     }
-    if (!opened.empty() && opened.size() != 4) {
-      throw std::invalid_argument(destination + ": a corpus as opened is 4 values (the .idx's "
-                                                "size and inode, the .bin's), got " +
+    if (!opened.empty() && opened.size() != 5) {
+      throw std::invalid_argument(destination + ": a corpus as opened is 5 values (the .idx's "
+                                                "size and inode, the .bin's, the .idx's "
+                                                "modification time in ns), got " +
                                   std::to_string(opened.size()));
     }
     steps.push_back({destination, std::string(partial.c_str(), partial.size()),

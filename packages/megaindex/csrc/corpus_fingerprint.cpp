@@ -101,11 +101,16 @@ bool read_at(int descriptor, int64_t offset, int64_t size, std::vector<unsigned 
 }
 
 // Whether the file of `status` is the one recorded as opened (`opened`: its size and inode;
-// nullptr: no record); errno is ESTALE where it is not.
-bool as_opened(const struct stat& status, const uint64_t* opened) {
+// nullptr: no record) and, with `modified`, not written since (its modification time in ns);
+// errno is ESTALE where it is not.
+bool as_opened(const struct stat& status, const uint64_t* opened,
+               const uint64_t* modified = nullptr) {
   if (opened == nullptr) return true;
+  const uint64_t mtime_ns = static_cast<uint64_t>(
+      static_cast<int64_t>(status.st_mtim.tv_sec) * 1000000000 + status.st_mtim.tv_nsec);
   if (static_cast<uint64_t>(status.st_size) == opened[0] &&
-      static_cast<uint64_t>(status.st_ino) == opened[1]) {
+      static_cast<uint64_t>(status.st_ino) == opened[1] &&
+      (modified == nullptr || mtime_ns == *modified)) {
     return true;
   }
   errno = ESTALE;
@@ -113,12 +118,12 @@ bool as_opened(const struct stat& status, const uint64_t* opened) {
 }
 
 // megafmt.fingerprint.file_checksum: every byte to the end of the file.
-bool idx_checksum(const std::string& path, const uint64_t* opened, int64_t* size,
-                  uint32_t* crc) {
+bool idx_checksum(const std::string& path, const uint64_t* opened, const uint64_t* modified,
+                  int64_t* size, uint32_t* crc) {
   Descriptor file(path);
   if (file.value < 0) return false;
   struct stat status;
-  if (::fstat(file.value, &status) != 0 || !as_opened(status, opened)) return false;
+  if (::fstat(file.value, &status) != 0 || !as_opened(status, opened, modified)) return false;
   // no larger than the file (a blend's .idx files are small), at most 1 MiB
   std::vector<unsigned char> buffer(
       static_cast<size_t>(std::min<int64_t>(status.st_size + 1, int64_t{1} << 20)));
@@ -253,9 +258,10 @@ bool corpus_fingerprint_json(const std::string& idx_path, const std::string& bin
                              std::string* json, std::string* failed_path) {
   const uint64_t* opened_idx = opened.empty() ? nullptr : opened.data();
   const uint64_t* opened_bin = opened.empty() ? nullptr : opened.data() + 2;
+  const uint64_t* idx_modified = opened.empty() ? nullptr : opened.data() + 4;
   int64_t idx_bytes = 0;
   uint32_t idx_crc = 0;
-  if (!idx_checksum(idx_path, opened_idx, &idx_bytes, &idx_crc)) {
+  if (!idx_checksum(idx_path, opened_idx, idx_modified, &idx_bytes, &idx_crc)) {
     *failed_path = idx_path;
     return false;
   }

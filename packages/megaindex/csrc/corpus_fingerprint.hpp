@@ -42,10 +42,11 @@ struct SampledBlocks {
 
 // The fingerprint as JSON text, {"idx_bytes": ..., "idx_crc32": "...", "bin_bytes": ...,
 // "bin_hash": "..."}; false (errno set, `failed_path` naming the file) when a file cannot be
-// read. With `opened` (four values: the .idx's size and inode, then the .bin's), a file that is
-// not the one opened then (replaced by a rename, or cut or grown) fails with ESTALE: its
-// fingerprint would describe other data than the tables'. A change of its times alone (a
-// `touch`) passes.
+// read. With `opened` (five values: the .idx's size and inode, the .bin's, then the .idx's
+// modification time in ns), a file that is not the one opened then (replaced by a rename, or
+// cut or grown), or an .idx written since (in place: another modification time), fails with
+// ESTALE: its fingerprint would describe other data than the tables'. A .bin's times are not
+// compared: the tables are not cut from it.
 bool corpus_fingerprint_json(const std::string& idx_path, const std::string& bin_path,
                              const SampledBlocks& sampling, const std::vector<uint64_t>& opened,
                              std::string* json, std::string* failed_path);

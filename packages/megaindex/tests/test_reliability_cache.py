@@ -201,6 +201,16 @@ def test_a_corpus_rewritten_with_the_same_sizes_is_noticed(make_config, corpus):
         build(make_config(stale_cache="error"))
 
 
+def refused_and_not_cached(config, match: str, *parts: str) -> None:
+    """The build of ``config`` fails with a CacheError matching ``match`` and naming each of
+    ``parts``, and leaves no cache entry."""
+    with pytest.raises(CacheError, match=match) as caught:
+        build(config)
+    for part in parts:
+        assert part in str(caught.value)
+    assert not glob.glob(os.path.join(config.path_to_cache, "*-description.txt"))
+
+
 @pytest.mark.parametrize("fingerprinted", ["by the writer", "in python"])
 def test_a_corpus_replaced_while_its_tables_build_is_not_cached(
     make_config, corpus, tmp_path, monkeypatch, fingerprinted
@@ -236,34 +246,110 @@ def test_a_corpus_replaced_while_its_tables_build_is_not_cached(
 
         monkeypatch.setattr(file_writes, "corpus_fingerprint", replacing)
     config = make_config()
-    with pytest.raises(CacheError, match="changed while its index tables were built") as caught:
-        build(config)
-    assert "opened as .idx of 6042 bytes" in str(caught.value)
-    assert "now .idx of 5042 bytes" in str(caught.value)
-    assert not glob.glob(os.path.join(config.path_to_cache, "*-description.txt"))
+    refused_and_not_cached(
+        config,
+        "changed while its index tables were built",
+        "opened as .idx of 6042 bytes",
+        "now .idx of 5042 bytes",
+    )
     monkeypatch.undo()
     train = build(config)  # the next run cuts its tables from the corpus there now
     assert train.index_source.kind == "built"
     assert len(train.dataset.sequence_lengths) == 250
 
 
-def test_a_corpus_touched_while_its_tables_build_is_cached(make_config, corpus, monkeypatch):
+def after_the_first_cut(monkeypatch, fingerprinted: str, action) -> list:
+    """``action()`` once the first of a build's tables were cut (the corpus's fingerprint taken
+    by the cache's writer, or beside the build in Python); the recipes cut, in order."""
+    from megaindex import tables
     from megaindex.gpt_index import GPTTableRecipe
 
     build_tables = GPTTableRecipe.build
+    cuts = []
 
-    def touching(self):  # a purge of old files, an rsync without -t: the times alone change
+    def cutting(self):
         built = build_tables(self)
-        for suffix in (".idx", ".bin"):
-            status = os.stat(corpus + suffix)
-            os.utime(corpus + suffix, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+        cuts.append(self)
+        if len(cuts) == 1:
+            action()
         return built
 
-    monkeypatch.setattr(GPTTableRecipe, "build", touching)
+    monkeypatch.setattr(GPTTableRecipe, "build", cutting)
+    if fingerprinted == "in python":
+        monkeypatch.setattr(tables, "SIDE_BY_SIDE_BYTES", 0)
+        monkeypatch.setattr(cache_module, "SIDE_BY_SIDE_BYTES", 0)
+    return cuts
+
+
+def bump_mtime(path: str) -> None:
+    """A later modification time for ``path`` (a file system's clock may tick coarser than
+    the test's writes)."""
+    status = os.stat(path)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+
+
+@pytest.mark.parametrize("fingerprinted", ["by the writer", "in python"])
+def test_a_corpus_touched_while_its_tables_build_is_cached(
+    make_config, corpus, monkeypatch, fingerprinted
+):
+    def touch() -> None:  # a purge of old files, an rsync without -t: the times alone change
+        for suffix in (".idx", ".bin"):
+            bump_mtime(corpus + suffix)
+
+    cuts = after_the_first_cut(monkeypatch, fingerprinted, touch)
     config = make_config()
     assert build(config).index_source.kind == "built"
+    # each split's tables cut twice (the corpus was opened once, before the touch), the second
+    # time by a copy of the recipe
+    assert len(cuts) == 6 and cuts[0] is not cuts[1]
     monkeypatch.undo()
     assert build(config).index_source.kind == "cache"  # the same contents: fingerprinted so
+
+
+@pytest.mark.parametrize("fingerprinted", ["by the writer", "in python"])
+def test_a_corpus_written_in_place_while_its_tables_build_is_not_cached(
+    make_config, corpus, monkeypatch, fingerprinted
+):
+    """The same size and inode, other lengths: its tables cut again differ from the first."""
+
+    def rewrite() -> None:  # re-tokenized into the same files, in place
+        swap_two_lengths(corpus + ".idx")
+        bump_mtime(corpus + ".idx")
+
+    after_the_first_cut(monkeypatch, fingerprinted, rewrite)
+    config = make_config()
+    refused_and_not_cached(
+        config,
+        "was written in place while its index tables were built",
+        "the same size (6042 bytes)",
+        "the tables cut from it again differ from those cut first",
+    )
+    monkeypatch.undo()
+    rebuilt = build(config)  # the next run cuts its tables from the corpus there now
+    assert rebuilt.index_source.kind == "built"
+    again = build(config)
+    assert again.index_source.kind == "cache"
+    numpy.testing.assert_array_equal(again.sample_index, rebuilt.sample_index)
+
+
+def test_a_corpus_written_in_place_before_the_writer_fingerprints_it_is_not_cached(
+    make_config, corpus, monkeypatch
+):
+    """Once the tables were checked against the files, the writer checks them again: an
+    ``.idx`` written in place since (the same size and inode) fails the write."""
+    from megaindex.file_writes import CorpusFiles
+
+    step = CorpusFiles.step
+
+    def rewriting(self):  # handed to the writer: written in place right before it reads it
+        swap_two_lengths(corpus + ".idx")
+        bump_mtime(corpus + ".idx")
+        return step(self)
+
+    monkeypatch.setattr(CorpusFiles, "step", rewriting)
+    refused_and_not_cached(
+        make_config(), "was written in place while its index tables were built", "not cached"
+    )
 
 
 def test_leftovers_of_killed_builds_are_removed_by_the_next_build(make_config):

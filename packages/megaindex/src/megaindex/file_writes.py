@@ -70,9 +70,12 @@ class CorpusFiles:
     """The corpus's path prefix, absolute (read later, maybe in another working directory)."""
     opened: dict[str, list[int]] | None = None
     """The files as the tables were cut from them (:func:`megafmt.fingerprint.corpus_stat`):
-    files of another size or inode (the corpus replaced by a rename, or cut or grown, since) are
-    not fingerprinted, and the write fails (None: not checked); a change of times alone (a
-    ``touch``) passes."""
+    files of another size or inode (the corpus replaced by a rename, or cut or grown, since), or
+    an ``.idx`` with another modification time (written in place), are not fingerprinted, and
+    the write fails (None: not checked). The ``.bin``'s times are not compared: the tables are
+    not cut from it. A touch of the ``.idx`` while the tables build passes where the tables cut
+    again from it are the same (:meth:`megaindex.tables.CachedTables`), with the files as they
+    are then."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", os.path.abspath(self.prefix))
@@ -83,9 +86,12 @@ class CorpusFiles:
 
     def step(self) -> tuple[bytes, bytes, int, int, int, list[int]]:
         """What the extension takes: both paths, how the ``.bin`` is sampled, and the files as
-        opened (each file's size and inode, as unsigned 64-bit values; empty: not checked)."""
+        opened (each file's size and inode, then the ``.idx``'s modification time in ns, as
+        unsigned 64-bit values; empty: not checked)."""
         idx, bin_path = self.paths()
-        opened = [] if self.opened is None else sizes_and_inodes(self.opened)
+        opened = []
+        if self.opened is not None:
+            opened = [*sizes_and_inodes(self.opened), _idx_mtime(self.opened)]
         return (
             os.fsencode(idx),
             os.fsencode(bin_path),
@@ -96,19 +102,40 @@ class CorpusFiles:
         )
 
     def fingerprint(self) -> dict[str, Any]:
-        """The corpus's fingerprint, taken in Python (a large corpus's, beside its build);
-        raises :class:`~megaindex.errors.CacheError` where the files are no longer those
-        opened, before or after it was taken (as the extension fails the write)."""
-        fingerprint = corpus_fingerprint(self.prefix)
+        """The corpus's fingerprint, taken in Python; raises
+        :class:`~megaindex.errors.CacheError` where the files are no longer those opened,
+        before or after it was taken (as the extension fails the write)."""
+        fingerprint = self.unchecked_fingerprint()
         self.check_as_opened()
         return fingerprint
 
+    def unchecked_fingerprint(self) -> dict[str, Any]:
+        """The corpus's fingerprint as its files are now (a large corpus's, taken beside its
+        build, which checks the files once both are done)."""
+        return corpus_fingerprint(self.prefix)
+
     def check_as_opened(self) -> None:
         """Raise :class:`~megaindex.errors.CacheError` where the path's files now are not those
-        opened (another size or inode), naming both."""
+        opened (another size or inode, or an ``.idx`` written since), naming both."""
+        if self.opened is not None:
+            self.check_against(corpus_stat(self.prefix))
+
+    def check_against(self, now: dict[str, list[int]]) -> None:
+        """:meth:`check_as_opened` with the files as they are ``now`` (their
+        :func:`~megafmt.fingerprint.corpus_stat`)."""
+        if self.idx_written(now):
+            raise CacheError(
+                f"{self.idx_written_message(now)}; the tables are not cached. Build again once "
+                "the corpus is complete"
+            )
+
+    def idx_written(self, now: dict[str, list[int]]) -> bool:
+        """Whether the ``.idx`` was written in place since it was opened (the same size and
+        inode as the files ``now``, another modification time); raises
+        :class:`~megaindex.errors.CacheError` where the files were replaced (another size or
+        inode), naming both."""
         if self.opened is None:
-            return
-        now = corpus_stat(self.prefix)
+            return False
         if sizes_and_inodes(now) != sizes_and_inodes(self.opened):
             raise CacheError(
                 f"{self.prefix}: the corpus's files changed while its index tables were built: "
@@ -116,6 +143,21 @@ class CorpusFiles:
                 "(replaced, or cut or grown); the tables are not cached. Build again once the "
                 "corpus is complete"
             )
+        return _idx_mtime(now) != _idx_mtime(self.opened)
+
+    def idx_written_message(self, now: dict[str, list[int]]) -> str:
+        """That the ``.idx`` was written in place since it was opened (the same size and inode,
+        another modification time ``now``), for errors."""
+        return (
+            f"{self.paths()[0]}: the corpus's .idx was written in place while its index tables "
+            f"were built: the same size ({now['idx'][0]} bytes) and inode ({now['idx'][2]}), "
+            f"but modified at {_idx_mtime(now)} ns, not {_idx_mtime(self.opened)} ns as opened"
+        )
+
+
+def _idx_mtime(stat: dict[str, list[int]]) -> int:
+    """The ``.idx``'s modification time (ns) in a local :func:`megafmt.fingerprint.corpus_stat`."""
+    return stat["idx"][1]
 
 
 #: unsigned 64-bit values of the stats the extension compares

@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy
@@ -51,7 +51,7 @@ from megaindex.cache import (
     table_checksums,
     table_specs,
 )
-from megaindex.errors import ConfigError, MissingCacheError, StaleCacheError
+from megaindex.errors import CacheError, ConfigError, MissingCacheError, StaleCacheError
 from megaindex.file_writes import CorpusFiles
 from megaindex.memory import reserving, table_bytes
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
@@ -95,7 +95,9 @@ class TableRecipe(Protocol):
     """The tables, in the order the dataset hands them out."""
 
     def build(self) -> BuiltTables:
-        """Build every table."""
+        """Build every table. A recipe that reads a corpus (``corpus`` set) is a dataclass
+        whose copy (``dataclasses.replace``) reads it again, nothing of an earlier build kept:
+        tables cut while the corpus's ``.idx`` was written in place are cut again so."""
         ...
 
     def expected_specs(self) -> dict[str, TableSpec]:
@@ -249,24 +251,55 @@ class CachedTables:
         # a local corpus's files, fingerprinted only where they are still those opened
         local = corpus is not None and not is_url(corpus)
         files = CorpusFiles(corpus, recipe.opened_stat) if local else None
+        fingerprint = None
         if sum(sizes.values()) < SIDE_BY_SIDE_BYTES:  # small: one after the other
             built = recipe.build()
-            if files is not None:  # taken by the cache's writer
-                self._corpus_fingerprint = files
-            else:
-                self._corpus_fingerprint = None if corpus is None else corpus_fingerprint(corpus)
         else:  # the sidecar's fingerprint of the corpus (a pass over its .idx) meanwhile
             with ThreadPoolExecutor(1, thread_name_prefix="megaindex-fingerprint") as pool:
-                fingerprint = None
+                taken = None
                 if files is not None:
-                    fingerprint = pool.submit(files.fingerprint)
+                    taken = pool.submit(files.unchecked_fingerprint)
                 elif corpus is not None:
-                    fingerprint = pool.submit(corpus_fingerprint, corpus)
+                    taken = pool.submit(corpus_fingerprint, corpus)
                 built = recipe.build()
-                self._corpus_fingerprint = None if fingerprint is None else fingerprint.result()
+                fingerprint = None if taken is None else taken.result()
+        if files is not None:
+            built, files, rebuilt = self._cut_from_files_now(built, files)
+            if fingerprint is None:
+                fingerprint = files  # taken by the cache's writer, which checks the files again
+            elif rebuilt:  # taken beside the first cut: again, from the files cut again
+                fingerprint = files.fingerprint()
+        elif corpus is not None and fingerprint is None:
+            fingerprint = corpus_fingerprint(corpus)
+        self._corpus_fingerprint = fingerprint
         self.source.seconds.update(built.seconds)
         self._notes = built.notes
         return built.tables
+
+    def _cut_from_files_now(
+        self, built: BuiltTables, files: CorpusFiles
+    ) -> tuple[BuiltTables, CorpusFiles, bool]:
+        """``built``, checked against the corpus's files as they are now: replaced (another
+        size or inode) is a :class:`~megaindex.errors.CacheError`; an ``.idx`` written in place
+        (another modification time: rewritten, or only touched) has its tables cut again from
+        it, which must equal ``built`` (a touch passes, with the files as they are now; other
+        tables are a CacheError: the corpus changed under the build). Returns the tables, the
+        files they were cut from, and whether they were cut again."""
+        if files.opened is None:  # not known: not checked
+            return built, files, False
+        now = corpus_stat(files.prefix)
+        if not files.idx_written(now):
+            return built, files, False
+        again = replace(self.recipe).build()  # a copy: nothing of the first read kept
+        if built.tables.keys() != again.tables.keys() or not all(
+            numpy.array_equal(table, again.tables[name]) for name, table in built.tables.items()
+        ):
+            raise CacheError(
+                f"{files.idx_written_message(now)}, and the tables cut from it again differ "
+                "from those cut first (the corpus changed under the build); the tables are not "
+                "cached. Build again once the corpus is complete"
+            )
+        return again, CorpusFiles(files.prefix, now), True
 
     def _sidecar(self, tables: Mapping[str, numpy.ndarray]) -> dict[str, Any] | None:
         settings = self.recipe.settings()
