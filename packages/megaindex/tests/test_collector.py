@@ -88,3 +88,46 @@ def test_a_process_forked_during_a_build_has_the_collector_back(collector_on):
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert gc.isenabled()
+
+
+class Node:
+    """An object the collector tracks, which can hold a cycle."""
+
+    def __init__(self):
+        self.other = None
+
+
+def _in_generation(obj, generation: int) -> bool:
+    return any(tracked is obj for tracked in gc.get_objects(generation))
+
+
+def test_the_objects_a_build_made_move_to_the_oldest_generation_unwalked(collector_on):
+    import weakref
+
+    with collector_paused():
+        kept = [Node() for _ in range(5000)]  # what a build hands back: it lives on
+        cycle = Node()
+        cycle.other = Node()
+        cycle.other.other = cycle
+        gone = weakref.ref(cycle)
+        del cycle
+        young_in_build = gc.get_count()[0]
+    assert young_in_build >= 5000
+    assert gc.get_count()[0] < gc.get_threshold()[0]  # no walk of 5,000 waits for the next
+    assert _in_generation(kept[0], 2) and not _in_generation(kept[0], 0)
+    assert gone() is not None  # cyclic garbage waits for a full collection ...
+    gc.collect()
+    assert gone() is None  # ... which frees it
+
+
+def test_objects_frozen_before_a_build_stay_frozen(collector_on):
+    gc.freeze()  # a program that froze its objects before forking workers
+    frozen = gc.get_freeze_count()
+    try:
+        with collector_paused():
+            made = Node()
+        assert gc.get_freeze_count() == frozen
+        assert gc.isenabled()
+        assert _in_generation(made, 0)  # left where the collector put it
+    finally:
+        gc.unfreeze()

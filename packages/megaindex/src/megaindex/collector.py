@@ -8,6 +8,14 @@ collector is off; once the last concurrent build ends it is back as it was (refe
 frees everything that holds no cycle meanwhile; cyclic garbage waits for the end). A process
 forked during a build runs none: its collector is back as it was before the build. Whoever
 turns the collector on or off during a build is overruled when the build ends.
+
+When it is turned back on, the objects the build made are moved to the oldest generation
+(``gc.freeze`` then ``gc.unfreeze``, which walks none of them): left in the youngest, the first
+allocation after the build walked them all at once (200,000 objects, 0.07 to 0.19 s of that
+blend's 1.2 s cache hit), again to find nothing. Objects that were young when the build began
+move with them, to be looked at by the next full collection; where anything is frozen already
+(a program that froze its objects before forking workers), nothing is moved: unfreezing would
+undo that.
 """
 
 from __future__ import annotations
@@ -54,4 +62,7 @@ def collector_paused() -> Iterator[None]:
         with _lock:
             _builds -= 1
             if _builds == 0 and _was_enabled:
+                if gc.get_freeze_count() == 0:
+                    gc.freeze()  # into the permanent generation, then all to the oldest
+                    gc.unfreeze()
                 gc.enable()
