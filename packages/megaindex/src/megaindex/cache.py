@@ -577,9 +577,11 @@ def _npy_header(dtype: numpy.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 def _npy_bytes(array: numpy.ndarray) -> bytes:
-    """The bytes of ``array``'s ``.npy`` file, as ``numpy.save`` writes them."""
+    """The bytes of ``array``'s ``.npy`` file, as ``numpy.save`` writes them (the array's
+    copied once: header plus ``tobytes()`` copied it twice, a tenth of a second per 200 MB)."""
     if array.flags.c_contiguous and not array.dtype.hasobject and array.dtype.names is None:
-        return _npy_header(array.dtype, array.shape) + array.tobytes()
+        raw = array.reshape(-1).view(numpy.uint8)  # any dtype: datetimes export no buffer
+        return b"".join((_npy_header(array.dtype, array.shape), raw.data))
     buffer = io.BytesIO()
     numpy.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
