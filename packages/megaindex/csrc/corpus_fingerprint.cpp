@@ -106,8 +106,9 @@ bool read_at(int descriptor, int64_t offset, int64_t size, std::vector<unsigned 
 bool as_opened(const struct stat& status, const uint64_t* opened,
                const uint64_t* modified = nullptr) {
   if (opened == nullptr) return true;
-  const uint64_t mtime_ns = static_cast<uint64_t>(
-      static_cast<int64_t>(status.st_mtim.tv_sec) * 1000000000 + status.st_mtim.tv_nsec);
+  // Python's st_mtime_ns as an unsigned 64-bit value (wrapping, as `& UINT64` does there)
+  const uint64_t mtime_ns = static_cast<uint64_t>(status.st_mtim.tv_sec) * 1000000000u +
+                            static_cast<uint64_t>(status.st_mtim.tv_nsec);
   if (static_cast<uint64_t>(status.st_size) == opened[0] &&
       static_cast<uint64_t>(status.st_ino) == opened[1] &&
       (modified == nullptr || mtime_ns == *modified)) {
@@ -117,7 +118,9 @@ bool as_opened(const struct stat& status, const uint64_t* opened,
   return false;
 }
 
-// megafmt.fingerprint.file_checksum: every byte to the end of the file.
+// megafmt.fingerprint.file_checksum: every byte to the end of the file. With `opened`, the file
+// must be the one opened before the read and after it (a write in place meanwhile changes its
+// modification time): a checksum of bytes written under the read would describe neither.
 bool idx_checksum(const std::string& path, const uint64_t* opened, const uint64_t* modified,
                   int64_t* size, uint32_t* crc) {
   Descriptor file(path);
@@ -135,10 +138,11 @@ bool idx_checksum(const std::string& path, const uint64_t* opened, const uint64_
       if (errno == EINTR) continue;
       return false;
     }
-    if (got == 0) return true;
+    if (got == 0) break;
     *crc = crc32(*crc, buffer.data(), static_cast<size_t>(got));
     *size += got;
   }
+  return ::fstat(file.value, &status) == 0 && as_opened(status, opened, modified);
 }
 
 // megafmt.fingerprint._sampled_hash.

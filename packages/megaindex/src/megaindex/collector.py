@@ -15,7 +15,8 @@ allocation after the build walked them all at once (200,000 objects, 0.07 to 0.1
 blend's 1.2 s cache hit), again to find nothing. Objects that were young when the build began
 move with them, to be looked at by the next full collection; where anything is frozen already
 (a program that froze its objects before forking workers), nothing is moved: unfreezing would
-undo that.
+undo that. Nor after a build that failed: what it made is garbage, its traceback's frames in
+cycles with the tables they hold, for the young collection to free.
 """
 
 from __future__ import annotations
@@ -31,9 +32,20 @@ _builds = 0  # builds running now, on any thread
 _was_enabled = False  # whether the collector ran before the first of them
 
 
+def _before_fork() -> None:
+    """A fork waits for a build's start or end under way on another thread: a child forked
+    between the count and the collector's switch, or between freezing and unfreezing, would keep
+    the collector off, or everything frozen, for good."""
+    _lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
 def _after_fork_in_child() -> None:
-    """The child of a fork during a build: no build runs there (and the lock is a new one,
-    never held by a thread the fork did not copy)."""
+    """The child of a fork during a build: no build runs there (and the lock is a new one: the
+    copy was held by the fork)."""
     global _builds, _lock
     _lock = threading.Lock()
     if _builds:
@@ -43,7 +55,11 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 @contextlib.contextmanager
@@ -56,13 +72,15 @@ def collector_paused() -> Iterator[None]:
             _was_enabled = gc.isenabled()
             gc.disable()
         _builds += 1
+    built = False
     try:
         yield
+        built = True
     finally:
         with _lock:
             _builds -= 1
             if _builds == 0 and _was_enabled:
-                if gc.get_freeze_count() == 0:
+                if built and gc.get_freeze_count() == 0:
                     gc.freeze()  # into the permanent generation, then all to the oldest
                     gc.unfreeze()
                 gc.enable()

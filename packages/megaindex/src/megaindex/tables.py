@@ -51,7 +51,13 @@ from megaindex.cache import (
     table_checksums,
     table_specs,
 )
-from megaindex.errors import CacheError, ConfigError, MissingCacheError, StaleCacheError
+from megaindex.errors import (
+    CacheError,
+    ConfigError,
+    IndexBuildError,
+    MissingCacheError,
+    StaleCacheError,
+)
 from megaindex.file_writes import CorpusFiles
 from megaindex.memory import reserving, table_bytes
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
@@ -145,6 +151,9 @@ class CachedTables:
         self._notes: dict[str, Any] = {}
         # taken while the tables build, or by the writer of the cache's files (CorpusFiles)
         self._corpus_fingerprint: dict[str, Any] | CorpusFiles | None = None
+        # the corpus's files as its tables were cut again from them (an .idx touched while they
+        # built), recorded in the sidecar; None: as the corpus was opened
+        self._cut_again_from: dict[str, list[int]] | None = None
         self._cache = None if entry is None else IndexCache(entry, description)
         if defer:
             if entry is None:
@@ -280,25 +289,40 @@ class CachedTables:
         self, built: BuiltTables, files: CorpusFiles
     ) -> tuple[BuiltTables, CorpusFiles, bool]:
         """``built``, checked against the corpus's files as they are now: replaced (another
-        size or inode) is a :class:`~megaindex.errors.CacheError`; an ``.idx`` written in place
-        (another modification time: rewritten, or only touched) has its tables cut again from
-        it, which must equal ``built`` (a touch passes, with the files as they are now; other
-        tables are a CacheError: the corpus changed under the build). Returns the tables, the
-        files they were cut from, and whether they were cut again."""
+        size or inode) or gone is a :class:`~megaindex.errors.CacheError`; an ``.idx`` written
+        in place (another modification time: rewritten, or only touched) has its tables cut
+        again from it, which must equal ``built`` (a touch passes, with the files as they are
+        now; other tables are a CacheError: the corpus changed under the build). Returns the
+        tables, the files they were cut from, and whether they were cut again."""
         if files.opened is None:  # not known: not checked
             return built, files, False
-        now = corpus_stat(files.prefix)
+        try:
+            now = corpus_stat(files.prefix)
+        except OSError as error:
+            raise CacheError(
+                f"{files.prefix}: the corpus's files went away while its index tables were "
+                f"built ({error}); the tables are not cached"
+            ) from None
         if not files.idx_written(now):
             return built, files, False
-        again = replace(self.recipe).build()  # a copy: nothing of the first read kept
-        if built.tables.keys() != again.tables.keys() or not all(
-            numpy.array_equal(table, again.tables[name]) for name, table in built.tables.items()
-        ):
+        # the first tables by their dtypes, shapes and checksums, let go of before the second
+        # cut: held both, a large corpus's tables would take twice the memory reserved
+        first = (table_specs(built.tables), table_checksums(built.tables))
+        built.tables.clear()
+        try:
+            again = replace(self.recipe).build()  # a copy: nothing of the first read kept
+        except (IndexBuildError, OSError) as error:
+            raise CacheError(
+                f"{files.idx_written_message(now)}, and cutting its tables again failed "
+                f"({error}); the tables are not cached. Build again once the corpus is complete"
+            ) from error
+        if (table_specs(again.tables), table_checksums(again.tables)) != first:
             raise CacheError(
                 f"{files.idx_written_message(now)}, and the tables cut from it again differ "
                 "from those cut first (the corpus changed under the build); the tables are not "
                 "cached. Build again once the corpus is complete"
             )
+        self._cut_again_from = now
         return again, CorpusFiles(files.prefix, now), True
 
     def _sidecar(self, tables: Mapping[str, numpy.ndarray]) -> dict[str, Any] | None:
@@ -308,7 +332,7 @@ class CachedTables:
         corpus = self.recipe.corpus
         return {
             "corpus": None if corpus is None else self._corpus_fingerprint,
-            "corpus_stat": self._corpus_stat(),
+            "corpus_stat": self._cut_again_from or self._corpus_stat(),
             "config": settings,
             **self._notes,
             "tables": table_specs(tables),
