@@ -511,8 +511,36 @@ class BlendGatherer {
 // identities_of, tail)
 using CorpusTuple =
     std::tuple<nb::bytes, nb::bytes, int64_t, int64_t, int64_t, std::vector<uint64_t>>;
-using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::bytes, CorpusTuple, std::string,
+using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::object, CorpusTuple, std::string,
                              std::vector<std::pair<std::string, size_t>>, std::string>;
+
+// A file's bytes held by the extension (megaindex.file_writes.held_bytes): a table's header and
+// its array copied once into them, then handed to a write without another copy (a 2,400-corpus
+// blend of 2M samples writes 403 MB of tables; copying them again from Python bytes, under the
+// GIL, was a sixth of its cold build). A write takes them: they are empty once it is queued.
+struct FileBytes {
+  std::string data;
+};
+
+// The bytes a step's `data` names: those of a Python bytes object, copied, or a FileBytes's,
+// taken (moved out of it).
+std::string step_data(const nb::object& data, const std::string& destination) {
+  if (nb::isinstance<nb::bytes>(data)) {
+    const nb::bytes bytes = nb::borrow<nb::bytes>(data);
+    return std::string(bytes.c_str(), bytes.size());
+  }
+  if (nb::isinstance<FileBytes>(data)) return std::move(nb::cast<FileBytes&>(data).data);
+  throw nb::type_error((destination + ": a file's data is bytes or FileBytes").c_str());
+}
+
+// Where a write that was not queued (`steps`, made of `given` by file_steps) leaves its bytes:
+// each FileBytes gets its own back, for the next try.
+void give_back(const std::vector<StepTuple>& given, std::vector<FileStep>& steps) {
+  for (size_t n = 0; n < given.size(); ++n) {
+    const nb::object& data = std::get<2>(given[n]);
+    if (nb::isinstance<FileBytes>(data)) nb::cast<FileBytes&>(data).data = std::move(steps[n].data);
+  }
+}
 
 std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
   std::vector<FileStep> steps;
@@ -537,7 +565,7 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
                                   std::to_string(opened.size()));
     }
     steps.push_back({destination, std::string(partial.c_str(), partial.size()),
-                     std::string(data.c_str(), data.size()), std::string(idx.c_str(), idx.size()),
+                     step_data(data, destination), std::string(idx.c_str(), idx.size()),
                      std::string(bin.c_str(), bin.size()),
                      megaindex::SampledBlocks{header_bytes, blocks, block_bytes}, opened, between,
                      identities_of, tail});
@@ -637,6 +665,26 @@ NB_MODULE(_ext, m) {
           "seconds"_a,
           "The outcome once written, waiting at most seconds: (identities, errno, failed "
           "path), or None while unfinished.");
+  nb::class_<FileBytes>(m, "FileBytes",
+                        "A file's bytes held by the extension; see "
+                        "megaindex.file_writes.held_bytes.")
+      .def_static(
+          "join",
+          [](nb::bytes head, nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig,
+                                         nb::device::cpu> body) {
+            FileBytes joined;
+            joined.data.reserve(head.size() + body.size());
+            joined.data.append(head.c_str(), head.size());
+            const char* start = reinterpret_cast<const char*>(body.data());
+            if (body.size()) {
+              nb::gil_scoped_release released;  // the caller holds the array meanwhile
+              joined.data.append(start, body.size());
+            }
+            return joined;
+          },
+          "head"_a, "body"_a.noconvert(), "head's bytes, then body's (a 1-D uint8 array).")
+      .def("__bytes__",
+           [](const FileBytes& bytes) { return nb::bytes(bytes.data.data(), bytes.data.size()); });
   nb::class_<FileWriterPool>(m, "FileWriterPool",
                              "Threads writing files atomically; see megaindex.file_writes.")
       .def(nb::init<size_t, size_t>(), "threads"_a, "max_queued_bytes"_a)
@@ -650,7 +698,10 @@ NB_MODULE(_ext, m) {
               nb::gil_scoped_release released;  // waits while the queue is full
               pending = pool.submit(steps, seconds);
             }
-            if (!pending) return std::nullopt;
+            if (!pending) {  // not queued: the steps are as they were made
+              give_back(given, steps);
+              return std::nullopt;
+            }
             return pending;
           },
           "steps"_a, "seconds"_a,

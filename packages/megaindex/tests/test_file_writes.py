@@ -11,7 +11,13 @@ import pytest
 
 from megafmt.fingerprint import corpus_fingerprint, file_identity
 from megaindex import _ext, file_writes
-from megaindex.file_writes import CorpusFiles, FileWrite, background_writes, write_files
+from megaindex.file_writes import (
+    CorpusFiles,
+    FileWrite,
+    background_writes,
+    held_bytes,
+    write_files,
+)
 
 
 class Failed(Exception):
@@ -320,3 +326,54 @@ def test_a_wait_for_the_writer_says_what_it_waits_for(tmp_path, monkeypatch, cap
                 written.identities()
         assert f"the write of the files ending with {tmp_path / 'sidecar.json'}" in caplog.text
         assert "the file system is slow or does not answer" in caplog.text
+
+
+def test_held_bytes_are_taken_by_the_write_and_kept_by_a_try_that_found_no_room(
+    tmp_path, monkeypatch
+):
+    """A table's bytes the extension holds go to the writer without a copy: the write that
+    queues them takes them; a try that found the queue full leaves them whole for the next."""
+    monkeypatch.setattr(file_writes, "MAX_QUEUED_BYTES", 1)
+    monkeypatch.setattr(file_writes, "WAIT_SLICE_SECONDS", 0.05)
+    corpora = [str(tmp_path / f"corpus{n}") for n in range(file_writes.WRITER_THREADS)]
+    for prefix in corpora:  # the writer's fingerprint of each waits for a writer of its fifo
+        os.mkfifo(prefix + ".idx")
+        with open(prefix + ".bin", "wb"):
+            pass
+    table = numpy.arange(100_000, dtype=numpy.int32)
+    held = held_bytes(b"HEAD", table)
+    tries = []
+    submit = _ext.FileWriterPool.submit
+
+    def counted(pool, steps, seconds):
+        if any(step[2] is held for step in steps):
+            tries.append(seconds)
+        return submit(pool, steps, seconds)
+
+    monkeypatch.setattr(_ext.FileWriterPool, "submit", counted)
+
+    def feed() -> None:
+        for prefix in corpora:
+            with open(prefix + ".idx", "wb") as stream:
+                stream.write(b"not an index")
+
+    feeder = threading.Timer(0.5, feed)
+    with contextlib.suppress(Failed), background_writes():  # the fingerprints may fail
+        for n, prefix in enumerate(corpora):  # each writer thread waits on a fifo
+            corpus = CorpusFiles(prefix)
+            sidecar = FileWrite(str(tmp_path / f"{n}.json"), b"{", corpus=corpus, tail="}")
+            write_files([sidecar], lambda: None, Failed)
+        write_files([FileWrite(str(tmp_path / "queued"), b"x")], lambda: None, Failed)
+        feeder.start()
+        write_files([FileWrite(str(tmp_path / "t.npy"), held)], lambda: None, Failed)
+    feeder.join(30)
+    assert len(tries) >= 2  # the table's write found no room, then room
+    assert (tmp_path / "t.npy").read_bytes() == b"HEAD" + table.tobytes()
+    assert bytes(held) == b""  # taken, not copied
+
+
+@pytest.mark.parametrize("dtype", ["<i4", ">i8", "<M8[s]", "S3", "|u1"])
+@pytest.mark.parametrize("shape", [(0,), (7,), (3, 2), ()])
+def test_held_bytes_are_the_head_then_the_array_in_its_order(dtype, shape):
+    array = numpy.arange(int(numpy.prod(shape))).astype(dtype).reshape(shape)
+    assert bytes(held_bytes(b"head", array)) == b"head" + array.tobytes()

@@ -19,7 +19,7 @@ import pytest
 from megafmt.atomic import remove_stale_partials_in
 from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, StaleCacheError
 from megaindex import cache as cache_module
-from megaindex.cache import IndexCache, _npy_bytes, read_npy_header
+from megaindex.cache import IndexCache, _npy_file, read_npy_header
 
 SIZES = [1000, 50, 10]
 
@@ -621,12 +621,12 @@ def test_tables_are_saved_with_the_bytes_numpy_save_writes(dtype, shape):
     array = numpy.arange(math.prod(shape)).astype(dtype).reshape(shape)
     stream = io.BytesIO()
     numpy.save(stream, array, allow_pickle=False)
-    assert _npy_bytes(array) == stream.getvalue()
+    assert bytes(_npy_file(array)) == stream.getvalue()
     strided = array[::2] if array.ndim else array
     for other in (array.T, numpy.asfortranarray(array), strided):  # not C-ordered
         stream = io.BytesIO()
         numpy.save(stream, other, allow_pickle=False)
-        assert _npy_bytes(other) == stream.getvalue()
+        assert bytes(_npy_file(other)) == stream.getvalue()
 
 
 @pytest.mark.parametrize("in_a_build", [False, True])

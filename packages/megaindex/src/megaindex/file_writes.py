@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy
+
 from megafmt import get_bin_path, get_idx_path
 from megafmt.atomic import partial_path
 from megafmt.fingerprint import (
@@ -166,6 +168,18 @@ UINT64 = (1 << 64) - 1
 _NO_CORPUS = (b"", b"", 0, 1, 1, [])
 
 
+#: a file's bytes the extension holds (:func:`held_bytes`)
+FileBytes = _ext.FileBytes
+
+
+def held_bytes(head: bytes, array: numpy.ndarray) -> FileBytes:
+    """``head``'s bytes, then ``array``'s (C-ordered, any dtype), copied once into memory the
+    extension holds: a write takes them without another copy (a table copied again into the
+    writer's memory, under the GIL, was a sixth of a large blend's cold build). A write empties
+    them: each is written once."""
+    return FileBytes.join(head, array.reshape(-1).view(numpy.uint8))
+
+
 @dataclass(frozen=True)
 class FileWrite:
     """One file: ``data`` at ``path``; with ``corpus``, followed by the JSON object of that
@@ -174,7 +188,8 @@ class FileWrite:
     files' identities; then ``tail``."""
 
     path: str
-    data: bytes
+    data: bytes | FileBytes
+    """The bytes, or bytes the extension holds (:func:`held_bytes`), taken by the write."""
     identities_of: tuple[tuple[str, int], ...] = ()
     tail: str = ""
     corpus: CorpusFiles | None = None
