@@ -675,10 +675,10 @@ NB_MODULE(_ext, m) {
             FileBytes joined;
             joined.data.reserve(head.size() + body.size());
             joined.data.append(head.c_str(), head.size());
-            const char* start = reinterpret_cast<const char*>(body.data());
+            // with the GIL held: a blend's tables are mostly a few KB, and a thread that takes
+            // the GIL meanwhile (a sampler, a logger) holds the build up for longer than the copy
             if (body.size()) {
-              nb::gil_scoped_release released;  // the caller holds the array meanwhile
-              joined.data.append(start, body.size());
+              joined.data.append(reinterpret_cast<const char*>(body.data()), body.size());
             }
             return joined;
           },
