@@ -6,7 +6,9 @@ hundreds on a busy file system, about a third of the build when Python makes the
 the other. Inside :func:`background_writes` (the builder's scope over a blend's corpora) each
 entry's files are handed to threads of the extension that never take the GIL, and the build
 goes on; the scope ends only once every file is in place, before the builder's barrier lets
-other ranks read them. Outside it (a dataset built on its own, a cache shared through object
+other ranks read them. A table's bytes are made once, in memory the extension holds
+(:func:`held_bytes`), and the writer takes that memory as it is: no second copy on the
+builder's thread. Outside it (a dataset built on its own, a cache shared through object
 storage, whose files are uploaded right after) the same write runs at once.
 
 Each file is written as :func:`megafmt.atomic.write_atomically` writes it: created exclusively
