@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
+from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, MockGPTDataset
 
 GPT = "megatron.core.datasets.gpt_dataset"
 BLENDED = "megatron.core.datasets.blended_dataset"
@@ -44,3 +44,23 @@ def test_only_global_rank_zero_logs(caplog, make_config, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(megatron_log, "builds_shared_files", lambda: False)
     assert records(caplog, make_config, [50, None, None], split="100,0,0") == []
+
+
+def test_with_info_off_only_the_warning_of_tables_kept_in_memory_is_logged(caplog, make_config):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="megatron.core.datasets"):
+        cached = make_config(split="100,0,0")
+        BlendedMegatronDatasetBuilder(GPTDataset, [50, None, None], lambda: True, cached).build()
+        in_memory = make_config(blend=None, split="100,0,0", path_to_cache=None)
+        BlendedMegatronDatasetBuilder(
+            MockGPTDataset, [50, None, None], lambda: True, in_memory
+        ).build()
+    logged = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.name == GPT]
+    assert logged  # one per split of the mock data, and nothing of the corpus's
+    assert set(logged) == {
+        (
+            GPT,
+            logging.WARNING,
+            "Unable to save MockGPTDataset indexes because path_to_cache is None",
+        )
+    }

@@ -33,6 +33,8 @@ def log_gpt_tables(
     """What megatron-core's GPTDataset logs once its three tables are built or loaded."""
     if source.kind == "deferred":  # megatron-core maps the files later, silently
         return
+    if source.kind != "memory" and not GPT_LOGGER.isEnabledFor(logging.INFO):
+        return  # nothing would be written: no message made (five per corpus of a blend)
     say = partial(log_on_first_rank, GPT_LOGGER, logging.INFO)
     if source.kind == "cache":
         say(f"Load the {class_name} {split} indices")
