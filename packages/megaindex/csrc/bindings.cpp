@@ -520,6 +520,7 @@ using StepTuple = std::tuple<nb::bytes, nb::bytes, nb::object, CorpusTuple, std:
 // GIL, was a sixth of its cold build). A write takes them: they are empty once it is queued.
 struct FileBytes {
   std::string data;
+  bool taken = false;  // by a write: written a second time, they would make an empty file
 };
 
 // The bytes a step's `data` names: those of a Python bytes object, copied, or a FileBytes's,
@@ -529,7 +530,15 @@ std::string step_data(const nb::object& data, const std::string& destination) {
     const nb::bytes bytes = nb::borrow<nb::bytes>(data);
     return std::string(bytes.c_str(), bytes.size());
   }
-  if (nb::isinstance<FileBytes>(data)) return std::move(nb::cast<FileBytes&>(data).data);
+  if (nb::isinstance<FileBytes>(data)) {
+    FileBytes& held = nb::cast<FileBytes&>(data);
+    if (held.taken) {
+      throw nb::value_error((destination + ": these FileBytes were taken by an earlier write "
+                                           "(each is written once)").c_str());
+    }
+    held.taken = true;
+    return std::move(held.data);
+  }
   throw nb::type_error((destination + ": a file's data is bytes or FileBytes").c_str());
 }
 
@@ -538,7 +547,11 @@ std::string step_data(const nb::object& data, const std::string& destination) {
 void give_back(const std::vector<StepTuple>& given, std::vector<FileStep>& steps) {
   for (size_t n = 0; n < given.size(); ++n) {
     const nb::object& data = std::get<2>(given[n]);
-    if (nb::isinstance<FileBytes>(data)) nb::cast<FileBytes&>(data).data = std::move(steps[n].data);
+    if (nb::isinstance<FileBytes>(data)) {
+      FileBytes& held = nb::cast<FileBytes&>(data);
+      held.data = std::move(steps[n].data);
+      held.taken = false;
+    }
   }
 }
 

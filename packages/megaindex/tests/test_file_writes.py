@@ -372,6 +372,16 @@ def test_held_bytes_are_taken_by_the_write_and_kept_by_a_try_that_found_no_room(
     assert bytes(held) == b""  # taken, not copied
 
 
+def test_held_bytes_written_twice_are_refused_not_written_empty(tmp_path):
+    held = held_bytes(b"HEAD", numpy.arange(10, dtype=numpy.int32))
+    write_files([FileWrite(str(tmp_path / "a.npy"), held)], lambda: None, Failed)
+    again = str(tmp_path / "b.npy")
+    with pytest.raises(ValueError, match="b.npy: these FileBytes were taken by an earlier write"):
+        write_files([FileWrite(again, held)], lambda: None, Failed)
+    assert not os.path.exists(again)
+    assert (tmp_path / "a.npy").read_bytes() == b"HEAD" + numpy.arange(10, dtype="<i4").tobytes()
+
+
 @pytest.mark.parametrize("dtype", ["<i4", ">i8", "<M8[s]", "S3", "|u1"])
 @pytest.mark.parametrize("shape", [(0,), (7,), (3, 2), ()])
 def test_held_bytes_are_the_head_then_the_array_in_its_order(dtype, shape):
