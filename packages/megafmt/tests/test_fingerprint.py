@@ -53,6 +53,26 @@ def test_corpus_stat_changes_when_a_file_is_rewritten(make_corpus):
     assert after["bin"][0] == before["bin"][0] and after != before
 
 
+def test_an_idx_written_in_place_keeps_its_size_and_inode_and_changes_its_modified_time(
+    make_corpus,
+):
+    from megafmt.fingerprint import corpus_stat, idx_modified_ns, sizes_and_inodes
+
+    prefix = make_corpus([[[1, 2]]])
+    idx = get_idx_path(prefix)
+    before = corpus_stat(prefix)
+    assert idx_modified_ns(before) == os.stat(idx).st_mtime_ns
+    with open(idx, "r+b") as stream:  # the same bytes, in place
+        data = stream.read()
+        stream.seek(0)
+        stream.write(data)
+    status = os.stat(idx)
+    os.utime(idx, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))  # a coarse clock's tick
+    after = corpus_stat(prefix)
+    assert sizes_and_inodes(after) == sizes_and_inodes(before)
+    assert idx_modified_ns(after) == os.stat(idx).st_mtime_ns > idx_modified_ns(before)
+
+
 def test_two_lengths_changed_with_the_same_sizes_are_noticed(make_corpus):
     """Sampled blocks miss a change between them; the whole index is checksummed."""
     prefix = make_corpus([[[i % 7] * (1 + i % 3)] for i in range(200_000)])

@@ -177,6 +177,12 @@ def sizes_and_inodes(stat: dict[str, list[int]]) -> list[int]:
     return [stat["idx"][0], stat["idx"][2], stat["bin"][0], stat["bin"][2]]
 
 
+def idx_modified_ns(stat: dict[str, list[int]]) -> int:
+    """The ``.idx``'s modification time (ns) in a local :func:`corpus_stat`: what tells an
+    ``.idx`` written in place (the same size and inode) from the one opened."""
+    return stat["idx"][1]
+
+
 def described_files(stat: dict[str, list[int]]) -> str:
     """A local :func:`corpus_stat` as its sizes and inodes, for messages."""
     idx_size, idx_inode, bin_size, bin_inode = sizes_and_inodes(stat)

@@ -44,6 +44,7 @@ from megafmt.fingerprint import (
     corpus_fingerprint,
     corpus_stat,
     described_files,
+    idx_modified_ns,
     sizes_and_inodes,
 )
 from megaindex import _ext
@@ -95,7 +96,7 @@ class CorpusFiles:
         idx, bin_path = self.paths()
         opened = []
         if self.opened is not None:
-            opened = [*sizes_and_inodes(self.opened), _idx_mtime(self.opened)]
+            opened = [*sizes_and_inodes(self.opened), idx_modified_ns(self.opened)]
         return (
             os.fsencode(idx),
             os.fsencode(bin_path),
@@ -121,12 +122,9 @@ class CorpusFiles:
     def check_as_opened(self) -> None:
         """Raise :class:`~megaindex.errors.CacheError` where the path's files now are not those
         opened (another size or inode, or an ``.idx`` written since), naming both."""
-        if self.opened is not None:
-            self.check_against(corpus_stat(self.prefix))
-
-    def check_against(self, now: dict[str, list[int]]) -> None:
-        """:meth:`check_as_opened` with the files as they are ``now`` (their
-        :func:`~megafmt.fingerprint.corpus_stat`)."""
+        if self.opened is None:
+            return
+        now = corpus_stat(self.prefix)
         if self.idx_written(now):
             raise CacheError(
                 f"{self.idx_written_message(now)}; the tables are not cached. Build again once "
@@ -147,21 +145,17 @@ class CorpusFiles:
                 "(replaced, or cut or grown); the tables are not cached. Build again once the "
                 "corpus is complete"
             )
-        return _idx_mtime(now) != _idx_mtime(self.opened)
+        return idx_modified_ns(now) != idx_modified_ns(self.opened)
 
     def idx_written_message(self, now: dict[str, list[int]]) -> str:
         """That the ``.idx`` was written in place since it was opened (the same size and inode,
         another modification time ``now``), for errors."""
+        size, inode = sizes_and_inodes(now)[:2]
         return (
             f"{self.paths()[0]}: the corpus's .idx was written in place while its index tables "
-            f"were built: the same size ({now['idx'][0]} bytes) and inode ({now['idx'][2]}), "
-            f"but modified at {_idx_mtime(now)} ns, not {_idx_mtime(self.opened)} ns as opened"
+            f"were built: the same size ({size} bytes) and inode ({inode}), but modified at "
+            f"{idx_modified_ns(now)} ns, not {idx_modified_ns(self.opened)} ns as opened"
         )
-
-
-def _idx_mtime(stat: dict[str, list[int]]) -> int:
-    """The ``.idx``'s modification time (ns) in a local :func:`megafmt.fingerprint.corpus_stat`."""
-    return stat["idx"][1]
 
 
 #: unsigned 64-bit values of the stats the extension compares
