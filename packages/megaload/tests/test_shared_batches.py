@@ -2,6 +2,8 @@
 nothing left in /dev/shm, and torch's way for what does not fit."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -146,3 +148,38 @@ def test_a_pass_started_while_another_is_under_way_leaves_it_working():
     assert [batch["first"] for batch in loader] == list(range(0, 400, 4))
     heads.append(next(first)["first"])
     assert heads == [0, 4, 8, 12]
+
+
+EXITS_WITH_A_BATCH_UNREAD = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from test_shared_batches import Batches
+from megaload import DataLoaderConfig, build_pretraining_data_loader
+from megaload.shared_batches import SHM_DIR, slot_file_prefix
+
+config = DataLoaderConfig(micro_batch_size=4, num_workers=2, persistent_workers={persistent})
+batches = iter(build_pretraining_data_loader(Batches(), 0, config))
+next(batches)  # worker 0's; worker 1 makes its first batch into a file never mapped
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    mine = [name for name in os.listdir(SHM_DIR) if name.startswith(slot_file_prefix(os.getpid()))]
+    if mine:
+        break
+    time.sleep(0.05)
+print(len(mine))
+"""  # and it ends with its loader's workers running: multiprocessing terminates them
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_slot_files_of_batches_never_read_are_removed_when_the_trainer_exits(persistent):
+    script = EXITS_WITH_A_BATCH_UNREAD.format(
+        tests=os.path.dirname(__file__), persistent=persistent
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = trainer.communicate(timeout=300)
+    assert trainer.returncode == 0, err
+    assert out.split() == ["1"]  # a worker's file was left unmapped while it ran
+    # the trainer's pid: the files it was to read are named for it
+    assert [name for name in shm_files() if name.startswith(f"megaload-{trainer.pid}-")] == []

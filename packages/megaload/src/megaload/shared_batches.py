@@ -10,10 +10,17 @@ copy, a few hundred KiB for a micro-batch of 4 x 4096).
 Why a slot is never overwritten before it is copied: a worker fills its slots in turn, and the
 DataLoader hands a worker a new batch only after the trainer took an earlier one, so a worker
 never has more than ``prefetch_factor`` batches under way; the loader copies each batch out as
-it arrives, and ``prefetch_factor + 2`` slots leave a margin. Tensors that are not contiguous
-(a causal mask expanded over the batch, whose storage torch shares once and then only names)
-travel torch's way beside the slot. Batches that are not a mapping, that outgrow the slots, or
-that find no room in /dev/shm take torch's way whole.
+it arrives, and ``prefetch_factor + 2`` slots leave a margin.
+
+Tensors that are not contiguous (a causal mask expanded over the batch, whose storage torch
+shares once and then only names) travel torch's way beside the slot. Batches that are not a
+mapping, that outgrow the slots, or that find no room in /dev/shm take torch's way whole.
+
+Why nothing is left in /dev/shm: the loader removes a worker's file when it first maps it, and a
+worker that ends removes its own. A file the loader never mapped (a batch prefetched, never
+read) of a worker torch ended with SIGTERM (at the trainer's exit its daemonic workers are
+terminated, and end without their exit handlers) is removed by the trainer's process at its own
+exit: each file's name starts with the pid of the process that reads it.
 """
 
 from __future__ import annotations
@@ -85,7 +92,10 @@ class SlotWriter:
         self.map = None
         if slot_bytes > self.max_slot_bytes:
             return
-        path = os.path.join(SHM_DIR, f"megaload-{self.pid}-{uuid.uuid4().hex}")
+        # named for the reader (this worker's parent), which removes what is left at its exit
+        path = os.path.join(
+            SHM_DIR, f"{slot_file_prefix(os.getppid())}{self.pid}-{uuid.uuid4().hex}"
+        )
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
@@ -130,6 +140,37 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def slot_file_prefix(reader_pid: int) -> str:
+    """How the names of the slot files read by the process ``reader_pid`` start."""
+    return f"megaload-{reader_pid}-"
+
+
+def _remove_left_for(reader_pid: int) -> None:
+    """Remove the slot files left for this process (``reader_pid``) to read: run at its exit,
+    after its workers ended; nothing in a forked child, which inherits the handler."""
+    if os.getpid() != reader_pid:
+        return
+    prefix = slot_file_prefix(reader_pid)
+    with contextlib.suppress(OSError):
+        for name in os.listdir(SHM_DIR):
+            if name.startswith(prefix):
+                _remove(os.path.join(SHM_DIR, name))
+
+
+#: the pids whose exit handler removing their slot files is registered
+_sweeps_registered: set[int] = set()
+
+
+def _remove_left_at_exit() -> None:
+    """Register, once per process, the removal of its slot files at its exit. A negative
+    priority runs it after multiprocessing ended the daemonic workers (``util._exit_function``
+    runs priorities >= 0, terminates and joins those children, then runs the rest)."""
+    pid = os.getpid()
+    if pid not in _sweeps_registered:
+        _sweeps_registered.add(pid)
+        util.Finalize(None, _remove_left_for, args=(pid,), exitpriority=-10)
+
+
 class SlotReader:
     """The loader's side: maps each worker's file once and copies each batch out."""
 
@@ -138,6 +179,7 @@ class SlotReader:
         #: DataLoader)
         self.pin_memory = pin_memory
         self.maps: dict[str, mmap.mmap] = {}
+        _remove_left_at_exit()
 
     def read(self, item: Any) -> Any:
         """The batch ``item`` stands for (``item`` itself unless it is a :class:`SlotBatch`)."""
