@@ -194,12 +194,16 @@ def build_with(
 def _one_process_group() -> None:
     """A one-process gloo group, as the test process holds: the builders read
     ``is_built_on_rank()`` only in a process group (alone, a process builds everything)."""
+    import atexit
+    import shutil
     import tempfile
 
     import torch.distributed
 
     if not torch.distributed.is_initialized():
-        store = os.path.join(tempfile.mkdtemp(prefix="fuzz-pg-"), "store")
+        folder = tempfile.mkdtemp(prefix="fuzz-pg-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # not left in /tmp
+        store = os.path.join(folder, "store")
         torch.distributed.init_process_group(
             "gloo", init_method=f"file://{store}", rank=0, world_size=1
         )
