@@ -84,6 +84,9 @@ class SlotWriter:
     def __init__(self, slots: int, max_slot_bytes: int = MAX_SLOT_BYTES) -> None:
         self.slots = slots
         self.max_slot_bytes = max_slot_bytes
+        #: the process that reads the slots: the one making the writer (the loader's), which
+        #: the workers' copies keep (a worker's parent is a fork server under forkserver)
+        self.reader_pid = os.getpid()
         self.pid = -1
         self.map: mmap.mmap | None = None
 
@@ -92,9 +95,9 @@ class SlotWriter:
         self.map = None
         if slot_bytes > self.max_slot_bytes:
             return
-        # named for the reader (this worker's parent), which removes what is left at its exit
+        # named for the reader, which removes at its exit what is left
         path = os.path.join(
-            SHM_DIR, f"{slot_file_prefix(os.getppid())}{self.pid}-{uuid.uuid4().hex}"
+            SHM_DIR, f"{slot_file_prefix(self.reader_pid)}{self.pid}-{uuid.uuid4().hex}"
         )
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
