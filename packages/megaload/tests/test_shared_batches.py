@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from megaload import DataLoaderConfig, build_pretraining_data_loader
-from megaload.shared_batches import SHM_DIR, Collate, SlotBatch, SlotReader, SlotWriter
+from megaload.shared_batches import (
+    SHM_DIR,
+    Collate,
+    SlotBatch,
+    SlotReader,
+    SlotWriter,
+    reader_name,
+    slot_file_prefix,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm")
 
@@ -155,14 +163,15 @@ import os, sys, time
 sys.path.insert(0, {tests!r})
 from test_shared_batches import Batches
 from megaload import DataLoaderConfig, build_pretraining_data_loader
-from megaload.shared_batches import SHM_DIR, slot_file_prefix
+from megaload.shared_batches import SHM_DIR, reader_name, slot_file_prefix
 
 config = DataLoaderConfig(micro_batch_size=4, num_workers=2, persistent_workers={persistent})
 batches = iter(build_pretraining_data_loader(Batches(), 0, config))
 next(batches)  # worker 0's; worker 1 makes its first batch into a file never mapped
 deadline = time.monotonic() + 60
+prefix = slot_file_prefix(reader_name())
 while time.monotonic() < deadline:
-    mine = [name for name in os.listdir(SHM_DIR) if name.startswith(slot_file_prefix(os.getpid()))]
+    mine = [name for name in os.listdir(SHM_DIR) if name.startswith(prefix)]
     if mine:
         break
     time.sleep(0.05)
@@ -183,3 +192,20 @@ def test_slot_files_of_batches_never_read_are_removed_when_the_trainer_exits(per
     assert out.split() == ["1"]  # a worker's file was left unmapped while it ran
     # the trainer's pid: the files it was to read are named for it
     assert [name for name in shm_files() if name.startswith(f"megaload-{trainer.pid}-")] == []
+
+
+def test_the_exit_removes_only_this_process_s_files_not_those_of_its_pid_elsewhere():
+    from megaload.shared_batches import _remove_left_for
+
+    mine = os.path.join(SHM_DIR, f"{slot_file_prefix(reader_name())}1-left")
+    # the same pid in another pid namespace sharing /dev/shm (a container given the host's IPC)
+    namesake = os.path.join(SHM_DIR, f"megaload-{os.getpid()}-{'0' * 16}-1-in-use")
+    for path in (mine, namesake):
+        open(path, "wb").close()
+    try:
+        _remove_left_for(os.getpid(), reader_name())
+        assert not os.path.exists(mine) and os.path.exists(namesake)
+    finally:
+        for path in (mine, namesake):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -20,7 +20,7 @@ Why nothing is left in /dev/shm: the loader removes a worker's file when it firs
 worker that ends removes its own. A file the loader never mapped (a batch prefetched, never
 read) of a worker torch ended with SIGTERM (at the trainer's exit its daemonic workers are
 terminated, and end without their exit handlers) is removed by the trainer's process at its own
-exit: each file's name starts with the pid of the process that reads it.
+exit: each file is named for the process that reads it (:func:`reader_name`).
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ class SlotWriter:
     def __init__(self, slots: int, max_slot_bytes: int = MAX_SLOT_BYTES) -> None:
         self.slots = slots
         self.max_slot_bytes = max_slot_bytes
-        #: the process that reads the slots: the one making the writer (the loader's), which
-        #: the workers' copies keep (a worker's parent is a fork server under forkserver)
-        self.reader_pid = os.getpid()
+        #: who reads the slots: the process making the writer (the loader's), which the
+        #: workers' copies keep (a worker's parent is a fork server under forkserver)
+        self.reader = reader_name()
         self.pid = -1
         self.map: mmap.mmap | None = None
 
@@ -97,7 +97,7 @@ class SlotWriter:
             return
         # named for the reader, which removes at its exit what is left
         path = os.path.join(
-            SHM_DIR, f"{slot_file_prefix(self.reader_pid)}{self.pid}-{uuid.uuid4().hex}"
+            SHM_DIR, f"{slot_file_prefix(self.reader)}{self.pid}-{uuid.uuid4().hex}"
         )
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -143,35 +143,41 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def slot_file_prefix(reader_pid: int) -> str:
-    """How the names of the slot files read by the process ``reader_pid`` start."""
-    return f"megaload-{reader_pid}-"
+#: each process's name in the slot files it reads (:func:`reader_name`), by pid
+_reader_names: dict[int, str] = {}
 
 
-def _remove_left_for(reader_pid: int) -> None:
-    """Remove the slot files left for this process (``reader_pid``) to read: run at its exit,
-    after its workers ended; nothing in a forked child, which inherits the handler."""
-    if os.getpid() != reader_pid:
+def reader_name() -> str:
+    """This process's name in the slot files it reads: its pid and a random part, so that a
+    process of the same pid in another pid namespace sharing /dev/shm (containers given the
+    host's IPC) never takes another's files for its own. The first call in a process
+    registers the removal, at its exit, of the files left for it to read."""
+    pid = os.getpid()
+    name = _reader_names.get(pid)
+    if name is None:
+        name = _reader_names[pid] = f"{pid}-{uuid.uuid4().hex[:16]}"
+        # a negative priority runs after multiprocessing ended the daemonic workers
+        # (util._exit_function runs priorities >= 0, terminates and joins those children,
+        # then runs the rest)
+        util.Finalize(None, _remove_left_for, args=(pid, name), exitpriority=-10)
+    return name
+
+
+def slot_file_prefix(reader: str) -> str:
+    """How the names of the slot files read by ``reader`` (a :func:`reader_name`) start."""
+    return f"megaload-{reader}-"
+
+
+def _remove_left_for(pid: int, reader: str) -> None:
+    """Remove the slot files left for ``reader``, the process ``pid``, to read: run at its
+    exit, after its workers ended; nothing in a forked child, which inherits the handler."""
+    if os.getpid() != pid:
         return
-    prefix = slot_file_prefix(reader_pid)
+    prefix = slot_file_prefix(reader)
     with contextlib.suppress(OSError):
         for name in os.listdir(SHM_DIR):
             if name.startswith(prefix):
                 _remove(os.path.join(SHM_DIR, name))
-
-
-#: the pids whose exit handler removing their slot files is registered
-_sweeps_registered: set[int] = set()
-
-
-def _remove_left_at_exit() -> None:
-    """Register, once per process, the removal of its slot files at its exit. A negative
-    priority runs it after multiprocessing ended the daemonic workers (``util._exit_function``
-    runs priorities >= 0, terminates and joins those children, then runs the rest)."""
-    pid = os.getpid()
-    if pid not in _sweeps_registered:
-        _sweeps_registered.add(pid)
-        util.Finalize(None, _remove_left_for, args=(pid,), exitpriority=-10)
 
 
 class SlotReader:
@@ -182,7 +188,7 @@ class SlotReader:
         #: DataLoader)
         self.pin_memory = pin_memory
         self.maps: dict[str, mmap.mmap] = {}
-        _remove_left_at_exit()
+        reader_name()  # the files left for this process are removed at its exit
 
     def read(self, item: Any) -> Any:
         """The batch ``item`` stands for (``item`` itself unless it is a :class:`SlotBatch`)."""
