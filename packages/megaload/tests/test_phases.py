@@ -134,3 +134,35 @@ def test_a_global_batch_sampler_gives_one_batch_per_iteration_whatever_its_name(
         [1002, 1003, 1006, 1007],
     ]
     assert len(batches) == 3 + 2 + 5
+
+
+def test_a_state_its_phase_s_loader_refuses_leaves_the_phased_loader_where_it_was() -> None:
+    saver = PhasedDataLoader(phases(), 0, CONFIG)
+    iterator = iter(saver)
+    for _ in range(7):  # into phase 1
+        next(iterator)
+    state = copy.deepcopy(saver.state_dict())
+    state["loader"]["options"]["drop_last"] = not state["loader"]["options"]["drop_last"]
+    loader = PhasedDataLoader(phases(), 0, CONFIG)
+    with pytest.raises(ResumeError, match="drop_last"):
+        loader.load_state_dict(state)
+    assert (loader.phase, loader.taken_in_phase, loader.consumed_samples) == (0, 0, 0)
+    whole = [batch.tolist() for batch in PhasedDataLoader(phases(), 0, CONFIG)]
+    assert [batch.tolist() for batch in loader] == whole
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("global_batch_size", 16), ("micro_batch_size", 1), ("data_parallel_size", 4)],
+)
+def test_a_phased_state_saved_at_another_layout_is_refused_naming_the_field(field, value) -> None:
+    saver = PhasedDataLoader(phases(), 0, CONFIG)
+    iterator = iter(saver)
+    for _ in range(7):
+        next(iterator)
+    other = dataclasses.replace(CONFIG, **{field: value, "data_parallel_rank": 0})
+    loader = PhasedDataLoader(phases(), 0, other)
+    saved = getattr(CONFIG, field)
+    with pytest.raises(ResumeError, match=f"\\['{field}'\\] is {saved}, this loader's {field}"):
+        loader.load_state_dict(saver.state_dict())
+    assert (loader.phase, loader.taken_in_phase) == (0, 0)

@@ -299,3 +299,14 @@ def test_loader_states_of_another_version_or_sampler_are_refused():
     with pytest.raises(ResumeError, match="saved by the 'cyclic' sampler, this loader uses 'sin"):
         loader.load_state_dict(cyclic(8, 2, 1).state_dict())
     assert issubclass(ResumeError, SamplerError)  # callers that catch SamplerError keep working
+
+
+@pytest.mark.parametrize("consumed", [9, 10**6])
+def test_a_state_refused_for_its_count_leaves_the_loader_as_it_was(consumed):
+    loader = loader_of("single", 8, 2, 1)
+    assert take(loader, 1) == [0, 1]
+    saved = loader.state_dict()
+    with pytest.raises(SamplerError, match=f"consumed_samples {consumed} is outside"):
+        loader.load_state_dict({**saved, "consumed_samples": consumed})
+    assert loader.consumed_samples == 2 and loader.state_dict() == saved
+    assert take(loader, 3) == [2, 3, 4, 5, 6, 7]  # it goes on where it stood

@@ -260,8 +260,9 @@ class MegatronDataLoader:
             consumed = self.batch_sampler.reshard(state["sampler_state"], consumed)
         else:
             self.batch_sampler.check_resume(state["sampler_state"])
+        # built first: a count the sampler refuses leaves this loader as it was
+        self.loader = self._build(consumed)
         self.consumed_samples = consumed
-        self.loader = self._build(self.consumed_samples)
 
     def _checked(self, state: Any) -> Mapping[str, Any]:
         """``state`` as a version-4 state, after checking that it holds every key its version

@@ -177,10 +177,31 @@ class PhasedDataLoader:
                 f"phased loader state['phase'] is {state['phase']}; this loader has phases 0 to "
                 f"{len(self.starts) - 1}"
             )
-        self._check_counts(int(state["phase"]), int(state["taken_in_phase"]), state["loader"])
-        self.phase = int(state["phase"])
-        self.taken_in_phase = int(state["taken_in_phase"])
-        self.loaders[self.phase].load_state_dict(state["loader"])
+        self._check_layout(state["loader"])
+        phase, taken = int(state["phase"]), int(state["taken_in_phase"])
+        self._check_counts(phase, taken, state["loader"])
+        # the phase's loader first: a state it refuses leaves this loader where it was
+        self.loaders[phase].load_state_dict(state["loader"])
+        self.phase, self.taken_in_phase = phase, taken
+
+    def _check_layout(self, loader_state: Mapping[str, Any]) -> None:
+        """Refuse a state saved at another batch layout: its batches taken in the phase are
+        counted in that layout's batches, and its transitions fall in that layout's
+        iterations. A run at another layout restarts at an iteration, as Megatron-LM's does. (A
+        loader state of a version that records no layout is checked by the phase's loader.)"""
+        saved = loader_state.get("layout")
+        if not isinstance(saved, Mapping):
+            return
+        for field in ("global_batch_size", "micro_batch_size", "data_parallel_size"):
+            mine = getattr(self.config, field)
+            if field in saved and saved[field] != mine:
+                raise ResumeError(
+                    f"phased loader state['loader']['layout']['{field}'] is {saved[field]!r}, "
+                    f"this loader's {field} is {mine!r}: a phased state resumes at the layout "
+                    "it was saved at (its batches taken in the phase are that layout's); at "
+                    "another layout, restart the run at an iteration, with consumed_samples = "
+                    "iteration x global_batch_size"
+                )
 
     def _check_counts(self, phase: int, taken: int, loader_state: Mapping[str, Any]) -> None:
         """Refuse a state whose counts no run of these phases reaches: more batches taken than
