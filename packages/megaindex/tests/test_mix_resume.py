@@ -214,3 +214,75 @@ def test_a_state_worked_out_from_blend_arguments_is_the_one_resumed_blends_recor
         assert recorded["segment"] == state.segment
     with pytest.raises(ConfigError, match="the run consumed 10 samples, fewer than the 420"):
         state.after(corpora, [1, 1, 1], 10)
+
+
+def test_the_same_corpus_under_another_spelling_is_refused_not_started_again(corpora, build):
+    state = MixState(consumed_samples=60, **build(corpora[:2], [1, 1], 200).mix_state(60))
+    folder, name = corpora[0].rsplit("/", 1)
+    for spelling in (
+        f"{folder}/./{name}",
+        f"{folder}//{name}",
+        f"{folder}/../{folder.rsplit('/', 1)[1]}/{name}",
+    ):
+        with pytest.raises(ConfigError, match=rf"is the state's corpus {corpora[0]} under another"):
+            build([spelling, corpora[1]], [1, 1], 200, state)
+
+
+def test_a_resumed_blend_refuses_a_weight_of_zero_its_rule_would_still_draw_from(corpora, build):
+    state = MixState(consumed_samples=60, **build(corpora, [1, 1, 1], 200).mix_state(60))
+    match = rf"gives corpus {corpora[0]} the weight 0.*leave the corpus out of the blend"
+    with pytest.raises(ConfigError, match=match):
+        build(corpora, [0, 1, 1], 200, state)
+    with pytest.raises(ConfigError, match=match):  # worked out from a blend's arguments
+        state.after(corpora, [0, 1, 1], 100)
+    # left out, it is not drawn, and keeps its count for a later blend
+    resumed = build(corpora[1:], [1, 1], 200, state)
+    assert corpora[0] not in {corpus for corpus, _ in stream(resumed, 60, 200)}
+    assert counts(resumed.mix_state(200))[corpora[0]] == state.corpora[corpora[0]]["consumed"]
+
+
+@pytest.mark.parametrize(
+    ("mix", "match"),
+    [
+        ({"corpora": {"x": {"consumed": "18"}}}, r"consumed='18'; expected an integer"),
+        ({"corpora": {"x": {"consumed": 18.0}}}, r"consumed=18.0; expected an integer"),
+        ({"corpora": {"x": {"consumed": True}}}, r"consumed=True; expected an integer"),
+        ({"corpora": {"x": 7}}, r"corpus 'x' is 7; expected a mapping"),
+        ({"corpora": {"x": {"consumed": 1, "order": 3}}}, r"order=3; expected a mapping"),
+        ({"corpora": [1]}, r"corpora is a list; expected a mapping"),
+        ({"segments": {}}, r"'mix' is .*expected a mapping holding 'corpora'"),
+        ({"corpora": {}, "segment": {"start": 0}}, r"segment lacks corpora, weights, offsets"),
+        (
+            {"corpora": {}, "segment": {"start": 70, "corpora": [], "weights": [], "offsets": []}},
+            r"segment\['start'\] is 70; expected an integer from 0 to the consumed_samples 60",
+        ),
+        (
+            {
+                "corpora": {},
+                "segment": {"start": 0, "corpora": ["x"], "weights": [1.0], "offsets": []},
+            },
+            r"segment\['offsets'\] is \[\]; expected a list of one entry per corpus",
+        ),
+        (
+            {
+                "corpora": {},
+                "segment": {
+                    "start": 0,
+                    "corpora": ["x"],
+                    "weights": [float("nan")],
+                    "offsets": [0],
+                },
+            },
+            r"segment\['weights'\]\[0\] is nan; expected a finite number >= 0",
+        ),
+    ],
+)
+def test_a_damaged_mix_in_a_loader_state_is_refused_naming_the_field(mix, match):
+    with pytest.raises(ConfigError, match=match):
+        MixState.from_loader_state({"consumed_samples": 60, "mix": mix})
+
+
+@pytest.mark.parametrize("consumed", [60.9, "60", None, -1])
+def test_a_loader_state_s_count_is_taken_as_it_is_not_coerced(consumed):
+    with pytest.raises(ConfigError, match="consumed_samples is .*expected an integer >= 0"):
+        MixState.from_loader_state({"consumed_samples": consumed, "mix": {"corpora": {}}})

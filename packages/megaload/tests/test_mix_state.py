@@ -7,7 +7,7 @@ import torch
 
 from megafmt.protocols import CorpusAccounting
 from megaload import DataLoaderConfig, build_pretraining_data_loader
-from megaload.errors import ResumeError, SamplerError
+from megaload.errors import LoaderStateError, ResumeError, SamplerError
 
 
 class Alternating(torch.utils.data.Dataset):
@@ -106,3 +106,51 @@ def test_the_mode_refuses_a_valid_split_over_other_data_naming_the_split():
         match="reads the valid split, and resume_with_new_mix continues the training split only",
     ):
         build_pretraining_data_loader(other, 0, mode).load_state_dict(state)
+
+
+class Ordered(Alternating):
+    """Alternating, with each corpus's order recorded (a seed)."""
+
+    def __init__(self, size, start=0, offsets=(0, 0), seed=1):
+        super().__init__(size, start, offsets)
+        self.seed = seed
+
+    def mix_state(self, consumed_samples):
+        mix = super().mix_state(consumed_samples)
+        for record in mix["corpora"].values():
+            record["order"] = {"dataset_path": "x", "random_seed": self.seed}
+        return mix
+
+
+def test_the_mode_refuses_a_dataset_serving_a_corpus_in_another_order():
+    state = build_pretraining_data_loader(Ordered(40), 10, config()).state_dict()
+    mode = config(resume_with_new_mix=True)
+    same = build_pretraining_data_loader(Ordered(60, 10, (5, 5)), 0, mode)
+    same.load_state_dict(state)
+    other = build_pretraining_data_loader(Ordered(60, 10, (5, 5), seed=2), 0, mode)
+    with pytest.raises(ResumeError, match="corpus a: its random_seed was 1 when the state was"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("mix", "match"),
+    [
+        (
+            {"corpora": {"a": {"consumed": "5"}, "b": {"consumed": 5}}},
+            r"\['a'\]\['consumed'\] is '5'",
+        ),
+        (
+            {"corpora": {"a": {"consumed": 5.0}, "b": {"consumed": 5}}},
+            r"\['a'\]\['consumed'\] is 5.0",
+        ),
+        ({"corpora": {"a": 5, "b": {"consumed": 5}}}, r"\['corpora'\]\['a'\] is a int"),
+        ({"segment": None}, r"loader state\['mix'\] lacks corpora"),
+    ],
+)
+def test_the_mode_refuses_a_damaged_mix_naming_the_key(mix, match):
+    state = build_pretraining_data_loader(Alternating(40), 10, config()).state_dict()
+    loader = build_pretraining_data_loader(
+        Alternating(60, start=10, offsets=(5, 5)), 0, config(resume_with_new_mix=True)
+    )
+    with pytest.raises(LoaderStateError, match=match):
+        loader.load_state_dict({**state, "mix": mix})

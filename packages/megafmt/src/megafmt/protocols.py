@@ -445,6 +445,16 @@ class CorpusAccounting(Protocol):
         ...
 
 
+def changed_order_setting(saved: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """The first setting in which two ``order`` records of a corpus (a
+    :class:`CorpusAccounting` record's) differ, the saved one's first; None where they agree:
+    the corpus then serves its samples in the same order."""
+    for setting in dict.fromkeys([*saved, *now]):
+        if saved.get(setting) != now.get(setting):
+            return setting
+    return None
+
+
 @runtime_checkable
 class SampleOrigins(Protocol):
     """A dataset that says where each of its samples comes from."""
@@ -476,6 +486,7 @@ __all__ = [
     "TextTokenizer",
     "TokenSource",
     "announced",
+    "changed_order_setting",
     "protocol_members",
     "split_name",
 ]

@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +32,8 @@ from typing import Any
 import numpy
 import torch
 
-from megafmt.protocols import CollatedBatch
+from megafmt.protocols import CollatedBatch, changed_order_setting
+from megafmt.readers import is_url
 from megaindex.batch_merge import merge_rows
 from megaindex.errors import ConfigError, IndexBuildError
 from megaindex.gpt_dataset import GPTDataset
@@ -134,14 +137,28 @@ class MixState:
     exactly what an uninterrupted run would (Megatron's blend, from the first segment)."""
 
     def __post_init__(self) -> None:
-        if self.consumed_samples < 0:
-            raise ConfigError(f"consumed_samples must be >= 0, got {self.consumed_samples}")
+        if not _is_count(self.consumed_samples):
+            raise ConfigError(
+                f"the mix state's consumed_samples is {self.consumed_samples!r}; expected an "
+                "integer >= 0"
+            )
+        if not isinstance(self.corpora, Mapping):
+            raise ConfigError(
+                f"the mix state's corpora is a {type(self.corpora).__name__}; expected a "
+                "mapping of corpus prefix to its record"
+            )
         for name, record in self.corpora.items():
-            if not isinstance(record.get("consumed"), int) or record["consumed"] < 0:
+            where = f"the saved record of corpus {name!r}"
+            if not isinstance(record, Mapping):
+                raise ConfigError(f"{where} is {record!r}; expected a mapping")
+            if not _is_count(record.get("consumed")):
                 raise ConfigError(
-                    f"the saved record of corpus {name!r} holds consumed="
-                    f"{record.get('consumed')!r}; expected an integer >= 0"
+                    f"{where} holds consumed={record.get('consumed')!r}; expected an integer >= 0"
                 )
+            if "order" in record and not isinstance(record["order"], Mapping):
+                raise ConfigError(f"{where} holds order={record['order']!r}; expected a mapping")
+        if self.segment is not None:
+            _check_segment(self.segment, self.consumed_samples)
 
     @classmethod
     def from_loader_state(cls, state: Mapping[str, Any]) -> MixState:
@@ -153,8 +170,13 @@ class MixState:
                 "None): it was saved over a dataset that is not a blend of corpora, or by "
                 "megaload before state version 4"
             )
+        if not isinstance(mix, Mapping) or "corpora" not in mix:
+            raise ConfigError(
+                f"the loader state's 'mix' is {mix!r}; expected a mapping holding 'corpora' "
+                "(and 'segment'), as the loader's state_dict() records it"
+            )
         return cls(
-            consumed_samples=int(state["consumed_samples"]),
+            consumed_samples=state.get("consumed_samples"),
             corpora=mix["corpora"],
             segment=mix.get("segment"),
         )
@@ -178,6 +200,7 @@ class MixState:
         (a Megatron-LM checkpoint's saved ones), so that chains of changes compose."""
         names = [_named(prefix) for prefix in prefixes]
         _check_distinct(names, "the blend")
+        _check_positive(names, weights)
         if consumed_samples < self.consumed_samples:
             raise ConfigError(
                 f"the run consumed {consumed_samples} samples, fewer than the "
@@ -196,6 +219,51 @@ class MixState:
             corpora=corpora,
             segment=segment(names, weights, start, offsets),
         )
+
+
+def _is_count(value: Any) -> bool:
+    """An integer >= 0 (numpy's too), not a bool or a float of integral value."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
+def _check_segment(saved: Any, consumed_samples: int) -> None:
+    """Refuse, naming the field, a saved segment (:attr:`MixState.segment`) that is not one
+    :func:`segment` records: a start within the run, and one prefix, weight and offset per
+    corpus."""
+    where = "the mix state's segment"
+    if not isinstance(saved, Mapping):
+        raise ConfigError(f"{where} is {saved!r}; expected a mapping or None")
+    missing = [key for key in ("start", "corpora", "weights", "offsets") if key not in saved]
+    if missing:
+        raise ConfigError(f"{where} lacks {', '.join(missing)}")
+    if not _is_count(saved["start"]) or saved["start"] > consumed_samples:
+        raise ConfigError(
+            f"{where}['start'] is {saved['start']!r}; expected an integer from 0 to the "
+            f"consumed_samples {consumed_samples}"
+        )
+    fields = {
+        "corpora": ("a corpus prefix", lambda v: isinstance(v, str)),
+        "weights": (
+            "a finite number >= 0",
+            lambda v: (
+                isinstance(v, numbers.Real)
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and v >= 0
+            ),
+        ),
+        "offsets": ("an integer >= 0", _is_count),
+    }
+    for key, (allowed, test) in fields.items():
+        values = saved[key]
+        if not isinstance(values, (list, tuple)) or len(values) != len(saved["corpora"]):
+            raise ConfigError(
+                f"{where}[{key!r}] is {values!r}; expected a list of one entry per corpus of "
+                f"{where}['corpora'] ({len(saved['corpora'])})"
+            )
+        for number, value in enumerate(values):
+            if not test(value):
+                raise ConfigError(f"{where}[{key!r}][{number}] is {value!r}; expected {allowed}")
 
 
 def resume_point(
@@ -269,6 +337,8 @@ class MixResumedBlend(torch.utils.data.Dataset):
     ) -> None:
         names = [corpus_order(d)["dataset_path"] for d in datasets]
         _check_distinct(names, "the new blend")
+        _check_spellings(names, state.corpora)
+        _check_positive(names, weights)
         if not state.consumed_samples <= size:
             raise ConfigError(
                 f"the run consumed {state.consumed_samples} samples, the new blend holds "
@@ -399,15 +469,49 @@ def _check_order(dataset: Any, record: Mapping[str, Any] | None) -> int:
     if "order" not in record:  # not recorded (a Megatron-LM checkpoint's counts)
         return int(record["consumed"])
     mine, saved = corpus_order(dataset), record["order"]
-    for name in dict.fromkeys([*saved, *mine]):  # the corpus settings before its epochs
-        if mine.get(name) != saved.get(name):
-            raise ConfigError(
-                f"corpus {mine['dataset_path']}: its {name} was {saved.get(name)!r} when the "
-                f"state was saved and is {mine.get(name)!r} now, so its samples come in another "
-                "order; a run resumed with a new mix refuses it (no sample may repeat or be "
-                "skipped): keep the corpus's settings, or start it afresh under another path"
-            )
+    name = changed_order_setting(saved, mine)  # the corpus settings before its epochs
+    if name is not None:
+        raise ConfigError(
+            f"corpus {mine['dataset_path']}: its {name} was {saved.get(name)!r} when the "
+            f"state was saved and is {mine.get(name)!r} now, so its samples come in another "
+            "order; a run resumed with a new mix refuses it (no sample may repeat or be "
+            "skipped): keep the corpus's settings, or start it afresh under another path"
+        )
     return int(record["consumed"])
+
+
+def _check_positive(names: Sequence[str], weights: Sequence[float]) -> None:
+    """Refuse a weight that is not above 0 in a resumed blend: Megatron's rule still draws
+    from a corpus of weight 0 (on ties), where a user meant to leave it out."""
+    for name, weight in zip(names, weights, strict=True):
+        if not weight > 0:
+            raise ConfigError(
+                f"the new blend gives corpus {name} the weight {weight!r}; a resumed blend's "
+                "weights must be above 0 (Megatron's rule would still draw from a corpus of "
+                "weight 0): leave the corpus out of the blend instead, and the state keeps its "
+                "count for a later blend that names it again"
+            )
+
+
+def _check_spellings(names: Sequence[str], saved: Mapping[str, Any]) -> None:
+    """Refuse a corpus of the new blend that is new to the run only by its spelling: its
+    local path names the files of a corpus the state holds under another (``data/web`` and
+    ``./data/web``). Corpora are known by their prefix, so it would start again at its first
+    sample, serving those already trained on."""
+    known = {}
+    for name in saved:
+        if not is_url(name):
+            known.setdefault(os.path.realpath(name), name)
+    for name in names:
+        if name in saved or is_url(name):
+            continue
+        same = known.get(os.path.realpath(name))
+        if same is not None:
+            raise ConfigError(
+                f"the new blend's corpus {name} is the state's corpus {same} under another "
+                "spelling (the same files); a run resumed with a new mix knows a corpus by its "
+                f"path prefix, so it would start again at its first sample: name it {same}"
+            )
 
 
 def _check_distinct(names: Sequence[str], where: str) -> None:

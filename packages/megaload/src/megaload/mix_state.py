@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from megafmt.protocols import CorpusAccounting, split_name
+from megafmt.protocols import CorpusAccounting, changed_order_setting, split_name
+from megaload.checks import COUNT, MAPPING, check_state
 from megaload.errors import ResumeError
 
 
@@ -25,9 +26,18 @@ def mix_state(dataset: Any, consumed_samples: int) -> dict[str, Any] | None:
     return None
 
 
-def consumed_counts(mix: Mapping[str, Any]) -> dict[str, int]:
+def _records(mix: Any, where: str) -> Mapping[str, Mapping[str, Any]]:
+    """The per-corpus records of a ``mix`` (``where`` names it in errors), after checking
+    that each holds its consumed count."""
+    check_state(mix, {"corpora": MAPPING}, where)
+    for name, record in mix["corpora"].items():
+        check_state(record, {"consumed": COUNT}, f"{where}['corpora'][{name!r}]")
+    return mix["corpora"]
+
+
+def consumed_counts(mix: Mapping[str, Any], where: str = "loader state['mix']") -> dict[str, int]:
     """Per corpus prefix, the samples it gave, from a state's ``mix``."""
-    return {name: int(record["consumed"]) for name, record in mix["corpora"].items()}
+    return {name: int(record["consumed"]) for name, record in _records(mix, where).items()}
 
 
 def check_resumed_mix(dataset: Any, state: Mapping[str, Any]) -> None:
@@ -58,7 +68,8 @@ def check_resumed_mix(dataset: Any, state: Mapping[str, Any]) -> None:
         ) from error
     if mine is None:
         raise ResumeError(f"{type(dataset).__name__} keeps no per-corpus accounts")
-    before, after = consumed_counts(state["mix"]), consumed_counts(mine)
+    before = consumed_counts(state["mix"])
+    after = consumed_counts(mine, f"{type(dataset).__name__}.mix_state()")
     split = split_name(dataset)
     for name in sorted(set(before) | set(after)):
         if before.get(name, 0) == after.get(name, 0):
@@ -78,3 +89,22 @@ def check_resumed_mix(dataset: Any, state: Mapping[str, Any]) -> None:
             f"{where}: build the blend with resume_with_new_mix set to this state (megaindex's "
             "config field)"
         )
+    _check_orders(state["mix"]["corpora"], mine["corpora"])
+
+
+def _check_orders(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse, naming the corpus and the setting, a dataset that serves a corpus in another
+    order than the state recorded (another seed, sequence length, split): its counts agree
+    with the state's, but the samples it continues with are not the ones left unseen."""
+    for name in sorted(set(saved) & set(mine)):
+        before, now = saved[name].get("order"), mine[name].get("order")
+        if not isinstance(before, Mapping) or not isinstance(now, Mapping):
+            continue  # not recorded (a Megatron-LM checkpoint's counts): not checked
+        setting = changed_order_setting(before, now)
+        if setting is not None:
+            raise ResumeError(
+                f"corpus {name}: its {setting} was {before.get(setting)!r} when the state was "
+                f"saved and is {now.get(setting)!r} in this dataset, so its samples come in "
+                "another order (some already trained on would come again); keep the corpus's "
+                "settings"
+            )
