@@ -235,7 +235,7 @@ def test_add_index_refuses_mismatched_inputs(make_corpus, tmp_path):
         builder.add_index(uint16)
     with open(get_bin_path(plain), "ab") as stream:
         stream.write(b"\0\0")
-    with pytest.raises(FormatError, match="plain.bin: the .bin has 6 bytes, but .* implies 4"):
+    with pytest.raises(FormatError, match=r"plain.bin: expected 4 bytes .*implies\), found 6"):
         builder.add_index(plain)
     builder.abort()
     multimodal = IndexedDatasetBuilder(str(tmp_path / "mm.bin"), multimodal=True)
@@ -419,3 +419,16 @@ def test_lists_of_many_distinct_lengths_are_packed_right(tmp_path, monkeypatch):
     builder.finalize(get_idx_path(prefix))
     dataset = IndexedDataset(prefix)
     assert [dataset[i].tolist() for i in range(len(documents))] == documents
+
+
+def test_add_index_refuses_a_damaged_index_naming_the_entry(make_corpus, tmp_path):
+    corpus = make_corpus([[[1, 2]], [[3]], [[4, 5, 6]]], name="damaged")
+    with open(get_idx_path(corpus), "r+b") as stream:  # document_indices [0, 1, 2, 3]
+        stream.seek(-16, os.SEEK_END)
+        stream.write(numpy.array([3, 1], dtype=numpy.int64).tobytes())  # [0, 1, 3, 1]
+    builder = IndexedDatasetBuilder(str(tmp_path / "merged.bin"))
+    with pytest.raises(
+        FormatError, match=r"damaged.idx: document_indices\[3\] .*must not decrease"
+    ):
+        builder.add_index(corpus)
+    builder.abort()

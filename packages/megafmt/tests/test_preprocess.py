@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy
 import pytest
 
 from megafmt import IndexedDataset, IndexedDatasetBuilder, manifest_path, read_manifest
 from megafmt.cli.main import main
-from megafmt.errors import PluginError
+from megafmt.errors import FormatError, PluginError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
 from megafmt.preprocess.encoding import Encoder, EncodeSettings
 from megafmt.preprocess.inputs import Chunk
@@ -663,3 +664,21 @@ def test_input_from_a_named_pipe_gives_the_bytes_of_the_file(tmp_path, name):
     for suffix in (".bin", ".idx"):
         piped = (tmp_path / f"a_text_document{suffix}").read_bytes()
         assert piped == (tmp_path / f"b_text_document{suffix}").read_bytes()
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_key_that_cannot_be_written_replaces_no_other_key_s_output(tmp_path, partitions):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1 2", "title": "3"}])
+    old = run(tmp_path, source, json_keys=("text", "title"), **NULL).outputs
+    os.remove(old["title"] + ".bin")
+    os.mkdir(old["title"] + ".bin")  # the second key's place holds a folder
+    kept = [old["text"] + ".bin", old["text"] + ".idx", old["title"] + ".idx"]
+    before = {path: Path(path).read_bytes() for path in kept}
+    changed = write_jsonl(tmp_path / "new.jsonl", [{"text": "4 5 6", "title": "7"}])
+    with pytest.raises(FormatError, match=r"c_title_document.bin: found a directory where the"):
+        run(tmp_path, changed, json_keys=("text", "title"), partitions=partitions, **NULL)
+    assert {path: Path(path).read_bytes() for path in kept} == before  # the old outputs
+    assert sorted(os.listdir(tmp_path / "out")) == [  # no partial file left
+        ".mega", "c_text_document.bin", "c_text_document.idx", "c_title_document.bin",
+        "c_title_document.idx",
+    ]  # fmt: skip

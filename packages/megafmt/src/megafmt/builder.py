@@ -28,6 +28,7 @@ from megafmt.dtypes import DType
 from megafmt.errors import FormatError, MissingFileError, TokenValueError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
+from megafmt.verification import check_consistency
 
 INT32_MAX = 2**31 - 1
 # Tokens are copied into this buffer and from it into the page cache; at 1 MiB the buffer stays
@@ -79,6 +80,8 @@ class IndexedDatasetBuilder:
         self._document_indices = array("q", [0])
         self._modes: array | None = array("b") if multimodal else None
         self._done = False
+        #: the partial index and its place once prepared, until committed or aborted
+        self._prepared: tuple[str, str] | None = None
         # token ids of any form as a buffer of the dtype; once the builder is finished, a
         # function that refuses them
         self._encode: Callable[[Any], tuple[Any, int]] = TokenEncoder(self._dtype).encode
@@ -226,11 +229,9 @@ class IndexedDatasetBuilder:
             bin_size = os.path.getsize(bin_path)
         except FileNotFoundError:
             raise MissingFileError(f"{bin_path}: token file not found") from None
-        if bin_size != index.bin_nbytes:
-            raise FormatError(
-                f"{bin_path}: the .bin has {bin_size} bytes, but {index.path} implies "
-                f"{index.bin_nbytes}"
-            )
+        # the index whole, as an open checks it: a damaged one would be copied into the merge
+        # (its pointers rebuilt from its lengths, its document indices as they are)
+        check_consistency(index, bin_path, bin_size)
         offset = len(self._lengths)
         self._lengths.frombytes(index.sequence_lengths.tobytes())
         self._document_indices.frombytes((index.document_indices[1:] + offset).tobytes())
@@ -255,6 +256,13 @@ class IndexedDatasetBuilder:
 
     def finalize(self, idx_path: str) -> None:
         """Write the index to ``idx_path`` and move both files into place, the ``.idx`` last."""
+        self.prepare(idx_path)
+        self.commit()
+
+    def prepare(self, idx_path: str) -> None:
+        """Write the index beside ``idx_path``: both files complete, not yet in place
+        (:meth:`commit` moves them; :meth:`abort` deletes them). A writer of several corpora
+        prepares all before moving any, so that one that fails (a full disk) replaces none."""
         self._check_open()
         self._finish()
         partial_idx = partial_path(idx_path)
@@ -267,6 +275,29 @@ class IndexedDatasetBuilder:
                     numpy.frombuffer(self._document_indices, dtype=numpy.int64),
                     None if self._modes is None else numpy.frombuffer(self._modes, numpy.int8),
                 )
+        except BaseException:
+            remove_quietly(partial_idx)
+            remove_quietly(self._partial_bin)
+            raise
+        self._prepared = (partial_idx, idx_path)
+
+    def check_targets(self) -> None:
+        """Refuse, before :meth:`commit` moves anything, a place of the prepared files that
+        holds something they cannot replace (a directory)."""
+        if self._prepared is None:
+            raise ValueError(f"{self.bin_path}: prepare() the corpus before its commit")
+        for path, what in ((self.bin_path, "token file"), (self._prepared[1], "index file")):
+            if os.path.isdir(path):
+                raise FormatError(
+                    f"{path}: found a directory where the {what} is to be written; move it "
+                    "away or choose another output prefix"
+                )
+
+    def commit(self) -> None:
+        """Move the prepared files into place, the ``.idx`` last."""
+        self.check_targets()
+        partial_idx, idx_path = self._prepared
+        try:
             # an old .idx must not sit beside the new .bin, even for an instant
             remove_quietly(idx_path)
             os.replace(self._partial_bin, self.bin_path)
@@ -275,9 +306,16 @@ class IndexedDatasetBuilder:
             remove_quietly(partial_idx)
             remove_quietly(self._partial_bin)
             raise
+        finally:
+            self._prepared = None
 
     def abort(self) -> None:
-        """Stop building and delete what was written; nothing appears at ``bin_path``."""
+        """Stop building and delete what was written, prepared files too; nothing appears at
+        ``bin_path`` (a committed corpus stays)."""
+        if self._prepared is not None:
+            remove_quietly(self._prepared[0])
+            remove_quietly(self._partial_bin)
+            self._prepared = None
         if not self._done:
             self._finish()
             try:

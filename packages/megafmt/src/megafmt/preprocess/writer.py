@@ -14,6 +14,7 @@ that looks complete, and the next run clears what a killed one left.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 
@@ -54,6 +55,8 @@ class PartitionedOutput:
         remove_stale_partials(scratch_name)
         self._scratch: str | None = None
         self._builders: dict[str, list[IndexedDatasetBuilder]] = {}
+        #: each key's builder of its output, once its files are written (finalize)
+        self._ready: list[IndexedDatasetBuilder] = []
         try:
             if partitions > 1:
                 self._scratch = partial_path(scratch_name)
@@ -94,23 +97,28 @@ class PartitionedOutput:
                 )
 
     def finalize(self) -> dict[str, str]:
-        """Write every pair into place (partitions merged in order); returns key -> prefix."""
+        """Write every pair into place (partitions merged in order); returns key -> prefix.
+        Every key's files are written before any is moved into place, and every place is
+        checked first: a failure (a full disk, a directory at an output's path) replaces no
+        key's earlier output."""
         try:
             for key, prefix in self.prefixes.items():
-                remove_manifest(prefix)
                 builders = self._builders[key]
                 if self.partitions == 1:
-                    builders[0].finalize(get_idx_path(prefix))
+                    builders[0].prepare(get_idx_path(prefix))
+                    self._ready.append(builders[0])
                     continue
                 merged = IndexedDatasetBuilder(get_bin_path(prefix), dtype=self.dtype)
-                try:
-                    for p, builder in enumerate(builders):
-                        builder.finalize(get_idx_path(self._part(key, p)))
-                        merged.add_index(self._part(key, p))
-                    merged.finalize(get_idx_path(prefix))
-                except BaseException:
-                    merged.abort()
-                    raise
+                self._ready.append(merged)  # aborted with the others should anything fail
+                for p, builder in enumerate(builders):
+                    builder.finalize(get_idx_path(self._part(key, p)))
+                    merged.add_index(self._part(key, p))
+                merged.prepare(get_idx_path(prefix))
+            for builder in self._ready:
+                builder.check_targets()
+            for prefix, builder in zip(self.prefixes.values(), self._ready, strict=True):
+                remove_manifest(prefix)
+                builder.commit()
         except BaseException:
             self.abort()
             raise
@@ -118,10 +126,10 @@ class PartitionedOutput:
         return dict(self.prefixes)
 
     def abort(self) -> None:
-        """Delete everything written so far; existing outputs are left as they were."""
-        for builders in self._builders.values():
-            for builder in builders:
-                builder.abort()
+        """Delete everything written so far; existing outputs are left as they were (those a
+        failed finalize moved into place already are the new ones)."""
+        for builder in itertools.chain(*self._builders.values(), self._ready):
+            builder.abort()
         self._remove_scratch()
 
     def _remove_scratch(self) -> None:
