@@ -86,6 +86,18 @@ def test_inspect_lists_each_cached_dataset(corpus, tmp_path, capsys):
     )
 
 
+def test_inspect_names_a_damaged_sidecar(corpus, tmp_path, capsys):
+    cache = str(tmp_path / "cache")
+    main(["index", "build", *dataset_args(corpus, cache), "--samples", "1000,50,10"])
+    (sidecar,) = [n for n in os.listdir(cache) if n.endswith("-train-megaindex.json")]
+    with open(os.path.join(cache, sidecar), "w") as stream:
+        stream.write("{not json")
+    capsys.readouterr()
+    assert main(["index", "inspect", cache]) == 0
+    out = capsys.readouterr().out
+    assert f"damaged, rebuilt at its next load: {cache}/{sidecar}: the sidecar cannot" in out
+
+
 def test_explain_names_the_documents_of_a_sample(corpus, tmp_path, capsys):
     cache = str(tmp_path / "cache")
     args = [*dataset_args(corpus, cache), "--samples", "1000,50,10", "--sample", "4"]

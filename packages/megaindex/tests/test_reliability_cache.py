@@ -3,6 +3,7 @@ error naming the file (or are repaired with a warning naming it), never in wrong
 
 from __future__ import annotations
 
+import errno
 import glob
 import io
 import json
@@ -11,7 +12,6 @@ import os
 import shutil
 import struct
 import time
-import warnings
 
 import numpy
 import pytest
@@ -151,15 +151,45 @@ def test_sidecar_records_a_checksum_of_every_table(make_config):
     assert sorted(sidecar["table_files"]) == sorted(sidecar["checksums"])
 
 
-@pytest.mark.parametrize("damage", [b"[1, 2]", b"{not json", b"\xff\xfe\x00", b'"text"'])
-def test_a_sidecar_that_is_not_ours_is_ignored_and_the_shapes_checked(make_config, damage):
+@pytest.mark.parametrize(
+    "damage, what",
+    [
+        (b"[1, 2]", " is a JSON list, not an object"),
+        (b"{not json", " cannot be read"),
+        (b"\xff\xfe\x00", " cannot be read"),
+        (b'{"format": 1, "table_files": null}', "'s 'table_files' is None; expected a mapping"),
+        (b'{"format": 1, "tables": [1]}', "'s 'tables' is \\[1\\]; expected a mapping"),
+        (
+            b'{"format": 1, "tables": {"sample_index": {}}}',
+            "'s 'tables' is .*expected a mapping of table to",
+        ),
+        (b'{"format": 1, "checksums": "0"}', "'s 'checksums' is '0'; expected a mapping"),
+        (b'{"format": 1, "corpus": "x"}', "'s 'corpus' is 'x'; expected a mapping or null"),
+    ],
+)
+def test_a_damaged_sidecar_rebuilds_the_tables_it_checked(make_config, damage, what):
     config = make_config()
     train = build(config)
-    with open(cache_base(config, train) + "-megaindex.json", "wb") as stream:
+    base = cache_base(config, train)
+    # a table of the same shape and dtype with other values, which only the sidecar's checksum
+    # tells from the one saved: a damaged sidecar must not leave the shapes as the only check
+    shuffle = numpy.load(base + "-shuffle_index.npy")
+    numpy.save(base + "-shuffle_index.npy", shuffle[::-1].copy())
+    with open(base + "-megaindex.json", "wb") as stream:
         stream.write(damage)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # an unreadable one is named in a warning
+    with pytest.warns(UserWarning, match=f"megaindex.json: the sidecar{what}"):
         again = build(config)
+    assert again.index_source.kind == "built"
+    numpy.testing.assert_array_equal(again.shuffle_index, train.shuffle_index)
+    assert build(config).index_source.kind == "cache"  # a sidecar of its own again
+
+
+def test_a_sidecar_of_another_format_is_left_and_the_shapes_checked(make_config):
+    config = make_config()
+    train = build(config)
+    with open(cache_base(config, train) + "-megaindex.json", "w") as stream:
+        json.dump({"format": 2, "tables": "a later megaindex's"}, stream)
+    again = build(config)
     assert again.index_source.kind == "cache"
     numpy.testing.assert_array_equal(again.sample_index, train.sample_index)
 
@@ -669,3 +699,35 @@ def test_a_child_forked_during_a_save_has_none_of_its_parents_saves_under_way(tm
     finally:
         cache_module._end_save(folder)
     assert process.exitcode == 0
+
+
+def test_a_damaged_table_in_a_folder_that_cannot_be_written_is_an_error_naming_both(
+    make_config, monkeypatch
+):
+    import megaindex.cache
+
+    config = make_config()
+    base = cache_base(config, build(config))
+    with open(base + "-sample_index.npy", "r+b") as stream:
+        stream.truncate(100)
+
+    def refused(path):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(megaindex.cache, "remove_quietly", refused)  # a read-only folder
+    with (
+        pytest.warns(UserWarning, match="rebuilding the index cache"),
+        pytest.raises(CacheError, match=r"sample_index.npy: .*; it cannot be rebuilt: cannot "
+                      r"write the index cache to .*Permission denied.*writable directory"),
+    ):  # fmt: skip
+        build(config)
+
+
+def test_a_folder_where_a_cache_file_belongs_is_named_as_in_the_way(make_config):
+    config = make_config()
+    base = cache_base(config, build(config))
+    for name in os.listdir(config.path_to_cache):
+        os.remove(os.path.join(config.path_to_cache, name))
+    os.mkdir(base + "-shuffle_index.npy")
+    with pytest.raises(CacheError, match=r"shuffle_index.npy.*Something is in the way"):
+        build(config)

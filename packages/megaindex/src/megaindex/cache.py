@@ -343,17 +343,64 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
 
 def read_sidecar(path: str) -> dict[str, Any] | None:
     """The sidecar at ``path``, or None when there is none (a cache megatron-core built) or it
-    is unreadable (with a warning) or of another format."""
+    is of another format (a later megaindex's). One that cannot be read, is not JSON, or holds
+    a field of the wrong kind is a :class:`DamagedCacheError` naming the file and the field:
+    the entry is rebuilt (its tables were checked by this sidecar: without it, only their
+    shapes would be)."""
     try:
         with open(path, "rb") as stream:  # bytes: a text stream doubles the cost of a hit's read
             sidecar = json.loads(stream.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
-        warnings.warn(f"{path}: unreadable, ignored ({error})", stacklevel=2)
+        raise DamagedCacheError(f"{path}: the sidecar cannot be read ({error})") from None
+    if not isinstance(sidecar, dict):
+        raise DamagedCacheError(
+            f"{path}: the sidecar is a JSON {type(sidecar).__name__}, not an object"
+        )
+    if sidecar.get("format") != SIDECAR_FORMAT:
         return None
-    ours = isinstance(sidecar, dict) and sidecar.get("format") == SIDECAR_FORMAT
-    return sidecar if ours else None
+    for key, (allowed, test) in _SIDECAR_FIELDS.items():
+        if key in sidecar and not test(sidecar[key]):
+            raise DamagedCacheError(
+                f"{path}: the sidecar's {key!r} is {sidecar[key]!r:.200}; expected {allowed}"
+            )
+    return sidecar
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _mapping_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, dict) and all(map(test, value.values()))
+
+
+def _is_spec(spec: Any) -> bool:
+    return (
+        isinstance(spec, dict)
+        and isinstance(spec.get("dtype"), str)
+        and isinstance(spec.get("shape"), list)
+        and all(map(_is_count, spec["shape"]))
+    )
+
+
+#: what each field of a sidecar this version writes must hold, where present
+_SIDECAR_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "tables": ("a mapping of table to its dtype and shape", _mapping_of(_is_spec)),
+    "checksums": (
+        "a mapping of table to its CRC-32 (hex)",
+        _mapping_of(lambda v: isinstance(v, str)),
+    ),
+    "table_files": (
+        "a mapping of table to its file's identity (integers)",
+        _mapping_of(lambda v: isinstance(v, list) and all(isinstance(n, int) for n in v)),
+    ),
+    "corpus": ("a mapping or null", lambda v: v is None or isinstance(v, dict)),
+    "corpus_stat": ("a mapping or null", lambda v: v is None or isinstance(v, dict)),
+    "config": ("a mapping or null", lambda v: v is None or isinstance(v, dict)),
+    "plan": ("a mapping or null", lambda v: v is None or isinstance(v, dict)),
+}
 
 
 class IndexCache:
@@ -552,6 +599,12 @@ def _write_error(directory: str, error: OSError) -> CacheError:
             "The disk is full: free space there, or set path_to_cache (--data-cache-path) to "
             "another disk"
         )
+    elif error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+        advice = (
+            "Something is in the way of a cache file (a folder where a file belongs, or a file "
+            "where a folder does): move it away, or set path_to_cache (--data-cache-path) to "
+            "another directory"
+        )
     else:
         advice = "Else set path_to_cache (--data-cache-path) to a writable directory"
     return CacheError(f"cannot write the index cache to {directory}: {error}. {advice}")
@@ -695,11 +748,15 @@ def load_or_build(
     if cache.entry.complete():  # another process finished the same cache meanwhile
         try:
             return load(), "cache"
-        except (DamagedCacheError, StaleCacheError):
+        except (DamagedCacheError, StaleCacheError) as damage:
             # rewritten file by file below: without its commit mark meanwhile, so that a run
             # killed midway leaves no mix of old and new tables that a later one (or
             # megatron-core, or fast_cache_load) takes for complete
-            remove_quietly(cache.entry.description_path)
+            try:
+                remove_quietly(cache.entry.description_path)
+            except OSError as error:  # a read-only folder: the damage cannot be mended here
+                write_error = _write_error(cache.entry.directory, error)
+                raise CacheError(f"{damage}; it cannot be rebuilt: {write_error}") from error
     start = time.perf_counter()
     record = sidecar(tables)
     identities = cache.save(tables, record)

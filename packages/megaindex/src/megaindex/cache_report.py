@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy
 
-from megaindex.cache import CacheEntry, load_table, read_npy_header, read_sidecar
+from megaindex.cache import (
+    CacheEntry,
+    DamagedCacheError,
+    load_table,
+    read_npy_header,
+    read_sidecar,
+)
 from megaindex.errors import CacheDescriptionError
 from megaindex.megatron_dataset import describe
 
@@ -40,6 +46,8 @@ class CacheReport:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     plan: dict[str, Any] | None = None
     sources: list[SourceReport] = field(default_factory=list)
+    damage: str | None = None
+    """What is wrong with the entry's sidecar (a load rebuilds the entry), or None."""
 
     @property
     def entry(self) -> CacheEntry:
@@ -106,7 +114,7 @@ def _sources(report: CacheReport, first: int) -> list[SourceReport]:
         entry = CacheEntry.for_dataset(
             report.directory, key, identifiers["class"], identifiers["index_split"], ()
         )
-        sidecar = read_sidecar(entry.sidecar_path) or {}
+        sidecar = _sidecar(entry.sidecar_path)[0]
         plan = sidecar.get("plan")
         extra = int((sidecar.get("config") or {}).get("add_extra_token_to_sequence", True))
         epochs = None
@@ -127,6 +135,14 @@ def _sources(report: CacheReport, first: int) -> list[SourceReport]:
     return sources
 
 
+def _sidecar(path: str) -> tuple[dict[str, Any], str | None]:
+    """The sidecar at ``path`` (empty where there is none) and what is wrong with it."""
+    try:
+        return read_sidecar(path) or {}, None
+    except DamagedCacheError as damage:
+        return {}, str(damage)
+
+
 def inspect_cache(directory: str, first: int = 10000) -> list[CacheReport]:
     """A report per cached dataset in ``directory`` (sorted by key)."""
     if not os.path.isdir(directory):
@@ -141,7 +157,8 @@ def inspect_cache(directory: str, first: int = 10000) -> list[CacheReport]:
                 report.tables[table] = {**_npy_header(path), "bytes": os.path.getsize(path)}
             except (OSError, ValueError) as error:
                 report.tables[table] = {"error": str(error), "bytes": os.path.getsize(path)}
-        report.plan = (read_sidecar(report.entry.sidecar_path) or {}).get("plan")
+        sidecar, report.damage = _sidecar(report.entry.sidecar_path)
+        report.plan = sidecar.get("plan")
         if report.description.get("class") == "BlendedDataset" and "dataset_index" in report.tables:
             report.sources = _sources(report, first)
         reports.append(report)

@@ -92,6 +92,8 @@ def _describe_report(report: Any, first: int) -> str:
             f"  epochs: {report.plan['num_epochs']}, separate final epoch: "
             f"{'yes' if report.plan['separate_final_epoch'] else 'no'}"
         )
+    elif report.damage:
+        lines.append(f"  damaged, rebuilt at its next load: {report.damage}")
     elif described.get("class") != "BlendedDataset":
         lines.append("  epochs: not recorded (built by megatron-core)")
     for table, info in report.tables.items():
