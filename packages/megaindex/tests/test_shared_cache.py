@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 
 import fsspec
@@ -819,3 +820,31 @@ def test_a_store_that_refuses_to_remove_the_old_copy_keeps_no_lease(
         caplog.text
     )
     assert not fsspec.filesystem("memory").exists(lease_of(store, 1))
+
+
+def test_a_stalled_download_is_told_while_it_lasts_and_its_failure_names_the_object(
+    store, tmp_path, monkeypatch, caplog
+):
+    config = SharedCacheConfig(store, poll_seconds=0.05, message_seconds=0.2)
+    SharedTableCache(config).obtain(
+        entry_in(tmp_path / "node0"), "described", saver(entry_in(tmp_path / "node0"), []), True
+    )
+
+    def stalls(self, name, local):
+        time.sleep(1.0)  # the endpoint goes quiet; fsspec's timeout is worded as nothing
+        try:
+            raise ConnectionError(f"Read timeout on endpoint URL {name}")
+        except ConnectionError as cause:
+            raise TimeoutError() from cause
+
+    monkeypatch.setattr(shared_cache._Store, "download", stalls)
+    entry = entry_in(tmp_path / "node1")
+    with (
+        caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"),
+        pytest.raises(SharedCacheError) as raised,
+    ):
+        SharedTableCache(config).obtain(entry, "described", saver(entry, []), may_build=False)
+    assert f"still downloading {store}/0123-Tables-train-" in caplog.text
+    message = str(raised.value)
+    assert message.startswith(f"{store}/0123-Tables-train-") and " failed after 1 s: " in message
+    assert "TimeoutError; from ConnectionError: Read timeout on endpoint URL" in message

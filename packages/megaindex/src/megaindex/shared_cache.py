@@ -117,6 +117,83 @@ class SharedCacheError(CacheError):
     """The shared cache cannot provide a dataset's tables (the message names the store)."""
 
 
+def _worded(error: BaseException) -> str:
+    """``error`` and its causes as one line, naming each type: a timeout of fsspec's reads
+    has an empty message, its cause the URL and the wait."""
+    words = []
+    seen: BaseException | None = error
+    while seen is not None and len(words) < 4:
+        words.append(f"{type(seen).__name__}: {seen}".rstrip(": "))
+        seen = seen.__cause__ or seen.__context__
+    return "; from ".join(words)
+
+
+class _Transfers:
+    """The transfers under way in this process, and one thread that logs of each, every
+    ``message_seconds``, that it is still under way: a stalled transfer (an endpoint gone
+    quiet) would otherwise hold the build silently until the file system's own timeout. One
+    thread for all: a thread per transfer would cost more than a small table's download. It
+    ends once no transfer was under way for a while, and a forked child starts afresh."""
+
+    #: how often the thread looks at the transfers, and how long it waits idle before ending
+    POLL_SECONDS = 0.5
+    IDLE_SECONDS = 5.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._under_way: dict[object, list[Any]] = {}
+        self._running = False
+
+    @contextmanager
+    def watched(self, what: str, every: float) -> Iterator[None]:
+        """The block, said to be ``what`` every ``every`` seconds while it runs."""
+        key, start = object(), time.monotonic()
+        with self._lock:
+            self._under_way[key] = [what, start, start + every, every]
+            if not self._running:
+                self._running = True
+                threading.Thread(
+                    target=self._watch, name="megaindex-transfers", daemon=True
+                ).start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._under_way[key]
+
+    def _watch(self) -> None:
+        idle_since = None
+        while True:
+            time.sleep(self.POLL_SECONDS)
+            now, due = time.monotonic(), []
+            with self._lock:
+                if not self._under_way:
+                    idle_since = idle_since or now
+                    if now - idle_since >= self.IDLE_SECONDS:
+                        self._running = False
+                        return
+                    continue
+                idle_since = None
+                for transfer in self._under_way.values():
+                    what, start, next_message, every = transfer
+                    if now >= next_message:
+                        transfer[2] = now + every
+                        due.append((what, now - start))
+            for what, seconds in due:
+                logger.warning("still %s, for %.0f s", what, seconds)
+
+    def forked(self) -> None:
+        """In a forked child: none of the parent's transfers, and no thread yet."""
+        self._lock = threading.Lock()
+        self._under_way.clear()
+        self._running = False
+
+
+_transfers = _Transfers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_transfers.forked)
+
+
 @dataclass(frozen=True)
 class SharedCacheConfig:
     """How processes share one store's tables."""
@@ -695,10 +772,17 @@ class SharedTableCache:
     def _fetch(self, name: str, local: str, listed: dict[str, int | None]) -> bool:
         """Download object ``name`` to the file ``local``; False when the store has no such
         object. Raises when its size is not the one ``listed`` (where it lists one)."""
+        start = time.monotonic()
         try:
-            self.store.download(name, local)
+            with _transfers.watched(f"downloading {self._url(name)}", self.config.message_seconds):
+                self.store.download(name, local)
         except FileNotFoundError:
             return False
+        except Exception as error:  # a stalled or dropped transfer: s3fs may word it as nothing
+            raise SharedCacheError(
+                f"{self._url(name)}: the download to {local} failed after "
+                f"{time.monotonic() - start:.0f} s: {_worded(error)}"
+            ) from error
         size = os.path.getsize(local)
         if listed.get(name) is not None and size != listed[name]:
             raise SharedCacheError(
