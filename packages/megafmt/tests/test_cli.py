@@ -41,6 +41,15 @@ def test_info_reports_counts_and_percentiles(make_corpus, capsys):
     assert "uint16 (code 8)" in out and "tokens           12" in out
 
 
+@pytest.mark.parametrize("suffix, what", [(".bin", "token file"), (".idx", "index file")])
+def test_info_names_a_directory_in_a_file_s_place(make_corpus, capsys, suffix, what):
+    prefix = make_corpus(DOCUMENTS)
+    os.remove(prefix + suffix)
+    os.mkdir(prefix + suffix)
+    status, _, err = mega(capsys, "info", prefix)
+    assert status == 1 and f"{prefix}{suffix}: found a directory where the {what} belongs" in err
+
+
 def test_verify_exit_status(make_corpus, capsys):
     prefix = make_corpus(DOCUMENTS)
     assert mega(capsys, "verify", prefix)[:2] == (0, f"OK {prefix}\n")

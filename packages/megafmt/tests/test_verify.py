@@ -54,6 +54,18 @@ def test_missing_files(make_corpus, tmp_path, sizes_only):
 
 
 @sizes_only
+@pytest.mark.parametrize("suffix, what", [(".bin", "token file"), (".idx", "index file")])
+def test_a_directory_in_a_file_s_place_is_named_not_missing(make_corpus, sizes_only, suffix, what):
+    prefix = make_corpus(DOCUMENTS)
+    os.remove(prefix + suffix)
+    os.mkdir(prefix + suffix)
+    violation = first(prefix, sizes_only=sizes_only)
+    assert violation.check == "exists" and str(violation).endswith(
+        f"corpus{suffix}: found a directory where the {what} belongs"
+    )
+
+
+@sizes_only
 def test_bad_header(make_corpus, sizes_only):
     prefix = make_corpus(DOCUMENTS)
     patch(get_idx_path(prefix), 9, "<Q", 7)

@@ -29,7 +29,7 @@ from megafmt.format import (
     implied_token_count,
 )
 from megafmt.mapping import map_file
-from megafmt.prefix_hints import missing_file_hint
+from megafmt.prefix_hints import missing_file_message
 
 
 def open_readonly(path: str, what: str) -> int:
@@ -38,15 +38,13 @@ def open_readonly(path: str, what: str) -> int:
     without complaint, and the first read then fails without naming it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise MissingFileError(f"{path}: {what} not found{missing_file_hint(path)}") from None
-    except IsADirectoryError:
+    except (FileNotFoundError, IsADirectoryError):
         fd = None
     if fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):
         return fd
     if fd is not None:
         os.close(fd)
-    raise MissingFileError(f"{path}: found a directory where the {what} belongs")
+    raise MissingFileError(f"{path}: {missing_file_message(path, what)}")
 
 
 class Index:

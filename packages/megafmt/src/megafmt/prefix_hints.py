@@ -40,3 +40,12 @@ def missing_file_hint(path: str) -> str:
     return (
         f"; mega preprocess names its outputs <output-prefix>_<key>_document: did you mean {shown}?"
     )
+
+
+def missing_file_message(path: str, what: str) -> str:
+    """Why the ``.bin`` or ``.idx`` file ``path`` (``what``: "token file", "index file") of a
+    corpus cannot be opened, without the path: a directory in its place, or no file (with
+    :func:`missing_file_hint`'s hint)."""
+    if "://" not in path and os.path.isdir(path):
+        return f"found a directory where the {what} belongs"
+    return f"{what} not found{missing_file_hint(path)}"

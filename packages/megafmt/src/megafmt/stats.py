@@ -10,6 +10,7 @@ import numpy
 from megafmt.errors import MissingFileError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index
+from megafmt.prefix_hints import missing_file_message
 from megafmt.remote import file_size, local_index_path
 from megafmt.verification import check_consistency
 
@@ -76,7 +77,7 @@ def document_lengths(lengths: numpy.ndarray, document_indices: numpy.ndarray) ->
 def _existing_size(path: str) -> int:
     size = file_size(path)
     if size is None:
-        raise MissingFileError(f"{path}: token file not found")
+        raise MissingFileError(f"{path}: {missing_file_message(path, 'token file')}")
     return size
 
 

@@ -35,7 +35,7 @@ from megafmt.format import (
 from megafmt.index import Index
 from megafmt.mapping import release_pages
 from megafmt.page_cache import SequentialPass
-from megafmt.prefix_hints import missing_file_hint
+from megafmt.prefix_hints import missing_file_message
 from megafmt.progress import Progress, format_count
 from megafmt.remote import file_size, filesystem, local_index_path, read_range
 
@@ -93,7 +93,7 @@ def iter_violations(
     sizes = {path: file_size(path) for path in (idx_path, bin_path)}
     for path, what in ((idx_path, "index file"), (bin_path, "token file")):
         if sizes[path] is None:
-            yield Violation("exists", path, f"{what} not found{missing_file_hint(path)}")
+            yield Violation("exists", path, missing_file_message(path, what))
     if None in sizes.values():
         return
     if sizes_only:
