@@ -848,3 +848,39 @@ def test_a_stalled_download_is_told_while_it_lasts_and_its_failure_names_the_obj
     message = str(raised.value)
     assert message.startswith(f"{store}/0123-Tables-train-") and " failed after 1 s: " in message
     assert "TimeoutError; from ConnectionError: Read timeout on endpoint URL" in message
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut short"])
+def test_rank_0_uploads_again_what_the_store_lost_of_its_tables(
+    make_config, store, tmp_path, caplog, monkeypatch, damage
+):
+    node = str(tmp_path / "node0")
+    first = build_on_node(make_config, store, node)
+    fs = fsspec.filesystem("memory")
+    (table,) = [n for n in fs.ls(store, detail=False) if n.endswith("-train-sample_index.npy")]
+    size = fs.size(table)
+    if damage == "deleted":
+        fs.rm(table)
+    else:
+        fs.pipe_file(table, fs.cat_file(table)[: size // 2])
+    monkeypatch.setattr(shared_cache, "_listings", {})  # rank 0 started again: it lists afresh
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        again = build_on_node(make_config, store, node)  # its node's copy complete
+    assert "the store holds these tables' description but" in caplog.text
+    assert fs.size(table) == size  # whole again
+    fresh = build_on_node(make_config, store, str(tmp_path / "node1"))  # another node fetches it
+    for built, fetched in zip(first, fresh, strict=True):
+        numpy.testing.assert_array_equal(built.sample_index, fetched.sample_index)
+    assert [d.index_source.kind for d in again] in (["cache"] * 3, ["built", "cache", "cache"])
+
+
+def test_a_node_that_may_not_build_names_the_objects_the_store_lost(store, tmp_path):
+    built = entry_in(tmp_path / "node0")
+    SharedTableCache(SharedCacheConfig(store)).obtain(built, "described", saver(built, []), True)
+    fsspec.filesystem("memory").rm(f"{store}/0123-Tables-train-a.npy")
+    entry = entry_in(tmp_path / "node1")
+    with pytest.raises(SharedCacheError, match=r"holds these tables' description but not "
+                       r"0123-Tables-train-a.npy: its copy is damaged"):  # fmt: skip
+        SharedTableCache(SharedCacheConfig(store)).obtain(
+            entry, "described", saver(entry, []), may_build=False
+        )

@@ -394,6 +394,8 @@ class SharedTableCache:
     def __init__(self, config: SharedCacheConfig) -> None:
         self.config = config
         self.store = _Store(config.url)
+        #: by entry, the objects a download found missing beside a committed description
+        self._lacking: dict[str, list[str]] = {}
 
     def obtain(
         self,
@@ -522,7 +524,31 @@ class SharedTableCache:
                 error,
             )
             return True
-        return committed is not None and committed[0] == expected
+        if committed is None or committed[0] != expected:
+            return False
+        lacking = self._store_lacks(entry) if committed[1] else []
+        if lacking:  # objects deleted or cut since: the other nodes could not fetch them
+            logger.warning(
+                "%s: the store holds these tables' description but %s; this node's copy is "
+                "uploaded again",
+                self._url(name),
+                "; ".join(lacking),
+            )
+            return False
+        return True
+
+    def _store_lacks(self, entry: CacheEntry) -> list[str]:
+        """What the store's listing lacks of the tables of this node's complete copy: each
+        table object absent, or listed with another size than the local file's."""
+        listed, lacking = self._listed(), []
+        for table in entry.tables:
+            path = entry.table_path(table)
+            name, size = os.path.basename(path), os.path.getsize(path)
+            if name not in listed:
+                lacking.append(f"no {name}")
+            elif listed[name] is not None and listed[name] != size:
+                lacking.append(f"{name} of {listed[name]} bytes, not {size}")
+        return lacking
 
     def _committed(self, name: str, expected: bytes) -> tuple[bytes, bool] | None:
         """The store's description ``name``, and whether the listing vouched for it: ``expected``
@@ -551,6 +577,15 @@ class SharedTableCache:
                     raise SharedCacheError(verdict)
             if generation == 0 or self._died(entry, generation, watch):
                 if not may_build and generation == 0:
+                    lacking = self._lacking.pop(entry.base, None)
+                    if lacking:  # committed, with objects gone since: not for the loader to say
+                        raise SharedCacheError(
+                            f"{self._url(os.path.basename(entry.description_path))}: the store "
+                            f"holds these tables' description but not {', '.join(lacking)}: "
+                            "its copy is damaged. Global rank 0 uploads its own again when it "
+                            "finds it so (at its next start); else remove the description there "
+                            "to have the tables rebuilt"
+                        )
                     return load_or_build()
                 if generation >= self.config.max_builds:
                     raise self._give_up(entry, generation, watch, self._gave_up)
@@ -758,6 +793,7 @@ class SharedTableCache:
                 # listed, then gone: the store changed since this process listed it
                 with _listing:
                     _listings.pop(self.store.url, None)
+                self._lacking[entry.base] = [n for n in missing if n != sidecar]
                 return False
             for object_name, path in wanted.items():
                 if object_name not in missing:
