@@ -618,6 +618,30 @@ def test_an_id_beyond_64_bits_is_a_bad_line_not_an_overflow(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("append_eod", [False, True])
+def test_a_sentence_longer_than_a_sequence_holds_is_a_bad_line_not_a_wrapped_length(
+    tmp_path, monkeypatch, append_eod
+):
+    # a sequence holds 2**31 - 1 tokens (an int32 length); four here, so a test can pass it
+    from megafmt.preprocess import encoded, encoding
+
+    monkeypatch.setattr(encoded, "MAX_SEQUENCE_TOKENS", 4)
+    monkeypatch.setattr(encoding, "MAX_SEQUENCE_TOKENS", 4)
+    long = "1 2 3 4" if append_eod else "1 2 3 4 5"  # five tokens, with the EOD or without
+    lines = ['{"text": "1"}', json.dumps({"text": ["6 7 8 9", long]}), '{"text": "2"}']
+    source = write_jsonl(tmp_path / "in.jsonl", lines)
+    settings = dict(append_eod=append_eod, workers=1, **NULL)
+    summary = run(tmp_path, source, skip_bad_lines=True, **settings)
+    eod = [99] if append_eod else []
+    assert documents(summary.outputs["text"]) == [[[1, *eod]], [[2, *eod]]]
+    assert summary.first_skipped == [
+        f"{source}:2 (a sentence of 5 tokens; a sequence holds at most 4 (its length is an "
+        "int32 in the .idx))"
+    ]
+    with pytest.raises(BadInputError, match=r"in\.jsonl, line 2: a sentence of 5 tokens"):
+        run(tmp_path, source, output="d", **settings)
+
+
 def test_an_end_of_document_id_the_dtype_cannot_hold_is_refused_before_any_work(tmp_path):
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1"}])
     options = TokenizerOptions(vocab_size=100, null_eod_id=70000)

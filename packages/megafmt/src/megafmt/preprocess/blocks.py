@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy
 
-from megafmt.preprocess.encoded import EncodedKey
+from megafmt.preprocess.encoded import EncodedKey, sequence_lengths
 from megafmt.preprocess.inputs import Chunk
 from megafmt.tokenizers.base import BlockTokenizer, FlatEncoder
 from megafmt.tokenizers.fast_backend import GIGATOKEN
@@ -180,7 +180,7 @@ class BlockEncoder:
         if self._eod is not None:
             tokens = numpy.insert(flat, numpy.cumsum(counts)[has_tokens], self._eod)
             lengths = lengths + 1
-        return EncodedKey(tokens, lengths.astype(numpy.int32), has_tokens.astype(numpy.int64))
+        return EncodedKey(tokens, sequence_lengths(lengths), has_tokens.astype(numpy.int64))
 
 
 def _screened(block: bytes) -> bool:

@@ -7,6 +7,21 @@ from dataclasses import dataclass, field
 
 import numpy
 
+#: the most tokens a sequence holds: its length is an int32 in the ``.idx``
+MAX_SEQUENCE_TOKENS = 2**31 - 1
+
+
+def sequence_lengths(lengths: numpy.ndarray | list[int]) -> numpy.ndarray:
+    """``lengths`` as the int32 the ``.idx`` stores; an ``OverflowError`` naming the longest
+    where one passes :data:`MAX_SEQUENCE_TOKENS` (a cast would wrap it silently)."""
+    wide = numpy.asarray(lengths, dtype=numpy.int64)
+    if wide.size and int(wide.max()) > MAX_SEQUENCE_TOKENS:
+        raise OverflowError(
+            f"a sequence of {int(wide.max())} tokens; a sequence holds at most "
+            f"{MAX_SEQUENCE_TOKENS} (its length is an int32 in the .idx)"
+        )
+    return wide.astype(numpy.int32)
+
 
 @dataclass
 class EncodedKey:

@@ -30,7 +30,12 @@ import numpy
 
 from megafmt.errors import MegafmtError
 from megafmt.preprocess.blocks import BlockEncoder
-from megafmt.preprocess.encoded import EncodedChunk, EncodedKey
+from megafmt.preprocess.encoded import (
+    MAX_SEQUENCE_TOKENS,
+    EncodedChunk,
+    EncodedKey,
+    sequence_lengths,
+)
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer
@@ -158,16 +163,29 @@ class Encoder:
         return result
 
     def _out_of_range(self, ids: list[Sequence[int]]) -> str | None:
+        """Why a document's sentences (``ids``) cannot be written: an id the dtype does not
+        hold, or a sentence longer than a sequence may be (its EOD counted); None: they can."""
         low, high = self._limits
-        for sentence in ids:
+        last = max((n for n, sentence in enumerate(ids) if len(sentence)), default=None)
+        eod = int(self.settings.append_eod)
+        for number, sentence in enumerate(ids):
             if len(sentence) and (min(sentence) < low or max(sentence) > high):
                 bad = next(i for i in sentence if not low <= i <= high)
                 return f"token id {bad} does not fit the output dtype {self.dtype.name}"
+            tokens = len(sentence) + (eod if number == last else 0)
+            if tokens > MAX_SEQUENCE_TOKENS:
+                return (
+                    f"a sentence of {tokens} tokens; a sequence holds at most "
+                    f"{MAX_SEQUENCE_TOKENS} (its length is an int32 in the .idx)"
+                )
         return None
 
     def encode(self, chunk: Chunk) -> EncodedChunk:
         """The documents of ``chunk``, and the lines that are not documents and why."""
-        keys = self._blocks.encode(chunk) if self._blocks is not None else None
+        keys = None
+        if self._blocks is not None:
+            with contextlib.suppress(OverflowError):  # too long a text: the lines say which
+                keys = self._blocks.encode(chunk)
         if keys is not None and all(self._fits(encoded.tokens) for encoded in keys.values()):
             for encoded in keys.values():
                 encoded.tokens = encoded.tokens.astype(self.dtype)
@@ -199,7 +217,7 @@ class Encoder:
         try:
             keys = {key: self._assemble(ids[key]) for key in self.settings.json_keys}
             fit = all(self._fits(encoded.tokens) for encoded in keys.values())
-        except OverflowError:  # an id beyond 64 bits
+        except OverflowError:  # an id beyond 64 bits, a sentence longer than a sequence holds
             fit = False
         if not fit:
             wrong = {}  # the documents holding an id the dtype cannot, and the first such id
@@ -246,7 +264,7 @@ class Encoder:
         )
         return EncodedKey(
             tokens,
-            numpy.array(lengths, dtype=numpy.int32),
+            sequence_lengths(lengths),
             numpy.array(per_document, dtype=numpy.int64),
         )
 
