@@ -164,6 +164,33 @@ def test_a_damaged_compressed_input_is_an_error_naming_the_file(tmp_path, kind, 
     with pytest.raises(OSError, match=rf"^{re.escape(str(source))}: reading failed"):
         run(tmp_path, str(source), **NULL)
     assert not os.path.exists(tmp_path / "out" / "c_text_document.bin")
+    if damage != "cut short":  # read in small blocks, garbage may reach the parser first
+        return
+    # in blocks of 4 KiB of text: the lines before the block that failed are named (a cut
+    # gzip or xz stream fails where it ends; zstd's reader finds a cut frame at its start)
+    with pytest.raises(OSError) as raised:
+        run(tmp_path, str(source), chunk_bytes=4096, **NULL)
+    where = re.search(
+        r"reading failed (after line (\d+), within the 4,096 bytes of text after it|within its "
+        r"first 4,096 bytes of text): ",
+        str(raised.value),
+    )
+    assert where is not None, str(raised.value)
+    if kind != "zst":
+        assert where[2] is not None and 0 < int(where[2]) < 20000, str(raised.value)
+
+
+def test_an_input_that_cannot_be_opened_says_so(tmp_path, monkeypatch):
+    from megafmt.preprocess import inputs
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1"}])
+
+    def refused(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(inputs, "_open", refused)
+    with pytest.raises(OSError, match=r"in\.jsonl: cannot be opened: Permission denied$"):
+        run(tmp_path, source, **NULL)
 
 
 def test_a_folder_s_hidden_files_are_not_input_so_outputs_may_be_written_into_it(tmp_path):

@@ -250,12 +250,18 @@ def read_chunks(
         size = 0
         first = 1
         name = file.label
+        step = min(1 << 20, chunk_bytes)
         try:
-            with _open(file.path) as stream:
+            opened = _open(file.path)
+        except DECOMPRESSION_ERRORS as error:  # no permission, a compressed header it refuses
+            reason = getattr(error, "strerror", None) or error
+            raise ReadError(f"{name}: cannot be opened: {reason}") from None
+        try:
+            with opened as stream:
                 if file.start:
                     stream.seek(file.start)
                 limit = None if file.end is None else file.end - file.start
-                for block in _line_blocks(stream, limit, min(1 << 20, chunk_bytes)):
+                for block in _line_blocks(stream, limit, step):
                     blocks.append(block)
                     size += len(block)
                     if size >= chunk_bytes:
@@ -265,8 +271,13 @@ def read_chunks(
                         first, start = first + count, start + count
                         blocks, size = [], 0
         except DECOMPRESSION_ERRORS as error:
+            # a block's read fails whole: the lines read before it are known, not those in it
             read = first - 1 + sum(block.count(b"\n") for block in blocks)
-            where = f"after line {read}" if read else "in its first line"
+            where = (
+                f"after line {read}, within the {step:,} bytes of text after it"
+                if read
+                else f"within its first {step:,} bytes of text"
+            )
             raise ReadError(f"{name}: reading failed {where}: {error}") from None
         if blocks:
             chunk = Chunk(name, first, start, b"".join(blocks), size)
