@@ -22,6 +22,12 @@ def test_a_schedule_starts_at_zero_and_increases(starts: list[int]) -> None:
         PhaseSchedule(tuple(Phase(start) for start in starts))
 
 
+@pytest.mark.parametrize("start", [2.5, 2.0, True, "2"])
+def test_a_schedule_starts_at_whole_iterations(start: object) -> None:
+    with pytest.raises(ConfigError, match="phases start at whole iterations"):
+        PhaseSchedule((Phase(0), Phase(start)))
+
+
 def test_a_schedule_reads_from_the_phases_flag() -> None:
     schedule = PhaseSchedule.parse(["0:0.3 web 0.7 code", "40:code"])
     assert schedule.phases == (

@@ -69,6 +69,9 @@ def test_bad_schedules_and_states_are_refused() -> None:
         PhasedDataLoader([(1, Tagged(0, 10))], 0, CONFIG)
     with pytest.raises(SamplerError, match="phases start at iteration 0"):
         PhasedDataLoader([(0, Tagged(0, 10)), (0, Tagged(1, 10))], 0, CONFIG)
+    for start in (2.5, 2.0, True, "2"):
+        with pytest.raises(SamplerError, match="phases start at whole iterations"):
+            PhasedDataLoader([(0, Tagged(0, 10)), (start, Tagged(1, 10))], 0, CONFIG)
     with pytest.raises(ResumeError, match="not a whole number of global batches"):
         PhasedDataLoader(phases(), 4, CONFIG)
     state = PhasedDataLoader(phases(), 0, CONFIG).state_dict()

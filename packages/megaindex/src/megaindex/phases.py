@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
+
 from megafmt.protocols import CorpusAccounting
 from megaindex.blend import Blend, get_blend_from_list
 from megaindex.budget import samples_in_phase
@@ -43,6 +45,11 @@ class PhaseSchedule:
 
     def __post_init__(self) -> None:
         starts = self.starts
+        if not all(isinstance(s, int | numpy.integer) and not isinstance(s, bool) for s in starts):
+            raise ConfigError(
+                f"phases start at whole iterations (integers), found {starts}: a transition "
+                "falls between two iterations"
+            )
         if not starts or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
             raise ConfigError(
                 f"phases start at iteration 0 and at increasing iterations after it, found {starts}"

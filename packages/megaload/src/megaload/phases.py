@@ -25,7 +25,15 @@ from typing import Any
 
 from megaload.accounting import consumed_in_phase, num_micro_batches
 from megaload.batch_sampler import GlobalBatchSampler
-from megaload.checks import COUNT, COUNTS, INTEGER, MAPPING, check_count, check_state
+from megaload.checks import (
+    COUNT,
+    COUNTS,
+    INTEGER,
+    MAPPING,
+    check_count,
+    check_state,
+    is_integer,
+)
 from megaload.config import DataLoaderConfig
 from megaload.errors import LoaderStateError, PhaseDataError, ResumeError, SamplerError
 from megaload.loader import MegatronDataLoader
@@ -54,6 +62,11 @@ class PhasedDataLoader:
         config: DataLoaderConfig,
     ) -> None:
         starts = [start for start, _ in phases]
+        if not all(map(is_integer, starts)):
+            raise SamplerError(
+                f"phases start at whole iterations (integers), found {starts}: a transition "
+                "falls between two iterations"
+            )
         if not phases or starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
             raise SamplerError(
                 f"phases start at iteration 0 and at increasing iterations after it, found {starts}"
