@@ -580,6 +580,16 @@ def test_parquet_input_gives_the_bytes_of_the_same_documents_as_jsonl(tmp_path):
             ):
                 assert a.read() == b.read(), (key, suffix)
     assert len(documents(from_parquet.outputs["title"])) == 300
+    # its bytes are counted, batch by batch, to the file's size (the progress's MB and rate)
+    assert from_parquet.input_bytes == os.path.getsize(tmp_path / "in.parquet")
+
+
+def test_a_bad_row_of_a_parquet_input_is_named_as_a_row(tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
+    parquet.write_table(pyarrow.table({"text": ["1", "2", None]}), tmp_path / "in.parquet")
+    with pytest.raises(BadInputError, match=r"in\.parquet, row 3: key 'text' holds"):
+        run(tmp_path, str(tmp_path / "in.parquet"), **NULL)
 
 
 @pytest.mark.parametrize("damage", ["not UTF-8", "cut short"])

@@ -30,6 +30,13 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 #: a plain name, and each suffix the decompressing reader knows
 COMPRESSION_SUFFIXES = ("", *COMPRESSED_SUFFIXES)
 PARQUET_SUFFIX = ".parquet"
+
+
+def record_word(path: str) -> str:
+    """What an input's records are called in messages: a parquet file's rows, else lines."""
+    return "row" if path.endswith(PARQUET_SUFFIX) else "line"
+
+
 #: one line and its newline
 LINE = re.compile(rb"[^\n]*\n")
 INPUT_SUFFIXES = (
@@ -190,10 +197,13 @@ def _line_blocks(
         yield rest
 
 
-def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Iterator[list[dict]]:
-    """The rows of the parquet file ``path`` (its ``columns`` that it has), a batch at a time;
-    a file pyarrow cannot read, or a string that is not UTF-8, is a :class:`ReadError` naming
-    the file and the row."""
+def _parquet_rows(
+    path: str, columns: tuple[str, ...], batch_rows: int
+) -> Iterator[tuple[list[dict], int]]:
+    """The rows of the parquet file ``path`` (its ``columns`` that it has), a batch at a time,
+    each with its share of the file's bytes (what progress counts; the rows are compressed
+    together); a file pyarrow cannot read, or a string that is not UTF-8, is a
+    :class:`ReadError` naming the file and the row."""
     try:
         import pyarrow
         import pyarrow.parquet as parquet
@@ -206,9 +216,12 @@ def _parquet_rows(path: str, columns: tuple[str, ...], batch_rows: int) -> Itera
         with fsspec.open(path, "rb") as stream:
             table = parquet.ParquetFile(stream)
             present = [c for c in columns if c in table.schema_arrow.names]
+            size, total, counted = stream.size, max(1, table.metadata.num_rows), 0
             for batch in table.iter_batches(batch_size=batch_rows, columns=present):
                 rows = _pylist(batch, first)
-                yield rows
+                share = size * (first - 1 + len(rows)) // total - counted
+                counted += share
+                yield rows, share
                 first += len(rows)
     except (pyarrow.ArrowException, OSError) as error:
         raise ReadError(
@@ -241,8 +254,8 @@ def read_chunks(
     for file in files:
         if file.path.endswith(PARQUET_SUFFIX):
             first = 1
-            for rows in _parquet_rows(file.path, columns, max(1, chunk_bytes // 1024)):
-                yield Chunk(file.path, first, start, rows, 0)
+            for rows, nbytes in _parquet_rows(file.path, columns, max(1, chunk_bytes // 1024)):
+                yield Chunk(file.path, first, start, rows, nbytes)
                 first += len(rows)
                 start += len(rows)
             continue

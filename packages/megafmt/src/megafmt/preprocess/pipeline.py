@@ -39,7 +39,7 @@ from megafmt.preprocess.encoding import (
     prebuilt_for_fork,
     start_worker,
 )
-from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks
+from megafmt.preprocess.inputs import InputFile, expand_input, read_chunks, record_word
 from megafmt.preprocess.pool import PoolWatch, adopt_run_threads, worker_context
 from megafmt.preprocess.sentences import load_splitter
 from megafmt.preprocess.writer import PartitionedOutput
@@ -318,7 +318,7 @@ def tokenize_into(
             if result.bad_lines:
                 if not config.skip_bad_lines:
                     line, why = result.bad_lines[0]
-                    raise BadInputError(f"{result.file}, line {line}: {why}")
+                    raise BadInputError(f"{result.file}, {record_word(result.file)} {line}: {why}")
                 summary.skipped_lines += len(result.bad_lines)
                 room = SHOWN_BAD_LINES - len(summary.first_skipped)
                 summary.first_skipped += [
@@ -340,7 +340,7 @@ def tokenize_into(
                     and summary.documents >= config.trial_documents
                 ):
                     break
-                where = f"{chunk.file} from line {chunk.first_line}"
+                where = f"{chunk.file} from {record_word(chunk.file)} {chunk.first_line}"
                 window.append((pool.submit(encode_in_worker, chunk), where))
                 watch.note_workers(pool)
                 if len(window) >= 2 * config.workers + 2:
