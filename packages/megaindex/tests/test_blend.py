@@ -191,3 +191,11 @@ def test_a_blend_that_would_pass_the_mapping_limit_is_warned_of_at_build(
         assert said[0].startswith(f"the datasets of {corpora} corpora may need {needed:,} ")
         suggested = {1_017: 2048, 1_051: 4096}[needed]  # the power of two from twice it up
         assert said[0].endswith(f"sysctl -w vm.max_map_count={suggested}")
+
+
+@pytest.mark.parametrize("weight", ["1", None, True, float("nan")])
+def test_a_blend_weight_that_is_not_a_number_is_refused_naming_it(weight):
+    from megaindex.builder import check_blend_weights
+
+    with pytest.raises(ConfigError, match=r"blend: the weight of 'web' is .*; weights must be"):
+        check_blend_weights("blend", ["web", "code"], [weight, 1.0])

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import logging
 import math
+import numbers
 import os
 import queue
 import time
@@ -116,7 +117,8 @@ def check_blend_weights(
     if weights is None:
         return
     for prefix, weight in zip(prefixes, weights, strict=True):
-        if not (math.isfinite(weight) and weight >= 0):
+        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight >= 0):
             raise ConfigError(
                 f"{name}: the weight of {prefix!r} is {weight!r}; weights must be finite "
                 "numbers >= 0"
