@@ -74,6 +74,17 @@ def test_bad_header(make_corpus, sizes_only):
     assert "unsupported version at offset 9: expected 1, found 7" in violation.message
 
 
+def test_an_index_without_its_first_document_entry_says_what_is_missing(make_corpus):
+    prefix = make_corpus([], name="none")  # 0 sequences, 1 document entry (the 0)
+    with open(get_idx_path(prefix), "r+b") as stream:
+        stream.seek(26)
+        stream.write(struct.pack("<Q", 0))  # the document count: no entry at all
+        stream.truncate(34)
+    violation = first(prefix)
+    assert violation.check == "documents"
+    assert "document_indices is empty; expected at least its first entry, 0" in violation.message
+
+
 @sizes_only
 @pytest.mark.parametrize("size,found", [(0, "the file is empty"), (20, "found only 20 bytes")])
 def test_truncated_header(make_corpus, sizes_only, size, found):

@@ -260,7 +260,12 @@ def _document_violations(index: Index) -> Iterator[Violation]:
         return f"document_indices[{i}] (byte {base + 8 * i})"
 
     if len(documents) == 0:
-        yield Violation("documents", index.name, "document_indices is empty; expected at least 0")
+        yield Violation(
+            "documents",
+            index.name,
+            "document_indices is empty; expected at least its first entry, 0 (the header's "
+            "document count is 0, it must be 1 or more)",
+        )
         return
     if documents[0] != 0:
         yield Violation("documents", index.name, f"{at(0)}: expected 0, found {documents[0]}")
