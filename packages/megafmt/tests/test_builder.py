@@ -432,3 +432,15 @@ def test_add_index_refuses_a_damaged_index_naming_the_entry(make_corpus, tmp_pat
     ):
         builder.add_index(corpus)
     builder.abort()
+
+
+def test_finalize_into_a_directory_s_place_leaves_nothing_beside_it(tmp_path):
+    from megafmt.errors import OutputBlockedError
+
+    os.mkdir(tmp_path / "out.bin")
+    builder = IndexedDatasetBuilder(str(tmp_path / "out.bin"))
+    builder.add_document([1, 2, 3], [3])
+    with pytest.raises(OutputBlockedError, match=r"out.bin: found a directory where the token"):
+        builder.finalize(str(tmp_path / "out.idx"))
+    assert isinstance(OutputBlockedError("x"), OSError)  # caught where an OSError is
+    assert sorted(os.listdir(tmp_path)) == ["out.bin"]  # no partial file left

@@ -20,7 +20,7 @@ import pytest
 
 from megafmt import IndexedDataset, IndexedDatasetBuilder, manifest_path, read_manifest
 from megafmt.cli.main import main
-from megafmt.errors import FormatError, PluginError
+from megafmt.errors import OutputBlockedError, PluginError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
 from megafmt.preprocess.encoding import Encoder, EncodeSettings
 from megafmt.preprocess.inputs import Chunk
@@ -736,7 +736,7 @@ def test_a_key_that_cannot_be_written_replaces_no_other_key_s_output(tmp_path, p
     kept = [old["text"] + ".bin", old["text"] + ".idx", old["title"] + ".idx"]
     before = {path: Path(path).read_bytes() for path in kept}
     changed = write_jsonl(tmp_path / "new.jsonl", [{"text": "4 5 6", "title": "7"}])
-    with pytest.raises(FormatError, match=r"c_title_document.bin: found a directory where the"):
+    with pytest.raises(OutputBlockedError, match=r"c_title_document.bin: found a directory where"):
         run(tmp_path, changed, json_keys=("text", "title"), partitions=partitions, **NULL)
     assert {path: Path(path).read_bytes() for path in kept} == before  # the old outputs
     assert sorted(os.listdir(tmp_path / "out")) == [  # no partial file left

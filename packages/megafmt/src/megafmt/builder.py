@@ -25,7 +25,7 @@ import numpy
 from megafmt.atomic import open_exclusive, partial_path, remove_quietly
 from megafmt.conversion import TokenEncoder, as_bounded_ints, as_token_array
 from megafmt.dtypes import DType
-from megafmt.errors import FormatError, MissingFileError, TokenValueError
+from megafmt.errors import FormatError, MissingFileError, OutputBlockedError, TokenValueError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
 from megafmt.verification import check_consistency
@@ -288,23 +288,25 @@ class IndexedDatasetBuilder:
             raise ValueError(f"{self.bin_path}: prepare() the corpus before its commit")
         for path, what in ((self.bin_path, "token file"), (self._prepared[1], "index file")):
             if os.path.isdir(path):
-                raise FormatError(
+                raise OutputBlockedError(
                     f"{path}: found a directory where the {what} is to be written; move it "
                     "away or choose another output prefix"
                 )
 
     def commit(self) -> None:
-        """Move the prepared files into place, the ``.idx`` last."""
-        self.check_targets()
-        partial_idx, idx_path = self._prepared
+        """Move the prepared files into place, the ``.idx`` last; where that fails, they are
+        deleted (nothing is left beside the outputs)."""
+        partial_idx, idx_path = self._prepared or (None, None)
         try:
+            self.check_targets()
             # an old .idx must not sit beside the new .bin, even for an instant
             remove_quietly(idx_path)
             os.replace(self._partial_bin, self.bin_path)
             os.replace(partial_idx, idx_path)
         except BaseException:
-            remove_quietly(partial_idx)
-            remove_quietly(self._partial_bin)
+            if partial_idx is not None:
+                remove_quietly(partial_idx)
+                remove_quietly(self._partial_bin)
             raise
         finally:
             self._prepared = None

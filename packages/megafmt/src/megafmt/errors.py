@@ -49,6 +49,10 @@ class UnsafePathError(MegafmtError, ValueError):
     or an absolute component)."""
 
 
+class OutputBlockedError(MegafmtError, IsADirectoryError):
+    """A file megafmt writes finds a directory at its name (the message names it)."""
+
+
 class NotAFolderError(MegafmtError, NotADirectoryError):
     """A folder the project writes into (a cache folder, an output folder) is something else
     at its name: a file, or a symbolic link to nothing."""

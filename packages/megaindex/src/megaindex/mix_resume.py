@@ -200,7 +200,6 @@ class MixState:
         (a Megatron-LM checkpoint's saved ones), so that chains of changes compose."""
         names = [_named(prefix) for prefix in prefixes]
         _check_distinct(names, "the blend")
-        _check_positive(names, weights)
         if consumed_samples < self.consumed_samples:
             raise ConfigError(
                 f"the run consumed {consumed_samples} samples, fewer than the "
@@ -254,6 +253,10 @@ def _check_segment(saved: Any, consumed_samples: int) -> None:
         ),
         "offsets": ("an integer >= 0", _is_count),
     }
+    if not isinstance(saved["corpora"], (list, tuple)):
+        raise ConfigError(
+            f"{where}['corpora'] is {saved['corpora']!r}; expected a list of corpus prefixes"
+        )
     for key, (allowed, test) in fields.items():
         values = saved[key]
         if not isinstance(values, (list, tuple)) or len(values) != len(saved["corpora"]):

@@ -396,6 +396,9 @@ class SharedTableCache:
         self.store = _Store(config.url)
         #: by entry, the objects a download found missing beside a committed description
         self._lacking: dict[str, list[str]] = {}
+        #: the entries whose node copy is complete and the store's is not (objects lost or
+        #: cut short since their commit): uploaded again, never downloaded over the copy
+        self._stale_in_store: set[str] = set()
 
     def obtain(
         self,
@@ -528,6 +531,7 @@ class SharedTableCache:
             return False
         lacking = self._store_lacks(entry) if committed[1] else []
         if lacking:  # objects deleted or cut since: the other nodes could not fetch them
+            self._stale_in_store.add(entry.base)
             logger.warning(
                 "%s: the store holds these tables' description but %s; this node's copy is "
                 "uploaded again",
@@ -567,8 +571,11 @@ class SharedTableCache:
         """:meth:`obtain`'s work under the node's lock."""
         watch, last_message = _Watch(), time.monotonic()
         generation = 0
+        # the node's copy is good and the store's is not: uploaded under a lease, not fetched
+        upload_only = may_build and entry.base in self._stale_in_store and entry.complete()
+        self._stale_in_store.discard(entry.base)
         while True:  # bounded: each lease is built or declared dead within lease_seconds
-            if self._download(entry, description):
+            if not upload_only and self._download(entry, description):
                 return self._served(entry, load_or_build, may_build, rebuilt)
             generation = self._current_generation(entry, generation)
             if generation > 0 and not may_build:  # another process of this node gave up on it
@@ -767,6 +774,7 @@ class SharedTableCache:
         listed with another size, is fetched and compared whole, and the listing's sizes are
         not used: they may be of an upload then under way. A shorter start of this text is
         one being written (a file system whose put writes in place) and counts as none yet."""
+        self._lacking.pop(entry.base, None)  # found again below, if still so
         name = os.path.basename(entry.description_path)
         committed = self._committed(name, description.encode("utf-8"))
         if committed is None:
