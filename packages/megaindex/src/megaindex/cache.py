@@ -62,6 +62,7 @@ from megaindex.file_writes import (
     held_bytes,
     write_files,
 )
+from megaindex.utils import is_count
 
 logger = logging.getLogger(__name__)
 
@@ -368,10 +369,6 @@ def read_sidecar(path: str) -> dict[str, Any] | None:
     return sidecar
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _mapping_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, dict) and all(map(test, value.values()))
 
@@ -381,7 +378,7 @@ def _is_spec(spec: Any) -> bool:
         isinstance(spec, dict)
         and isinstance(spec.get("dtype"), str)
         and isinstance(spec.get("shape"), list)
-        and all(map(_is_count, spec["shape"]))
+        and all(map(is_count, spec["shape"]))
     )
 
 

@@ -40,7 +40,7 @@ from megaindex.gpt_dataset import GPTDataset
 from megaindex.helpers import build_blending_indices
 from megaindex.megatron_dataset import described_path
 from megaindex.part_batches import BlendReader
-from megaindex.utils import normalize
+from megaindex.utils import is_count, normalize
 
 #: the unique identifiers of a corpus that do not shape its order (the sample count does only
 #: through its epochs, which the order records itself)
@@ -137,7 +137,7 @@ class MixState:
     exactly what an uninterrupted run would (Megatron's blend, from the first segment)."""
 
     def __post_init__(self) -> None:
-        if not _is_count(self.consumed_samples):
+        if not is_count(self.consumed_samples):
             raise ConfigError(
                 f"the mix state's consumed_samples is {self.consumed_samples!r}; expected an "
                 "integer >= 0"
@@ -151,7 +151,7 @@ class MixState:
             where = f"the saved record of corpus {name!r}"
             if not isinstance(record, Mapping):
                 raise ConfigError(f"{where} is {record!r}; expected a mapping")
-            if not _is_count(record.get("consumed")):
+            if not is_count(record.get("consumed")):
                 raise ConfigError(
                     f"{where} holds consumed={record.get('consumed')!r}; expected an integer >= 0"
                 )
@@ -220,11 +220,6 @@ class MixState:
         )
 
 
-def _is_count(value: Any) -> bool:
-    """An integer >= 0 (numpy's too), not a bool or a float of integral value."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
-
-
 def _check_segment(saved: Any, consumed_samples: int) -> None:
     """Refuse, naming the field, a saved segment (:attr:`MixState.segment`) that is not one
     :func:`segment` records: a start within the run, and one prefix, weight and offset per
@@ -235,7 +230,7 @@ def _check_segment(saved: Any, consumed_samples: int) -> None:
     missing = [key for key in ("start", "corpora", "weights", "offsets") if key not in saved]
     if missing:
         raise ConfigError(f"{where} lacks {', '.join(missing)}")
-    if not _is_count(saved["start"]) or saved["start"] > consumed_samples:
+    if not is_count(saved["start"]) or saved["start"] > consumed_samples:
         raise ConfigError(
             f"{where}['start'] is {saved['start']!r}; expected an integer from 0 to the "
             f"consumed_samples {consumed_samples}"
@@ -251,7 +246,7 @@ def _check_segment(saved: Any, consumed_samples: int) -> None:
                 and v >= 0
             ),
         ),
-        "offsets": ("an integer >= 0", _is_count),
+        "offsets": ("an integer >= 0", is_count),
     }
     if not isinstance(saved["corpora"], (list, tuple)):
         raise ConfigError(

@@ -4,7 +4,9 @@ made an array when used."""
 
 from __future__ import annotations
 
+import numbers
 from enum import Enum
+from typing import Any
 
 import numpy
 
@@ -28,6 +30,12 @@ class Split(Enum):
         return NotImplemented
 
     __hash__ = Enum.__hash__
+
+
+def is_count(value: Any) -> bool:
+    """Whether ``value`` is an integer >= 0 (numpy's too), not a bool nor a float of integral
+    value: what a count read back from a saved state or a sidecar must be."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
 
 
 def normalize(weights: list[float]) -> list[float]:
