@@ -667,7 +667,8 @@ def test_a_sentence_longer_than_a_sequence_holds_is_a_bad_line_not_a_wrapped_len
     long = "1 2 3 4" if append_eod else "1 2 3 4 5"  # five tokens, with the EOD or without
     lines = ['{"text": "1"}', json.dumps({"text": ["6 7 8 9", long]}), '{"text": "2"}']
     source = write_jsonl(tmp_path / "in.jsonl", lines)
-    settings = dict(append_eod=append_eod, workers=1, **NULL)
+    # a forked worker encodes with the limit set here (a fork server's would import its own)
+    settings = dict(append_eod=append_eod, workers=1, start_method="fork", **NULL)
     summary = run(tmp_path, source, skip_bad_lines=True, **settings)
     eod = [99] if append_eod else []
     assert documents(summary.outputs["text"]) == [[[1, *eod]], [[2, *eod]]]
