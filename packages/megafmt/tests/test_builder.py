@@ -444,3 +444,15 @@ def test_finalize_into_a_directory_s_place_leaves_nothing_beside_it(tmp_path):
         builder.finalize(str(tmp_path / "out.idx"))
     assert isinstance(OutputBlockedError("x"), OSError)  # caught where an OSError is
     assert sorted(os.listdir(tmp_path)) == ["out.bin"]  # no partial file left
+
+
+def test_add_index_names_a_directory_in_the_bin_s_place(make_corpus, tmp_path):
+    from megafmt.errors import MissingFileError
+
+    corpus = make_corpus([[[1, 2]]], name="folder")
+    os.remove(get_bin_path(corpus))
+    os.mkdir(get_bin_path(corpus))
+    builder = IndexedDatasetBuilder(str(tmp_path / "merged.bin"))
+    with pytest.raises(MissingFileError, match=r"folder.bin: found a directory where the token"):
+        builder.add_index(corpus)
+    builder.abort()

@@ -28,6 +28,7 @@ from megafmt.dtypes import DType
 from megafmt.errors import FormatError, MissingFileError, OutputBlockedError, TokenValueError
 from megafmt.format import get_bin_path, get_idx_path
 from megafmt.index import Index, IndexWriter
+from megafmt.prefix_hints import missing_file_message
 from megafmt.verification import check_consistency
 
 INT32_MAX = 2**31 - 1
@@ -225,10 +226,9 @@ class IndexedDatasetBuilder:
                 f"differs from the builder's {self._dtype.name}; merged corpora must share it"
             )
         bin_path = get_bin_path(path_prefix)
-        try:
-            bin_size = os.path.getsize(bin_path)
-        except FileNotFoundError:
-            raise MissingFileError(f"{bin_path}: token file not found") from None
+        if not os.path.isfile(bin_path):  # missing, or a directory in its place
+            raise MissingFileError(f"{bin_path}: {missing_file_message(bin_path, 'token file')}")
+        bin_size = os.path.getsize(bin_path)
         # the index whole, as an open checks it: a damaged one would be copied into the merge
         # (its pointers rebuilt from its lengths, its document indices as they are)
         check_consistency(index, bin_path, bin_size)
@@ -255,9 +255,14 @@ class IndexedDatasetBuilder:
         return None if self._modes is None else numpy.array(self._modes, dtype=numpy.int8)
 
     def finalize(self, idx_path: str) -> None:
-        """Write the index to ``idx_path`` and move both files into place, the ``.idx`` last."""
+        """Write the index to ``idx_path`` and move both files into place, the ``.idx`` last;
+        where that fails, nothing is left beside them."""
         self.prepare(idx_path)
-        self.commit()
+        try:
+            self.commit()
+        except BaseException:
+            self.abort()
+            raise
 
     def prepare(self, idx_path: str) -> None:
         """Write the index beside ``idx_path``: both files complete, not yet in place
@@ -294,22 +299,21 @@ class IndexedDatasetBuilder:
                 )
 
     def commit(self) -> None:
-        """Move the prepared files into place, the ``.idx`` last; where that fails, they are
-        deleted (nothing is left beside the outputs)."""
-        partial_idx, idx_path = self._prepared or (None, None)
+        """Move the prepared files into place, the ``.idx`` last. A place that holds something
+        they cannot replace is refused first (:meth:`check_targets`), the files kept for
+        :meth:`abort`; a move that fails deletes them."""
+        self.check_targets()
+        partial_idx, idx_path = self._prepared
+        self._prepared = None
         try:
-            self.check_targets()
             # an old .idx must not sit beside the new .bin, even for an instant
             remove_quietly(idx_path)
             os.replace(self._partial_bin, self.bin_path)
             os.replace(partial_idx, idx_path)
         except BaseException:
-            if partial_idx is not None:
-                remove_quietly(partial_idx)
-                remove_quietly(self._partial_bin)
+            remove_quietly(partial_idx)
+            remove_quietly(self._partial_bin)
             raise
-        finally:
-            self._prepared = None
 
     def abort(self) -> None:
         """Stop building and delete what was written, prepared files too; nothing appears at

@@ -16,11 +16,16 @@ def sequence_lengths(lengths: numpy.ndarray | list[int]) -> numpy.ndarray:
     where one passes :data:`MAX_SEQUENCE_TOKENS` (a cast would wrap it silently)."""
     wide = numpy.asarray(lengths, dtype=numpy.int64)
     if wide.size and int(wide.max()) > MAX_SEQUENCE_TOKENS:
-        raise OverflowError(
-            f"a sequence of {int(wide.max())} tokens; a sequence holds at most "
-            f"{MAX_SEQUENCE_TOKENS} (its length is an int32 in the .idx)"
-        )
+        raise OverflowError(too_long("a sequence", int(wide.max())))
     return wide.astype(numpy.int32)
+
+
+def too_long(what: str, tokens: int) -> str:
+    """Why ``what`` (a sequence, a sentence) of ``tokens`` tokens cannot be written."""
+    return (
+        f"{what} of {tokens} tokens; a sequence holds at most {MAX_SEQUENCE_TOKENS} (its "
+        "length is an int32 in the .idx)"
+    )
 
 
 @dataclass

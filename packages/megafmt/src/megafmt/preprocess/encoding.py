@@ -35,6 +35,7 @@ from megafmt.preprocess.encoded import (
     EncodedChunk,
     EncodedKey,
     sequence_lengths,
+    too_long,
 )
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
@@ -174,10 +175,7 @@ class Encoder:
                 return f"token id {bad} does not fit the output dtype {self.dtype.name}"
             tokens = len(sentence) + (eod if number == last else 0)
             if tokens > MAX_SEQUENCE_TOKENS:
-                return (
-                    f"a sentence of {tokens} tokens; a sequence holds at most "
-                    f"{MAX_SEQUENCE_TOKENS} (its length is an int32 in the .idx)"
-                )
+                return too_long("a sentence", tokens)
         return None
 
     def encode(self, chunk: Chunk) -> EncodedChunk:
