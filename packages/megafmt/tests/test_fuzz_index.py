@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from megafmt import IndexedDataset, MegafmtError, get_bin_path, get_idx_path, verify
 from megafmt.format import HEADER
+from megafmt.index import Index
+from megafmt.verification import _small_index_passes, index_violations
 
 DOCUMENTS = [[[1, 2, 3], [4, 5]], [[6]], [[], [7, 8, 9, 10]], [[11, 12]]]
 ALLOWED = (MegafmtError, IndexError)
@@ -127,6 +129,66 @@ def test_mutations_of_a_valid_corpus(edits, cut, bin_cut):
         with open(get_bin_path(prefix), "wb") as stream:
             stream.write(numpy.arange(12, dtype=numpy.int32).tobytes()[:bin_cut])
         exercise(prefix, multimodal=False)
+
+
+@st.composite
+def nearly_valid_indices(draw):
+    """An int32 index's bytes and a ``.bin`` size, consistent but for a few slips: lengths that
+    may be negative, pointers, document indices and the size each maybe off by a little."""
+    lengths = draw(st.lists(st.integers(-2, 5), max_size=6))
+    pointers = [4 * sum(lengths[:i]) for i in range(len(lengths))]
+    cuts = draw(st.lists(st.integers(1, max(1, len(lengths))), max_size=3))
+    documents = [0, *sorted(cuts), len(lengths)] if lengths else [0]
+    for table in (pointers, documents):
+        if table and draw(st.booleans()):
+            table[draw(st.integers(0, len(table) - 1))] += draw(st.sampled_from([-4, -1, 1, 4]))
+    if draw(st.booleans()):
+        documents = documents[: draw(st.integers(0, len(documents)))]
+    tokens = (pointers[-1] + 4 * lengths[-1]) // 4 if lengths else 0
+    bin_size = 4 * tokens + draw(st.sampled_from([0, 0, 0, -4, 4, 1]))
+    data = (
+        HEADER.pack(b"MMIDIDX\x00\x00", 1, 4, len(lengths), len(documents))
+        + struct.pack(f"<{len(lengths)}i", *lengths)
+        + struct.pack(f"<{len(pointers)}q", *pointers)
+        + struct.pack(f"<{len(documents)}q", *documents)
+    )
+    return data, bin_size
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    index_and_size=nearly_valid_indices()
+    | st.tuples(
+        st.lists(st.tuples(st.integers(0, 145), st.integers(0, 255)), max_size=4).map(
+            lambda edits: mutated(valid_index(), edits)
+        ),
+        st.integers(0, 60) | st.just(48),
+    ),
+)
+def test_the_small_index_test_at_open_passes_exactly_what_the_full_check_passes(
+    index_and_size,
+):
+    """The dozen-operation test opening gives a small index passes an index and ``.bin`` size
+    exactly when the chunked check finds no violation (that check words the error)."""
+    data, bin_size = index_and_size
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "c.idx")
+        with open(path, "wb") as stream:
+            stream.write(data)
+        try:
+            index = Index(path)
+        except MegafmtError:
+            return
+        found = list(index_violations(index, "c.bin", bin_size))
+        assert _small_index_passes(index, bin_size) == (not found), found
+
+
+def mutated(data, edits):
+    """``data`` with the byte at each offset of ``edits`` set to its value."""
+    data = bytearray(data)
+    for offset, value in edits:
+        data[offset] = value
+    return bytes(data)
 
 
 def valid_index():

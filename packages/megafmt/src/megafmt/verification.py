@@ -195,11 +195,33 @@ def check_consistency(index: Index, bin_path: str, bin_size: int) -> None:
     """Raise :class:`FormatError` naming the file, field and offset of the first violation of
     :func:`index_violations`: the check every corpus gets when it is opened, so a damaged
     index or a ``.bin`` of the wrong size never yields wrong tokens."""
+    if index.sequence_count <= CHUNK and _small_index_passes(index, bin_size):
+        return
     for violation in index_violations(index, bin_path, bin_size):
         raise FormatError(
             f"{violation} (the corpus fails its consistency check at open; "
             f"`mega verify` lists every violation)"
         )
+
+
+def _small_index_passes(index: Index, bin_size: int) -> bool:
+    """Whether an index of one chunk has none of :func:`index_violations`, in a dozen array
+    operations: a blend opens thousands of small corpora, and the chunked walk that finds
+    and words the first violation cost three times more. False sends it to that walk."""
+    documents, lengths = index.document_indices, index.sequence_lengths
+    count = index.sequence_count
+    if not len(documents) or documents[0] != 0 or documents[-1] != count:
+        return False
+    if (documents[1:] < documents[:-1]).any():
+        return False
+    if count:
+        pointers = index.sequence_pointers
+        if pointers[0] != 0 or lengths.min() < 0:
+            return False
+        sizes = numpy.multiply(lengths[:-1], index.dtype_size, dtype=numpy.int64)
+        if not numpy.array_equal(pointers[1:] - pointers[:-1], sizes):
+            return False
+    return bin_size == index.num_tokens * index.dtype_size
 
 
 def _size_violations(

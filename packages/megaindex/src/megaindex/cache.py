@@ -175,13 +175,12 @@ class CacheEntry:
     def table_path(self, table: str) -> str:
         return self.path(f"{table}.npy")
 
-    def files(self) -> list[str]:
-        """The files megatron-core requires for a cache hit."""
-        return [self.description_path] + [self.table_path(t) for t in self.tables]
-
     def complete(self) -> bool:
-        """Whether every file of the entry exists (megatron-core's test for a hit)."""
-        return all(os.path.isfile(path) for path in self.files())
+        """Whether every file of the entry exists (megatron-core's test for a hit): the
+        description first, the one a cold build lacks, each name made only when asked."""
+        return os.path.isfile(self.description_path) and all(
+            os.path.isfile(self.table_path(table)) for table in self.tables
+        )
 
 
 #: the start of a version 1.0 ``.npy`` file: its magic, its version, then the header's length
