@@ -104,3 +104,36 @@ def test_a_blend_of_s3_corpora_equals_the_local_blend(tmp_path):
         numpy.testing.assert_array_equal(remote.dataset_index, here.dataset_index)
         for i in range(len(here)):
             numpy.testing.assert_array_equal(remote[i]["tokens"], here[i]["tokens"])
+
+
+def test_a_shared_cache_whose_endpoint_does_not_answer_is_an_error_naming_it(
+    tmp_path, monkeypatch
+):
+    """An index cache in S3 whose endpoint nobody listens on: the build fails after the
+    client's retries (seconds), naming the store, the request and the endpoint, not with
+    botocore's bare EndpointConnectionError; no table is built or fetched."""
+    import s3fs
+    from s3testing import FAKE_CREDENTIALS, free_port
+
+    from megaindex.shared_cache import SharedCacheError
+
+    for key, value in FAKE_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    s3fs.S3FileSystem.clear_instance_cache()  # one made for another endpoint would be reused
+    try:
+        with pytest.raises(SharedCacheError) as raised:
+            build(
+                ([write_corpus(str(tmp_path / "corpus"))], None),
+                [50, 0, 0],
+                "s3://nowhere/cache",
+                str(tmp_path / "node"),
+                split="100,0,0",
+            )
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    message = str(raised.value)
+    assert message.startswith("s3://nowhere/cache: the store could not be asked (list): ")
+    assert "EndpointConnectionError" in message and f"127.0.0.1:{port}" in message
+    assert not list((tmp_path / "node").rglob("*.npy"))  # no table, built or fetched

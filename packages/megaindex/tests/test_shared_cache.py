@@ -884,3 +884,32 @@ def test_a_node_that_may_not_build_names_the_objects_the_store_lost(store, tmp_p
         SharedTableCache(SharedCacheConfig(store)).obtain(
             entry, "described", saver(entry, []), may_build=False
         )
+
+
+def test_a_store_that_cannot_be_reached_is_an_error_naming_it_and_the_request(
+    store, tmp_path, monkeypatch, caplog
+):
+    """A client's own error (botocore's EndpointConnectionError for an endpoint that does not
+    answer is no OSError) names the store and the request; a node's complete copy still
+    serves, with a warning."""
+    SharedTableCache(SharedCacheConfig(store)).obtain(
+        entry_in(tmp_path / "node0"), "described", saver(entry_in(tmp_path / "node0"), []), True
+    )
+    monkeypatch.setattr(shared_cache, "_listings", {})  # another process: it lists afresh
+    cache = SharedTableCache(SharedCacheConfig(store))
+
+    def unreachable(*args, **kwargs):
+        raise RuntimeError('Could not connect to the endpoint URL: "http://127.0.0.1:9/"')
+
+    for method in ("ls", "cat_file", "exists", "get_file", "pipe_file", "put_file"):
+        monkeypatch.setattr(cache.store.fs, method, unreachable)
+    fresh = entry_in(tmp_path / "node1")
+    with pytest.raises(SharedCacheError) as raised:
+        cache.obtain(fresh, "described", saver(fresh, []), may_build=False)
+    assert str(raised.value).startswith(f"{store}: the store could not be asked (list): ")
+    assert "RuntimeError: Could not connect to the endpoint URL" in str(raised.value)
+    assert not fresh.complete()
+    node0 = entry_in(tmp_path / "node0")
+    with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
+        assert cache.obtain(node0, "described", saver(node0, []), may_build=True) == "loaded"
+    assert "this node's copy is used as it is" in caplog.text

@@ -285,14 +285,32 @@ class _Store:
     def key(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}"
 
+    @contextmanager
+    def _asked(self, kind: str, name: str | None = None) -> Iterator[None]:
+        """One request of ``kind`` (about object ``name``), counted. A failure that is not the
+        store's answer about an object (no such object, one there already) is a
+        :class:`SharedCacheError` naming the store, the object and the request: a client's own
+        errors (botocore's EndpointConnectionError for an endpoint that does not answer,
+        NoCredentialsError) are not OSErrors and name neither."""
+        _count(kind)
+        try:
+            yield
+        except (FileNotFoundError, FileExistsError, SharedCacheError):
+            raise
+        except Exception as error:
+            where = self.url if name is None else f"{self.url}/{name}"
+            raise SharedCacheError(
+                f"{where}: the store could not be asked ({kind}): {_worded(error)}"
+            ) from error
+
     def exists(self, name: str) -> bool:
-        _count("exists")
-        return self.fs.exists(self.key(name))
+        with self._asked("exists", name):
+            return self.fs.exists(self.key(name))
 
     def read(self, name: str) -> bytes | None:
-        _count("get")
         try:
-            return self.fs.cat_file(self.key(name))
+            with self._asked("get", name):
+                return self.fs.cat_file(self.key(name))
         except FileNotFoundError:
             return None
 
@@ -301,30 +319,32 @@ class _Store:
         system lists none; one LIST request).
         The file system's own cache of listings is emptied after: it would answer later
         existence checks of leases from this snapshot."""
-        _count("list")
         try:
-            found = self.fs.ls(self.root, detail=True, refresh=True)
+            with self._asked("list"):
+                try:
+                    found = self.fs.ls(self.root, detail=True, refresh=True)
+                finally:
+                    self.fs.invalidate_cache(self.root)
         except FileNotFoundError:
             found = []
-        finally:
-            self.fs.invalidate_cache(self.root)
         sizes = {os.path.basename(o["name"].rstrip("/")): o.get("size") for o in found}
         return {name: None if size is None else int(size) for name, size in sizes.items()}
 
     def download(self, name: str, local: str) -> None:
-        """Copy the object to the file ``local`` (one GET, streamed by the file system)."""
+        """Copy the object to the file ``local`` (one GET, streamed by the file system; its
+        failures are worded by the caller, which knows how long it took)."""
         _count("get")
         self.fs.get_file(self.key(name), local)
 
     def upload(self, local: str, name: str) -> None:
         """Copy the file ``local`` to the object (streamed by the file system: a table of a
         large run is GBs, not read into memory whole)."""
-        _count("put")
-        self.fs.put_file(local, self.key(name))
+        with self._asked("put", name):
+            self.fs.put_file(local, self.key(name))
 
     def write(self, name: str, data: bytes) -> None:
-        _count("put")
-        self.fs.pipe_file(self.key(name), data)
+        with self._asked("put", name):
+            self.fs.pipe_file(self.key(name), data)
 
     def create(self, name: str, data: bytes) -> bool:
         """Write ``data`` unless the object exists (a conditional put); whether it did
@@ -334,12 +354,12 @@ class _Store:
         fails otherwise (S3 answers a conditional put raced by another with 409, which s3fs
         reports as an I/O error; a reply lost after the put landed) is settled by what the store
         then holds under the name, looked at for :data:`CONFLICT_SECONDS`."""
-        _count("create")
         key = self.key(name)
         try:
-            if isinstance(self.fs, LocalFileSystem):
-                return self._create_local(key, data)
-            self.fs.pipe_file(key, data, mode="create")
+            with self._asked("create", name):
+                if isinstance(self.fs, LocalFileSystem):
+                    return self._create_local(key, data)
+                self.fs.pipe_file(key, data, mode="create")
         except FileExistsError:
             return False
         except OSError as error:
@@ -368,8 +388,7 @@ class _Store:
         return True
 
     def remove(self, name: str) -> None:
-        _count("remove")
-        with suppress(FileNotFoundError):
+        with suppress(FileNotFoundError), self._asked("remove", name):
             self.fs.rm_file(self.key(name))
 
 
