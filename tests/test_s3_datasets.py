@@ -106,9 +106,7 @@ def test_a_blend_of_s3_corpora_equals_the_local_blend(tmp_path):
             numpy.testing.assert_array_equal(remote[i]["tokens"], here[i]["tokens"])
 
 
-def test_a_shared_cache_whose_endpoint_does_not_answer_is_an_error_naming_it(
-    tmp_path, monkeypatch
-):
+def test_a_shared_cache_whose_endpoint_does_not_answer_is_an_error_naming_it(tmp_path, monkeypatch):
     """An index cache in S3 whose endpoint nobody listens on: the build fails after the
     client's retries (seconds), naming the store, the request and the endpoint, not with
     botocore's bare EndpointConnectionError; no table is built or fetched."""
