@@ -64,6 +64,13 @@ MALFORMED = [
     ),
     ({"version": 2, "consumed_samples": 0, "total_samples": 40}, "lacks sampler, sampler_state"),
     ({"version": 1, "consumed_samples": -4, "total_samples": 40}, r"is -4 \(int\); expected an"),
+    # keys this loader does not write: an option of another version could change the order
+    ({**STATE, "rng": 7}, r"loader state holds 'rng', which this loader's state_dict\(\) does no"),
+    (
+        {**STATE, "options": {**STATE["options"], "shuffle_each_epoch": False}},
+        r"loader state\['options'\] holds 'shuffle_each_epoch', which",
+    ),
+    ({**STATE, "layout": {**STATE["layout"], "tp": 2}}, r"loader state\['layout'\] holds 'tp'"),
 ]
 
 
@@ -83,6 +90,7 @@ def test_malformed_phased_states_name_the_key():
         ({**state, "phase": 2}, r"\['phase'\] is 2; this loader has phases 0 to 1"),
         ({**state, "phase_starts": ["0", 4]}, r"\['phase_starts'\] is \['0', 4\]"),
         ({**state, "version": 2}, r"\['version'\] is 2; expected 1"),
+        ({**state, "skip": 3}, r"phased loader state holds 'skip', which this loader's"),
     ):
         with pytest.raises(LoaderStateError, match=message):
             phased.load_state_dict(bad)

@@ -53,10 +53,11 @@ COUNTS: Kind = (
 )
 
 
-def check_state(state: Any, schema: Mapping[str, Kind], where: str) -> None:
+def check_state(state: Any, schema: Mapping[str, Kind], where: str, exact: bool = False) -> None:
     """Raise :class:`~megaload.errors.LoaderStateError` unless ``state`` is a mapping holding
-    every key of ``schema``, each value of its kind. ``where`` names the state in the message
-    (``"loader state"``, ``"loader state['layout']"``)."""
+    every key of ``schema``, each value of its kind, and with ``exact`` no other key (a key this
+    loader does not know may be a setting of the order it would ignore). ``where`` names the
+    state in the message (``"loader state"``, ``"loader state['layout']"``)."""
     if not isinstance(state, Mapping):
         raise LoaderStateError(
             f"{where} is a {type(state).__name__}; expected a mapping as state_dict() returns"
@@ -65,6 +66,13 @@ def check_state(state: Any, schema: Mapping[str, Kind], where: str) -> None:
     if missing:
         raise LoaderStateError(
             f"{where} lacks {', '.join(missing)}: it was not saved by this loader's state_dict()"
+        )
+    unknown = [repr(key) for key in state if key not in schema] if exact else []
+    if unknown:
+        raise LoaderStateError(
+            f"{where} holds {', '.join(unknown)}, which this loader's state_dict() does not "
+            f"write (it writes {', '.join(map(repr, schema))}): a state of another program or "
+            "version, or one edited; a setting this loader does not know could change the order"
         )
     for key, (allowed, test) in schema.items():
         if not test(state[key]):

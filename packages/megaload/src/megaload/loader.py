@@ -274,15 +274,19 @@ class MegatronDataLoader:
                 f"loader state['version'] is {version!r}; expected one of "
                 f"{', '.join(map(str, STATE_SCHEMAS))} (this loader writes {STATE_VERSION})"
             )
-        check_state(state, STATE_SCHEMAS[version], "loader state")
+        current = version == STATE_VERSION  # the keys of older versions are read as they were
+        schema = (
+            {"version": INTEGER, **STATE_SCHEMAS[version]} if current else STATE_SCHEMAS[version]
+        )
+        check_state(state, schema, "loader state", exact=current)
         if version == 1:
             state = self._upgraded_from_1(state)
         if version <= 2:
             state = self._upgraded_from_2(state)
         if version <= 3:
             state = {**state, "version": STATE_VERSION, "mix": None}
-        check_state(state["layout"], LAYOUT_SCHEMA, "loader state['layout']")
-        check_state(state["options"], OPTIONS_SCHEMA, "loader state['options']")
+        check_state(state["layout"], LAYOUT_SCHEMA, "loader state['layout']", exact=True)
+        check_state(state["options"], OPTIONS_SCHEMA, "loader state['options']", exact=True)
         return state
 
     def _check_same_data(self, state: Mapping[str, Any]) -> None:

@@ -174,7 +174,7 @@ class PhasedDataLoader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the same phase, its loader at the saved sample."""
-        check_state(state, PHASED_STATE_SCHEMA, "phased loader state")
+        check_state(state, PHASED_STATE_SCHEMA, "phased loader state", exact=True)
         if state["version"] != PHASED_STATE_VERSION:
             raise LoaderStateError(
                 f"phased loader state['version'] is {state['version']!r}; expected "
