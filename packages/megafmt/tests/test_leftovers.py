@@ -167,6 +167,41 @@ def test_a_preprocess_killed_mid_input_leaves_only_what_the_next_run_clears(tmp_
     assert sorted(os.listdir(out)) == [".mega", "o_text_document.bin", "o_text_document.idx"]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, workers):
+    """SIGTERM to the run's process group (a scheduler's time limit) stops it as Ctrl-C does:
+    exit status 143, its partial files removed (Python's default ended it where it stood, and
+    they stayed until the next run of the same output)."""
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, "-m", "megafmt.cli.main", "preprocess", "--input", str(fifo)]
+    run = subprocess.Popen(
+        [*command, "--output-prefix", str(out / "o"), "--workers", str(workers)],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with open(fifo, "w") as writer:  # opens once the run opens the pipe
+            writer.write('{"text": "hello"}\n' * 10)
+            writer.flush()
+            deadline = time.monotonic() + STAGE_WAIT_SECONDS
+            while not list(out.glob(f"*{PARTIAL_SUFFIX}")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert list(out.glob(f"*{PARTIAL_SUFFIX}")), "the run never started writing"
+            os.killpg(run.pid, signal.SIGTERM)
+            _, stderr = run.communicate(timeout=STAGE_WAIT_SECONDS)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=STAGE_WAIT_SECONDS)
+    assert run.returncode == 143, stderr
+    assert "mega preprocess: terminated (SIGTERM)" in stderr
+    assert not list(out.glob(f"*{PARTIAL_SUFFIX}")) and not list(out.glob("*.idx"))
+
+
 def test_leftovers_of_several_paths_are_found_with_one_listing_of_their_folder(
     tmp_path, monkeypatch
 ):

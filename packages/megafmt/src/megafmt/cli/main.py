@@ -11,6 +11,7 @@ from megafmt.errors import MegafmtError, PluginError
 from megafmt.limits import limit_hint
 from megafmt.redaction import redact
 from megafmt.registry import Registry
+from megafmt.termination import Terminated, terminated_as_interrupted
 
 COMMANDS: Registry[type[Command]] = Registry(
     "mega.commands",
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mega {args.command}: error: {args.unavailable}", file=sys.stderr)
         return 2
     try:
-        return args.handler(args)
+        with terminated_as_interrupted():  # a time limit's SIGTERM cleans up as Ctrl-C does
+            return args.handler(args)
     except (MegafmtError, OSError, ValueError, LookupError, MemoryError) as error:
         hint = limit_hint(error)
         message = redact(str(error)) or type(error).__name__
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    except Terminated:
+        print(f"mega {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"mega {args.command}: interrupted", file=sys.stderr)
         return 130
