@@ -704,6 +704,19 @@ def specs_from_sidecar(sidecar: Mapping[str, Any]) -> dict[str, TableSpec]:
     }
 
 
+def _uncommit(entry: CacheEntry, damage: Exception) -> None:
+    """Remove the commit mark (the description) of an entry found ``damage``d, before it is
+    rewritten file by file: a run killed midway then leaves no mix of old and new tables that a
+    later one (or megatron-core, or fast_cache_load) takes for complete. A folder that takes no
+    change (read-only) is a :class:`CacheError` naming both."""
+    try:
+        remove_quietly(entry.description_path)
+    except OSError as error:
+        raise CacheError(
+            f"{damage}; it cannot be rebuilt: {_write_error(entry.directory, error)}"
+        ) from error
+
+
 def load_or_build(
     cache: IndexCache,
     load: Callable[[], Mapping[str, numpy.ndarray]],
@@ -733,6 +746,8 @@ def load_or_build(
                     f"rank {rank}: {damage}; global rank 0 should have rebuilt it before the "
                     "others load it"
                 ) from None
+            _uncommit(cache.entry, damage)  # before the build: a folder that takes no file
+            # fails here, not after it
             warnings.warn(f"rebuilding the index cache: {damage}", stacklevel=3)
     elif not builds_here:
         raise UnusableCopyError(
@@ -745,14 +760,7 @@ def load_or_build(
         try:
             return load(), "cache"
         except (DamagedCacheError, StaleCacheError) as damage:
-            # rewritten file by file below: without its commit mark meanwhile, so that a run
-            # killed midway leaves no mix of old and new tables that a later one (or
-            # megatron-core, or fast_cache_load) takes for complete
-            try:
-                remove_quietly(cache.entry.description_path)
-            except OSError as error:  # a read-only folder: the damage cannot be mended here
-                write_error = _write_error(cache.entry.directory, error)
-                raise CacheError(f"{damage}; it cannot be rebuilt: {write_error}") from error
+            _uncommit(cache.entry, damage)
     start = time.perf_counter()
     record = sidecar(tables)
     identities = cache.save(tables, record)
