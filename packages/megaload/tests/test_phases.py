@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import random
 
 import pytest
@@ -80,16 +81,41 @@ def test_bad_schedules_and_states_are_refused() -> None:
         other.load_state_dict(state)
 
 
-def test_a_middle_phase_out_of_data_is_an_error_naming_it() -> None:
+def test_a_middle_phase_out_of_data_is_an_error_naming_it(caplog) -> None:
     # phase 1 owes iterations 3-4 (16 samples, all ranks) but holds 12
     short = [(0, Tagged(0, 100)), (3, Tagged(1, 12)), (5, Tagged(2, 40))]
     batches = []
-    with pytest.raises(PhaseDataError, match="phase 1 \\(iterations 3 to 4\\) ran out") as error:
-        batches.extend(PhasedDataLoader(short, 0, CONFIG))
+    with caplog.at_level(logging.WARNING, logger="megaload.phases"):
+        loader = PhasedDataLoader(short, 0, CONFIG)
+    # said when the loader is made, not only when the run gets there
+    assert "phase 1 (iterations 3 to 4) runs out of data at iteration 4" in caplog.text
+    assert "at least 16 samples" in caplog.text and "PhaseDataError" in caplog.text
+    with pytest.raises(PhaseDataError, match="phase 1 \\(iterations 3 to 4\\) runs out") as error:
+        batches.extend(loader)
     assert "at iteration 4" in str(error.value) and "at least 16 samples" in str(error.value)
     assert len(batches) == 6 + 3  # phase 0 whole, then what phase 1 had
     # the last phase may end: that is the end of the run
     assert len(list(PhasedDataLoader(phases(), 0, CONFIG))) == 6 + 4 + 10
+
+
+@pytest.mark.parametrize(
+    ("length", "consumed", "kind", "warned"),
+    [
+        (12, 0, "single", True),  # 3 of the 4 batches phase 1 owes this rank
+        (12, 4 * 8, "single", True),  # restarted inside phase 1: still one short
+        (16, 0, "single", False),  # exactly enough
+        (12, 5 * 8, "single", False),  # restarted past phase 1: nothing more is read of it
+        (12, 0, "cyclic", False),  # the cyclic sampler deals out epoch after epoch
+    ],
+)
+def test_a_short_middle_phase_is_told_when_the_loader_is_made(
+    caplog, length, consumed, kind, warned
+) -> None:
+    config = dataclasses.replace(CONFIG, dataloader_type=kind)
+    short = [(0, Tagged(0, 100)), (3, Tagged(1, length)), (5, Tagged(2, 40))]
+    with caplog.at_level(logging.WARNING, logger="megaload.phases"):
+        PhasedDataLoader(short, consumed, config)
+    assert ("phase 1 (iterations 3 to 4) runs out of data at iteration 4" in caplog.text) == warned
 
 
 @pytest.mark.parametrize("seed", range(20))

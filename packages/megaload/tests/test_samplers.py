@@ -212,3 +212,17 @@ def test_impossible_cases_are_clear_errors(build, message):
 
 def test_samplers_are_plugins():
     assert SAMPLERS.available() == ["cyclic", "full_validation", "hybrid_cp", "single"]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_single_sampler_s_batches_from_counts_what_it_yields(seed):
+    rng = torch.Generator().manual_seed(seed)
+
+    def draw(low, high):
+        return int(torch.randint(low, high, (1,), generator=rng))
+
+    for _ in range(30):
+        total, mbs, dp = draw(1, 60), draw(1, 5), draw(1, 4)
+        consumed, rank, drop_last = draw(0, total + 1), draw(0, dp), bool(draw(0, 2))
+        sampler = MegatronPretrainingSampler(total, consumed, mbs, rank, dp, drop_last)
+        assert sampler.batches_from(consumed) == len(list(sampler))

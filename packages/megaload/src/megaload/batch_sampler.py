@@ -70,6 +70,16 @@ class Reshardable(Protocol):
 
 
 @runtime_checkable
+class Bounded(Protocol):
+    """A batch sampler whose batches end with its data (the ``single`` sampler; the
+    ``cyclic`` one deals out epoch after epoch and never ends)."""
+
+    def batches_from(self, consumed_samples: int) -> int:
+        """This rank's batches from ``consumed_samples`` on, until the data ends."""
+        ...
+
+
+@runtime_checkable
 class GlobalBatchSampler(Protocol):
     """A batch sampler each of whose batches is a rank's share of a whole global batch, its
     ``num_micro_batches`` micro-batches together (the ``hybrid_cp`` sampler). The loader hands

@@ -20,11 +20,12 @@ the right phase at the right sample, or a run restarted at iteration ``I`` start
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from megaload.accounting import consumed_in_phase, num_micro_batches
-from megaload.batch_sampler import GlobalBatchSampler
+from megaload.batch_sampler import Bounded, GlobalBatchSampler
 from megaload.checks import (
     COUNT,
     COUNTS,
@@ -37,6 +38,8 @@ from megaload.checks import (
 from megaload.config import DataLoaderConfig
 from megaload.errors import LoaderStateError, PhaseDataError, ResumeError, SamplerError
 from megaload.loader import MegatronDataLoader
+
+logger = logging.getLogger(__name__)
 
 #: the version of ``PhasedDataLoader.state_dict``
 PHASED_STATE_VERSION = 1
@@ -101,6 +104,39 @@ class PhasedDataLoader:
         )
         #: batches this rank has read of the current phase
         self.taken_in_phase = (iteration - starts[self.phase]) * self.batches_per_iteration
+        self._warn_of_short_phases()
+
+    def _warn_of_short_phases(self) -> None:
+        """Warn now of each phase before the last whose data ends before its last iteration
+        (a sampler that says where its data ends, :class:`~megaload.batch_sampler.Bounded`):
+        the run stops there with a :class:`PhaseDataError`, maybe hours from now. A warning,
+        not an error: a run that stops before that phase ends needs no more data."""
+        for phase in range(self.phase, len(self.starts) - 1):
+            sampler = self.loaders[phase].batch_sampler
+            if not isinstance(sampler, Bounded):
+                continue
+            taken = self.taken_in_phase if phase == self.phase else 0
+            owed = self._phase_batches(phase)
+            given = taken + sampler.batches_from(sampler.consumed_samples)
+            if given < owed:
+                logger.warning(
+                    "%s; the run stops there with a PhaseDataError unless the data is rebuilt",
+                    self._short_of_data(phase, given, owed),
+                )
+
+    def _short_of_data(self, phase: int, given: int, owed: int) -> str:
+        """Phase ``phase``'s data gives this rank ``given`` of the ``owed`` batches: where it
+        ends, and how many samples it would need."""
+        per_batch = self._samples_per_batch
+        size = len(self.loaders[phase].dataset)
+        end = self.starts[phase] + given // self.batches_per_iteration
+        return (
+            f"phase {phase} (iterations {self.starts[phase]} to {self.starts[phase + 1] - 1}) "
+            f"runs out of data at iteration {end}: "
+            f"its dataset of {size} samples gives {given} of the {owed} batches it owes this "
+            f"rank ({per_batch} samples each, all ranks together); build it with at least "
+            f"{owed * per_batch} samples or move the transition earlier"
+        )
 
     def _phase_at(self, iteration: int) -> int:
         return max(index for index, start in enumerate(self.starts) if start <= iteration)
@@ -128,16 +164,7 @@ class PhasedDataLoader:
     def _ran_out(self, limit: int) -> PhaseDataError:
         """The error for a phase whose dataset ended before its last iteration: the run would
         otherwise stop there and never read the later phases."""
-        per_batch = self._samples_per_batch
-        iteration = self.starts[self.phase] + self.taken_in_phase // self.batches_per_iteration
-        size = len(self.loaders[self.phase].dataset)
-        return PhaseDataError(
-            f"phase {self.phase} (iterations {self.starts[self.phase]} to "
-            f"{self.starts[self.phase + 1] - 1}) ran out of data at iteration {iteration}: its "
-            f"dataset of {size} samples gave {self.taken_in_phase} of the {limit} batches it "
-            f"owes this rank ({per_batch} samples each, all ranks together); build it with at "
-            f"least {limit * per_batch} samples or move the transition earlier"
-        )
+        return PhaseDataError(self._short_of_data(self.phase, self.taken_in_phase, limit))
 
     @property
     def consumed_samples(self) -> int:

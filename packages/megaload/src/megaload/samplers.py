@@ -142,6 +142,14 @@ class MegatronPretrainingSampler(_ResumesAnywhere):
         # the last global batch may be short
         return min(consumed_samples + self.micro_batch_times_data_parallel_size, self.total_samples)
 
+    def batches_from(self, consumed_samples: int) -> int:
+        """The batches :meth:`__iter__` yields from ``consumed_samples`` on: every whole global
+        batch, and the short last one unless ``drop_last``."""
+        whole, rest = divmod(
+            self.total_samples - consumed_samples, self.micro_batch_times_data_parallel_size
+        )
+        return whole + int(bool(rest) and not self.drop_last)
+
     def __iter__(self) -> Iterator[list[Any]]:
         start, end = self.get_start_end_idx()
         width = self.micro_batch_times_data_parallel_size
