@@ -496,7 +496,7 @@ def test_a_file_in_the_way_of_the_local_copy_is_named(store, tmp_path):
 def test_a_lease_in_a_local_folder_is_created_by_one_process_only(tmp_path):
     folder = tmp_path / "store"
     folder.mkdir()
-    store = shared_cache._Store(f"file://{folder}")
+    store = shared_cache._Store(f"file://{folder}", 10.0)
     assert store.create("t-lease-1.json", b"first")
     assert not store.create("t-lease-1.json", b"second")
     assert (folder / "t-lease-1.json").read_bytes() == b"first"
@@ -506,7 +506,7 @@ def test_a_lease_in_a_local_folder_is_created_by_one_process_only(tmp_path):
 
 
 def test_a_conditional_put_refused_with_an_io_error_lost_the_race_or_is_named(store, monkeypatch):
-    shared = shared_cache._Store(store)
+    shared = shared_cache._Store(store, 10.0)
 
     def conflict(path, data, mode="overwrite"):
         raise OSError(5, "An error occurred (ConditionalRequestConflict)")
@@ -527,7 +527,7 @@ def test_a_conditional_put_refused_with_an_io_error_lost_the_race_or_is_named(st
 def test_a_local_lease_whose_write_fails_is_removed_and_named(tmp_path, monkeypatch):
     folder = tmp_path / "store"
     folder.mkdir()
-    store = shared_cache._Store(f"file://{folder}")
+    store = shared_cache._Store(f"file://{folder}", 10.0)
 
     def full(descriptor, data):
         raise OSError(28, "No space left on device")
@@ -913,3 +913,26 @@ def test_a_store_that_cannot_be_reached_is_an_error_naming_it_and_the_request(
     with caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"):
         assert cache.obtain(node0, "described", saver(node0, []), may_build=True) == "loaded"
     assert "this node's copy is used as it is" in caplog.text
+
+
+def test_a_request_the_store_does_not_answer_is_told_while_it_waits(
+    store, tmp_path, monkeypatch, caplog
+):
+    """An endpoint that takes connections and never answers held a listing silently for the
+    client's read timeouts (7 minutes of botocore's retries): every request is told every
+    message_seconds, naming the store and the request."""
+    cache = SharedTableCache(SharedCacheConfig(store, message_seconds=0.2))
+
+    def unanswered(*args, **kwargs):
+        time.sleep(1.2)
+        raise TimeoutError("Read timeout on endpoint URL")
+
+    monkeypatch.setattr(shared_cache, "_listings", {})
+    monkeypatch.setattr(cache.store.fs, "ls", unanswered)
+    entry = entry_in(tmp_path / "node1")
+    with (
+        caplog.at_level(logging.WARNING, logger="megaindex.shared_cache"),
+        pytest.raises(SharedCacheError, match="could not be asked \\(list\\): TimeoutError"),
+    ):
+        cache.obtain(entry, "described", saver(entry, []), may_build=False)
+    assert f"still waiting for {store} to answer a list request, for " in caplog.text

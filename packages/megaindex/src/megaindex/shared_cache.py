@@ -129,8 +129,8 @@ def _worded(error: BaseException) -> str:
 
 
 class _Transfers:
-    """The transfers under way in this process, and one thread that logs of each, every
-    ``message_seconds``, that it is still under way: a stalled transfer (an endpoint gone
+    """The transfers and requests under way in this process, and one thread that logs of each,
+    every ``message_seconds``, that it is still under way: a stalled one (an endpoint gone
     quiet) would otherwise hold the build silently until the file system's own timeout. One
     thread for all: a thread per transfer would cost more than a small table's download. It
     ends once no transfer was under way for a while, and a forked child starts afresh."""
@@ -262,10 +262,12 @@ def cache_location(
 class _Store:
     """The requests to one store, counted in ``requests_sent``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, message_seconds: float) -> None:
         self._address = url
         self.url = redact(url.rstrip("/"))
         """The store's URL as messages and logs show it: its credentials masked."""
+        self.message_seconds = message_seconds
+        """How often a request still unanswered is logged."""
 
     @cached_property
     def _located(self) -> tuple[AbstractFileSystem, str]:
@@ -287,18 +289,22 @@ class _Store:
 
     @contextmanager
     def _asked(self, kind: str, name: str | None = None) -> Iterator[None]:
-        """One request of ``kind`` (about object ``name``), counted. A failure that is not the
-        store's answer about an object (no such object, one there already) is a
-        :class:`SharedCacheError` naming the store, the object and the request: a client's own
-        errors (botocore's EndpointConnectionError for an endpoint that does not answer,
-        NoCredentialsError) are not OSErrors and name neither."""
+        """One request of ``kind`` (about object ``name``), counted, and logged every
+        ``message_seconds`` while it waits for the answer (an endpoint that takes connections
+        and never answers holds it for the client's retries of its read timeout: 7 minutes of
+        botocore's). A failure that is not the store's answer about an object (no such
+        object, one there already) is a :class:`SharedCacheError` naming the store, the object
+        and the request: a client's own errors (botocore's EndpointConnectionError for an
+        endpoint that does not answer, NoCredentialsError) are not OSErrors and name neither."""
         _count(kind)
+        where = self.url if name is None else f"{self.url}/{name}"
         try:
-            yield
+            with _transfers.watched(f"waiting for {where} to answer a {kind} request",
+                                    self.message_seconds):  # fmt: skip
+                yield
         except (FileNotFoundError, FileExistsError, SharedCacheError):
             raise
         except Exception as error:
-            where = self.url if name is None else f"{self.url}/{name}"
             raise SharedCacheError(
                 f"{where}: the store could not be asked ({kind}): {_worded(error)}"
             ) from error
@@ -412,7 +418,7 @@ class SharedTableCache:
 
     def __init__(self, config: SharedCacheConfig) -> None:
         self.config = config
-        self.store = _Store(config.url)
+        self.store = _Store(config.url, config.message_seconds)
         #: by entry, the objects a download found missing beside a committed description
         self._lacking: dict[str, list[str]] = {}
         #: the entries whose node copy is complete and the store's is not (objects lost or
