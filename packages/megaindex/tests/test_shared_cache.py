@@ -936,3 +936,28 @@ def test_a_request_the_store_does_not_answer_is_told_while_it_waits(
     ):
         cache.obtain(entry, "described", saver(entry, []), may_build=False)
     assert f"still waiting for {store} to answer a list request, for " in caplog.text
+
+
+def test_a_builder_that_claims_a_lease_just_released_fetches_what_was_committed(
+    store, tmp_path, monkeypatch, caplog
+):
+    """Two builders (two jobs on one store): B looks for the entry before A commits it, A
+    commits and removes its lease, B claims the lease A removed. B fetches A's tables instead
+    of building them a second time (it built them: 1 to 3 of 201 entries in a probe)."""
+    node0 = entry_in(tmp_path / "node0")
+    SharedTableCache(SharedCacheConfig(store)).obtain(node0, "described", saver(node0, []), True)
+    monkeypatch.setattr(shared_cache, "_listings", {store: {}})  # B listed before A committed
+    builder = SharedTableCache(SharedCacheConfig(store))
+    download, looks = builder._download, []
+
+    def looked_before_the_commit(entry, description):
+        looks.append(entry.base)
+        return False if len(looks) == 1 else download(entry, description)
+
+    monkeypatch.setattr(builder, "_download", looked_before_the_commit)
+    calls, node1 = [], entry_in(tmp_path / "node1")
+    with caplog.at_level(logging.INFO, logger="megaindex.shared_cache"):
+        assert builder.obtain(node1, "described", saver(node1, calls), True) == "loaded"
+    assert calls == [] and len(looks) == 2  # fetched after the claim, not built
+    assert "committed by another process meanwhile; downloaded, not built" in caplog.text
+    assert not fsspec.filesystem("memory").exists(lease_of(store, 1))  # the lease given back

@@ -627,6 +627,10 @@ class SharedTableCache:
                 # what is missing
                 if may_build:
                     if self._claim(entry, generation + 1, watch.content):
+                        if not upload_only and self._fetched_meanwhile(
+                            entry, description, generation + 1
+                        ):
+                            return self._served(entry, load_or_build, may_build, rebuilt)
                         return self._build(entry, generation + 1, load_or_build)
                     watch = _Watch()  # another process claimed it: watch the new lease
                 else:
@@ -720,6 +724,21 @@ class SharedTableCache:
                 _holder(),
             )
         return claimed
+
+    def _fetched_meanwhile(self, entry: CacheEntry, description: str, generation: int) -> bool:
+        """Whether another builder committed the entry between this process's look for it and
+        its claim of lease ``generation`` (it committed, then removed its own lease, which this
+        process then claimed), and it was downloaded: the lease is given back, and the tables
+        are not built a second time. One request per build (the description's GET); a copy
+        the download finds incomplete is built under the lease."""
+        if not self._download(entry, description):
+            return False
+        self.store.remove(self._lease_name(entry, generation))
+        logger.info(
+            "%s: committed by another process meanwhile; downloaded, not built",
+            self._url(os.path.basename(entry.description_path)),
+        )
+        return True
 
     def _build(self, entry: CacheEntry, generation: int, load_or_build: Callable[[], Result]):
         lease = self._lease_name(entry, generation)
