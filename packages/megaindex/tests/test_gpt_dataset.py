@@ -26,6 +26,7 @@ from megaindex import (
     StaleCacheError,
 )
 from megaindex import cache as cache_module
+from megaindex.cache import CacheEntry
 
 SIZES = [1000, 50, 10]
 
@@ -315,15 +316,24 @@ def test_unwritable_cache_directory_names_path_to_cache(make_config, tmp_path):
         (errno.EROFS, "which is often read-only: set path_to_cache"),
         (errno.ENOSPC, "The disk is full: free space there"),
         (errno.EDQUOT, "The disk is full: free space there"),
-        (errno.EIO, ". Else set path_to_cache (--data-cache-path) to a writable directory"),
+        (errno.EIO, ". Where the folder is the cause, set path_to_cache (--data-cache-path) to"),
     ],
 )
 def test_a_failed_cache_write_is_advised_by_its_cause(number, advice):
-    error = cache_module._write_error("/cache", OSError(number, os.strerror(number)))
+    entry = CacheEntry("/cache", "0123-GPTDataset-train", ("document_index",))
+    error = cache_module.write_error(entry, OSError(number, os.strerror(number)))
     assert str(error).startswith(f"cannot write the index cache to /cache: [Errno {number}]")
     assert advice in str(error)
     if number != errno.EROFS:
         assert "read-only" not in str(error)
+    # the node's copy of a shared store's tables is moved by object_storage_cache_path
+    entry = CacheEntry("/node/copy", "0123-GPTDataset-train", ("document_index",), "s3://b/c")
+    error = cache_module.write_error(entry, OSError(number, os.strerror(number)))
+    assert str(error).startswith(
+        "cannot write the local copy of the shared index cache s3://b/c to /node/copy: [Errno "
+    )
+    assert "object_storage_cache_path (--object-storage-cache-path)" in str(error)
+    assert "path_to_cache" not in str(error) and "read-only" not in str(error)
 
 
 def test_default_cache_sits_beside_the_data(make_config, corpus):

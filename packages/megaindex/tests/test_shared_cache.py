@@ -961,3 +961,20 @@ def test_a_builder_that_claims_a_lease_just_released_fetches_what_was_committed(
     assert calls == [] and len(looks) == 2  # fetched after the claim, not built
     assert "committed by another process meanwhile; downloaded, not built" in caplog.text
     assert not fsspec.filesystem("memory").exists(lease_of(store, 1))  # the lease given back
+
+
+def test_a_node_folder_that_cannot_be_made_names_object_storage_cache_path(
+    store, tmp_path, monkeypatch
+):
+    def refused(path, what):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(shared_cache, "make_folder", refused)  # a folder nobody may write
+    entry = CacheEntry(str(tmp_path / "node" / "tables"), "0123-Tables-train", ("a",), store)
+    with pytest.raises(CacheError) as raised:
+        SharedTableCache(SharedCacheConfig(store)).obtain(
+            entry, "described", saver(entry, []), True
+        )
+    message = str(raised.value)  # a raw PermissionError before
+    assert message.startswith(f"cannot write the local copy of the shared index cache {store} ")
+    assert "Set object_storage_cache_path (--object-storage-cache-path) to a writable" in message

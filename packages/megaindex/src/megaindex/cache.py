@@ -52,6 +52,7 @@ from megafmt.atomic import (
 from megafmt.fingerprint import checksum, file_identity, identity_of
 from megafmt.folders import make_folder
 from megafmt.mapping import map_file
+from megafmt.redaction import redact
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 from megaindex.file_writes import (
@@ -475,7 +476,7 @@ class IndexCache:
         except CacheError:  # an OSError too, worded already (a corpus changed meanwhile)
             raise
         except OSError as error:
-            raise _write_error(directory, error) from error
+            raise write_error(self.entry, error) from error
         finally:
             if not handed_over:
                 _end_save(directory)
@@ -524,7 +525,7 @@ class IndexCache:
 
         def error_of(error: OSError) -> CacheError:
             if error.filename is None or os.fsdecode(error.filename) not in corpus_files:
-                return _write_error(directory, error)
+                return write_error(entry, error)
             if error.errno == errno.ESTALE:  # not the files opened (CorpusFiles.opened)
                 try:
                     corpus.check_as_opened()  # the error naming what was opened, what is there
@@ -584,26 +585,32 @@ def _identity_if_written(path: str, written: os.stat_result) -> list[int]:
     return identity_of(found if ours else written)
 
 
-def _write_error(directory: str, error: OSError) -> CacheError:
+def write_error(entry: CacheEntry, error: OSError) -> CacheError:
+    """``error``, met writing ``entry``'s folder, with what to do about its cause: the setting
+    that moves the folder is ``object_storage_cache_path`` for the node's copy of a shared
+    store's tables, else ``path_to_cache``."""
+    if entry.remote is None:
+        what, setting = "the index cache", "path_to_cache (--data-cache-path)"
+    else:
+        what = f"the local copy of the shared index cache {redact(entry.remote)}"
+        setting = "object_storage_cache_path (--object-storage-cache-path)"
     if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         advice = (
             "By default the cache sits beside the data (<prefix>/cache), which is often "
-            "read-only: set path_to_cache (--data-cache-path) to a writable directory"
+            f"read-only: set {setting} to a writable directory"
+            if entry.remote is None
+            else f"Set {setting} to a writable directory"
         )
     elif error.errno in (errno.ENOSPC, errno.EDQUOT):
-        advice = (
-            "The disk is full: free space there, or set path_to_cache (--data-cache-path) to "
-            "another disk"
-        )
+        advice = f"The disk is full: free space there, or set {setting} to another disk"
     elif error.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
         advice = (
             "Something is in the way of a cache file (a folder where a file belongs, or a file "
-            "where a folder does): move it away, or set path_to_cache (--data-cache-path) to "
-            "another directory"
+            f"where a folder does): move it away, or set {setting} to another directory"
         )
     else:
-        advice = "Else set path_to_cache (--data-cache-path) to a writable directory"
-    return CacheError(f"cannot write the index cache to {directory}: {error}. {advice}")
+        advice = f"Where the folder is the cause, set {setting} to a writable directory"
+    return CacheError(f"cannot write {what} to {entry.directory}: {error}. {advice}")
 
 
 #: the ``.npy`` header numpy writes for a dtype and shape, by the dtype and the number of
@@ -712,9 +719,7 @@ def _uncommit(entry: CacheEntry, damage: Exception) -> None:
     try:
         remove_quietly(entry.description_path)
     except OSError as error:
-        raise CacheError(
-            f"{damage}; it cannot be rebuilt: {_write_error(entry.directory, error)}"
-        ) from error
+        raise CacheError(f"{damage}; it cannot be rebuilt: {write_error(entry, error)}") from error
 
 
 def load_or_build(

@@ -78,12 +78,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from megafmt.atomic import partial_path, remove_quietly, write_atomically, write_exclusively
 from megafmt.confinement import confined_path, url_components
+from megafmt.errors import NotAFolderError
 from megafmt.fingerprint import inode_of
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
 from megafmt.redaction import redact
 from megafmt.remote import default_cache_dir
-from megaindex.cache import CacheEntry, UnusableCopyError
+from megaindex.cache import CacheEntry, UnusableCopyError, write_error
 from megaindex.errors import CacheError
 
 logger = logging.getLogger(__name__)
@@ -832,7 +833,7 @@ class SharedTableCache:
         wanted = {os.path.basename(entry.table_path(t)): entry.table_path(t) for t in entry.tables}
         if name not in listed or sidecar in listed:  # where it is not listed, it may exist
             wanted[sidecar] = entry.sidecar_path
-        make_folder(entry.directory, "the local copy of the shared index cache")
+        _in_local_copy(entry, lambda: None)
         partials = {object_name: partial_path(path) for object_name, path in wanted.items()}
         try:
             with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="megaindex-fetch") as pool:
@@ -942,9 +943,8 @@ class SharedTableCache:
     @contextmanager
     def _node_lock(self, entry: CacheEntry) -> Iterator[None]:
         """Hold this node's lock of ``entry``, logging every ``message_seconds`` who holds it."""
-        make_folder(entry.directory, "the local copy of the shared index cache")
         path = entry.path("node.lock")
-        with open(path, "a+") as stream:
+        with _in_local_copy(entry, lambda: open(path, "a+")) as stream:
             last_message, pause = time.monotonic(), FIRST_LOCK_PAUSE
             while True:  # bounded by the holder: the kernel frees the lock when it dies
                 try:
@@ -976,6 +976,19 @@ class SharedTableCache:
                 yield
             finally:
                 fcntl.flock(stream, fcntl.LOCK_UN)
+
+
+def _in_local_copy(entry: CacheEntry, make: Callable[[], Result]) -> Result:
+    """``make()`` (a file opened there, or nothing) once the node's folder of ``entry`` is
+    made; a folder that cannot be made or written is a :class:`CacheError` naming it and
+    ``object_storage_cache_path``, the setting that moves it."""
+    try:
+        make_folder(entry.directory, "the local copy of the shared index cache")
+        return make()
+    except NotAFolderError:
+        raise
+    except OSError as error:
+        raise write_error(entry, error) from error
 
 
 def _holder() -> str:
