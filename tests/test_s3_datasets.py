@@ -135,3 +135,18 @@ def test_a_shared_cache_whose_endpoint_does_not_answer_is_an_error_naming_it(tmp
     assert message.startswith("s3://nowhere/cache: the store could not be asked (list): ")
     assert "EndpointConnectionError" in message and f"127.0.0.1:{port}" in message
     assert not list((tmp_path / "node").rglob("*.npy"))  # no table, built or fetched
+
+
+def test_a_shared_cache_in_a_bucket_that_does_not_exist_is_refused_naming_it(tmp_path):
+    """The first lease's conditional put finds no bucket: refused at once, naming the store
+    and what to do (it waited 5 s for another process's lease, then said none came)."""
+    from megaindex.shared_cache import SharedCacheError
+
+    corpus = write_corpus(str(tmp_path / "corpus"))
+    with moto_endpoint(), pytest.raises(SharedCacheError) as raised:
+        build(([corpus], None), [50, 0, 0], "s3://nobucket/cache", str(tmp_path / "node"),
+              split="100,0,0")  # fmt: skip
+    message = str(raised.value)
+    assert message.startswith("s3://nobucket/cache/") and "-lease-1.json" in message
+    assert "the store's bucket or folder does not exist" in message
+    assert "no other process held it" not in message

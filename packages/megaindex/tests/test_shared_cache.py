@@ -978,3 +978,16 @@ def test_a_node_folder_that_cannot_be_made_names_object_storage_cache_path(
     message = str(raised.value)  # a raw PermissionError before
     assert message.startswith(f"cannot write the local copy of the shared index cache {store} ")
     assert "Set object_storage_cache_path (--object-storage-cache-path) to a writable" in message
+
+
+def test_a_local_store_s_folder_is_made_with_its_first_lease(tmp_path):
+    """A file:// store whose folder does not exist yet is made, as a local cache folder is
+    (its first lease failed, after 5 s of waiting for another process's)."""
+    store = f"file://{tmp_path}/not/yet/store"
+    entry = entry_in(tmp_path / "node0")
+    cache = SharedTableCache(SharedCacheConfig(store))
+    assert cache.obtain(entry, "described", saver(entry, []), may_build=True) == "built"
+    assert sorted(os.listdir(tmp_path / "not" / "yet" / "store")) == [
+        "0123-Tables-train-a.npy",
+        "0123-Tables-train-description.txt",
+    ]

@@ -369,6 +369,12 @@ class _Store:
                 self.fs.pipe_file(key, data, mode="create")
         except FileExistsError:
             return False
+        except FileNotFoundError as error:  # no such bucket: not settled by waiting
+            raise SharedCacheError(
+                f"{self.url}/{name}: the lease could not be created: the store's bucket or "
+                f"folder does not exist ({error}); create it, or give path_to_cache "
+                "(--data-cache-path) a URL in one that does"
+            ) from error
         except OSError as error:
             deadline = time.monotonic() + CONFLICT_SECONDS
             while True:
@@ -384,7 +390,9 @@ class _Store:
         return True
 
     def _create_local(self, path: str, data: bytes) -> bool:
+        """A local store's folder is made with its first lease, as a local cache folder is."""
         try:
+            make_folder(os.path.dirname(path), "the shared index cache's folder")
             write_exclusively(path, data)
         except FileExistsError:
             return False
