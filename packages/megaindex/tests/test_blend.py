@@ -1,8 +1,15 @@
 import json
+import os
 
 import pytest
 
-from megaindex import ConfigError, get_blend_and_blend_per_split, get_blend_from_list
+from megaindex import (
+    BlendedMegatronDatasetBuilder,
+    ConfigError,
+    GPTDataset,
+    get_blend_and_blend_per_split,
+    get_blend_from_list,
+)
 from megaindex.blend import (
     LEGACY_DEFAULT_SPLIT,
     check_prefixes_exist,
@@ -165,7 +172,6 @@ def test_a_blend_that_would_pass_the_mapping_limit_is_warned_of_at_build(
     import warnings
 
     from megafmt.testing import write_corpus
-    from megaindex import BlendedMegatronDatasetBuilder, GPTDataset
     from megaindex import blend as blend_module
 
     prefixes = [write_corpus(str(tmp_path / f"c{i}"), seed=i) for i in range(3)]
@@ -199,3 +205,12 @@ def test_a_blend_weight_that_is_not_a_number_is_refused_naming_it(weight):
 
     with pytest.raises(ConfigError, match=r"blend: the weight of 'web' is .*; weights must be"):
         check_blend_weights("blend", ["web", "code"], [weight, 1.0])
+
+
+def test_a_blend_weight_of_zero_is_refused_before_any_corpus_is_opened(make_config, corpus):
+    """megatron-core refuses it in BlendedDataset, once every corpus was built (all 2,500
+    cache files of a probe's blend written first, then an 11 KB list of weights naming none)."""
+    config = make_config(blend=([corpus, corpus], [1.0, 0.0]), split="100,0,0")
+    with pytest.raises(ConfigError, match=rf"blend: the weight of '{corpus}' is 0; a blend draws"):
+        BlendedMegatronDatasetBuilder(GPTDataset, [20, 0, 0], lambda: True, config).build()
+    assert not os.path.exists(config.path_to_cache)  # nothing built

@@ -230,9 +230,15 @@ def test_the_same_corpus_under_another_spelling_is_refused_not_started_again(cor
 
 def test_a_resumed_blend_refuses_a_weight_of_zero_its_rule_would_still_draw_from(corpora, build):
     state = MixState(consumed_samples=60, **build(corpora, [1, 1, 1], 200).mix_state(60))
-    match = rf"gives corpus {corpora[0]} the weight 0.*leave the corpus out of the blend"
+    # refused by the builder, before any corpus is opened (as any blend's weight of 0)
+    match = rf"the weight of '{corpora[0]}' is 0; .*leave the corpus out of the blend"
     with pytest.raises(ConfigError, match=match):
         build(corpora, [0, 1, 1], 200, state)
+    # and by the resumed blend itself, made without the builder
+    parts = build(corpora, [1, 1, 1], 200).datasets
+    match = rf"gives corpus {corpora[0]} the weight 0.*leave the corpus out of the blend"
+    with pytest.raises(ConfigError, match=match):
+        MixResumedBlend(parts, [0, 1, 1], 200, state)
     # a run that happened (a Megatron-LM checkpoint's blend) drew from it: its record stands
     assert state.after(corpora, [0, 1, 1], 100).consumed_samples == 100
     # left out, it is not drawn, and keeps its count for a later blend

@@ -110,23 +110,33 @@ def check_blend_weights(
     name: str, prefixes: Sequence[str], weights: Sequence[float] | None
 ) -> None:
     """Refuse, naming the field ``name``, a blend of no prefix, or weights that are not finite
-    numbers >= 0 with at least one above 0 (megatron-core's builder fails an assert there,
-    after normalising them to NaN or a negative share)."""
+    numbers above 0 (megatron-core's builder fails an assert there, after normalising them to
+    NaN or a negative share; a weight of 0 only once every corpus was built, in
+    BlendedDataset), before any corpus is opened."""
     if not prefixes:
         raise ConfigError(f"{name} holds no prefix: give at least one dataset prefix")
     if weights is None:
         return
+    if weights and not any(weight > 0 for weight in weights if _is_number(weight)):
+        raise ConfigError(
+            f"{name}: the weights {list(weights)} are all zero; at least one must be above 0"
+        )
     for prefix, weight in zip(prefixes, weights, strict=True):
-        number = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        if not (number and math.isfinite(weight) and weight >= 0):
+        if not (_is_number(weight) and math.isfinite(weight) and weight >= 0):
             raise ConfigError(
                 f"{name}: the weight of {prefix!r} is {weight!r}; weights must be finite "
                 "numbers >= 0"
             )
-    if not any(weight > 0 for weight in weights):
-        raise ConfigError(
-            f"{name}: the weights {list(weights)} are all zero; at least one must be above 0"
-        )
+        if weight == 0:
+            raise ConfigError(
+                f"{name}: the weight of {prefix!r} is 0; a blend draws from every corpus it "
+                "holds (megatron-core's BlendedDataset refuses a weight of 0): leave the "
+                "corpus out of the blend instead"
+            )
+
+
+def _is_number(weight: object) -> bool:
+    return isinstance(weight, numbers.Real) and not isinstance(weight, bool)
 
 
 class BlendedMegatronDatasetBuilder:
