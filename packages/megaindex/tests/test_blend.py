@@ -125,10 +125,36 @@ def test_legacy_default_split_warns():
 
 def test_missing_prefixes_are_all_named(corpus, tmp_path):
     check_prefixes_exist([([corpus], None)])
-    with pytest.raises(ConfigError, match=r"no .bin/.idx corpus at: .*/gone, .*/lost"):
+    with pytest.raises(ConfigError, match=r"no .bin/.idx corpus at: .*/gone \(neither .idx nor "
+                       r".bin found\), .*/lost \(neither"):  # fmt: skip
         check_prefixes_exist(
             [([corpus, str(tmp_path / "lost")], None), None, ([str(tmp_path / "gone")], None)]
         )
+
+
+def test_missing_prefixes_name_the_first_few_what_each_lacks_and_the_folders_gone(tmp_path):
+    """A mistyped root of thousands named them all (165 KB); a prefix given with .bin, or a
+    folder where a file belongs, said only "no .bin/.idx corpus"."""
+    (tmp_path / "a.idx").touch()  # its .bin missing
+    for suffix in (".idx", ".bin"):
+        (tmp_path / f"c{suffix}").touch()  # passed as c.bin
+    (tmp_path / "e.idx").touch()
+    (tmp_path / "e.bin").mkdir()
+    slips = [str(tmp_path / name) for name in ("a", "c.bin", "e")]
+    mistyped = [f"/mistyped/root/c{n:05d}" for n in range(3000)]
+    with pytest.raises(ConfigError) as raised:
+        check_prefixes_exist([([*mistyped, *slips], None)])
+    message = str(raised.value)
+    assert message.startswith(
+        f"no .bin/.idx corpus at: {tmp_path}/a (token file not found), {tmp_path}/c.bin "
+        "(neither .idx nor .bin found; a corpus is named by its prefix without .bin: did you "
+        f"mean '{tmp_path}/c'?), {tmp_path}/e (found a directory where the token file belongs), "
+        "/mistyped/root/c00000 (neither .idx nor .bin found), /mistyped/root/c00001 (neither"
+    )
+    assert (
+        ", and 2,998 more (3,003 of the blend's 3,003); no such folder: /mistyped/root" in message
+    )
+    assert len(message) < 1000
 
 
 def test_blends_of_differently_tokenized_corpora_are_warned_about(tmp_path):

@@ -22,6 +22,8 @@ from typing import Any
 from megafmt import IndexedDataset, read_manifest
 from megafmt.blend_list import Blend, BlendListError, parse_blend_list
 from megafmt.mapping import mapping_limit, mappings_in_use
+from megafmt.prefix_hints import missing_file_hint, missing_file_message
+from megafmt.readers import is_url
 from megaindex.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -154,14 +156,42 @@ def default_split(split: str | None, blend: Blend | None) -> str | None:
     return split
 
 
+#: how many missing corpora the error of :func:`check_prefixes_exist` names, each with what it
+#: lacks (a mistyped root of thousands named them all: 165 KB)
+SHOWN_MISSING = 5
+
+
 def check_prefixes_exist(blends: Sequence[Blend | None]) -> None:
-    """Raise naming every prefix whose ``.bin``/``.idx`` pair is missing."""
+    """Raise naming the prefixes whose ``.bin``/``.idx`` pair is missing (the first
+    :data:`SHOWN_MISSING`, each with the file it lacks and the corpus it most likely meant,
+    then how many more and the folders that do not exist)."""
     prefixes = {prefix for blend in blends if blend is not None for prefix in blend[0]}
-    missing = sorted(prefix for prefix in prefixes if not IndexedDataset.exists(prefix))
-    if missing:
-        raise ConfigError(
-            "no .bin/.idx corpus at: " + ", ".join(missing) + f" (working directory {os.getcwd()})"
-        )
+    missing = [prefix for prefix in prefixes if not IndexedDataset.exists(prefix)]
+    if not missing:
+        return
+    gone = {p: not is_url(p) and not os.path.isdir(os.path.dirname(p) or ".") for p in missing}
+    missing.sort(key=lambda prefix: (gone[prefix], prefix))  # a slip beside its corpus first
+    named = ", ".join(f"{prefix} ({_lacks(prefix)})" for prefix in missing[:SHOWN_MISSING])
+    more = len(missing) - SHOWN_MISSING
+    if more > 0:
+        named += f", and {more:,} more ({len(missing):,} of the blend's {len(prefixes):,})"
+    folders = sorted({os.path.dirname(prefix) for prefix in missing if gone[prefix]})
+    if folders:
+        named += "; no such folder: " + ", ".join(folders[:SHOWN_MISSING])
+    raise ConfigError(f"no .bin/.idx corpus at: {named} (working directory {os.getcwd()})")
+
+
+def _lacks(prefix: str) -> str:
+    """What the corpus at ``prefix`` lacks: each missing file (or a folder in its place), with
+    the likely slip."""
+    lacking = [
+        (prefix + suffix, what)
+        for suffix, what in ((".idx", "index file"), (".bin", "token file"))
+        if is_url(prefix) or not os.path.isfile(prefix + suffix)
+    ]
+    if len(lacking) == 2 and not any(os.path.isdir(path) for path, _ in lacking):
+        return "neither .idx nor .bin found" + missing_file_hint(prefix + ".idx")
+    return "; ".join(missing_file_message(path, what) for path, what in lacking)
 
 
 #: memory mappings of each corpus opened (its ``.idx`` and ``.bin``), of each dataset over one
