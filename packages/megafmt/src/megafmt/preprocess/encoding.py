@@ -39,7 +39,6 @@ from megafmt.preprocess.encoded import (
 )
 from megafmt.preprocess.inputs import Chunk
 from megafmt.preprocess.sentences import load_splitter
-from megafmt.termination import default_termination
 from megafmt.tokenizers import Tokenizer, TokenizerOptions, load_tokenizer
 from megafmt.tokenizers.base import ArrayTokenizer
 
@@ -342,7 +341,6 @@ def start_worker(settings: EncodeSettings) -> None:
     global _ENCODER
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    default_termination()
     threads = str(settings.threads_per_worker)
     os.environ["RAYON_NUM_THREADS"] = threads  # tokenizers' batch encoding (Rust)
     os.environ["OMP_NUM_THREADS"] = threads
