@@ -167,11 +167,12 @@ def test_a_preprocess_killed_mid_input_leaves_only_what_the_next_run_clears(tmp_
     assert sorted(os.listdir(out)) == [".mega", "o_text_document.bin", "o_text_document.idx"]
 
 
+@pytest.mark.parametrize("group", [True, False], ids=["its process group", "the run alone"])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, workers):
-    """SIGTERM to the run's process group (a scheduler's time limit) stops it as Ctrl-C does:
-    exit status 143, its partial files removed (Python's default ended it where it stood, and
-    they stayed until the next run of the same output)."""
+def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, workers, group):
+    """SIGTERM to the run's process group (a scheduler's time limit), or to the run alone
+    (``kill``), stops it as Ctrl-C does: exit status 143, its partial files removed (Python's
+    default ended it where it stood, and they stayed until the next run of the same output)."""
     fifo = tmp_path / "in.jsonl"
     os.mkfifo(fifo)
     out = tmp_path / "out"
@@ -191,7 +192,7 @@ def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, w
             while not list(out.glob(f"*{PARTIAL_SUFFIX}")) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert list(out.glob(f"*{PARTIAL_SUFFIX}")), "the run never started writing"
-            os.killpg(run.pid, signal.SIGTERM)
+            (os.killpg if group else os.kill)(run.pid, signal.SIGTERM)
             _, stderr = run.communicate(timeout=STAGE_WAIT_SECONDS)
     finally:
         if run.poll() is None:

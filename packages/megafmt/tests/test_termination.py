@@ -18,17 +18,32 @@ def test_sigterm_raises_terminated_within_the_block_and_the_default_comes_back()
     assert issubclass(Terminated, KeyboardInterrupt)  # every Ctrl-C cleanup applies
 
 
-def test_a_child_forked_within_the_block_is_ended_by_sigterm_as_by_the_default():
-    """A pool's worker inherits the handler: its pool stops it with SIGTERM, at any point of
-    its start (one that raised there printed a traceback and lived on)."""
+def forked_and_stopped() -> int:
+    """Fork a child that waits to be stopped, send it SIGTERM at once (before its after-fork
+    reset, most likely); its exit status."""
+    child = os.fork()
+    if child == 0:
+        threading.Event().wait(30)
+        os._exit(0)
+    os.kill(child, signal.SIGTERM)
+    return os.waitpid(child, 0)[1]
+
+
+@pytest.mark.parametrize("where", ["main thread", "another thread"])
+def test_a_child_forked_within_the_block_is_ended_by_sigterm_as_by_the_default(where):
+    """A pool's worker (forked from the main thread, or a pool's own thread) is stopped by
+    its pool with SIGTERM at any point of its start: one born with the handler lost a SIGTERM
+    sent before Python's after-fork reset and lived on (the pool waited for it forever)."""
+    statuses = []
     with terminated_as_interrupted():
-        child = os.fork()
-        if child == 0:  # the child: waits to be stopped
-            threading.Event().wait(30)
-            os._exit(0)
-        os.kill(child, signal.SIGTERM)
-        _, status = os.waitpid(child, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        if where == "main thread":
+            statuses.append(forked_and_stopped())
+        else:
+            thread = threading.Thread(target=lambda: statuses.append(forked_and_stopped()))
+            thread.start()
+            thread.join()
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the parent keeps it
+    assert os.WIFSIGNALED(statuses[0]) and os.WTERMSIG(statuses[0]) == signal.SIGTERM
 
 
 def test_a_handler_of_the_program_s_own_is_left_in_place():
@@ -39,6 +54,17 @@ def test_a_handler_of_the_program_s_own_is_left_in_place():
     try:
         with terminated_as_interrupted():
             assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:  # one set within the block (by a command) stays, across a fork and after the block
+        with terminated_as_interrupted():
+            signal.signal(signal.SIGTERM, own)
+            child = os.fork()
+            if child == 0:
+                os._exit(0)
+            os.waitpid(child, 0)
+            assert signal.getsignal(signal.SIGTERM) is own
+        assert signal.getsignal(signal.SIGTERM) is own
     finally:
         signal.signal(signal.SIGTERM, previous)
 
