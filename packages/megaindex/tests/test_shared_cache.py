@@ -991,3 +991,41 @@ def test_a_local_store_s_folder_is_made_with_its_first_lease(tmp_path):
         "0123-Tables-train-a.npy",
         "0123-Tables-train-description.txt",
     ]
+
+
+def test_a_download_after_the_claim_that_fails_gives_the_lease_back(store, tmp_path, monkeypatch):
+    """Left in the store, the lease (never beaten, recording no failure) held off every later
+    replacement of the committed entry."""
+    node0 = entry_in(tmp_path / "node0")
+    SharedTableCache(SharedCacheConfig(store)).obtain(node0, "described", saver(node0, []), True)
+    monkeypatch.setattr(shared_cache, "_listings", {store: {}})  # listed before the commit
+    builder = SharedTableCache(SharedCacheConfig(store))
+    looks = []
+
+    def look_then_fail(entry, description):
+        looks.append(entry.base)
+        if len(looks) == 1:
+            return False  # looked before the other builder committed
+        raise ConnectionResetError("the connection was reset mid-download")
+
+    monkeypatch.setattr(builder, "_download", look_then_fail)
+    node1 = entry_in(tmp_path / "node1")
+    with pytest.raises(ConnectionResetError):
+        builder.obtain(node1, "described", saver(node1, []), True)
+    assert len(looks) == 2 and not fsspec.filesystem("memory").exists(lease_of(store, 1))
+
+
+def test_a_local_store_whose_lease_cannot_be_written_fails_at_once(tmp_path, monkeypatch):
+    """A local lease is created exclusively: its failure is not another process's lease to
+    wait 5 s for (it was, and the message said so twice)."""
+
+    def refused(path, what):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(shared_cache, "make_folder", refused)
+    store = f"file://{tmp_path}/store"
+    cache = SharedTableCache(SharedCacheConfig(store))
+    with pytest.raises(SharedCacheError) as raised:
+        cache.store.create("x-lease-1.json", b"{}")
+    assert "the lease could not be created or written" in str(raised.value)
+    assert "no other process held it" not in str(raised.value)

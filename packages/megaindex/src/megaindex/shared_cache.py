@@ -289,19 +289,22 @@ class _Store:
         return f"{self.root.rstrip('/')}/{name}"
 
     @contextmanager
-    def _asked(self, kind: str, name: str | None = None) -> Iterator[None]:
+    def _asked(
+        self, kind: str, name: str | None = None, doing: str | None = None
+    ) -> Iterator[None]:
         """One request of ``kind`` (about object ``name``), counted, and logged every
         ``message_seconds`` while it waits for the answer (an endpoint that takes connections
         and never answers holds it for the client's retries of its read timeout: 7 minutes of
         botocore's). A failure that is not the store's answer about an object (no such
         object, one there already) is a :class:`SharedCacheError` naming the store, the object
         and the request: a client's own errors (botocore's EndpointConnectionError for an
-        endpoint that does not answer, NoCredentialsError) are not OSErrors and name neither."""
+        endpoint that does not answer, NoCredentialsError) are not OSErrors and name neither.
+        ``doing`` words the wait in the log (an upload's: it may take minutes, answered)."""
         _count(kind)
         where = self.url if name is None else f"{self.url}/{name}"
+        doing = doing or f"waiting for {where} to answer a {kind} request"
         try:
-            with _transfers.watched(f"waiting for {where} to answer a {kind} request",
-                                    self.message_seconds):  # fmt: skip
+            with _transfers.watched(doing, self.message_seconds):
                 yield
         except (FileNotFoundError, FileExistsError, SharedCacheError):
             raise
@@ -346,7 +349,7 @@ class _Store:
     def upload(self, local: str, name: str) -> None:
         """Copy the file ``local`` to the object (streamed by the file system: a table of a
         large run is GBs, not read into memory whole)."""
-        with self._asked("put", name):
+        with self._asked("put", name, f"uploading {local} to {self.url}/{name}"):
             self.fs.put_file(local, self.key(name))
 
     def write(self, name: str, data: bytes) -> None:
@@ -362,10 +365,11 @@ class _Store:
         reports as an I/O error; a reply lost after the put landed) is settled by what the store
         then holds under the name, looked at for :data:`CONFLICT_SECONDS`."""
         key = self.key(name)
+        if isinstance(self.fs, LocalFileSystem):  # exclusive: nothing to settle
+            with self._asked("create", name):
+                return self._create_local(key, data)
         try:
             with self._asked("create", name):
-                if isinstance(self.fs, LocalFileSystem):
-                    return self._create_local(key, data)
                 self.fs.pipe_file(key, data, mode="create")
         except FileExistsError:
             return False
@@ -636,8 +640,11 @@ class SharedTableCache:
                 # what is missing
                 if may_build:
                     if self._claim(entry, generation + 1, watch.content):
-                        if not upload_only and self._fetched_meanwhile(
-                            entry, description, generation + 1
+                        # (the store's copy found lacking objects: not fetched again)
+                        if (
+                            not upload_only
+                            and entry.base not in self._lacking
+                            and self._fetched_meanwhile(entry, description, generation + 1)
                         ):
                             return self._served(entry, load_or_build, may_build, rebuilt)
                         return self._build(entry, generation + 1, load_or_build)
@@ -739,14 +746,25 @@ class SharedTableCache:
         its claim of lease ``generation`` (it committed, then removed its own lease, which this
         process then claimed), and it was downloaded: the lease is given back, and the tables
         are not built a second time. One request per build (the description's GET); a copy
-        the download finds incomplete is built under the lease."""
-        if not self._download(entry, description):
+        the download finds incomplete is built under the lease. A download that fails gives
+        the lease back too (left, it would hold off every later replacement of the entry)."""
+        lease = self._lease_name(entry, generation)
+        try:
+            fetched = self._download(entry, description)
+        except BaseException:
+            with suppress(Exception):
+                self.store.remove(lease)
+            raise
+        if not fetched:
             return False
-        self.store.remove(self._lease_name(entry, generation))
         logger.info(
             "%s: committed by another process meanwhile; downloaded, not built",
             self._url(os.path.basename(entry.description_path)),
         )
+        try:
+            self.store.remove(lease)
+        except Exception as error:  # the tables are here: a lease left is the store's to clear
+            logger.warning("%s: the lease not given back (%s)", self._url(lease), error)
         return True
 
     def _build(self, entry: CacheEntry, generation: int, load_or_build: Callable[[], Result]):
