@@ -226,11 +226,12 @@ def test_a_blend_that_would_pass_the_mapping_limit_is_warned_of_at_build(
 
 
 @pytest.mark.parametrize("weight", ["1", None, True, float("nan")])
-def test_a_blend_weight_that_is_not_a_number_is_refused_naming_it(weight):
+@pytest.mark.parametrize("other", [1.0, 0.0, -1.0])
+def test_a_blend_weight_that_is_not_a_number_is_refused_naming_it(weight, other):
     from megaindex.builder import check_blend_weights
 
     with pytest.raises(ConfigError, match=r"blend: the weight of 'web' is .*; weights must be"):
-        check_blend_weights("blend", ["web", "code"], [weight, 1.0])
+        check_blend_weights("blend", ["web", "code"], [weight, other])
 
 
 def test_a_blend_weight_of_zero_is_refused_before_any_corpus_is_opened(make_config, corpus):

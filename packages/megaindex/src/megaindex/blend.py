@@ -178,16 +178,20 @@ def check_prefixes_exist(blends: Sequence[Blend | None]) -> None:
     folders = sorted({os.path.dirname(prefix) for prefix in missing if gone[prefix]})
     if folders:
         named += "; no such folder: " + ", ".join(folders[:SHOWN_MISSING])
+        if len(folders) > SHOWN_MISSING:
+            named += f", and {len(folders) - SHOWN_MISSING:,} more"
     raise ConfigError(f"no .bin/.idx corpus at: {named} (working directory {os.getcwd()})")
 
 
 def _lacks(prefix: str) -> str:
     """What the corpus at ``prefix`` lacks: each missing file (or a folder in its place), with
     the likely slip."""
+    if is_url(prefix):  # which of the two objects is missing is the store's to say
+        return "not found in object storage"
     lacking = [
         (prefix + suffix, what)
         for suffix, what in ((".idx", "index file"), (".bin", "token file"))
-        if is_url(prefix) or not os.path.isfile(prefix + suffix)
+        if not os.path.isfile(prefix + suffix)
     ]
     if len(lacking) == 2 and not any(os.path.isdir(path) for path, _ in lacking):
         return "neither .idx nor .bin found" + missing_file_hint(prefix + ".idx")

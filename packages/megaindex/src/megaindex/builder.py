@@ -117,7 +117,7 @@ def check_blend_weights(
         raise ConfigError(f"{name} holds no prefix: give at least one dataset prefix")
     if weights is None:
         return
-    if weights and not any(weight > 0 for weight in weights if _is_number(weight)):
+    if weights and all(_is_number(weight) and weight == 0 for weight in weights):
         raise ConfigError(
             f"{name}: the weights {list(weights)} are all zero; at least one must be above 0"
         )

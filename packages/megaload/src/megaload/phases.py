@@ -201,12 +201,13 @@ class PhasedDataLoader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the same phase, its loader at the saved sample."""
-        check_state(state, PHASED_STATE_SCHEMA, "phased loader state", exact=True)
-        if state["version"] != PHASED_STATE_VERSION:
+        check_state(state, {"version": INTEGER}, "phased loader state")
+        if state["version"] != PHASED_STATE_VERSION:  # before the keys: another version's
             raise LoaderStateError(
                 f"phased loader state['version'] is {state['version']!r}; expected "
                 f"{PHASED_STATE_VERSION}"
             )
+        check_state(state, PHASED_STATE_SCHEMA, "phased loader state", exact=True)
         if list(state["phase_starts"]) != self.starts:
             raise ResumeError(
                 f"the state was saved with phases starting at {state['phase_starts']}, this "
