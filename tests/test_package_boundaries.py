@@ -32,6 +32,7 @@ LENT_MODULES = {
     "megafmt.fingerprint",
     "megafmt.folders",
     "megafmt.mapping",
+    "megafmt.prefix_hints",
     "megafmt.progress",
     "megafmt.readers",
     "megafmt.redaction",

@@ -76,9 +76,9 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from megafmt import MegafmtError
 from megafmt.atomic import partial_path, remove_quietly, write_atomically, write_exclusively
 from megafmt.confinement import confined_path, url_components
-from megafmt.errors import NotAFolderError
 from megafmt.fingerprint import inode_of
 from megafmt.folders import make_folder
 from megafmt.readers import is_url
@@ -1011,7 +1011,7 @@ def _in_local_copy(entry: CacheEntry, make: Callable[[], Result]) -> Result:
     try:
         make_folder(entry.directory, "the local copy of the shared index cache")
         return make()
-    except NotAFolderError:
+    except MegafmtError:  # worded by megafmt already (a file where a folder belongs)
         raise
     except OSError as error:
         raise write_error(entry, error) from error
