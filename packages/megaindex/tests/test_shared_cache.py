@@ -1029,3 +1029,26 @@ def test_a_local_store_whose_lease_cannot_be_written_fails_at_once(tmp_path, mon
         cache.store.create("x-lease-1.json", b"{}")
     assert "the lease could not be created or written" in str(raised.value)
     assert "no other process held it" not in str(raised.value)
+
+
+def test_a_full_disk_under_the_node_folder_during_a_download_names_the_setting(
+    store, tmp_path, monkeypatch
+):
+    """A full disk while a table downloads is the node folder's (it was worded as the store's
+    failed download, naming neither the folder's setting nor what to do)."""
+    node0 = entry_in(tmp_path / "node0")
+    SharedTableCache(SharedCacheConfig(store)).obtain(node0, "described", saver(node0, []), True)
+
+    def full(self, name, local):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shared_cache._Store, "download", full)
+    entry = CacheEntry(str(tmp_path / "node1"), "0123-Tables-train", ("a",), store)
+    with pytest.raises(CacheError) as raised:
+        SharedTableCache(SharedCacheConfig(store)).obtain(
+            entry, "described", saver(entry, []), may_build=False
+        )
+    message = str(raised.value)
+    assert message.startswith(f"cannot write the local copy of the shared index cache {store} ")
+    assert "The disk is full: free space there, or set object_storage_cache_path" in message
+    assert not entry.complete()

@@ -57,6 +57,7 @@ once, however many pages the store answers it in).
 from __future__ import annotations
 
 import collections
+import errno
 import fcntl
 import json
 import logging
@@ -163,9 +164,10 @@ class _Transfers:
                 del self._under_way[key]
 
     def _watch(self) -> None:
-        idle_since = None
+        # a pause of its own, not time.sleep: a test's stand-in for that would spin this thread
+        idle_since, tick = None, threading.Event()
         while True:
-            time.sleep(self.POLL_SECONDS)
+            tick.wait(self.POLL_SECONDS)
             now, due = time.monotonic(), []
             with self._lock:
                 if not self._under_way:
@@ -859,12 +861,13 @@ class SharedTableCache:
         wanted = {os.path.basename(entry.table_path(t)): entry.table_path(t) for t in entry.tables}
         if name not in listed or sidecar in listed:  # where it is not listed, it may exist
             wanted[sidecar] = entry.sidecar_path
-        _in_local_copy(entry, lambda: None)
+        with _local_copy_writes(entry):
+            pass  # the folder, made before the downloads
         partials = {object_name: partial_path(path) for object_name, path in wanted.items()}
         try:
             with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="megaindex-fetch") as pool:
                 futures = {
-                    object_name: pool.submit(self._fetch, object_name, partial, sizes)
+                    object_name: pool.submit(self._fetch, entry, object_name, partial, sizes)
                     for object_name, partial in partials.items()
                 }
                 missing = [n for n, future in futures.items() if not future.result()]
@@ -874,30 +877,36 @@ class SharedTableCache:
                     _listings.pop(self.store.url, None)
                 self._lacking[entry.base] = [n for n in missing if n != sidecar]
                 return False
-            for object_name, path in wanted.items():
-                if object_name not in missing:
-                    os.replace(partials[object_name], path)
+            with _local_copy_writes(entry):
+                for object_name, path in wanted.items():
+                    if object_name not in missing:
+                        os.replace(partials[object_name], path)
         finally:
             for partial in partials.values():
                 remove_quietly(partial)
-        write_atomically(entry.description_path, found)  # last: the local commit mark
+        with _local_copy_writes(entry):
+            write_atomically(entry.description_path, found)  # last: the local commit mark
         logger.info("downloaded the %s tables from %s", entry.base, self.store.url)
         return True
 
-    def _fetch(self, name: str, local: str, listed: dict[str, int | None]) -> bool:
-        """Download object ``name`` to the file ``local``; False when the store has no such
-        object. Raises when its size is not the one ``listed`` (where it lists one)."""
+    def _fetch(
+        self, entry: CacheEntry, name: str, local: str, listed: dict[str, int | None]
+    ) -> bool:
+        """Download object ``name`` of ``entry`` to the file ``local``; False when the store has
+        no such object. Raises when its size is not the one ``listed`` (where it lists one); a
+        full disk is the node folder's error, naming ``object_storage_cache_path``."""
         start = time.monotonic()
         try:
             with _transfers.watched(f"downloading {self._url(name)}", self.config.message_seconds):
                 self.store.download(name, local)
         except FileNotFoundError:
             return False
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):  # the node's disk, not the store
+                raise write_error(entry, error) from error
+            raise self._download_failed(name, local, start, error) from error
         except Exception as error:  # a stalled or dropped transfer: s3fs may word it as nothing
-            raise SharedCacheError(
-                f"{self._url(name)}: the download to {local} failed after "
-                f"{time.monotonic() - start:.0f} s: {_worded(error)}"
-            ) from error
+            raise self._download_failed(name, local, start, error) from error
         size = os.path.getsize(local)
         if listed.get(name) is not None and size != listed[name]:
             raise SharedCacheError(
@@ -905,6 +914,14 @@ class SharedTableCache:
                 f"the object with {listed[name]}: it changed or the transfer was cut short"
             )
         return True
+
+    def _download_failed(
+        self, name: str, local: str, start: float, error: BaseException
+    ) -> SharedCacheError:
+        return SharedCacheError(
+            f"{self._url(name)}: the download to {local} failed after "
+            f"{time.monotonic() - start:.0f} s: {_worded(error)}"
+        )
 
     def _check_description(self, name: str, found: bytes, description: str) -> None:
         """Refuse the store's description ``found`` unless it is ``description``."""
@@ -970,7 +987,9 @@ class SharedTableCache:
     def _node_lock(self, entry: CacheEntry) -> Iterator[None]:
         """Hold this node's lock of ``entry``, logging every ``message_seconds`` who holds it."""
         path = entry.path("node.lock")
-        with _in_local_copy(entry, lambda: open(path, "a+")) as stream:
+        with _local_copy_writes(entry):
+            stream = open(path, "a+")  # noqa: SIM115 (held below, with the lock)
+        with stream:
             last_message, pause = time.monotonic(), FIRST_LOCK_PAUSE
             while True:  # bounded by the holder: the kernel frees the lock when it dies
                 try:
@@ -1004,14 +1023,15 @@ class SharedTableCache:
                 fcntl.flock(stream, fcntl.LOCK_UN)
 
 
-def _in_local_copy(entry: CacheEntry, make: Callable[[], Result]) -> Result:
-    """``make()`` (a file opened there, or nothing) once the node's folder of ``entry`` is
-    made; a folder that cannot be made or written is a :class:`CacheError` naming it and
+@contextmanager
+def _local_copy_writes(entry: CacheEntry) -> Iterator[None]:
+    """Writes into the node's folder of ``entry``, made first: a folder that cannot be made or
+    written, or a full disk, is a :class:`CacheError` naming it and
     ``object_storage_cache_path``, the setting that moves it."""
     try:
         make_folder(entry.directory, "the local copy of the shared index cache")
-        return make()
-    except MegafmtError:  # worded by megafmt already (a file where a folder belongs)
+        yield
+    except (MegafmtError, CacheError):  # worded already (a file where a folder belongs)
         raise
     except OSError as error:
         raise write_error(entry, error) from error
