@@ -5,12 +5,14 @@ leftover named after a process that no longer exists)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -130,49 +132,12 @@ def test_a_later_merge_clears_partials_of_a_killed_merge(make_corpus, tmp_path, 
     assert not list(tmp_path.glob(f"*{PARTIAL_SUFFIX}"))
 
 
-def test_a_preprocess_killed_mid_input_leaves_only_what_the_next_run_clears(tmp_path):
-    """The run reads from a pipe that is held open: it has its partial files open, waiting for
-    more input, when it is killed; the next run with the same output removes them."""
-    fifo = tmp_path / "in.jsonl"
-    os.mkfifo(fifo)
-    out = tmp_path / "out"
-    out.mkdir()
-    prefix = str(out / "o")
-    command = [sys.executable, "-m", "megafmt.cli.main", "preprocess", "--input", str(fifo)]
-    run = subprocess.Popen(
-        [*command, "--output-prefix", prefix, "--workers", "1"],
-        start_new_session=True,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        with open(fifo, "w") as writer:  # opens once the run opens the pipe
-            writer.write('{"text": "hello"}\n' * 10)
-            writer.flush()
-            deadline = time.monotonic() + STAGE_WAIT_SECONDS
-            while not list(out.glob(f"*{PARTIAL_SUFFIX}")) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert list(out.glob(f"*{PARTIAL_SUFFIX}")), "the run never started writing"
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait(timeout=STAGE_WAIT_SECONDS)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait(timeout=STAGE_WAIT_SECONDS)
-    left = list(out.glob(f"*{PARTIAL_SUFFIX}"))
-    assert left and not list(out.glob("*.idx"))  # nothing that looks complete
-    os.remove(fifo)
-    fifo.write_text('{"text": "hello"}\n')
-    assert main(["preprocess", "--input", str(fifo), "--output-prefix", prefix]) == 0
-    assert not any(path.exists() for path in left)
-    assert sorted(os.listdir(out)) == [".mega", "o_text_document.bin", "o_text_document.idx"]
-
-
-@pytest.mark.parametrize("group", [True, False], ids=["its process group", "the run alone"])
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, workers, group):
-    """SIGTERM to the run's process group (a scheduler's time limit), or to the run alone
-    (``kill``), stops it as Ctrl-C does: exit status 143, its partial files removed (Python's
-    default ended it where it stood, and they stayed until the next run of the same output)."""
+@contextlib.contextmanager
+def preprocess_mid_input(tmp_path, workers: int) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """A ``mega preprocess`` run (in a session of its own) reading from a pipe held open: it
+    has its partial files open in ``<tmp_path>/out``, waiting for more input, while the block
+    runs; it is killed afterwards if the block left it running. Yields the run and its output
+    folder."""
     fifo = tmp_path / "in.jsonl"
     os.mkfifo(fifo)
     out = tmp_path / "out"
@@ -192,12 +157,38 @@ def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, w
             while not list(out.glob(f"*{PARTIAL_SUFFIX}")) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert list(out.glob(f"*{PARTIAL_SUFFIX}")), "the run never started writing"
-            (os.killpg if group else os.kill)(run.pid, signal.SIGTERM)
-            _, stderr = run.communicate(timeout=STAGE_WAIT_SECONDS)
+            yield run, out
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait(timeout=STAGE_WAIT_SECONDS)
+        os.remove(fifo)
+
+
+def test_a_preprocess_killed_mid_input_leaves_only_what_the_next_run_clears(tmp_path):
+    """Killed while it has its partial files open; the next run with the same output removes
+    them."""
+    with preprocess_mid_input(tmp_path, workers=1) as (run, out):
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate(timeout=STAGE_WAIT_SECONDS)
+    left = list(out.glob(f"*{PARTIAL_SUFFIX}"))
+    assert left and not list(out.glob("*.idx"))  # nothing that looks complete
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "hello"}\n')
+    assert main(["preprocess", "--input", str(source), "--output-prefix", str(out / "o")]) == 0
+    assert not any(path.exists() for path in left)
+    assert sorted(os.listdir(out)) == [".mega", "o_text_document.bin", "o_text_document.idx"]
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["its process group", "the run alone"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_preprocess_terminated_mid_input_removes_its_partial_files(tmp_path, workers, group):
+    """SIGTERM to the run's process group (a scheduler's time limit), or to the run alone
+    (``kill``), stops it as Ctrl-C does: exit status 143, its partial files removed (Python's
+    default ended it where it stood, and they stayed until the next run of the same output)."""
+    with preprocess_mid_input(tmp_path, workers) as (run, out):
+        (os.killpg if group else os.kill)(run.pid, signal.SIGTERM)
+        _, stderr = run.communicate(timeout=STAGE_WAIT_SECONDS)
     assert run.returncode == 143, stderr
     assert "mega preprocess: terminated (SIGTERM)" in stderr
     assert not list(out.glob(f"*{PARTIAL_SUFFIX}")) and not list(out.glob("*.idx"))
