@@ -301,7 +301,8 @@ class _Store:
         object, one there already) is a :class:`SharedCacheError` naming the store, the object
         and the request: a client's own errors (botocore's EndpointConnectionError for an
         endpoint that does not answer, NoCredentialsError) are not OSErrors and name neither.
-        ``doing`` words the wait in the log (an upload's: it may take minutes, answered)."""
+        ``doing`` words the wait in the log (an upload's: a long one is under way, not
+        waiting for an answer)."""
         _count(kind)
         where = self.url if name is None else f"{self.url}/{name}"
         doing = doing or f"waiting for {where} to answer a {kind} request"
@@ -901,12 +902,13 @@ class SharedTableCache:
                 self.store.download(name, local)
         except FileNotFoundError:
             return False
-        except OSError as error:
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):  # the node's disk, not the store
-                raise write_error(entry, error) from error
-            raise self._download_failed(name, local, start, error) from error
         except Exception as error:  # a stalled or dropped transfer: s3fs may word it as nothing
-            raise self._download_failed(name, local, start, error) from error
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise write_error(entry, error) from error  # the node's disk, not the store
+            raise SharedCacheError(
+                f"{self._url(name)}: the download to {local} failed after "
+                f"{time.monotonic() - start:.0f} s: {_worded(error)}"
+            ) from error
         size = os.path.getsize(local)
         if listed.get(name) is not None and size != listed[name]:
             raise SharedCacheError(
@@ -914,14 +916,6 @@ class SharedTableCache:
                 f"the object with {listed[name]}: it changed or the transfer was cut short"
             )
         return True
-
-    def _download_failed(
-        self, name: str, local: str, start: float, error: BaseException
-    ) -> SharedCacheError:
-        return SharedCacheError(
-            f"{self._url(name)}: the download to {local} failed after "
-            f"{time.monotonic() - start:.0f} s: {_worded(error)}"
-        )
 
     def _check_description(self, name: str, found: bytes, description: str) -> None:
         """Refuse the store's description ``found`` unless it is ``description``."""
