@@ -6,6 +6,7 @@ import os
 import numpy
 import pytest
 import torch
+from blendtesting import dyadic_weights
 from megatron.core.datasets.blended_dataset import BlendedDataset as MegatronBlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import (
     BlendedMegatronDatasetBuilder as MegatronBuilder,
@@ -239,17 +240,17 @@ def test_blend_batches_through_the_loader_equal_megatrons(corpora, tmp_path, wor
     assert batches == 60
 
 
-@pytest.mark.parametrize("seed", range(28))
+@pytest.mark.parametrize("seed", range(32))
 def test_blending_indices_of_many_datasets_equal_megatrons(seed):
-    # from 2,048 datasets on, ours come from a tournament tree, megatron-core's from a scan of
+    # from 64 datasets on, ours come from a tournament tree, megatron-core's from a scan of
     # every dataset at every sample: the same choices, ties and near ties included
     from megatron.core.datasets import helpers_cpp
 
     from megaindex.helpers import build_blending_indices
 
     rng = numpy.random.default_rng(seed)
-    datasets = int(rng.integers(2048, 4096))
-    kind = seed % 7
+    datasets = int(rng.integers(64, 4096))
+    kind = seed % 8
     if kind == 0:  # sizes spread over four orders of magnitude, as in a real mix
         weights = numpy.exp(rng.uniform(0, numpy.log(1e4), datasets))
     elif kind == 1:  # all equal: ties at every sample
@@ -264,9 +265,13 @@ def test_blending_indices_of_many_datasets_equal_megatrons(seed):
     elif kind == 5:  # one dominant corpus and thousands of tiny ones
         weights = numpy.full(datasets, 1e-6)
         weights[int(rng.integers(datasets))] = 1.0
-    else:  # not normalized, near ties (the helper takes them; the tree's margin does not hold)
+    elif kind == 6:  # not normalized, near ties (the helper takes them; the tree's margin does
+        # not hold)
         weights = 1000 * (1 + rng.random(datasets) * 1e-12)
-    if kind != 6:
+    else:  # 1, 2 or 4 parts in a power of two, summing to 1: exact ties between corpora of
+        # different weights, which the lowest id wins
+        weights = dyadic_weights(rng, datasets)
+    if kind not in (6, 7):
         weights = weights / weights.sum()
     size = int(rng.integers(1, 40_000))
     ours = numpy.zeros(size, numpy.int16), numpy.zeros(size, numpy.int64)
@@ -279,14 +284,14 @@ def test_blending_indices_of_many_datasets_equal_megatrons(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_exhaustive_blending_of_many_datasets_equals_megatrons(seed):
-    # a blend weighted by its datasets' sizes draws each of their samples once: from 2,048
+    # a blend weighted by its datasets' sizes draws each of their samples once: from 64
     # datasets on through the same tree, a dataset leaving it once drawn whole
     from megatron.core.datasets import helpers_cpp
 
     from megaindex.helpers import build_exhaustive_blending_indices
 
     rng = numpy.random.default_rng(seed)
-    datasets = int(rng.integers(2048, 3000))
+    datasets = int(rng.integers(64, 3000))
     if seed % 2:  # equal sizes: ties at every sample
         sizes = numpy.full(datasets, int(rng.integers(1, 8)), numpy.int64)
     else:  # sizes over three orders of magnitude

@@ -6,6 +6,7 @@ import warnings
 
 import numpy
 import pytest
+from blendtesting import dyadic_weights
 
 import megaindex
 from megaindex import _numpy_backend, backends
@@ -127,25 +128,29 @@ def test_blending_agrees(seed):
     assert_exhaustive_blends_agree(sizes)
 
 
-@pytest.mark.parametrize("kind", ["spread", "equal", "few values", "a rounding apart"])
-def test_blending_of_thousands_of_datasets_agrees(kind):
-    # from 2,048 datasets on the extension draws through a tournament tree; the numpy backend
-    # scans every dataset at every sample
-    rng = numpy.random.default_rng(len(kind))
-    datasets = int(rng.integers(2048, 2600))
+@pytest.mark.parametrize("datasets", [64, 700, 2400])
+@pytest.mark.parametrize(
+    "kind", ["spread", "equal", "few values", "a rounding apart", "exact ties"]
+)
+def test_blending_of_many_datasets_agrees(kind, datasets):
+    # from 64 datasets on the extension draws through a tournament tree (its leaves by weight);
+    # the numpy backend scans every dataset at every sample
+    rng = numpy.random.default_rng(len(kind) + datasets)
     weights = {
         "spread": lambda: numpy.exp(rng.uniform(0, numpy.log(1e4), datasets)),
         "equal": lambda: numpy.ones(datasets),
         "few values": lambda: rng.choice([0.0, 1.0, 2.0], datasets) + numpy.eye(1, datasets)[0],
         "a rounding apart": lambda: numpy.nextafter(1.0, rng.choice([0.0, 2.0], datasets)),
+        "exact ties": lambda: dyadic_weights(rng, datasets),
     }[kind]()
     weights /= weights.sum()
     assert_blends_agree(weights, 1500)
 
 
-def test_exhaustive_blending_of_thousands_of_datasets_agrees():
+@pytest.mark.parametrize("datasets", [64, 2100])
+def test_exhaustive_blending_of_many_datasets_agrees(datasets):
     # the extension's tree, datasets leaving it once drawn whole, against the numpy scan
-    sizes = numpy.random.default_rng(5).integers(1, 3, 2100).astype(numpy.int64)
+    sizes = numpy.random.default_rng(5).integers(1, 3, datasets).astype(numpy.int64)
     assert_exhaustive_blends_agree(sizes)
 
 
