@@ -1,10 +1,15 @@
+import errno
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
-from megafmt import IndexedDataset
+from megafmt import IndexedDataset, ReadError
 from megafmt import dataset as dataset_module
+from megafmt.readers import pool as pool_module
 from megafmt.readers.pool import ReaderPool
 
 
@@ -12,6 +17,7 @@ from megafmt.readers.pool import ReaderPool
 def small_pool(monkeypatch):
     pool = ReaderPool(3)
     monkeypatch.setattr(dataset_module, "POOL", pool)
+    monkeypatch.setattr(pool_module, "POOL", pool)
     return pool
 
 
@@ -111,3 +117,85 @@ def test_a_small_open_files_limit_gets_a_default_that_fits_and_advice_that_can_b
     assert f"set MEGAFMT_MAX_OPEN_BIN to at most {default}, or raise" in str(raised.value)
     monkeypatch.setenv("MEGAFMT_MAX_OPEN_BIN", str(default))
     assert pool._capacity_from_environment() == default  # the advice taken is accepted
+
+
+def test_an_open_that_finds_no_descriptor_left_has_the_pool_release_half(
+    make_corpus, monkeypatch, caplog
+):
+    pool = ReaderPool(8)
+    monkeypatch.setattr(dataset_module, "POOL", pool)
+    monkeypatch.setattr(pool_module, "POOL", pool)
+    prefixes = [make_corpus([[[i, i + 1]]], name=f"c{i}") for i in range(7)]
+    datasets = [IndexedDataset(p, mmap=False) for p in prefixes[:6]]
+    assert attached(datasets) == 6
+    real_open, failures = os.open, []
+
+    def open_once_out_of_descriptors(path, flags, *args):
+        if not failures:
+            failures.append(path)
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_once_out_of_descriptors)
+    with caplog.at_level("WARNING", logger="megafmt.readers.pool"):
+        seventh = IndexedDataset(prefixes[6], mmap=False)
+    assert failures and seventh[0].tolist() == [6, 7]
+    # half released, the oldest first, and the capacity kept so (the process is short of
+    # descriptors): the seventh's reader takes the place of a fourth
+    assert pool.capacity == 3 and len(pool) == 3
+    assert [d._bin_reader is not None for d in datasets] == [False] * 4 + [True] * 2
+    assert "keeping at most 3 open from now on" in caplog.text
+    assert [d[0].tolist() for d in datasets] == [[i, i + 1] for i in range(6)]  # reopened
+
+
+def test_without_readers_to_release_no_descriptor_left_is_an_error_naming_the_limit(
+    make_corpus, small_pool, monkeypatch
+):
+    prefix = make_corpus([[[1, 2]]])
+
+    def out_of_descriptors(path, flags, *args):
+        raise OSError(errno.EMFILE, "Too many open files", path)
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    with pytest.raises(ReadError) as raised:
+        IndexedDataset(prefix, mmap=False)
+    message = str(raised.value)
+    assert message.startswith(f"{prefix}.bin: cannot open the token file")
+    assert "RLIMIT_NOFILE" in message and "Raise the limit" in message
+    assert raised.value.__cause__.errno == errno.EMFILE
+
+
+RUN_NEAR_THE_LIMIT = """
+import os, resource, sys
+from megafmt import IndexedDataset
+from megafmt.readers import pool
+limit, prefixes = int(sys.argv[1]), sys.argv[2:]
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+while True:  # the rest of the process holds all but 20 descriptors
+    held.append(os.open(os.devnull, os.O_RDONLY))
+    if held[-1] >= limit - 21:
+        break
+datasets = [IndexedDataset(p, mmap=False) for p in prefixes]
+values = [int(d[0][0]) for d in datasets for _ in range(2)]
+print(values == [i for i in range(len(prefixes)) for _ in range(2)], pool.POOL.capacity)
+"""
+
+
+def test_a_process_holding_most_of_its_descriptors_reads_every_corpus(make_corpus, tmp_path):
+    # 60 corpora read by file descriptors, in a process whose other files leave 20 of its
+    # 256: the pool shrinks to what is left instead of failing with "Too many open files"
+    prefixes = [make_corpus([[[i, 0]]], name=f"c{i}") for i in range(60)]
+    env = {**os.environ, "MEGAFMT_MAX_OPEN_BIN": "128"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RUN_NEAR_THE_LIMIT), "256", *prefixes],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    read, capacity = done.stdout.split()
+    assert read == "True"
+    assert int(capacity) < 20
+    assert "keeping at most" in done.stderr

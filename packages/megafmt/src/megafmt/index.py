@@ -30,14 +30,17 @@ from megafmt.format import (
 )
 from megafmt.mapping import map_file
 from megafmt.prefix_hints import missing_file_message
+from megafmt.readers.pool import opened_with_room
 
 
 def open_readonly(path: str, what: str) -> int:
     """A read-only file descriptor for ``path``; a missing file, or a directory where the file
     belongs, is a :class:`MissingFileError` naming ``path`` (POSIX opens a directory read-only
-    without complaint, and the first read then fails without naming it)."""
+    without complaint, and the first read then fails without naming it). A process out of
+    descriptors first has the pool of open readers give some back
+    (:func:`~megafmt.readers.pool.opened_with_room`)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = opened_with_room(lambda: os.open(path, os.O_RDONLY), path, what)
     except (FileNotFoundError, IsADirectoryError):
         fd = None
     if fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):

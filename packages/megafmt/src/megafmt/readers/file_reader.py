@@ -16,9 +16,9 @@ After the last retry, or at once for a failure no retry can help, the error is r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy
@@ -123,13 +123,16 @@ class FileBinReader:
             self._in_flight += 1
             return self._fd
 
-    def _close_all(self) -> None:
+    def _close_all(self, close: Callable[[int], None] = os.close) -> None:
+        # os.close bound here: a reader collected at interpreter exit finds module globals gone
         descriptors = [getattr(self, "_fd", None), *getattr(self, "_retired", [])]
         self._fd, self._retired = None, []
         for fd in descriptors:
             if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                try:  # noqa: SIM105 (contextlib.suppress, a global, is gone at exit too)
+                    close(fd)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         """Close the descriptors: at once, or when the last read under way ends."""

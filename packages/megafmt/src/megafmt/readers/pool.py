@@ -8,19 +8,27 @@ environment variable; default 512, or half the open-files limit where that is lo
 the limit cannot hold is refused, naming the limit) the pool releases the reader of a dataset
 not read from recently (a CLOCK sweep: every read marks its dataset, the sweep spares marked
 datasets once), and that dataset reopens its reader on its next read. Arrays already handed out
-stay valid.
+stay valid. Where the rest of the process holds more descriptors than the capacity leaves it,
+the pool releases half its readers, and their number stays halved from then on
+(:func:`opened_with_room`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
+from megafmt.errors import ReadError
 from megafmt.limits import soft_limit
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 512
 #: descriptors left to the rest of the process (sockets, DataLoader pipes, logs, the cache)
@@ -71,6 +79,69 @@ class ReaderPool:
                 self._members.discard(candidate)
                 candidate.release_reader()
 
+    def make_room(self) -> int:
+        """Release half the open readers, recently read or not, and keep at most as many from
+        now on: the process ran out of file descriptors with them open (its other files took
+        more than the capacity left them). Returns how many were released (0: none open)."""
+        with self._lock:
+            keep = len(self._members) // 2
+            released = 0
+            while len(self._members) > keep:
+                candidate = self._open.popleft()()
+                if candidate is None or candidate not in self._members:
+                    continue
+                self._members.discard(candidate)
+                candidate.release_reader()
+                released += 1
+            if released:
+                self.capacity = max(1, keep)
+            return released
+
+
+def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
+    """``open_file()``, the descriptor of ``path`` (the ``what``), with the pool kept to the
+    descriptors the process has left. POSIX hands out the lowest free number, so a number within
+    ``RESERVED_DESCRIPTORS`` of the open-files limit says the rest of the process holds more
+    than the pool's capacity left it: the pool releases half its readers. An open that finds
+    none left (EMFILE) does so and tries again; where no reader is left to release, the error
+    names the limit."""
+    while True:
+        try:
+            fd = open_file()
+        except OSError as error:
+            if error.errno != errno.EMFILE:
+                raise
+            if not _make_room():
+                limit = soft_limit("RLIMIT_NOFILE")
+                raise ReadError(
+                    f"{path}: cannot open the {what}: the process has no file descriptor left "
+                    f"(the open-files limit, ulimit -n, RLIMIT_NOFILE: {limit or 'unlimited'}), "
+                    "and none of the readers megafmt keeps open is left to give one back: the "
+                    "rest of the process holds them all. Raise the limit, or close files elsewhere"
+                ) from error
+            continue
+        limit = soft_limit("RLIMIT_NOFILE")
+        if limit is not None and fd >= limit - RESERVED_DESCRIPTORS and len(POOL) > 1:
+            _make_room()
+        return fd
+
+
+def _make_room() -> int:
+    """:meth:`ReaderPool.make_room`, the capacity it lowered said in the log; returns how many
+    readers it released."""
+    held, capacity = len(POOL), POOL.capacity
+    released = POOL.make_room()
+    if POOL.capacity < capacity:
+        logger.warning(
+            "the process is short of file descriptors (RLIMIT_NOFILE %s) with %d readers of "
+            "corpus files open: keeping at most %d open from now on (MEGAFMT_MAX_OPEN_BIN "
+            "sets it)",
+            soft_limit("RLIMIT_NOFILE"),
+            held,
+            POOL.capacity,
+        )
+    return released
+
 
 class OpenDescriptor:
     """A read-only descriptor of a file, opened by this process (``pid``), closed when the last
@@ -80,7 +151,7 @@ class OpenDescriptor:
     __slots__ = ("fd", "pid")
 
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = opened_with_room(lambda: os.open(path, os.O_RDONLY), path, "file")
         self.pid = os.getpid()
 
     def __del__(self) -> None:
