@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import operator
 import warnings
 from abc import ABC, abstractmethod
@@ -27,6 +26,7 @@ from megafmt.readers import is_url
 from megafmt.redaction import redact
 from megaindex.batch_merge import merge_rows
 from megaindex.config import BlendedMegatronDatasetConfig
+from megaindex.indented_json import indented_json
 from megaindex.utils import Split, index_array
 
 #: what a mid-level dataset reads from (megatron-core's alias): an ``IndexedDataset`` or any
@@ -37,9 +37,15 @@ LowLevelDataset = IndexedDataset | Iterable
 PAD_TOKEN_ID = -1
 
 
+def _identifiers_of(obj: Any) -> Any:
+    """What an object in a description stands for: its ``unique_identifiers`` (a tokenizer's,
+    a sub-dataset's), as megatron-core's ``default`` takes them."""
+    return obj.unique_identifiers
+
+
 def describe(identifiers: OrderedDict) -> tuple[str, str]:
     """The description text of ``identifiers`` and its md5, as megatron-core writes them."""
-    description = json.dumps(identifiers, indent=4, default=lambda obj: obj.unique_identifiers)
+    description = indented_json(identifiers, _identifiers_of)
     return description, hashlib.md5(description.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 

@@ -1,0 +1,74 @@
+"""``json.dumps(value, indent=4, default=default)``, the same text in half the time.
+
+A dataset's description is that text (megatron-core's, whose md5 names the cache files), made
+once per corpus of a blend and once more for the blend, which lists every corpus's. With an
+indent, the json module encodes item by item in Python (14 us for a GPTDataset's description,
+7.4 us here, of a blend's cold build of about 600 us per small corpus); here the containers are
+walked in Python and every scalar encoded by the functions the json module's own encoders call.
+Anything else (an object the encoder hands to ``default``, a dict with keys that are not
+strings) is left to the json module, its text indented to where it sits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from json.encoder import encode_basestring_ascii
+from typing import Any
+
+INDENT = "    "
+#: how many containers (and objects handed to ``default``) deep the walk goes before the rest is
+#: left to the json module (which also names a circular reference)
+DEEPEST = 32
+
+
+def indented_json(value: Any, default: Callable[[Any], Any]) -> str:
+    """The text ``json.dumps(value, indent=4, default=default)`` gives."""
+    return _encoded(value, default, "", 0)
+
+
+def _item(value: Any, default: Callable[[Any], Any], here: str, depth: int) -> str:
+    """An item of a container ``depth`` deep: a string or an integer (most of a description)
+    at once, anything else through :func:`_encoded`."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int:
+        return int.__repr__(value)
+    return _encoded(value, default, here, depth + 1)
+
+
+def _encoded(value: Any, default: Callable[[Any], Any], here: str, depth: int) -> str:
+    """``value`` as the json module encodes it at the indentation ``here``, ``depth`` deep."""
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float) and value - value == 0.0:  # finite: NaN and infinities aside
+        return float.__repr__(value)
+    if depth < DEEPEST:
+        inner = here + INDENT
+        if isinstance(value, (list, tuple)):
+            if not value:
+                return "[]"
+            items = [_item(v, default, inner, depth) for v in value]
+            return f"[\n{inner}" + (",\n" + inner).join(items) + f"\n{here}]"
+        if isinstance(value, dict):
+            if not value:
+                return "{}"
+            items = []
+            for key, v in value.items():
+                if not isinstance(key, str):  # keys json turns into strings: its own text
+                    break
+                items.append(f"{encode_basestring_ascii(key)}: {_item(v, default, inner, depth)}")
+            else:
+                return f"{{\n{inner}" + (",\n" + inner).join(items) + f"\n{here}}}"
+        elif not isinstance(value, float):  # an object of the caller's: encoded as its default
+            return _encoded(default(value), default, here, depth + 1)
+    return json.dumps(value, indent=len(INDENT), default=default).replace("\n", "\n" + here)
