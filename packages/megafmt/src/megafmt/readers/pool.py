@@ -9,13 +9,11 @@ the limit cannot hold is refused, naming the limit) the pool releases the reader
 not read from recently (a CLOCK sweep: every read marks its dataset, the sweep spares marked
 datasets once), and that dataset reopens its reader on its next read. Arrays already handed out
 stay valid. Where the rest of the process holds more descriptors than the capacity leaves it,
-the pool releases half its readers, and their number stays halved from then on
-(:func:`opened_with_room`).
+the pool gives readers back and keeps to fewer from then on (:func:`opened_with_room`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -33,6 +31,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 512
 #: descriptors left to the rest of the process (sockets, DataLoader pipes, logs, the cache)
 RESERVED_DESCRIPTORS = 64
+#: an open that leaves fewer descriptors free than this has the pool give readers back until
+#: twice as many are free (:func:`opened_with_room`)
+FEWEST_FREE = 16
 
 
 class Releasable(Protocol):
@@ -79,12 +80,14 @@ class ReaderPool:
                 self._members.discard(candidate)
                 candidate.release_reader()
 
-    def make_room(self) -> int:
-        """Release half the open readers, recently read or not, and keep at most as many from
-        now on: the process ran out of file descriptors with them open (its other files took
-        more than the capacity left them). Returns how many were released (0: none open)."""
+    def keep_at_most(self, readers: int) -> tuple[int, int, int]:
+        """Release readers, recently read or not, the oldest first, until at most ``readers``
+        are open, and keep at most that many (one at least) from now on: the process is short
+        of file descriptors. Returns how many were released, and the capacity before and
+        after."""
         with self._lock:
-            keep = len(self._members) // 2
+            before = self.capacity
+            keep = max(0, readers)
             released = 0
             while len(self._members) > keep:
                 candidate = self._open.popleft()()
@@ -93,25 +96,24 @@ class ReaderPool:
                 self._members.discard(candidate)
                 candidate.release_reader()
                 released += 1
-            if released:
-                self.capacity = max(1, keep)
-            return released
+            self.capacity = min(before, max(1, keep))
+            return released, before, self.capacity
 
 
 def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
     """``open_file()``, the descriptor of ``path`` (the ``what``), with the pool kept to the
-    descriptors the process has left. POSIX hands out the lowest free number, so a number within
-    ``RESERVED_DESCRIPTORS`` of the open-files limit says the rest of the process holds more
-    than the pool's capacity left it: the pool releases half its readers. An open that finds
-    none left (EMFILE) does so and tries again; where no reader is left to release, the error
-    names the limit."""
+    descriptors the process has left. POSIX hands out the lowest free number, so the number
+    says at least how many are taken: one that leaves fewer than ``FEWEST_FREE`` free has the
+    pool give readers back until twice as many are. An open that finds none free (EMFILE) has
+    the pool release half its readers and tries again; where no reader is left to release, the
+    error names the limit."""
     while True:
         try:
             fd = open_file()
         except OSError as error:
             if error.errno != errno.EMFILE:
                 raise
-            if not _make_room():
+            if not _keep_at_most(len(POOL) // 2):
                 limit = soft_limit("RLIMIT_NOFILE")
                 raise ReadError(
                     f"{path}: cannot open the {what}: the process has no file descriptor left "
@@ -121,24 +123,25 @@ def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
                 ) from error
             continue
         limit = soft_limit("RLIMIT_NOFILE")
-        if limit is not None and fd >= limit - RESERVED_DESCRIPTORS and len(POOL) > 1:
-            _make_room()
+        free = None if limit is None else limit - fd - 1
+        if free is not None and free < FEWEST_FREE and len(POOL) > 1:
+            _keep_at_most(len(POOL) - (2 * FEWEST_FREE - free))
         return fd
 
 
-def _make_room() -> int:
-    """:meth:`ReaderPool.make_room`, the capacity it lowered said in the log; returns how many
+def _keep_at_most(readers: int) -> int:
+    """:meth:`ReaderPool.keep_at_most`, a lowered capacity said in the log; returns how many
     readers it released."""
-    held, capacity = len(POOL), POOL.capacity
-    released = POOL.make_room()
-    if POOL.capacity < capacity:
+    held = len(POOL)
+    released, before, capacity = POOL.keep_at_most(readers)
+    if capacity < before:
         logger.warning(
             "the process is short of file descriptors (RLIMIT_NOFILE %s) with %d readers of "
             "corpus files open: keeping at most %d open from now on (MEGAFMT_MAX_OPEN_BIN "
             "sets it)",
             soft_limit("RLIMIT_NOFILE"),
             held,
-            POOL.capacity,
+            capacity,
         )
     return released
 
@@ -154,11 +157,14 @@ class OpenDescriptor:
         self.fd = opened_with_room(lambda: os.open(path, os.O_RDONLY), path, "file")
         self.pid = os.getpid()
 
-    def __del__(self) -> None:
+    def __del__(self, close: Callable[[int], None] = os.close) -> None:
+        # os.close bound here: a descriptor collected at interpreter exit finds globals gone
         fd = getattr(self, "fd", None)  # None: the file could not be opened
         if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            try:  # noqa: SIM105 (contextlib.suppress, a global, is gone at exit too)
+                close(fd)
+            except OSError:
+                pass
 
 
 def _capacity_from_environment() -> int:
