@@ -16,3 +16,17 @@ def dyadic_weights(rng: numpy.random.Generator, datasets: int) -> numpy.ndarray:
     whole = 2.0 ** numpy.ceil(numpy.log2(parts.sum() + 1))
     parts[int(rng.integers(datasets))] += whole - parts.sum()
     return parts / whole
+
+
+def deciding_ties(weights: numpy.ndarray, size: int) -> int:
+    """How many of the first ``size`` samples megatron-core's rule decides between corpora of
+    different weights whose lags are equal (the lowest id wins): a test of the tie-break is one
+    only where this is not 0."""
+    taken = numpy.zeros(len(weights))
+    ties = 0
+    for sample in range(size):
+        lags = weights * max(sample, 1) - taken
+        tied = numpy.flatnonzero(lags == lags.max())
+        ties += int(len(numpy.unique(weights[tied])) > 1)
+        taken[tied[0]] += 1
+    return ties

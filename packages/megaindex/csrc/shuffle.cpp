@@ -122,11 +122,11 @@ void draw_targets(Mt19937& state, int64_t n, int64_t first, int64_t last, int64_
     // counted down by i (one compare and subtract a word), step k = n - 1 - i
     uint32_t i = static_cast<uint32_t>(n - 1 - k);
     const uint32_t stop = static_cast<uint32_t>(n - 1 - until);
-    int64_t* const at_zero = targets + (n - 1 - first);  // step k's target is at_zero[-i]
+    const int64_t top = n - 1 - first;  // step k's target is targets[top - i]
     int pos = local.pos;
     for (; pos < Mt19937::kSize && i > stop; ++pos) {
       const uint32_t value = words[pos] & mask;
-      at_zero[-static_cast<int64_t>(i)] = value;
+      targets[top - static_cast<int64_t>(i)] = value;
       i -= value <= i ? 1U : 0U;
     }
     k = n - 1 - static_cast<int64_t>(i);

@@ -5,13 +5,16 @@ once per corpus of a blend and once more for the blend, which lists every corpus
 indent, the json module encodes item by item in Python (14 us for a GPTDataset's description,
 7.4 us here, of a blend's cold build of about 600 us per small corpus); here the containers are
 walked in Python and every scalar encoded by the functions the json module's own encoders call.
-Anything else (an object the encoder hands to ``default``, a dict with keys that are not
-strings) is left to the json module, its text indented to where it sits.
+Anything else (a dict with keys that are not strings, a value past ``DEEPEST`` levels, NaN and
+the infinities) is left to the json module, its text indented to where it sits. The walk takes
+more stack than json's own encoder: a value nested within a few dozen levels of Python's
+recursion limit, which json encodes, is a RecursionError here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -50,7 +53,7 @@ def _encoded(value: Any, default: Callable[[Any], Any], here: str, depth: int) -
         return "false"
     if isinstance(value, int):
         return int.__repr__(value)
-    if isinstance(value, float) and value - value == 0.0:  # finite: NaN and infinities aside
+    if isinstance(value, float) and math.isfinite(value):  # NaN and infinities: json's words
         return float.__repr__(value)
     if depth < DEEPEST:
         inner = here + INDENT
