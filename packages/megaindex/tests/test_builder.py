@@ -8,6 +8,7 @@ from megaindex import (
     ConfigError,
     GPTDataset,
     GPTDatasetConfig,
+    IndexBuildError,
     MockGPTDataset,
     Split,
 )
@@ -368,11 +369,11 @@ def test_a_failed_corpus_stops_the_blend_from_building_the_corpora_after_it(
 def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
     """A cold build draws each split blend's indices on a thread of their own, started once
     the first corpus had its tables built, and the blend takes them: the same tables as a blend
-    that draws them itself (blends of more than IN_ADVANCE_MAX_SAMPLES in all). A warm build
+    that draws them itself (where their memory is not there to hold in advance). A warm build
     draws none: it loads them."""
     import threading
 
-    from megaindex import blended_dataset, builder, helpers
+    from megaindex import blended_dataset, helpers
 
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 40 + 9 * n, seed=n) for n in range(5)]
     draws: list[str] = []
@@ -398,7 +399,11 @@ def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path,
     draws.clear()
     loaded = blend("cache").build()
     assert draws == []  # loaded: nothing drawn, in advance or not
-    monkeypatch.setattr(builder, "IN_ADVANCE_MAX_SAMPLES", 334)  # the three blends hold more
+
+    def no_room(what, parts, sizing):
+        raise IndexBuildError(f"{what}: no room")
+
+    monkeypatch.setattr(blended_dataset, "reserving", no_room)  # for the draws in advance only
     alone = blend("alone").build()
     assert len(draws) == 3 and "megaindex-blending-in-advance" not in draws
     for ours, cached, theirs in zip(built, loaded, alone, strict=True):
@@ -431,6 +436,26 @@ def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
     assert blended_dataset._drawn_in_advance(weights, -5) is None
     assert blended_dataset._drawn_in_advance(weights, 8) is None
     assert blended_dataset._in_advance == {}
+
+
+def test_a_draw_in_advance_holds_its_memory_until_forgotten_and_is_not_made_without_it(
+    monkeypatch,
+):
+    """The tables of a draw in advance are held (the parts' memory checks count them) from its
+    start until the builder forgets it; where they do not fit, nothing is drawn in advance."""
+    from megaindex import blended_dataset, memory
+
+    forget = blended_dataset.blend_in_advance([1.0, 3.0], 1000)
+    try:
+        assert [size for size, _ in memory._reserved] == [10 * 1000]  # int16 and int64 entries
+        assert len(blended_dataset._in_advance) == 1
+    finally:
+        forget()
+    assert memory._reserved == [] and blended_dataset._in_advance == {}
+    monkeypatch.setattr(memory, "available_memory", lambda: 9_999)
+    forget = blended_dataset.blend_in_advance([1.0, 3.0], 1000)  # 10,000 bytes: no room
+    assert memory._reserved == [] and blended_dataset._in_advance == {}
+    forget()
 
 
 def test_a_child_forked_during_a_draw_in_advance_draws_its_own():

@@ -17,6 +17,7 @@ parts' class reads a blend whole
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -52,6 +53,7 @@ from megaindex.megatron_dataset import (
     resolve_indices,
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
+from megaindex.memory import reserving
 from megaindex.mix_resume import blend_mix_state, sample_origin
 from megaindex.part_batches import BlendReader
 from megaindex.shared_cache import cache_location
@@ -78,13 +80,21 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     """Start drawing the blending indices of a blend of ``size`` samples with ``weights`` (as
     given to :class:`BlendedDataset`) on a thread of their own, while the builder builds the
     blend's parts: the helper releases the GIL, and a blend of thousands of corpora spent a
-    quarter of a second on them after its parts. The blend built with the same weights and
-    size takes them instead of drawing them; returns what forgets them (the builder calls it
-    once the blend is built)."""
+    quarter of a second on them after its parts (20M samples: 4 s). Their memory is checked and
+    held (:func:`~megaindex.memory.reserving`: the parts' checks count it) from the start until
+    the builder forgets them; where it does not fit, nothing is drawn in advance, and the blend
+    refuses its size in its own terms. The blend built with the same weights and size takes
+    them instead of drawing them; returns what forgets them (the builder calls it once the
+    blend is built)."""
     key = (tuple(normalize(list(weights))), int(size))
+    held = contextlib.ExitStack()
+    tables = {"dataset_index": 2 * max(size, 0), "dataset_sample_index": 8 * max(size, 0)}
+    what = f"the blending indices of {len(key[0])} datasets, drawn while they build"
     try:
+        held.enter_context(reserving(what, tables, f"the blend's size: {size} samples"))
         drawn = _draw_blending_indices(list(key[0]), key[1], "megaindex-blending-in-advance")
-    except Exception:  # a size no table can have: the blend raises the error in its own terms
+    except Exception:  # no room, or a size no table can have: the blend says so itself
+        held.close()
         return lambda: None
     with _in_advance_lock:
         _in_advance[key] = drawn
@@ -93,6 +103,7 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
         with _in_advance_lock:
             if _in_advance.get(key) is drawn:
                 del _in_advance[key]
+        held.close()
 
     return forget
 

@@ -67,10 +67,6 @@ SMALL_CORPUS_IDX_BYTES = 1 << 20
 #: how often a blend's build looks for a failed write of its cache files (in the background,
 #: :mod:`megaindex.file_writes`): a cache that takes no file stops the build within this time
 WRITE_CHECK_SECONDS = 0.25
-#: the most samples of a blend's splits whose indices are drawn while its parts build (160 MB
-#: of tables in all): larger blends' are drawn after, once the memory they take was checked
-#: (megaindex.memory)
-IN_ADVANCE_MAX_SAMPLES = 1 << 24
 #: config fields that may differ between ranks: where each keeps files, how it reads and waits
 RANK_LOCAL_FIELDS = frozenset(
     {
@@ -364,8 +360,6 @@ class BlendedMegatronDatasetBuilder:
                 and sizes[i.value] is not None
                 and not (mix is not None and i is Split.train)
             ]
-            if sum(size for _, size in in_advance) > IN_ADVANCE_MAX_SAMPLES:
-                in_advance = []
         forget: list[Callable[[], None]] = []
 
         def blend_ahead() -> None:
