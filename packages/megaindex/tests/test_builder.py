@@ -461,10 +461,11 @@ def test_a_draw_in_advance_holds_its_memory_until_forgotten_and_is_not_made_with
 def test_a_child_forked_during_a_draw_in_advance_draws_its_own():
     import multiprocessing
 
-    from megaindex import blended_dataset
+    from megaindex import blended_dataset, memory
 
     def child():
         assert blended_dataset._in_advance == {}  # none of the parent's drawing threads here
+        assert memory._reserved == []  # nor the memory they held
 
     forget = blended_dataset.blend_in_advance([1.0, 3.0, 2.0], 100_000)
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -99,6 +100,18 @@ def _read_available() -> int | None:
 #: build's bytes, and the memory available when it began
 _reserved: list[tuple[int, int | None]] = []
 _reserving = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the threads that held memory (a builder's, a blend's draw in
+    advance): it holds nothing, and a lock one of them held would never be released."""
+    global _reserving
+    _reserved.clear()
+    _reserving = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _held(available: int) -> int:
