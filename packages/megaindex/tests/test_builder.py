@@ -1,3 +1,5 @@
+import threading
+
 import numpy
 import pytest
 
@@ -425,7 +427,7 @@ def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
     forget()
     for found, reference in zip(drawn, expected, strict=True):
         numpy.testing.assert_array_equal(found, reference)
-    assert blended_dataset._drawn_in_advance(weights, 8) is None  # taken once
+    assert blended_dataset._drawn_in_advance(weights, 8) is None  # forgotten
     forget = blended_dataset.blend_in_advance([2.0, -1.0], 10)  # its draw raises
     try:
         assert blended_dataset._drawn_in_advance([2.0, -1.0], 10) is None
@@ -456,6 +458,43 @@ def test_a_draw_in_advance_holds_its_memory_until_forgotten_and_is_not_made_with
     forget = blended_dataset.blend_in_advance([1.0, 3.0], 1000)  # 10,000 bytes: no room
     assert memory._reserved == [] and blended_dataset._in_advance == {}
     forget()
+
+
+def test_a_blend_drawn_in_advance_builds_where_its_tables_fit_once(
+    make_config, tmp_path, monkeypatch
+):
+    """A blend that takes the indices drawn in advance holds no memory for them again: with
+    room for its tables once (and not twice) it builds, as a blend drawing its own does; the
+    draws' memory is given back once the builder is done, the validation and test splits of
+    the same size sharing one draw."""
+    from megaindex import blended_dataset, helpers, memory
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 40 + 9 * n, seed=n) for n in range(4)]
+    checked: list[int] = []
+    check = memory.check_fits
+
+    def recording(where, parts, sizing):
+        if where.startswith("the blend of"):
+            checked.append(sum(parts.values()))
+        return check(where, parts, sizing)
+
+    monkeypatch.setattr(memory, "check_fits", recording)
+    draws: list[str] = []
+    draw = helpers.build_blending_indices
+
+    def counted(*args, **kwargs):
+        draws.append(threading.current_thread().name)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(blended_dataset, "build_blending_indices", counted)
+    config = make_config(
+        blend=(prefixes, [3.0, 1.0, 2.0, 0.5]), split="80,10,10", path_to_cache=str(tmp_path)
+    )
+    built = BlendedMegatronDatasetBuilder(GPTDataset, [300, 30, 30], lambda: True, config).build()
+    assert checked == [0, 0, 0]  # the blends' tables: held by their draws in advance already
+    assert len(draws) == 2  # the train split's, and one for validation and test
+    assert memory._reserved == [] and blended_dataset._in_advance == {}
+    numpy.testing.assert_array_equal(built[1].dataset_index, built[2].dataset_index)
 
 
 def test_a_child_forked_during_a_draw_in_advance_draws_its_own():

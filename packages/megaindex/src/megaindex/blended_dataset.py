@@ -53,7 +53,7 @@ from megaindex.megatron_dataset import (
     resolve_indices,
 )
 from megaindex.megatron_log import log_blended_tables, log_single_dataset_blend
-from megaindex.memory import reserving
+from megaindex.memory import reserving, table_bytes
 from megaindex.mix_resume import blend_mix_state, sample_origin
 from megaindex.part_batches import BlendReader
 from megaindex.shared_cache import cache_location
@@ -87,15 +87,18 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     them instead of drawing them; returns what forgets them (the builder calls it once the
     blend is built)."""
     key = (tuple(normalize(list(weights))), int(size))
-    held = contextlib.ExitStack()
     tables = {"dataset_index": 2 * max(size, 0), "dataset_sample_index": 8 * max(size, 0)}
     what = f"the blending indices of {len(key[0])} datasets, drawn while they build"
-    try:
-        held.enter_context(reserving(what, tables, f"the blend's size: {size} samples"))
-        drawn = _draw_blending_indices(list(key[0]), key[1], "megaindex-blending-in-advance")
-    except Exception:  # no room, or a size no table can have: the blend says so itself
-        held.close()
-        return lambda: None
+    with _in_advance_lock:
+        if key in _in_advance:  # another split of the same size: its draw serves both
+            return lambda: None
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(reserving(what, tables, f"the blend's size: {size} samples"))
+            drawn = _draw_blending_indices(list(key[0]), key[1], "megaindex-blending-in-advance")
+        except Exception:  # no room, or a size no table can have: the blend says so itself
+            return lambda: None
+        held = stack.pop_all()  # released by forget() from here on
     with _in_advance_lock:
         _in_advance[key] = drawn
 
@@ -123,14 +126,22 @@ def _draw_blending_indices(
     )
 
 
+def _is_drawn_in_advance(weights: Sequence[float], size: int) -> bool:
+    """Whether :func:`blend_in_advance` draws the indices of these weights and size."""
+    with _in_advance_lock:
+        return (tuple(weights), size) in _in_advance
+
+
 def _drawn_in_advance(
     weights: Sequence[float], size: int
 ) -> tuple[numpy.ndarray, numpy.ndarray] | None:
     """The blending indices :func:`blend_in_advance` drew for these weights and size (waiting
     for them), or None: none were, or drawing them failed (the blend draws them itself, and
-    raises the error in its own terms)."""
+    raises the error in its own terms). Each blend of these weights and size takes them (a
+    validation and a test split of the same size): the builder forgets them once its blends
+    are built."""
     with _in_advance_lock:
-        drawn = _in_advance.pop((tuple(weights), size), None)
+        drawn = _in_advance.get((tuple(weights), size))
     if drawn is None:
         return None
     try:
@@ -186,6 +197,12 @@ class BlendTableRecipe:
         return BuiltTables(
             {"dataset_index": dataset_index, "dataset_sample_index": dataset_sample_index}
         )
+
+    def bytes_to_hold(self) -> dict[str, int]:
+        """Nothing for indices drawn in advance: allocated already, and held by the draw."""
+        if self.size is not None and _is_drawn_in_advance(self.weights, self.size):
+            return {}
+        return table_bytes(self.expected_specs())
 
     def expected_specs(self) -> dict[str, TableSpec]:
         return {

@@ -363,10 +363,7 @@ class BlendedMegatronDatasetBuilder:
         forget: list[Callable[[], None]] = []
 
         def blend_ahead() -> None:
-            try:
-                forget.extend(blend_in_advance(*blend) for blend in in_advance)
-            except RuntimeError as error:  # no thread to start: the blends draw their own
-                logger.warning("blending indices not drawn in advance: %s", error)
+            forget.extend(blend_in_advance(*blend) for blend in in_advance)
 
         try:
             mid_level = self._build_megatron_datasets_parallel(

@@ -43,6 +43,7 @@ from megaindex.helpers import (
     shuffle,
     shuffle_index_dtype,
 )
+from megaindex.memory import table_bytes
 from megaindex.tables import BuiltTables
 from megaindex.utils import index_array
 
@@ -491,6 +492,9 @@ class GPTTableRecipe:
             "shuffle_index": tables.shuffle_index,
         }
         return BuiltTables(arrays, tables.seconds, notes)
+
+    def bytes_to_hold(self) -> dict[str, int]:
+        return table_bytes(self.expected_specs())
 
     def expected_specs(self) -> dict[str, TableSpec]:
         plan = self.plan

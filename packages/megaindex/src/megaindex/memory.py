@@ -7,8 +7,9 @@ settings (the tables' from ``TableRecipe.expected_specs``), so they are known fi
 with the memory available to this process: the kernel's ``MemAvailable``, capped by the
 cgroup's room in a container (v2 or v1: its limit less what it uses, the page cache it can
 reclaim not counted as used), less what this process's other threads hold for tables they are
-building (``num_dataset_builder_threads`` build large corpora side by side). Building needs
-somewhat more than the tables themselves (a few temporaries); that margin is not counted.
+building (``num_dataset_builder_threads`` build large corpora side by side, and a blend's
+indices are drawn while its corpora build). Building needs somewhat more than the tables
+themselves (a few temporaries); that margin is not counted.
 """
 
 from __future__ import annotations
@@ -163,5 +164,6 @@ def reserving(where: str, parts: Mapping[str, int], sizing: str) -> Iterator[Non
     try:
         yield
     finally:
-        with _reserving:
+        with _reserving, contextlib.suppress(ValueError):  # ValueError: a forked child's
+            # unwinding of what its parent held (the child holds none of it)
             _reserved.remove(held)

@@ -59,7 +59,7 @@ from megaindex.errors import (
     StaleCacheError,
 )
 from megaindex.file_writes import CorpusFiles
-from megaindex.memory import reserving, table_bytes
+from megaindex.memory import reserving
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
 from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
 
@@ -108,6 +108,12 @@ class TableRecipe(Protocol):
 
     def expected_specs(self) -> dict[str, TableSpec]:
         """The dtype and shape each table must have, computed from the inputs."""
+        ...
+
+    def bytes_to_hold(self) -> dict[str, int]:
+        """The bytes a build allocates for each table, held (:func:`megaindex.memory.reserving`)
+        while it builds: those of ``expected_specs``, less tables allocated and held already
+        (a blend's indices drawn in advance)."""
         ...
 
     corpus: str | None
@@ -247,7 +253,7 @@ class CachedTables:
     def _build(self) -> dict[str, numpy.ndarray]:
         recipe = self.recipe
         try:
-            sizes, sizing = table_bytes(recipe.expected_specs()), recipe.sizing()
+            sizes, sizing = recipe.bytes_to_hold(), recipe.sizing()
         except ValueError:  # inputs the build refuses itself, with its own message
             sizes, sizing = {}, ""
         with reserving(recipe.where, sizes, sizing):
