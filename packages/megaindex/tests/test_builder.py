@@ -368,16 +368,10 @@ def test_a_failed_corpus_stops_the_blend_from_building_the_corpora_after_it(
     assert built == [0, 2]
 
 
-def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
-    """A cold build draws each split blend's indices on a thread of their own, started once
-    the first corpus had its tables built, and the blend takes them: the same tables as a blend
-    that draws them itself (where their memory is not there to hold in advance). A warm build
-    draws none: it loads them."""
-    import threading
-
+def threads_drawing(monkeypatch) -> list[str]:
+    """The names of the threads that draw blending indices from here on, in order."""
     from megaindex import blended_dataset, helpers
 
-    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 40 + 9 * n, seed=n) for n in range(5)]
     draws: list[str] = []
     draw = helpers.build_blending_indices
 
@@ -386,6 +380,18 @@ def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path,
         return draw(*args, **kwargs)
 
     monkeypatch.setattr(blended_dataset, "build_blending_indices", recording)
+    return draws
+
+
+def test_a_blends_indices_are_drawn_while_its_parts_build(make_config, tmp_path, monkeypatch):
+    """A cold build draws each split blend's indices on a thread of their own, started once
+    the first corpus had its tables built, and the blend takes them: the same tables as a blend
+    that draws them itself (where their memory is not there to hold in advance). A warm build
+    draws none: it loads them."""
+    from megaindex import blended_dataset
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 40 + 9 * n, seed=n) for n in range(5)]
+    draws = threads_drawing(monkeypatch)
 
     def blend(cache):
         config = make_config(
@@ -467,7 +473,7 @@ def test_a_blend_drawn_in_advance_builds_where_its_tables_fit_once(
     room for its tables once (and not twice) it builds, as a blend drawing its own does; the
     draws' memory is given back once the builder is done, the validation and test splits of
     the same size sharing one draw."""
-    from megaindex import blended_dataset, helpers, memory
+    from megaindex import blended_dataset, memory
 
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 40 + 9 * n, seed=n) for n in range(4)]
     checked: list[int] = []
@@ -479,14 +485,7 @@ def test_a_blend_drawn_in_advance_builds_where_its_tables_fit_once(
         return check(where, parts, sizing)
 
     monkeypatch.setattr(memory, "check_fits", recording)
-    draws: list[str] = []
-    draw = helpers.build_blending_indices
-
-    def counted(*args, **kwargs):
-        draws.append(threading.current_thread().name)
-        return draw(*args, **kwargs)
-
-    monkeypatch.setattr(blended_dataset, "build_blending_indices", counted)
+    draws = threads_drawing(monkeypatch)
     config = make_config(
         blend=(prefixes, [3.0, 1.0, 2.0, 0.5]), split="80,10,10", path_to_cache=str(tmp_path)
     )
