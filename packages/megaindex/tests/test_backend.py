@@ -201,6 +201,19 @@ def test_shuffle_is_random_states_shuffle_at_block_ends(size):
         assert ours.randint(0, 2**31) == reference.randint(0, 2**31)
 
 
+@pytest.mark.parametrize("generator", [numpy.random.PCG64, numpy.random.Philox])
+def test_a_random_state_over_another_generator_shuffles_as_numpy_does(generator):
+    # the backend replays MT19937 only; a RandomState over another bit generator (not
+    # megatron-core's, but one a caller may hand in) is shuffled by numpy itself
+    for size in (4095, 4096, 70_000):
+        reference, ours = (numpy.random.RandomState(generator(7)) for _ in range(2))
+        expected, shuffled = numpy.arange(size), numpy.arange(size)
+        reference.shuffle(expected)
+        helpers_module.shuffle(ours, shuffled)
+        numpy.testing.assert_array_equal(shuffled, expected)
+        assert ours.randint(0, 2**31) == reference.randint(0, 2**31)
+
+
 def test_shuffle_refuses_arrays_it_cannot_permute_in_place():
     random_state = numpy.random.RandomState(0)
     with pytest.raises(ValueError, match=r"array must be C-contiguous, got strides \(16,\)"):

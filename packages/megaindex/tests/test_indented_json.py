@@ -122,3 +122,33 @@ def test_values_deeper_than_the_walk_are_json_s():
     for _ in range(DEEPEST + 5):
         deep = {"k": [deep, 1.5]}
     assert indented_json(deep, by_identifiers) == json.dumps(deep, indent=4)
+
+
+def test_a_dict_json_encodes_itself_has_its_values_handed_to_default_once():
+    # a dict with a key json turns into text is json's to encode: nothing of it is encoded
+    # (nor handed to ``default``) here first
+    calls = []
+
+    def counting(obj):
+        calls.append(obj)
+        return len(calls)
+
+    value = {"a": Described(None), "b": [Described(None)], 1: "x"}
+    expected = json.dumps(value, indent=4, default=counting)
+    calls.clear()
+    assert indented_json(value, counting) == expected
+    assert len(calls) == 2
+
+
+class Odd(float):
+    """A float that says it differs from everything, itself included (json calls it NaN)."""
+
+    def __ne__(self, other):
+        return True
+
+
+def test_a_float_is_told_apart_from_nan_and_infinity_as_json_tells_it():
+    for value in ([Odd(1.0)], {"x": Odd(2.5)}):
+        assert indented_json(value, by_identifiers) == json.dumps(
+            value, indent=4, default=by_identifiers
+        )

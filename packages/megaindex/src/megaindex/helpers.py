@@ -101,10 +101,14 @@ def shuffle(random_state: numpy.random.RandomState, array: numpy.ndarray) -> Non
     if len(array) < NUMPY_SHUFFLES_BELOW:
         random_state.shuffle(array)
         return
-    name, key, pos, has_gauss, cached_gaussian = random_state.get_state()
-    key = numpy.array(key, dtype=numpy.uint32)
-    pos = implementation().legacy_shuffle(key, int(pos), array)
-    random_state.set_state((name, key, pos, has_gauss, cached_gaussian))
+    state = random_state.get_state(legacy=False)
+    if state["bit_generator"] != "MT19937":  # another generator's draws: numpy's own shuffle
+        random_state.shuffle(array)
+        return
+    key = numpy.array(state["state"]["key"], dtype=numpy.uint32)
+    pos = implementation().legacy_shuffle(key, int(state["state"]["pos"]), array)
+    state["state"] = {"key": key, "pos": pos}
+    random_state.set_state(state)
 
 
 def sample_index_dtype(sizes: numpy.ndarray, num_documents: int) -> type:

@@ -14,12 +14,12 @@ recursion limit, which json encodes, is a RecursionError here.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 INDENT = "    "
+INFINITY = float("inf")
 #: how many containers (and objects handed to ``default``) deep the walk goes before the rest is
 #: left to the json module (which also names a circular reference)
 DEEPEST = 32
@@ -53,8 +53,8 @@ def _encoded(value: Any, default: Callable[[Any], Any], here: str, depth: int) -
         return "false"
     if isinstance(value, int):
         return int.__repr__(value)
-    if isinstance(value, float) and math.isfinite(value):  # NaN and infinities: json's words
-        return float.__repr__(value)
+    if isinstance(value, float) and not (value != value or value == INFINITY or value == -INFINITY):
+        return float.__repr__(value)  # NaN and the infinities (json's own tests): json's words
     if depth < DEEPEST:
         inner = here + INDENT
         if isinstance(value, (list, tuple)):
@@ -65,12 +65,12 @@ def _encoded(value: Any, default: Callable[[Any], Any], here: str, depth: int) -
         if isinstance(value, dict):
             if not value:
                 return "{}"
-            items = []
-            for key, v in value.items():
-                if not isinstance(key, str):  # keys json turns into strings: its own text
-                    break
-                items.append(f"{encode_basestring_ascii(key)}: {_item(v, default, inner, depth)}")
-            else:
+            pairs = list(value.items())
+            if all(isinstance(key, str) for key, _ in pairs):  # else json turns keys into text
+                items = [
+                    f"{encode_basestring_ascii(key)}: {_item(v, default, inner, depth)}"
+                    for key, v in pairs
+                ]
                 return f"{{\n{inner}" + (",\n" + inner).join(items) + f"\n{here}}}"
         elif not isinstance(value, float):  # an object of the caller's: encoded as its default
             return _encoded(default(value), default, here, depth + 1)

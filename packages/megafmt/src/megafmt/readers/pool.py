@@ -119,7 +119,8 @@ def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
                     f"{path}: cannot open the {what}: the process has no file descriptor left "
                     f"(the open-files limit, ulimit -n, RLIMIT_NOFILE: {limit or 'unlimited'}), "
                     "and none of the readers megafmt keeps open is left to give one back: the "
-                    "rest of the process holds them all. Raise the limit, or close files elsewhere"
+                    "rest of the process (other files, opens under way in other threads) holds "
+                    "them all. Raise the limit, or close files elsewhere"
                 ) from error
             continue
         limit = soft_limit("RLIMIT_NOFILE")
