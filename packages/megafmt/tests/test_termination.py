@@ -80,3 +80,36 @@ def test_off_the_main_thread_nothing_changes():
     thread.start()
     thread.join()
     assert states == [signal.SIG_DFL]
+
+
+SIGTERM_TAKEN_BY_ANOTHER_THREAD = """
+import os, signal, threading, time
+from megafmt.termination import Terminated, terminated_as_interrupted
+
+def take_it():  # a thread other than the main one takes the process's SIGTERM
+    time.sleep(0.3)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+readable, _ = os.pipe()
+try:
+    with terminated_as_interrupted():
+        threading.Thread(target=take_it, daemon=True).start()
+        os.read(readable, 1)  # blocked: nothing is ever written (a pipe whose writer waits)
+except Terminated:
+    print("terminated")
+"""
+
+
+def test_a_sigterm_another_thread_takes_still_ends_a_main_thread_blocked_in_a_read():
+    # Python runs the handler in the main thread, whose read returns early only for a signal
+    # delivered to it: without the watcher's nudge it stays blocked for good
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_TAKEN_BY_ANOTHER_THREAD],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.split() == ["terminated"], done.stderr

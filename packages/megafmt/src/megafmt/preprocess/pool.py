@@ -27,6 +27,7 @@ import threading
 from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
 
 from megafmt.errors import MegafmtError
+from megafmt.termination import watcher_threads
 
 #: what usually sends a signal that kills a worker, said beside its name
 SIGNAL_CAUSES = {
@@ -56,12 +57,18 @@ FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 
 def threads_in_process() -> int:
     """The threads of this process, native ones included, those of :data:`FORK_SAFE_THREADS`
-    aside (Linux reads ``/proc``; elsewhere only the threads Python started are seen)."""
+    and the SIGTERM watcher (:func:`megafmt.termination.watcher_threads`) aside (Linux reads
+    ``/proc``; elsewhere only the threads Python started are seen)."""
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return threading.active_count()
-    return sum(_thread_name(task) not in FORK_SAFE_THREADS for task in tasks)
+        return _python_threads()
+    return sum(_thread_name(task) not in FORK_SAFE_THREADS for task in tasks) - watcher_threads()
+
+
+def _python_threads() -> int:
+    """The threads Python started, the SIGTERM watcher aside."""
+    return threading.active_count() - watcher_threads()
 
 
 def _thread_name(task: str) -> str:
@@ -86,7 +93,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
     docstring says why)."""
     methods = multiprocessing.get_all_start_methods()
     alone = (
-        threading.active_count() <= _forks_beside["python"]
+        _python_threads() <= _forks_beside["python"]
         and threads_in_process() <= _forks_beside["all"]
     )
     if "fork" in methods and alone:
@@ -101,7 +108,7 @@ def adopt_run_threads() -> None:
     server, which imports the script again (its calls included, where it has no ``__main__``
     guard, as Megatron's tool needs none)."""
     _forks_beside["all"] = max(_forks_beside["all"], threads_in_process())
-    _forks_beside["python"] = max(_forks_beside["python"], threading.active_count())
+    _forks_beside["python"] = max(_forks_beside["python"], _python_threads())
 
 
 def describe_exit(exitcode: int | None) -> str:
