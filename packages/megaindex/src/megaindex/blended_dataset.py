@@ -76,6 +76,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def blend_table_specs(size: int) -> dict[str, TableSpec]:
+    """The dtype and shape of a blend's two tables of ``size`` samples."""
+    return {
+        "dataset_index": TableSpec(("int16",), (size,)),
+        "dataset_sample_index": TableSpec(("int64",), (size,)),
+    }
+
+
 def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     """Start drawing the blending indices of a blend of ``size`` samples with ``weights`` (as
     given to :class:`BlendedDataset`) on a thread of their own, while the builder builds the
@@ -87,7 +95,7 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     them instead of drawing them; returns what forgets them (the builder calls it once the
     blend is built)."""
     key = (tuple(normalize(list(weights))), int(size))
-    tables = {"dataset_index": 2 * max(size, 0), "dataset_sample_index": 8 * max(size, 0)}
+    tables = table_bytes(blend_table_specs(max(size, 0)))
     what = f"the blending indices of {len(key[0])} datasets, drawn while they build"
     with _in_advance_lock:
         if key in _in_advance:  # another split of the same size: its draw serves both
@@ -205,10 +213,7 @@ class BlendTableRecipe:
         return table_bytes(self.expected_specs())
 
     def expected_specs(self) -> dict[str, TableSpec]:
-        return {
-            "dataset_index": TableSpec(("int16",), (self.length(),)),
-            "dataset_sample_index": TableSpec(("int64",), (self.length(),)),
-        }
+        return blend_table_specs(self.length())
 
     def settings(self) -> None:
         """Nothing beyond the key: the parts fingerprint their corpora themselves."""
