@@ -4,11 +4,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from megafmt import IndexedDataset, ReadError
 from megafmt import dataset as dataset_module
+from megafmt.limits import limit_hint
 from megafmt.readers import pool as pool_module
 from megafmt.readers.pool import ReaderPool
 
@@ -157,12 +159,67 @@ def test_without_readers_to_release_no_descriptor_left_is_an_error_naming_the_li
         raise OSError(errno.EMFILE, "Too many open files", path)
 
     monkeypatch.setattr(os, "open", out_of_descriptors)
+    waits = []
+    monkeypatch.setattr(time, "sleep", waits.append)
     with pytest.raises(ReadError) as raised:
         IndexedDataset(prefix, mmap=False)
     message = str(raised.value)
     assert message.startswith(f"{prefix}.bin: cannot open the token file")
     assert "RLIMIT_NOFILE" in message and "Raise the limit" in message
+    assert "has held them all for 0.63 s" in message
+    assert waits == [0.01 * 2**n for n in range(6)]  # for other threads' opens, bounded
     assert raised.value.__cause__.errno == errno.EMFILE
+    # the CLI's hint knows the limit from the error itself
+    assert raised.value.errno == errno.EMFILE
+    assert "the open-files limit was reached" in limit_hint(raised.value)
+
+
+def test_an_open_that_finds_no_descriptor_waits_briefly_for_other_threads_opens(
+    make_corpus, small_pool, monkeypatch
+):
+    # no descriptor free and no reader to give back, but other threads' opens under way give
+    # theirs back a moment later: the open succeeds (an error before, at the first EMFILE)
+    prefix = make_corpus([[[1, 2]]])
+    real_open, refusals = os.open, [3]
+
+    def briefly_out_of_descriptors(path, flags, *args):
+        if refusals[0]:
+            refusals[0] -= 1
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", briefly_out_of_descriptors)
+    waits = []
+    monkeypatch.setattr(time, "sleep", waits.append)
+    dataset = IndexedDataset(prefix, mmap=False)
+    assert dataset[0].tolist() == [1, 2]
+    assert waits == [0.01, 0.02, 0.04]
+
+
+def test_a_read_that_must_reopen_without_a_descriptor_left_fails_worded_once(
+    make_corpus, small_pool, monkeypatch
+):
+    # a transient read failure retires the descriptor; the retry's reopen then finds none left
+    # and no reader to give back: its error, naming the file and the limit, is raised as it is
+    # (the retry policy wrapped it before: "ReadError: ... (not retried: not a transient ...)")
+    prefix = make_corpus([[[1, 2]]])
+    dataset = IndexedDataset(prefix, mmap=False)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the retry's pause
+
+    def failing_read(fd, buffers, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    def out_of_descriptors(path, flags, *args):
+        raise OSError(errno.EMFILE, "Too many open files", path)
+
+    monkeypatch.setattr(os, "preadv", failing_read)
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    with pytest.raises(ReadError) as raised:
+        dataset[0]
+    message = str(raised.value)
+    assert message.startswith(f"{prefix}.bin: cannot open the token file"), message
+    assert "not retried" not in message and "ReadError" not in message
+    assert raised.value.errno == errno.EMFILE
 
 
 RUN_NEAR_THE_LIMIT = """

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from megafmt import retry as retry_module
-from megafmt.errors import MissingFileError, ReadError
+from megafmt.errors import MissingFileError, ObjectChangedError, ReadError
 from megafmt.remote import ShortRead
 from megafmt.retry import Failure, RetryPolicy, classify
 
@@ -124,6 +124,25 @@ def test_permanent_builtin_failures_fail_at_once_naming_the_url(error, expected,
     raised = raised_at_once(error, sleeps, expected)
     if expected is MissingFileError:
         assert str(raised).startswith(f"{URL}: not found")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ReadError("/data/c.bin: cannot open the token file: no file descriptor left"),
+        MissingFileError("/data/c.bin: not found"),
+        ObjectChangedError("s3://corpora/c.bin: the object changed"),
+    ],
+    ids=repr,
+)
+def test_megafmts_own_errors_no_retry_helps_are_raised_as_they_are(error, sleeps):
+    # they name their file and cause already: wrapped, they read "...: ReadError: ... (not
+    # retried ...)"
+    function, calls = failing(error)
+    with pytest.raises(type(error)) as raised:
+        RetryPolicy().call(URL, function)
+    assert raised.value is error
+    assert len(calls) == 1 and sleeps == []
 
 
 def test_the_last_failure_is_raised_after_the_retries(sleeps, caplog):

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from megafmt.errors import MissingFileError, ObjectChangedError, ReadError
+from megafmt.errors import MegafmtError, MissingFileError, ObjectChangedError, ReadError
 from megafmt.redaction import redact
 
 logger = logging.getLogger(__name__)
@@ -242,7 +242,9 @@ class RetryPolicy:
         :class:`~megafmt.errors.MissingFileError` when it does not exist,
         :class:`~megafmt.errors.ObjectChangedError` when it is not the version asked for, else
         :class:`~megafmt.errors.ReadError`, the failure chained. An exception that is no I/O
-        failure (a ``TypeError`` ...: a bug) is raised as it is, at once."""
+        failure (a ``TypeError`` ...: a bug), or one of megafmt's own that no retry helps (a
+        reopen that found no descriptor left: it names its file and cause already), is raised
+        as it is, at once."""
         started = time.monotonic()
         for attempt in range(1, self.retries + 2):
             try:
@@ -250,6 +252,8 @@ class RetryPolicy:
             except Exception as error:
                 failure = classify(error)
                 if failure is Failure.NOT_IO:
+                    raise
+                if isinstance(error, MegafmtError) and failure is not Failure.TRANSIENT:
                     raise
                 if failure is Failure.MISSING:
                     raise MissingFileError(f"{what}: not found ({error})") from error

@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +35,11 @@ RESERVED_DESCRIPTORS = 64
 #: an open that leaves fewer descriptors free than this has the pool give readers back until
 #: twice as many are free (:func:`opened_with_room`)
 FEWEST_FREE = 16
+#: an open that finds no descriptor free and no reader to give back tries again this many
+#: times, waiting twice as long each time from NO_DESCRIPTOR_FIRST_WAIT seconds (0.6 s in all):
+#: opens under way in other threads (an ``.idx`` read, then closed) give theirs back
+NO_DESCRIPTOR_RETRIES = 6
+NO_DESCRIPTOR_FIRST_WAIT = 0.01
 
 
 class Releasable(Protocol):
@@ -105,24 +111,33 @@ def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
     descriptors the process has left. POSIX hands out the lowest free number, so the number
     says at least how many are taken: one that leaves fewer than ``FEWEST_FREE`` free has the
     pool give readers back until twice as many are. An open that finds none free (EMFILE) has
-    the pool release half its readers and tries again; where no reader is left to release, the
-    error names the limit."""
+    the pool release half its readers and tries again; where no reader is left to release, it
+    tries again a few times, briefly (other threads' opens under way hold descriptors for a
+    moment), then the error names the limit."""
+    waits = 0
     while True:
         try:
             fd = open_file()
         except OSError as error:
             if error.errno != errno.EMFILE:
                 raise
-            if not _keep_at_most(len(POOL) // 2):
-                limit = soft_limit("RLIMIT_NOFILE")
-                raise ReadError(
-                    f"{path}: cannot open the {what}: the process has no file descriptor left "
-                    f"(the open-files limit, ulimit -n, RLIMIT_NOFILE: {limit or 'unlimited'}), "
-                    "and none of the readers megafmt keeps open is left to give one back: the "
-                    "rest of the process (other files, opens under way in other threads) holds "
-                    "them all. Raise the limit, or close files elsewhere"
-                ) from error
-            continue
+            if _keep_at_most(len(POOL) // 2):
+                continue
+            if waits < NO_DESCRIPTOR_RETRIES:
+                time.sleep(NO_DESCRIPTOR_FIRST_WAIT * 2**waits)
+                waits += 1
+                continue
+            limit = soft_limit("RLIMIT_NOFILE")
+            refused = ReadError(
+                f"{path}: cannot open the {what}: the process has no file descriptor left "
+                f"(the open-files limit, ulimit -n, RLIMIT_NOFILE: {limit or 'unlimited'}), and "
+                "none of the readers megafmt keeps open is left to give one back: the rest of "
+                "the process (other files, opens under way in other threads) has held them all "
+                f"for {NO_DESCRIPTOR_FIRST_WAIT * (2**NO_DESCRIPTOR_RETRIES - 1):.2f} s. Raise "
+                "the limit, or close files elsewhere"
+            )
+            refused.errno = error.errno  # the limit met, for limit_hint and callers
+            raise refused from error
         limit = soft_limit("RLIMIT_NOFILE")
         free = None if limit is None else limit - fd - 1
         if free is not None and free < FEWEST_FREE and len(POOL) > 1:
