@@ -1,4 +1,5 @@
 import threading
+import time
 
 import numpy
 import pytest
@@ -215,6 +216,55 @@ def test_a_corpus_that_fails_is_the_error_when_the_failed_write_is_found_at_the_
         BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
 
 
+def recorded_writes(monkeypatch) -> list:
+    """The background writes of builds from here on, as submitted."""
+    from megaindex import file_writes
+
+    writes: list[file_writes.Written] = []
+    submit = file_writes.BackgroundWrites.submit
+
+    def recording(self, *args):
+        writes.append(submit(self, *args))
+        return writes[-1]
+
+    monkeypatch.setattr(file_writes.BackgroundWrites, "submit", recording)
+    return writes
+
+
+def test_a_cache_folder_removed_while_a_blend_builds_fails_the_build(
+    make_config, tmp_path, monkeypatch
+):
+    """Cache files written and gone before the build ended (the folder removed by a cleanup)
+    fail the build, naming the file: their tables are mapped when first read, and the build
+    reported success before, its first read of such a corpus failing (maybe hours later)."""
+    import shutil
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(3)]
+    cache = tmp_path / "cache"
+    writes = recorded_writes(monkeypatch)
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def removing_the_cache_after_the_last(self, prefix, *args):
+        datasets = build_splits(self, prefix, *args)
+        if prefix == prefixes[-1]:
+            deadline = time.monotonic() + 60
+            while not all(w.ended() for w in writes) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            shutil.rmtree(cache)
+        return datasets
+
+    monkeypatch.setattr(
+        BlendedMegatronDatasetBuilder,
+        "_build_megatron_dataset_splits",
+        removing_the_cache_after_the_last,
+    )
+    config = make_config(blend=(prefixes, [1.0] * 3), split="100,0,0", path_to_cache=str(cache))
+    with pytest.raises(CacheError, match="gone before it ended") as caught:
+        BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
+    assert str(cache) in str(caught.value) and "went away while the build ran" in str(caught.value)
+    assert len(writes) == 3
+
+
 def test_a_cache_write_that_failed_stops_the_blend_before_its_next_corpus(
     make_config, tmp_path, monkeypatch
 ):
@@ -225,14 +275,7 @@ def test_a_cache_write_that_failed_stops_the_blend_before_its_next_corpus(
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(4)]
     # every cache file fails to be written (in the background of the build)
     monkeypatch.setattr(file_writes, "partial_path", lambda path: str(tmp_path / "no" / "x"))
-    writes: list[file_writes.Written] = []
-    submit = file_writes.BackgroundWrites.submit
-
-    def recording(self, *args):
-        writes.append(submit(self, *args))
-        return writes[-1]
-
-    monkeypatch.setattr(file_writes.BackgroundWrites, "submit", recording)
+    writes = recorded_writes(monkeypatch)
     build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
     built = []
 
@@ -446,6 +489,17 @@ def test_a_blend_takes_the_draw_made_in_advance_for_its_weights_and_size_only():
     assert blended_dataset._in_advance == {}
 
 
+def held_after_draws_end() -> list:
+    """The memory held once the blending draws under way have ended (at most 60 s)."""
+    from megaindex import memory
+
+    deadline = time.monotonic() + 60
+    while any(t.name.startswith("megaindex-blending") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "a blending draw is still running after 60 s"
+        time.sleep(0.01)
+    return memory._reserved
+
+
 def test_a_draw_in_advance_holds_its_memory_until_forgotten_and_is_not_made_without_it(
     monkeypatch,
 ):
@@ -459,11 +513,35 @@ def test_a_draw_in_advance_holds_its_memory_until_forgotten_and_is_not_made_with
         assert len(blended_dataset._in_advance) == 1
     finally:
         forget()
-    assert memory._reserved == [] and blended_dataset._in_advance == {}
+    assert blended_dataset._in_advance == {}
+    assert held_after_draws_end() == []
     monkeypatch.setattr(memory, "available_memory", lambda: 9_999)
     forget = blended_dataset.blend_in_advance([1.0, 3.0], 1000)  # 10,000 bytes: no room
     assert memory._reserved == [] and blended_dataset._in_advance == {}
     forget()
+
+
+def test_a_draw_in_advance_forgotten_while_it_runs_holds_its_memory_until_it_ends(monkeypatch):
+    """A build that failed forgets its draws in advance while they may still be filling their
+    tables: their memory stays held (other builds' checks count it) until the draw ends."""
+    from megaindex import blended_dataset, memory
+
+    started, release = threading.Event(), threading.Event()
+    draw = blended_dataset.build_blending_indices
+
+    def slow(*args, **kwargs):
+        started.set()
+        assert release.wait(60)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(blended_dataset, "build_blending_indices", slow)
+    forget = blended_dataset.blend_in_advance([1.0, 3.0], 1000)
+    assert started.wait(60)
+    forget()
+    assert blended_dataset._in_advance == {}  # no blend takes it any more
+    assert [size for size, _ in memory._reserved] == [10 * 1000]  # still filling: held
+    release.set()
+    assert held_after_draws_end() == []
 
 
 def test_a_blend_drawn_in_advance_builds_where_its_tables_fit_once(

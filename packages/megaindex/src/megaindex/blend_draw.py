@@ -78,6 +78,11 @@ class BlendDraw:
             progress.close(None if long else "")
         return self.dataset_index, self.dataset_sample_index
 
+    def when_ended(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the draw has ended (at once if it has), drawn or failed:
+        until then its thread still writes the tables."""
+        self._done.add_done_callback(lambda done: callback())
+
     def drawn(self) -> int:
         """Samples drawn so far (the first that is not, found by bisection)."""
         low, high = 0, len(self.dataset_index)

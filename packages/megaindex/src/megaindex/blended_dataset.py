@@ -93,7 +93,8 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
     the builder forgets them; where it does not fit, nothing is drawn in advance, and the blend
     refuses its size in its own terms. The blend built with the same weights and size takes
     them instead of drawing them; returns what forgets them (the builder calls it once the
-    blend is built)."""
+    blend is built, or failed: a draw still under way then keeps its memory held until it
+    ends)."""
     key = (tuple(normalize(list(weights))), int(size))
     tables = table_bytes(blend_table_specs(max(size, 0)))
     what = f"the blending indices of {len(key[0])} datasets, drawn while they build"
@@ -114,7 +115,8 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
         with _in_advance_lock:
             if _in_advance.get(key) is drawn:
                 del _in_advance[key]
-        held.close()
+        # a draw no blend took (a part failed) goes on filling its tables: held until it ends
+        drawn.when_ended(held.close)
 
     return forget
 

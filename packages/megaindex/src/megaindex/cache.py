@@ -608,6 +608,11 @@ def write_error(entry: CacheEntry, error: OSError) -> CacheError:
             "Something is in the way of a cache file (a folder where a file belongs, or a file "
             f"where a folder does): move it away, or set {setting} to another directory"
         )
+    elif error.errno == errno.ENOENT:
+        advice = (
+            "The folder, or files in it, went away while the build ran (removed, or a cleanup "
+            "of the cache): build again, and keep cleanups off the cache while builds run"
+        )
     else:
         advice = f"Where the folder is the cause, set {setting} to a writable directory"
     return CacheError(f"cannot write {what} to {entry.directory}: {error}. {advice}")

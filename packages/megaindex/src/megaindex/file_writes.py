@@ -24,6 +24,7 @@ name's (a reader checks that one by its checksum).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -258,6 +259,7 @@ class _Submitted:
     on_done: Callable[[], None]
     on_error: Callable[[OSError], Exception]
     """The failure's exception, raised at the build's end."""
+    paths: tuple[str, ...]
 
 
 class BackgroundWrites:
@@ -283,7 +285,8 @@ class BackgroundWrites:
         )
         written = Written(None, pending, last)
         with self._lock:
-            self._submitted.append(_Submitted(written, on_done, on_error))
+            paths = tuple(f.path for f in files)
+            self._submitted.append(_Submitted(written, on_done, on_error, paths))
             self._by_last_path.setdefault(files[-1].path, []).append(written)
         return written
 
@@ -313,7 +316,9 @@ class BackgroundWrites:
 
     def finish(self) -> None:
         """Wait for every write, stop the threads, and raise the first failure (as its
-        ``on_error`` words it, the ``OSError`` as its cause)."""
+        ``on_error`` words it, the ``OSError`` as its cause); a file written and gone by then
+        (its folder removed or emptied while the build ran) is such a failure: its tables
+        are mapped when first read, which would fail only then, maybe hours into a run."""
         failure: tuple[Exception, OSError] | None = None
         with self._lock:
             submitted, self._submitted, self._ended = self._submitted, [], 0
@@ -337,8 +342,29 @@ class BackgroundWrites:
                 for item in submitted[ended:]:
                     with contextlib.suppress(Exception):
                         item.on_done()
+        failure = failure or _first_gone(submitted)
         if failure is not None:
             raise failure[0] from failure[1]
+
+
+def _first_gone(submitted: Sequence[_Submitted]) -> tuple[Exception, OSError] | None:
+    """The failure of the first write one of whose files is no longer where it was written;
+    each folder is listed once (a blend's thousands of files cost one listing)."""
+    listed: dict[str, frozenset[str]] = {}
+    for item in submitted:
+        for path in item.paths:
+            folder, name = os.path.split(path)
+            if folder not in listed:
+                try:
+                    listed[folder] = frozenset(os.listdir(folder or "."))
+                except OSError:
+                    listed[folder] = frozenset()
+            if name not in listed[folder]:
+                error = FileNotFoundError(
+                    errno.ENOENT, "written by this build, and gone before it ended", path
+                )
+                return item.on_error(error), error
+    return None
 
 
 _scope = threading.local()
