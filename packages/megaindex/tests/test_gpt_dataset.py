@@ -336,6 +336,21 @@ def test_a_failed_cache_write_is_advised_by_its_cause(number, advice):
     assert "path_to_cache" not in str(error) and "read-only" not in str(error)
 
 
+@pytest.mark.parametrize(
+    ("number", "advice"),
+    [
+        (errno.EMFILE, ". The open-files limit was reached"),
+        (errno.ENOENT, ". The folder, or files in it, went away while the build ran"),
+    ],
+)
+def test_a_cache_write_failed_for_a_limit_or_a_folder_gone_says_so(number, advice):
+    entry = CacheEntry("/cache", "0123-GPTDataset-train", ("document_index",))
+    error = cache_module.write_error(entry, OSError(number, os.strerror(number)))
+    assert str(error).startswith(f"cannot write the index cache to /cache: [Errno {number}]")
+    assert advice in str(error)
+    assert "set path_to_cache" not in str(error)
+
+
 def test_default_cache_sits_beside_the_data(make_config, corpus):
     train = build(make_config(path_to_cache=None))[0]
     assert train.index_source.cache_entry.directory == os.path.join(

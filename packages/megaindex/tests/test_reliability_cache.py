@@ -34,6 +34,55 @@ def cache_base(config, dataset) -> str:
     return os.path.join(config.path_to_cache, f"{dataset.unique_description_hash}-GPTDataset-train")
 
 
+@pytest.mark.parametrize(
+    "suffix, error",
+    [
+        ("-description.txt", errno.EMFILE),
+        ("-megaindex.json", errno.ENFILE),
+        ("-shuffle_index.npy", errno.EMFILE),
+    ],
+)
+def test_a_cache_file_unread_for_want_of_descriptors_is_an_error_naming_the_limit(
+    make_config, monkeypatch, suffix, error
+):
+    """A cache file that cannot be opened because the process (or the system) has no
+    descriptor left is sound: its cache is neither withdrawn nor rebuilt (it was, as damage,
+    with the description or the sidecar; a table's said "the index cache changed after it was
+    loaded"); the error names the file and the limit."""
+    import builtins
+
+    config = make_config()
+    train = build(config)
+    path = cache_base(config, train) + suffix
+    expected = numpy.array(train.shuffle_index)
+    before = {
+        name: os.stat(os.path.join(config.path_to_cache, name)).st_ino
+        for name in os.listdir(config.path_to_cache)
+    }
+    real_open = builtins.open
+
+    def short_of_descriptors(file, *args, **kwargs):
+        if str(file) == path:
+            raise OSError(error, os.strerror(error), str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", short_of_descriptors)
+    with pytest.raises(CacheError) as raised:
+        again = build(make_config())
+        numpy.asarray(again.shuffle_index)  # a table is mapped when first read
+    message = str(raised.value)
+    assert message.startswith(f"{path}: cannot be read"), message
+    assert "open-files" in message and "left as it is" in message
+    assert "changed after it was loaded" not in message
+    monkeypatch.undo()
+    after = {
+        name: os.stat(os.path.join(config.path_to_cache, name)).st_ino
+        for name in os.listdir(config.path_to_cache)
+    }
+    assert after == before  # nothing withdrawn, nothing written again
+    numpy.testing.assert_array_equal(build(make_config()).shuffle_index, expected)
+
+
 def test_a_table_damaged_inside_its_valid_range_is_rebuilt(make_config):
     config = make_config()
     train = build(config)

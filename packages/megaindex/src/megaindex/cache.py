@@ -51,6 +51,7 @@ from megafmt.atomic import (
 )
 from megafmt.fingerprint import checksum, file_identity, identity_of
 from megafmt.folders import make_folder
+from megafmt.limits import limit_hint
 from megafmt.mapping import map_file
 from megafmt.redaction import redact
 from megaindex import distributed
@@ -122,6 +123,24 @@ def _modified(directory: str) -> int | None:
 
 class DamagedCacheError(MegaindexError):
     """A cached table cannot be used as it is (internal: the cache is rebuilt)."""
+
+
+#: errno values of a read that failed for want of something of the process's or the machine's
+#: (descriptors, memory), not for anything wrong with the file
+LIMITS_MET = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def unreadable(path: str, error: OSError, what: str) -> MegaindexError:
+    """The error of a cache file that could not be read (``what``: how it failed): damage,
+    rebuilt, unless a limit was met (the open-files limit ...): that cache is sound, and
+    withdrawing and rebuilding it (on global rank 0, under every other rank's reads) helps
+    nothing, so the error names the file and the limit."""
+    if error.errno in LIMITS_MET:
+        return CacheError(
+            f"{path}: cannot be read ({error.strerror}): {limit_hint(error)}. The cached file "
+            "is left as it is"
+        )
+    return DamagedCacheError(f"{path}: {what} ({error})")
 
 
 class UnusableCopyError(CacheError):
@@ -230,11 +249,13 @@ def load_table_and_identity(path: str, spec: TableSpec | None) -> tuple[numpy.nd
     try:
         stream = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError as error:
-        raise DamagedCacheError(f"{path}: unreadable ({error})") from error
+        raise unreadable(path, error, "unreadable") from error
     with stream:
         try:
             shape, fortran_order, dtype = read_npy_header(stream)
-        except (OSError, ValueError) as error:
+        except OSError as error:
+            raise unreadable(path, error, "unreadable .npy header") from error
+        except ValueError as error:
             raise DamagedCacheError(f"{path}: unreadable .npy header ({error})") from error
         data_start = stream.tell()
         status = os.fstat(stream.fileno())
@@ -244,7 +265,10 @@ def load_table_and_identity(path: str, spec: TableSpec | None) -> tuple[numpy.nd
         _check_table(path, spec, shape, fortran_order, dtype, size, expected)
         if count == 0:  # an empty region cannot be mapped
             return numpy.empty(shape, dtype=dtype), identity_of(status)
-        data = map_file(path, stream.fileno(), size)
+        try:
+            data = map_file(path, stream.fileno(), size)
+        except OSError as error:
+            raise unreadable(path, error, "cannot be mapped") from error
     return data[data_start:].view(dtype).reshape(shape), identity_of(status)
 
 
@@ -353,7 +377,9 @@ def read_sidecar(path: str) -> dict[str, Any] | None:
             sidecar = json.loads(stream.read())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        raise unreadable(path, error, "the sidecar cannot be read") from None
+    except ValueError as error:
         raise DamagedCacheError(f"{path}: the sidecar cannot be read ({error})") from None
     if not isinstance(sidecar, dict):
         raise DamagedCacheError(
@@ -433,7 +459,7 @@ class IndexCache:
             with open(self.entry.description_path, "rb") as stream:
                 found = stream.read()
         except OSError as error:
-            raise DamagedCacheError(f"{self.entry.description_path}: {error}") from error
+            raise unreadable(self.entry.description_path, error, "unreadable") from error
         if found != self.description.encode("utf-8"):
             raise DamagedCacheError(
                 f"{self.entry.description_path}: the description does not match this dataset's"
@@ -608,6 +634,9 @@ def write_error(entry: CacheEntry, error: OSError) -> CacheError:
             "Something is in the way of a cache file (a folder where a file belongs, or a file "
             f"where a folder does): move it away, or set {setting} to another directory"
         )
+    elif error.errno in LIMITS_MET:
+        hint = limit_hint(error)
+        advice = hint[:1].upper() + hint[1:]
     elif error.errno == errno.ENOENT:
         advice = (
             "The folder, or files in it, went away while the build ran (removed, or a cleanup "
