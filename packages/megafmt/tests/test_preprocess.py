@@ -4,6 +4,7 @@ Expected arrays are worked out by hand from the rules of Megatron's preprocess_d
 byte-for-byte comparison with megatron-core lives in the cross-package compat tests).
 """
 
+import errno
 import gzip
 import itertools
 import json
@@ -20,7 +21,7 @@ import pytest
 
 from megafmt import IndexedDataset, IndexedDatasetBuilder, manifest_path, read_manifest
 from megafmt.cli.main import main
-from megafmt.errors import OutputBlockedError, PluginError
+from megafmt.errors import OutputBlockedError, PluginError, ReadError
 from megafmt.preprocess import BadInputError, PreprocessConfig, preprocess
 from megafmt.preprocess.encoding import Encoder, EncodeSettings
 from megafmt.preprocess.inputs import Chunk
@@ -374,6 +375,29 @@ def test_a_manifest_at_megafmt_0_1_s_place_is_read_and_replaced(tmp_path, capsys
     run(tmp_path, source, **NULL)
     assert not os.path.exists(prefix + ".manifest.json")
     assert read_manifest(prefix)["tokenizer"]["eod"] == 99
+
+
+@pytest.mark.parametrize("number", [errno.EMFILE, errno.EACCES])
+def test_a_manifest_that_cannot_be_read_is_an_error_naming_it(tmp_path, monkeypatch, number):
+    # a raw "Too many open files" or "Permission denied" before, naming nothing of megafmt's
+    import builtins
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "1 2"}])
+    prefix = run(tmp_path, source, **NULL).outputs["text"]
+    real_open = builtins.open
+
+    def refusing(file, *args, **kwargs):
+        if str(file) == manifest_path(prefix):
+            raise OSError(number, os.strerror(number), str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing)
+    with pytest.raises(ReadError) as raised:
+        read_manifest(prefix)
+    message = str(raised.value)
+    assert message.startswith(f"{manifest_path(prefix)}: the corpus's manifest cannot be read")
+    assert raised.value.errno == number
+    assert ("open-files limit" in message) == (number == errno.EMFILE)
 
 
 def test_cli_takes_megatron_flags(tmp_path, capsys):

@@ -19,8 +19,9 @@ import os
 from typing import Any
 
 from megafmt.atomic import remove_quietly, write_atomically
-from megafmt.errors import FormatError
+from megafmt.errors import FormatError, ReadError
 from megafmt.folders import make_folder
+from megafmt.limits import limit_hint
 from megafmt.redaction import redact_value
 
 MANIFEST_FOLDER = ".mega"
@@ -75,6 +76,14 @@ def _read_manifest_file(path: str) -> dict[str, Any] | None:
             manifest = json.loads(stream.read())
     except FileNotFoundError:
         return None
+    except OSError as error:  # a folder in its place, no permission, no descriptor left ...
+        hint = limit_hint(error)
+        unread = ReadError(
+            f"{path}: the corpus's manifest cannot be read ({error.strerror})"
+            + (f": {hint}" if hint else "")
+        )
+        unread.errno = error.errno
+        raise unread from error
     except (ValueError, UnicodeDecodeError) as error:
         raise FormatError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
