@@ -261,3 +261,36 @@ def test_a_process_holding_most_of_its_descriptors_reads_every_corpus(make_corpu
     # 60 free, less the 16 kept and the 16 more given back, less a transient .idx descriptor
     assert 20 <= int(capacity) <= 32
     assert done.stderr.count("keeping at most") == 1, done.stderr
+
+
+RUN_AND_GIVE_BACK = (
+    RUN_NEAR_THE_LIMIT
+    + """
+lowered = pool.POOL.capacity
+for fd in held:  # the rest of the process gives its descriptors back
+    os.close(fd)
+more = [IndexedDataset(p, mmap=False) for p in prefixes]
+assert [int(d[0][0]) for d in more] == list(range(len(prefixes)))
+print(lowered, pool.POOL.capacity, pool.POOL.ceiling)
+"""
+)
+
+
+def test_a_pool_lowered_for_want_of_descriptors_rises_again_once_they_come_back(make_corpus):
+    # lowered while the rest of the process held all but 60 of 256 descriptors; once it gives
+    # them back, opens counted every 64 find the room and the pool keeps its 128 readers again
+    # (it kept 26 for good before)
+    prefixes = [make_corpus([[[i, 0]]], name=f"c{i}") for i in range(100)]
+    env = {k: v for k, v in os.environ.items() if k != "MEGAFMT_MAX_OPEN_BIN"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RUN_AND_GIVE_BACK), *prefixes],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.split()[0] == "True"
+    lowered, capacity, ceiling = (int(n) for n in second.split())
+    assert lowered <= 32 and capacity == ceiling == 128

@@ -9,7 +9,8 @@ the limit cannot hold is refused, naming the limit) the pool releases the reader
 not read from recently (a CLOCK sweep: every read marks its dataset, the sweep spares marked
 datasets once), and that dataset reopens its reader on its next read. Arrays already handed out
 stay valid. Where the rest of the process holds more descriptors than the capacity leaves it,
-the pool gives readers back and keeps to fewer from then on (:func:`opened_with_room`).
+the pool gives readers back and keeps to fewer until descriptors come back
+(:func:`opened_with_room`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ FEWEST_FREE = 16
 #: opens under way in other threads (an ``.idx`` read, then closed) give theirs back
 NO_DESCRIPTOR_RETRIES = 6
 NO_DESCRIPTOR_FIRST_WAIT = 0.01
+#: while the pool keeps to fewer readers than it was made for, every this many opens count the
+#: descriptors the process holds (``/proc/self/fd``): where the rest of the process gave some
+#: back, the pool takes up to its first capacity again, leaving RESTORED_FREE free
+RESTORE_CHECK_OPENS = 64
+RESTORED_FREE = 4 * FEWEST_FREE
 
 
 class Releasable(Protocol):
@@ -57,6 +63,10 @@ class ReaderPool:
         if capacity < 1:
             raise ValueError(f"the reader pool needs a capacity of at least 1, got {capacity}")
         self.capacity = capacity
+        #: the capacity it was made with: a capacity lowered for want of descriptors rises
+        #: back to it at most (:meth:`raise_to`)
+        self.ceiling = capacity
+        self._opens_while_lowered = 0
         self._open: deque[weakref.ref] = deque()  # the CLOCK order; dead entries are skipped
         self._members: weakref.WeakSet = weakref.WeakSet()  # the same datasets, for lookups
         self._lock = threading.Lock()
@@ -105,6 +115,23 @@ class ReaderPool:
             self.capacity = min(before, max(1, keep))
             return released, before, self.capacity
 
+    def due_for_a_count(self) -> bool:
+        """Whether the capacity is lowered and this open is one of every
+        :data:`RESTORE_CHECK_OPENS` since: time to count the descriptors taken."""
+        with self._lock:
+            if self.capacity >= self.ceiling:
+                return False
+            self._opens_while_lowered += 1
+            return self._opens_while_lowered % RESTORE_CHECK_OPENS == 0
+
+    def raise_to(self, readers: int) -> tuple[int, int]:
+        """Keep up to ``readers`` (at most :attr:`ceiling`) from now on, where that is more
+        than now: descriptors came back. Returns the capacity before and after."""
+        with self._lock:
+            before = self.capacity
+            self.capacity = max(before, min(self.ceiling, readers))
+            return before, self.capacity
+
 
 def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
     """``open_file()``, the descriptor of ``path`` (the ``what``), with the pool kept to the
@@ -142,7 +169,28 @@ def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
         free = None if limit is None else limit - fd - 1
         if free is not None and free < FEWEST_FREE and len(POOL) > 1:
             _keep_at_most(len(POOL) - (2 * FEWEST_FREE - free))
+        elif limit is not None and POOL.due_for_a_count():
+            _raise_where_freed(limit)
         return fd
+
+
+def _raise_where_freed(limit: int) -> None:
+    """Raise the pool's lowered capacity to what the descriptors free now leave, counted (the
+    lowest free number says nothing of those taken above it): the rest of the process gave
+    back what it held when the pool was lowered."""
+    try:
+        taken = len(os.listdir("/proc/self/fd"))  # the listing's own descriptor included
+    except OSError:  # no /proc: the capacity stays lowered
+        return
+    before, capacity = POOL.raise_to(len(POOL) + limit - taken - RESTORED_FREE)
+    if capacity > before:
+        logger.info(
+            "file descriptors came back (%d of RLIMIT_NOFILE %d taken): keeping up to %d "
+            "readers of corpus files open again",
+            taken,
+            limit,
+            capacity,
+        )
 
 
 def _keep_at_most(readers: int) -> int:
