@@ -139,6 +139,14 @@ def test_limit_hints(monkeypatch, code, said):
     assert said in hint if said else hint == ""
 
 
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENOMEM])
+def test_a_limit_hint_advises_fewer_workers_only_where_the_caller_has_them(monkeypatch, code):
+    monkeypatch.setattr(limits.resource, "getrlimit", lambda which: (100, 200))
+    error = OSError(code, os.strerror(code))
+    assert limit_hint(error).endswith("raise it, or use fewer --workers")
+    assert limit_hint(error, fewer=None).endswith("raise it")
+
+
 def test_naming_full_disk_keeps_errors_that_name_a_file():
     with pytest.raises(OSError) as caught, naming_full_disk("out.bin"):
         raise OSError(errno.ENOSPC, "No space left on device", "named.bin")

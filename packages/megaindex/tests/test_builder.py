@@ -1,3 +1,4 @@
+import errno
 import threading
 import time
 
@@ -263,6 +264,43 @@ def test_a_cache_folder_removed_while_a_blend_builds_fails_the_build(
         BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
     assert str(cache) in str(caught.value) and "went away while the build ran" in str(caught.value)
     assert len(writes) == 3
+
+
+@pytest.mark.parametrize("what", ["descriptions withdrawn", "no listing"])
+def test_a_blend_whose_written_files_are_all_there_is_not_failed_by_the_look(
+    make_config, tmp_path, monkeypatch, what
+):
+    """The look for files gone when the build ends judges only what it can see: descriptions
+    another process withdrew (it found the entry damaged and rewrites it) are no loss, and a
+    folder that cannot be listed (no descriptor left) has its files looked at one by one."""
+    from megaindex import file_writes
+
+    prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(3)]
+    cache = tmp_path / "cache"
+    writes = recorded_writes(monkeypatch)
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def then(self, prefix, *args):
+        datasets = build_splits(self, prefix, *args)
+        if prefix == prefixes[-1]:
+            deadline = time.monotonic() + 60
+            while not all(w.ended() for w in writes) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if what == "descriptions withdrawn":
+                for description in cache.glob("*-description.txt"):
+                    description.unlink()
+            else:
+
+                def no_descriptor_left(folder):
+                    raise OSError(errno.EMFILE, "Too many open files", folder)
+
+                monkeypatch.setattr(file_writes.os, "listdir", no_descriptor_left)
+        return datasets
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", then)
+    config = make_config(blend=(prefixes, [1.0] * 3), split="100,0,0", path_to_cache=str(cache))
+    built = BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
+    assert len(built[0]) >= 40 and len(writes) == 3
 
 
 def test_a_cache_write_that_failed_stops_the_blend_before_its_next_corpus(

@@ -73,13 +73,37 @@ def test_a_cache_file_unread_for_want_of_descriptors_is_an_error_naming_the_limi
     message = str(raised.value)
     assert message.startswith(f"{path}: cannot be read"), message
     assert "open-files" in message and "left as it is" in message
-    assert "changed after it was loaded" not in message
+    assert "changed after it was loaded" not in message and "--workers" not in message
+    assert raised.value.errno == error
     monkeypatch.undo()
     after = {
         name: os.stat(os.path.join(config.path_to_cache, name)).st_ino
         for name in os.listdir(config.path_to_cache)
     }
     assert after == before  # nothing withdrawn, nothing written again
+    numpy.testing.assert_array_equal(build(make_config()).shuffle_index, expected)
+
+
+def test_a_table_that_cannot_be_mapped_is_an_error_and_the_cache_stays(make_config, monkeypatch):
+    """A map refused (vm.max_map_count met, a file system without mmap) is the process's
+    limit, never the file's damage: a CacheError with the map's own words, nothing rebuilt."""
+    config = make_config()
+    train = build(config)
+    expected = numpy.array(train.shuffle_index)
+    files = sorted(os.listdir(config.path_to_cache))
+    inodes = [os.stat(os.path.join(config.path_to_cache, f)).st_ino for f in files]
+
+    def refused(path, fd, size):
+        raise OSError(errno.ENOMEM, f"cannot map {path}: Cannot allocate memory (vm.max_map_count)")
+
+    monkeypatch.setattr(cache_module, "map_file", refused)
+    with pytest.raises(CacheError) as raised:
+        numpy.asarray(build(make_config()).shuffle_index)
+    message = str(raised.value)
+    assert message.startswith("cannot map ") and "vm.max_map_count" in message
+    assert "left as it is" in message and raised.value.errno == errno.ENOMEM
+    monkeypatch.undo()
+    assert [os.stat(os.path.join(config.path_to_cache, f)).st_ino for f in files] == inodes
     numpy.testing.assert_array_equal(build(make_config()).shuffle_index, expected)
 
 

@@ -38,9 +38,11 @@ def _limit(name: str) -> str | None:
     return None if soft is None else f"{soft:,}"
 
 
-def limit_hint(error: BaseException) -> str:
-    """What limit of the machine ``error`` met, with its value and how to raise it; ``""`` for
-    an error that is no limit's."""
+def limit_hint(error: BaseException, fewer: str | None = "--workers") -> str:
+    """What limit of the machine ``error`` met, with its value and how to raise it (or to use
+    fewer of ``fewer``, where given: the CLI's workers); ``""`` for an error that is no
+    limit's."""
+    instead = f", or use fewer {fewer}" if fewer else ""
     code = error.errno if isinstance(error, OSError) else None
     if code in (errno.EMFILE, errno.ENFILE):
         value = _limit("RLIMIT_NOFILE")
@@ -48,7 +50,7 @@ def limit_hint(error: BaseException) -> str:
         return (
             f"{where} was reached"
             + (f" (ulimit -n, RLIMIT_NOFILE: {value} files)" if value else "")
-            + "; raise it, or use fewer --workers"
+            + f"; raise it{instead}"
         )
     if code == errno.EFBIG:
         value = _limit("RLIMIT_FSIZE")
@@ -59,7 +61,7 @@ def limit_hint(error: BaseException) -> str:
         if value is not None:
             return (
                 f"the address-space limit (ulimit -v, RLIMIT_AS: {value} bytes) was reached; "
-                "raise it, or use fewer --workers"
+                f"raise it{instead}"
             )
         return "the machine ran out of memory"
     if code in FULL:

@@ -77,7 +77,7 @@ def _read_manifest_file(path: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as error:  # a folder in its place, no permission, no descriptor left ...
-        hint = limit_hint(error)
+        hint = limit_hint(error, fewer=None)
         unread = ReadError(
             f"{path}: the corpus's manifest cannot be read ({error.strerror})"
             + (f": {hint}" if hint else "")

@@ -18,6 +18,9 @@ never by the words of its message, so a bug (a ``TypeError`` whose message happe
   storage (403 access denied, 400 ...), any other ``OSError``.
 - Not an I/O failure: every other exception (``TypeError``, ``KeyError``, ``ValueError`` ...: a
   bug, or a caller's mistake) is raised at once as itself, never relabelled an I/O error.
+- megafmt's own errors (a reopen's :class:`~megafmt.errors.ReadError` that found no descriptor
+  left ...) name their file and cause already: raised at once as themselves, unless transient
+  (:class:`~megafmt.remote.ShortRead`, retried).
 
 The optional storage libraries are never imported here: an exception of one of their types
 can only exist once the library is loaded, so their types are looked up in ``sys.modules``.

@@ -115,7 +115,8 @@ def blend_in_advance(weights: Sequence[float], size: int) -> Callable[[], None]:
         with _in_advance_lock:
             if _in_advance.get(key) is drawn:
                 del _in_advance[key]
-        # a draw no blend took (a part failed) goes on filling its tables: held until it ends
+        # a draw no blend took (a part failed, or the blend was cached) may still be filling
+        # its tables: held until it ends
         drawn.when_ended(held.close)
 
     return forget

@@ -136,10 +136,12 @@ def unreadable(path: str, error: OSError, what: str) -> MegaindexError:
     withdrawing and rebuilding it (on global rank 0, under every other rank's reads) helps
     nothing, so the error names the file and the limit."""
     if error.errno in LIMITS_MET:
-        return CacheError(
-            f"{path}: cannot be read ({error.strerror}): {limit_hint(error)}. The cached file "
-            "is left as it is"
+        refused = CacheError(
+            f"{path}: cannot be read ({error.strerror}): {limit_hint(error, fewer=None)}. The "
+            "cached file is left as it is"
         )
+        refused.errno = error.errno  # the limit met, for limit_hint and callers
+        return refused
     return DamagedCacheError(f"{path}: {what} ({error})")
 
 
@@ -267,8 +269,10 @@ def load_table_and_identity(path: str, spec: TableSpec | None) -> tuple[numpy.nd
             return numpy.empty(shape, dtype=dtype), identity_of(status)
         try:
             data = map_file(path, stream.fileno(), size)
-        except OSError as error:
-            raise unreadable(path, error, "cannot be mapped") from error
+        except OSError as error:  # the process's mappings or memory, never the file's damage
+            refused = CacheError(f"{error.strerror}; the cached file is left as it is")
+            refused.errno = error.errno
+            raise refused from error
     return data[data_start:].view(dtype).reshape(shape), identity_of(status)
 
 
@@ -532,7 +536,9 @@ class IndexCache:
                     ', "table_files": ' if in_write else "",
                 )
             )
-        files.append(FileWrite(entry.description_path, self.description.encode("utf-8")))
+        files.append(
+            FileWrite(entry.description_path, self.description.encode("utf-8"), commit_mark=True)
+        )
         return files
 
     def _write_small(self, files: list[FileWrite]) -> Callable[[], dict[str, list[int]]]:
@@ -635,7 +641,7 @@ def write_error(entry: CacheEntry, error: OSError) -> CacheError:
             f"where a folder does): move it away, or set {setting} to another directory"
         )
     elif error.errno in LIMITS_MET:
-        hint = limit_hint(error)
+        hint = limit_hint(error, fewer=None)
         advice = hint[:1].upper() + hint[1:]
     elif error.errno == errno.ENOENT:
         advice = (

@@ -191,6 +191,10 @@ class FileWrite:
     tail: str = ""
     corpus: CorpusFiles | None = None
     between: str = ""
+    commit_mark: bool = False
+    """The cache entry's commit mark (its description): another process that finds the entry
+    damaged withdraws it before rewriting the tables, so its absence when the build ends is no
+    loss (:meth:`BackgroundWrites.finish` looks for the others)."""
 
 
 def _waited(attempt: Callable[[float], Result | None], what: str) -> Result:
@@ -285,7 +289,7 @@ class BackgroundWrites:
         )
         written = Written(None, pending, last)
         with self._lock:
-            paths = tuple(f.path for f in files)
+            paths = tuple(f.path for f in files if not f.commit_mark)
             self._submitted.append(_Submitted(written, on_done, on_error, paths))
             self._by_last_path.setdefault(files[-1].path, []).append(written)
         return written
@@ -349,21 +353,35 @@ class BackgroundWrites:
 
 def _first_gone(submitted: Sequence[_Submitted]) -> tuple[Exception, OSError] | None:
     """The failure of the first write one of whose files is no longer where it was written;
-    each folder is listed once (a blend's thousands of files cost one listing)."""
-    listed: dict[str, frozenset[str]] = {}
+    each folder is listed once (a blend's thousands of files cost one listing). A folder that
+    cannot be listed (no descriptor left, no permission) has its files looked at one by one,
+    and a file that cannot be looked at is not judged."""
+    listed: dict[str, frozenset[str] | None] = {}
     for item in submitted:
         for path in item.paths:
             folder, name = os.path.split(path)
             if folder not in listed:
                 try:
                     listed[folder] = frozenset(os.listdir(folder or "."))
-                except OSError:
+                except (FileNotFoundError, NotADirectoryError):  # the folder itself is gone
                     listed[folder] = frozenset()
-            if name not in listed[folder]:
-                error = FileNotFoundError(
-                    errno.ENOENT, "written by this build, and gone before it ended", path
-                )
-                return item.on_error(error), error
+                except OSError:
+                    listed[folder] = None
+            names = listed[folder]
+            if names is None:
+                try:
+                    os.stat(path)
+                    continue
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
+            elif name in names:
+                continue
+            error = FileNotFoundError(
+                errno.ENOENT, "written by this build, and gone before it ended", path
+            )
+            return item.on_error(error), error
     return None
 
 

@@ -37,7 +37,7 @@ RESERVED_DESCRIPTORS = 64
 #: twice as many are free (:func:`opened_with_room`)
 FEWEST_FREE = 16
 #: an open that finds no descriptor free and no reader to give back tries again this many
-#: times, waiting twice as long each time from NO_DESCRIPTOR_FIRST_WAIT seconds (0.6 s in all):
+#: times, waiting twice as long each time from NO_DESCRIPTOR_FIRST_WAIT seconds (0.63 s in all):
 #: opens under way in other threads (an ``.idx`` read, then closed) give theirs back
 NO_DESCRIPTOR_RETRIES = 6
 NO_DESCRIPTOR_FIRST_WAIT = 0.01
