@@ -31,6 +31,7 @@ LENT_MODULES = {
     "megafmt.confinement",
     "megafmt.fingerprint",
     "megafmt.folders",
+    "megafmt.limits",
     "megafmt.mapping",
     "megafmt.prefix_hints",
     "megafmt.progress",

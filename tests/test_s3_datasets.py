@@ -15,7 +15,7 @@ from s3testing import moto_endpoint
 
 from megafmt.protocols import PlannedBatch
 from megafmt.testing import write_corpus
-from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
+from megaindex import BlendedMegatronDatasetBuilder, CacheError, GPTDataset, GPTDatasetConfig
 from megaindex.tokenizer import IdentifiedTokenizer
 from megaload import DataLoaderConfig, build_pretraining_data_loader
 
@@ -150,3 +150,36 @@ def test_a_shared_cache_in_a_bucket_that_does_not_exist_is_refused_naming_it(tmp
     assert message.startswith("s3://nobucket/cache/") and "-lease-1.json" in message
     assert "the store's bucket or folder does not exist" in message
     assert "no other process held it" not in message
+
+
+def test_a_corpus_replaced_in_the_store_while_its_tables_build_is_not_cached(tmp_path, monkeypatch):
+    """The tables are cut from the objects as the corpus opened them; a replacement uploaded
+    meanwhile is not recorded as their source (its ETags in the sidecar would have a later run
+    take tables of the old corpus for the new one's): the build fails naming both versions and
+    caches nothing, and a build once the corpus is complete has the new corpus's tables."""
+    from megaindex.gpt_index import GPTTableRecipe
+
+    old = write_corpus(str(tmp_path / "old"), 200, seed=1)
+    new = write_corpus(str(tmp_path / "new"), 260, seed=2)
+    with moto_endpoint():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="train")
+        for suffix in (".bin", ".idx"):
+            client.upload_file(old + suffix, "train", "web/corpus" + suffix)
+        cut = GPTTableRecipe.build
+
+        def replaced_first(self):
+            for suffix in (".bin", ".idx"):  # the corpus is open: its .idx read, .bin bound
+                client.upload_file(new + suffix, "train", "web/corpus" + suffix)
+            return cut(self)
+
+        monkeypatch.setattr(GPTTableRecipe, "build", replaced_first)
+        blend, objects = (["s3://train/web/corpus"], None), str(tmp_path / "objects")
+        with pytest.raises(CacheError, match="changed in the store while its index tables"):
+            build(blend, [300, 0, 0], None, objects, split="100,0,0")
+        assert not list((tmp_path / "objects").rglob("*-description.txt"))
+        monkeypatch.undo()
+        remote = build(blend, [300, 0, 0], None, objects, split="100,0,0")[0]
+        here = build(([new], None), [300, 0, 0], str(tmp_path / "cache"), split="100,0,0")[0]
+        for name in ("document_index", "sample_index", "shuffle_index"):
+            numpy.testing.assert_array_equal(getattr(remote, name), getattr(here, name))

@@ -35,6 +35,7 @@ from megafmt.readers import (
     IndexCopyingBinReader,
     PrefetchingBinReader,
     ShrinkDetecting,
+    VersionReporting,
     ViewableBinReader,
     default_reader_name,
     is_url,
@@ -161,6 +162,11 @@ class IndexedDataset:
             counts,
             dtype_code,
             name=get_idx_path(path_prefix),
+        )
+        #: the objects' versions as opened, for a remote corpus whose reader says (else None):
+        #: what tables cut from it describe
+        self.opened_versions = (
+            bin_reader.opened_versions if conforms(bin_reader, VersionReporting) else None
         )
         self._dtype = self.index.dtype
         self._itemsize = self.index.dtype_size

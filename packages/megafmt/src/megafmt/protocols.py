@@ -115,6 +115,17 @@ class OpenedCorpus(StoredTokenSource, Protocol):
 
 
 @runtime_checkable
+class OpenedRemoteCorpus(StoredTokenSource, Protocol):
+    """A stored token source in object storage that recorded the versions it opened."""
+
+    opened_versions: dict[str, int | str] | None
+    """The sizes and ETags of the pair's objects as opened, keyed as
+    :func:`megafmt.fingerprint.corpus_fingerprint` keys a URL's (None: a local corpus, or a
+    reader that does not say): tables cut from the source describe these versions, whatever
+    the store holds later."""
+
+
+@runtime_checkable
 class SpanSource(TokenSource, Protocol):
     """A token source that copies many spans into one array in one call."""
 

@@ -142,17 +142,25 @@ def etag_of(info: dict[str, Any]) -> str | None:
     return None
 
 
-def cached_index(
+def cached_index(url: str, *args: Any, **kwargs: Any) -> str:
+    """A local copy of the remote ``.idx`` at ``url`` (:func:`cached_index_version`'s
+    arguments)."""
+    return cached_index_version(url, *args, **kwargs)[0]
+
+
+def cached_index_version(
     url: str,
     cache_dir: str | None = None,
     storage_options: dict[str, Any] | None = None,
     policy: RetryPolicy = DEFAULT_POLICY,
     counter: list[int] | None = None,
     timeouts: tuple[float, float] = (CONNECT_TIMEOUT, READ_TIMEOUT),
-) -> str:
+) -> tuple[str, int, str]:
     """A local copy of the remote ``.idx`` at ``url``, fetched once and again only when the
-    remote size or ETag changes; requests time out after ``timeouts`` (connect, read). A key
-    with a ``..`` or ``.`` component is refused (:class:`~megafmt.errors.UnsafePathError`)."""
+    remote size or ETag changes, with the size and ETag (as :func:`object_version` gives it) of
+    the version copied: what tables cut from the copy describe. Requests time out after
+    ``timeouts`` (connect, read). A key with a ``..`` or ``.`` component is refused
+    (:class:`~megafmt.errors.UnsafePathError`)."""
     folder = cache_dir or default_cache_dir()
     local = local_copy_path(folder, url)  # an unsafe key fails here, before any request
     fs, path = filesystem(
@@ -162,13 +170,13 @@ def cached_index(
     size, etag = int(info["size"]), etag_of(info)
     make_folder(folder, "the .idx cache folder ($MEGA_CACHE_DIR, or path_to_idx_cache)")
     if local_copy_is_current(local, url, size, etag):
-        return local
+        return local, size, str(etag)
     bound, _ = filesystem(  # bound to the version just seen
         url, storage_options, connect_timeout=timeouts[0], read_timeout=timeouts[1], if_match=etag
     )
     data = policy.call(url, bound.cat_file, path, counter=counter)
     store_local_copy(local, data, url, size, etag)
-    return local
+    return local, size, str(etag)
 
 
 def local_copy_path(folder: str, url: str) -> str:

@@ -174,6 +174,7 @@ class BlendTableRecipe:
     names = ("dataset_index", "dataset_sample_index")
     corpus = None
     opened_stat = None
+    opened_versions = None
 
     @property
     def where(self) -> str:

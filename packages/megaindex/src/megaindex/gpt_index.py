@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from megafmt.mapping import map_file, release_pages
-from megafmt.protocols import OpenedCorpus, TokenSource, conforms
+from megafmt.protocols import OpenedCorpus, OpenedRemoteCorpus, TokenSource, conforms
 from megaindex.build_progress import BuildProgress
 from megaindex.cache import TableSpec, dtype_name
 from megaindex.errors import EmptySplitError, IndexBuildError
@@ -443,6 +443,14 @@ class GPTTableRecipe:
         if self.corpus is None or not conforms(self.source, OpenedCorpus):
             return None
         return self.source.opened_stat
+
+    @property
+    def opened_versions(self) -> dict[str, int | str] | None:
+        """The corpus's objects as the source opened them, for one in object storage (where it
+        says)."""
+        if self.corpus is None or not conforms(self.source, OpenedRemoteCorpus):
+            return None
+        return self.source.opened_versions
 
     @functools.cached_property
     def plan(self) -> EpochPlan:

@@ -36,6 +36,7 @@ import numpy
 from megafmt.checked import one_checker
 from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
 from megafmt.readers import is_url
+from megafmt.redaction import redact
 from megaindex import distributed
 from megaindex.cache import (
     SIDE_BY_SIDE_BYTES,
@@ -124,6 +125,10 @@ class TableRecipe(Protocol):
     not known), recorded in the sidecar: a corpus replaced while its tables build is not
     cached under the replacement's fingerprint."""
 
+    opened_versions: dict[str, int | str] | None
+    """For a corpus in object storage, its objects' sizes and ETags as opened (None: not known):
+    one replaced in the store while its tables build is not cached under the replacement's."""
+
     def settings(self) -> dict[str, Any] | None:
         """The settings the tables depend on that the cache key leaves out, recorded in the
         sidecar and compared at load; None: no sidecar (the shapes are checked instead)."""
@@ -136,6 +141,25 @@ class TableRecipe(Protocol):
         """The settings (with their values) that set the tables' sizes, for an error when they
         do not fit in memory."""
         ...
+
+
+def _check_store_as_opened(
+    corpus: str, opened: Mapping[str, Any] | None, now: Mapping[str, Any] | None
+) -> None:
+    """Raise :class:`~megaindex.errors.CacheError` where the objects of ``corpus`` (in object
+    storage) are ``now`` other versions than the ``opened`` ones its tables were cut from (None:
+    not known, not checked): cached under the replacement's ETags, they would be taken for the
+    new corpus's by every later run."""
+    if opened is None or now is None or dict(now) == dict(opened):
+        return
+    raise CacheError(
+        f"{redact(corpus)}: the corpus changed in the store while its index tables were built: "
+        f"opened as .idx {opened.get('idx_bytes')} bytes ETag {opened.get('idx_hash')}, .bin "
+        f"{opened.get('bin_bytes')} bytes ETag {opened.get('bin_hash')}; now .idx "
+        f"{now.get('idx_bytes')} bytes ETag {now.get('idx_hash')}, .bin {now.get('bin_bytes')} "
+        f"bytes ETag {now.get('bin_hash')}. The tables are not cached: build again once the "
+        "corpus is complete"
+    )
 
 
 class CachedTables:
@@ -286,6 +310,8 @@ class CachedTables:
                 fingerprint = files.fingerprint()
         elif corpus is not None and fingerprint is None:
             fingerprint = corpus_fingerprint(corpus)
+        if not local and corpus is not None:
+            _check_store_as_opened(corpus, recipe.opened_versions, fingerprint)
         self._corpus_fingerprint = fingerprint
         self.source.seconds.update(built.seconds)
         self._notes = built.notes

@@ -17,6 +17,7 @@ from megafmt.readers.base import (
     IndexCopyingBinReader,
     PrefetchingBinReader,
     ShrinkDetecting,
+    VersionReporting,
     ViewableBinReader,
 )
 from megafmt.registry import Registry
@@ -62,6 +63,7 @@ __all__ = [
     "IndexCopyingBinReader",
     "PrefetchingBinReader",
     "ShrinkDetecting",
+    "VersionReporting",
     "ViewableBinReader",
     "default_reader_name",
     "is_url",

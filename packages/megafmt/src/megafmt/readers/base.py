@@ -77,6 +77,18 @@ class IndexCopyingBinReader(BinReader, Protocol):
 
 
 @runtime_checkable
+class VersionReporting(BinReader, Protocol):
+    """A reader of a remote corpus that says which versions of its objects it opened."""
+
+    @property
+    def opened_versions(self) -> dict[str, int | str] | None:
+        """The sizes and ETags of the ``.bin`` it reads and of the ``.idx`` it copied, keyed as
+        :func:`megafmt.fingerprint.corpus_fingerprint` keys a URL's (None: the ``.idx`` was not
+        copied yet)."""
+        ...
+
+
+@runtime_checkable
 class DescriptorReporting(BinReader, Protocol):
     """A reader that says whether it keeps a file descriptor open. One that keeps none (the
     ``mmap`` and ``fsspec`` readers) is left out of the pool that bounds open readers

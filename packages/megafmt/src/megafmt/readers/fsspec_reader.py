@@ -42,7 +42,7 @@ from megafmt.redaction import redact
 from megafmt.remote import (
     CONNECT_TIMEOUT,
     READ_TIMEOUT,
-    cached_index,
+    cached_index_version,
     etag_of,
     fetch_range,
     filesystem,
@@ -123,6 +123,8 @@ class FsspecBinReader:
         self.timeouts = (connect_timeout, read_timeout)
         self.policy = RetryPolicy(retries, first_wait, deadline=deadline)
         self.version: str | None = None
+        #: the size and ETag of the ``.idx`` version last copied (:attr:`local_idx_path`)
+        self.idx_version: tuple[int, str] | None = None
         self._start()
         info = self.policy.call(path, self._fs.info, self._path_in_fs, counter=self.retry_count)
         self.nbytes = int(info["size"])
@@ -180,6 +182,7 @@ class FsspecBinReader:
             "policy",
             "nbytes",
             "version",
+            "idx_version",
         )
         return {name: getattr(self, name) for name in keep}
 
@@ -191,7 +194,7 @@ class FsspecBinReader:
     def local_idx_path(self) -> str:
         """A local copy of the corpus's ``.idx`` (fetched once, refreshed when it changes)."""
         idx_url = self.path[: -len(".bin")] + ".idx"
-        return cached_index(
+        local, size, etag = cached_index_version(
             idx_url,
             self.idx_cache_dir,
             self.storage_options,
@@ -199,6 +202,20 @@ class FsspecBinReader:
             self.retry_count,
             self.timeouts,
         )
+        self.idx_version = (size, etag)
+        return local
+
+    @property
+    def opened_versions(self) -> dict[str, int | str] | None:
+        """The ``.bin`` as opened (every read is bound to it) and the ``.idx`` as copied."""
+        if self.idx_version is None:
+            return None
+        return {
+            "idx_bytes": self.idx_version[0],
+            "idx_hash": self.idx_version[1],
+            "bin_bytes": self.nbytes,
+            "bin_hash": str(self.version),
+        }
 
     @property
     def retries(self) -> int:
