@@ -10,6 +10,7 @@ import numpy
 import pytest
 
 from megafmt.fingerprint import corpus_fingerprint, file_identity
+from megafmt.testing import write_corpus
 from megaindex import _ext, file_writes
 from megaindex.file_writes import (
     CorpusFiles,
@@ -302,6 +303,35 @@ def test_a_cache_whose_corpus_cannot_be_read_names_the_corpus_not_the_cache_fold
     with pytest.raises(CacheError, match=r"corpus\.bin: cannot be read to fingerprint its corpus"):
         IndexCache(entry, "description").save({"a": numpy.arange(3)}, sidecar)
     assert not os.path.exists(entry.description_path)
+
+
+def test_a_corpus_unread_for_want_of_descriptors_names_the_limit_not_a_change(
+    tmp_path, monkeypatch
+):
+    """The writer met the open-files limit reading the corpus for the sidecar's fingerprint:
+    the error names the limit (with errno), not a corpus that "changed or went away"."""
+    import errno
+
+    from megaindex import cache as cache_module
+    from megaindex.cache import CacheEntry, IndexCache
+    from megaindex.errors import CacheError
+
+    prefix = write_corpus(str(tmp_path / "corpus"), 5)
+
+    def out_of_descriptors(files, on_done, on_error, background=True):
+        on_done()
+        error = OSError(errno.EMFILE, "Too many open files", prefix + ".idx")
+        raise on_error(error) from error
+
+    monkeypatch.setattr(cache_module, "write_files", out_of_descriptors)
+    entry = CacheEntry.for_dataset(str(tmp_path / "cache"), "0" * 32, "GPTDataset", "train", ("a",))
+    sidecar = {"corpus": CorpusFiles(prefix), "checksums": {}}
+    with pytest.raises(CacheError) as caught:
+        IndexCache(entry, "description").save({"a": numpy.arange(3)}, sidecar)
+    message = str(caught.value)
+    assert message.startswith(f"{prefix}.idx: cannot be read to fingerprint its corpus")
+    assert "the open-files limit was reached" in message and "changed" not in message
+    assert caught.value.errno == errno.EMFILE
 
 
 def test_a_wait_for_the_writer_says_what_it_waits_for(tmp_path, monkeypatch, caplog):

@@ -349,6 +349,7 @@ def test_a_cache_write_failed_for_a_limit_or_a_folder_gone_says_so(number, advic
     assert str(error).startswith(f"cannot write the index cache to /cache: [Errno {number}]")
     assert advice in str(error)
     assert "set path_to_cache" not in str(error)
+    assert error.errno == number  # the cause, for callers and the CLI's hint
 
 
 def test_default_cache_sits_beside_the_data(make_config, corpus):

@@ -563,11 +563,15 @@ class IndexCache:
                     corpus.check_as_opened()  # the error naming what was opened, what is there
                 except CacheError as changed:
                     return changed
-            return CacheError(
+            cause = limit_hint(error, fewer=None) if error.errno in LIMITS_MET else ""
+            refused = CacheError(
                 f"{os.fsdecode(error.filename)}: cannot be read to fingerprint its corpus for "
-                f"the index cache in {directory}: {error.strerror} (the corpus changed or went "
-                "away while its index was built)"
+                f"the index cache in {directory}: {error.strerror} ("
+                + (cause or "the corpus changed or went away while its index was built")
+                + ")"
             )
+            refused.errno = error.errno
+            return refused
 
         written = write_files(
             files,
@@ -650,7 +654,9 @@ def write_error(entry: CacheEntry, error: OSError) -> CacheError:
         )
     else:
         advice = f"Where the folder is the cause, set {setting} to a writable directory"
-    return CacheError(f"cannot write {what} to {entry.directory}: {error}. {advice}")
+    refused = CacheError(f"cannot write {what} to {entry.directory}: {error}. {advice}")
+    refused.errno = error.errno  # the cause, for limit_hint and callers
+    return refused
 
 
 #: the ``.npy`` header numpy writes for a dtype and shape, by the dtype and the number of
