@@ -232,14 +232,19 @@ def recorded_writes(monkeypatch) -> list:
     return writes
 
 
+@pytest.mark.parametrize("look", ["one by one", "listed"])
 def test_a_cache_folder_removed_while_a_blend_builds_fails_the_build(
-    make_config, tmp_path, monkeypatch
+    make_config, tmp_path, monkeypatch, look
 ):
     """Cache files written and gone before the build ended (the folder removed by a cleanup)
     fail the build, naming the file: their tables are mapped when first read, and the build
     reported success before, its first read of such a corpus failing (maybe hours later)."""
     import shutil
 
+    from megaindex import file_writes
+
+    if look == "listed":  # as for a blend of more than LOOKED_AT_ONE_BY_ONE files
+        monkeypatch.setattr(file_writes, "LOOKED_AT_ONE_BY_ONE", 0)
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(3)]
     cache = tmp_path / "cache"
     writes = recorded_writes(monkeypatch)
@@ -275,6 +280,7 @@ def test_a_blend_whose_written_files_are_all_there_is_not_failed_by_the_look(
     folder that cannot be listed (no descriptor left) has its files looked at one by one."""
     from megaindex import file_writes
 
+    monkeypatch.setattr(file_writes, "LOOKED_AT_ONE_BY_ONE", 0)  # listed, where it can be
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(3)]
     cache = tmp_path / "cache"
     writes = recorded_writes(monkeypatch)

@@ -59,6 +59,9 @@ WRITER_THREADS = 2
 MAX_QUEUED_BYTES = 32 << 20
 #: how long one wait for the writer threads lasts before signals are taken again
 WAIT_SLICE_SECONDS = 1.0
+#: a build that wrote at most this many files in a folder looks at each when it ends (they
+#: must still be there); more, and it lists the folder once
+LOOKED_AT_ONE_BY_ONE = 256
 #: how often a wait for the writer threads says what it waits for
 WAIT_MESSAGE_SECONDS = 10.0
 
@@ -352,37 +355,46 @@ class BackgroundWrites:
 
 
 def _first_gone(submitted: Sequence[_Submitted]) -> tuple[Exception, OSError] | None:
-    """The failure of the first write one of whose files is no longer where it was written;
-    each folder is listed once (a blend's thousands of files cost one listing). A folder that
-    cannot be listed (no descriptor left, no permission) has its files looked at one by one,
-    and a file that cannot be looked at is not judged."""
-    listed: dict[str, frozenset[str] | None] = {}
+    """The failure of the first write one of whose files is no longer where it was written."""
+    by_folder: dict[str, list[str]] = {}
     for item in submitted:
         for path in item.paths:
-            folder, name = os.path.split(path)
-            if folder not in listed:
-                try:
-                    listed[folder] = frozenset(os.listdir(folder or "."))
-                except (FileNotFoundError, NotADirectoryError):  # the folder itself is gone
-                    listed[folder] = frozenset()
-                except OSError:
-                    listed[folder] = None
-            names = listed[folder]
-            if names is None:
-                try:
-                    os.stat(path)
-                    continue
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    continue
-            elif name in names:
-                continue
-            error = FileNotFoundError(
-                errno.ENOENT, "written by this build, and gone before it ended", path
-            )
-            return item.on_error(error), error
+            by_folder.setdefault(os.path.dirname(path), []).append(path)
+    gone = set().union(*(_gone_from(folder, paths) for folder, paths in by_folder.items()))
+    for item in submitted:
+        for path in item.paths:
+            if path in gone:
+                error = FileNotFoundError(
+                    errno.ENOENT, "written by this build, and gone before it ended", path
+                )
+                return item.on_error(error), error
     return None
+
+
+def _gone_from(folder: str, paths: list[str]) -> set[str]:
+    """Those of ``paths`` (files written in ``folder``) no longer there. More than
+    :data:`LOOKED_AT_ONE_BY_ONE` are found in one listing of the folder (a blend's thousands of
+    files; a long-lived cache folder's listing costs more than a few files' looks); fewer, or
+    a folder that cannot be listed (no descriptor left, no permission), are looked at one by
+    one, and a file that cannot be looked at is not judged."""
+    if len(paths) > LOOKED_AT_ONE_BY_ONE:
+        try:
+            names = frozenset(os.listdir(folder or "."))
+        except (FileNotFoundError, NotADirectoryError):  # the folder itself is gone
+            return set(paths)
+        except OSError:
+            pass
+        else:
+            return {path for path in paths if os.path.basename(path) not in names}
+    gone = set()
+    for path in paths:
+        try:
+            os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            gone.add(path)
+        except OSError:
+            pass
+    return gone
 
 
 _scope = threading.local()
