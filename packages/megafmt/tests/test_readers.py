@@ -141,6 +141,49 @@ def test_a_failed_descriptor_stays_open_until_the_reader_closes(flaky):
         os.fstat(first)
 
 
+def test_a_reopen_waiting_for_a_descriptor_holds_up_no_other_call(flaky, monkeypatch):
+    """A read whose descriptor failed reopens the file outside the reader's lock: near the
+    open-files limit that open may wait (0.63 s), and a close meanwhile returns at once; the
+    descriptor the open then gets is closed, and the read says the reader is closed."""
+    import threading
+
+    reader, failures, _calls, _sleeps = flaky
+    failures[:] = [eio()]
+    opening, release = threading.Event(), threading.Event()
+    fresh = []
+    real_open = file_reader_module.open_readonly
+
+    def waiting_open(path, what):
+        opening.set()
+        assert release.wait(60)
+        fresh.append(real_open(path, what))
+        return fresh[-1]
+
+    monkeypatch.setattr(file_reader_module, "open_readonly", waiting_open)
+    outcome = []
+
+    def read():
+        try:
+            outcome.append(reader.read(numpy.int32, 4, 0))
+        except ValueError as error:
+            outcome.append(error)
+
+    reading = threading.Thread(target=read)
+    reading.start()
+    assert opening.wait(60)
+    closing = threading.Thread(target=reader.close)
+    closing.start()
+    closing.join(30)
+    closed_at_once = not closing.is_alive()  # it waited for the open before
+    release.set()
+    reading.join(60)
+    closing.join(60)
+    assert closed_at_once
+    assert isinstance(outcome[0], ValueError) and "closed reader" in str(outcome[0])
+    with pytest.raises(OSError):
+        os.fstat(fresh[0])  # not left open
+
+
 def test_tokens_view_is_the_whole_bin_when_it_is_mapped(make_corpus):
     prefix = make_corpus([[[1, 2], [3]], [[4, 5, 6]]])
     mapped = IndexedDataset(prefix)

@@ -114,12 +114,23 @@ class FileBinReader:
 
     def _hold(self) -> int:
         """The open descriptor (a fresh one after a failure), counted in flight until the read
-        ends; never one after the reader closed."""
+        ends; never one after the reader closed. The fresh one is opened outside the lock: an
+        open near the open-files limit may wait for descriptors, and other threads' reads and
+        ends of reads go on meanwhile."""
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self.path}: read from a closed reader")
-            if self._fd is None:
-                self._fd = open_readonly(self.path, "token file")
+            if self._fd is not None:
+                self._in_flight += 1
+                return self._fd
+        fresh = open_readonly(self.path, "token file")
+        with self._lock:
+            if self._closed or self._fd is not None:  # closed, or another thread opened one
+                os.close(fresh)
+                if self._closed:
+                    raise ValueError(f"{self.path}: read from a closed reader")
+            else:
+                self._fd = fresh
             self._in_flight += 1
             return self._fd
 
