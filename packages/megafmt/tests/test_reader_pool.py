@@ -241,21 +241,28 @@ print(values == [i for i in range(len(prefixes)) for _ in range(2)], pool.POOL.c
 """
 
 
-def test_a_process_holding_most_of_its_descriptors_reads_every_corpus(make_corpus):
-    # 100 corpora read by file descriptors, in a process whose other files leave 60 of its
-    # 256: the pool (128 by default at that limit) fills until fewer than 16 are free, then
-    # gives back readers until 32 are, and keeps to that many, instead of failing with "Too
-    # many open files"
+def run_near_the_limit(script: str, make_corpus) -> subprocess.CompletedProcess:
+    """``script`` run over 100 one-sequence corpora (corpus i holds i) in a process of its own,
+    the pool sized from the open-files limit the script sets; it must succeed."""
     prefixes = [make_corpus([[[i, 0]]], name=f"c{i}") for i in range(100)]
     env = {k: v for k, v in os.environ.items() if k != "MEGAFMT_MAX_OPEN_BIN"}
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RUN_NEAR_THE_LIMIT), *prefixes],
+        [sys.executable, "-c", textwrap.dedent(script), *prefixes],
         capture_output=True,
         text=True,
         timeout=120,
         env=env,
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_process_holding_most_of_its_descriptors_reads_every_corpus(make_corpus):
+    # 100 corpora read by file descriptors, in a process whose other files leave 60 of its
+    # 256: the pool (128 by default at that limit) fills until fewer than 16 are free, then
+    # gives back readers until 32 are, and keeps to that many, instead of failing with "Too
+    # many open files"
+    done = run_near_the_limit(RUN_NEAR_THE_LIMIT, make_corpus)
     read, capacity = done.stdout.split()
     assert read == "True"
     # 60 free, less the 16 kept and the 16 more given back, less a transient .idx descriptor
@@ -280,17 +287,7 @@ def test_a_pool_lowered_for_want_of_descriptors_rises_again_once_they_come_back(
     # lowered while the rest of the process held all but 60 of 256 descriptors; once it gives
     # them back, opens counted every 64 find the room and the pool keeps its 128 readers again
     # (it kept 26 for good before)
-    prefixes = [make_corpus([[[i, 0]]], name=f"c{i}") for i in range(100)]
-    env = {k: v for k, v in os.environ.items() if k != "MEGAFMT_MAX_OPEN_BIN"}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RUN_AND_GIVE_BACK), *prefixes],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    first, second = done.stdout.splitlines()
+    first, second = run_near_the_limit(RUN_AND_GIVE_BACK, make_corpus).stdout.splitlines()
     assert first.split()[0] == "True"
     lowered, capacity, ceiling = (int(n) for n in second.split())
     assert lowered <= 32 and capacity == ceiling == 128

@@ -232,6 +232,25 @@ def recorded_writes(monkeypatch) -> list:
     return writes
 
 
+def once_the_last_corpus_is_written(monkeypatch, prefixes, action) -> list:
+    """``action()`` once the builder built the last of ``prefixes`` and the writes of the
+    build's cache files so far have ended; the writes, as submitted."""
+    writes = recorded_writes(monkeypatch)
+    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
+
+    def then(self, prefix, *args):
+        datasets = build_splits(self, prefix, *args)
+        if prefix == prefixes[-1]:
+            deadline = time.monotonic() + 60
+            while not all(w.ended() for w in writes) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            action()
+        return datasets
+
+    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", then)
+    return writes
+
+
 @pytest.mark.parametrize("look", ["one by one", "listed"])
 def test_a_cache_folder_removed_while_a_blend_builds_fails_the_build(
     make_config, tmp_path, monkeypatch, look
@@ -247,23 +266,7 @@ def test_a_cache_folder_removed_while_a_blend_builds_fails_the_build(
         monkeypatch.setattr(file_writes, "LOOKED_AT_ONE_BY_ONE", 0)
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(3)]
     cache = tmp_path / "cache"
-    writes = recorded_writes(monkeypatch)
-    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
-
-    def removing_the_cache_after_the_last(self, prefix, *args):
-        datasets = build_splits(self, prefix, *args)
-        if prefix == prefixes[-1]:
-            deadline = time.monotonic() + 60
-            while not all(w.ended() for w in writes) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            shutil.rmtree(cache)
-        return datasets
-
-    monkeypatch.setattr(
-        BlendedMegatronDatasetBuilder,
-        "_build_megatron_dataset_splits",
-        removing_the_cache_after_the_last,
-    )
+    writes = once_the_last_corpus_is_written(monkeypatch, prefixes, lambda: shutil.rmtree(cache))
     config = make_config(blend=(prefixes, [1.0] * 3), split="100,0,0", path_to_cache=str(cache))
     with pytest.raises(CacheError, match="gone before it ended") as caught:
         BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
@@ -283,27 +286,19 @@ def test_a_blend_whose_written_files_are_all_there_is_not_failed_by_the_look(
     monkeypatch.setattr(file_writes, "LOOKED_AT_ONE_BY_ONE", 0)  # listed, where it can be
     prefixes = [write_corpus(str(tmp_path / f"c{n}"), 20, seed=n) for n in range(3)]
     cache = tmp_path / "cache"
-    writes = recorded_writes(monkeypatch)
-    build_splits = BlendedMegatronDatasetBuilder._build_megatron_dataset_splits
 
-    def then(self, prefix, *args):
-        datasets = build_splits(self, prefix, *args)
-        if prefix == prefixes[-1]:
-            deadline = time.monotonic() + 60
-            while not all(w.ended() for w in writes) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if what == "descriptions withdrawn":
-                for description in cache.glob("*-description.txt"):
-                    description.unlink()
-            else:
+    def then():
+        if what == "descriptions withdrawn":
+            for description in cache.glob("*-description.txt"):
+                description.unlink()
+        else:
 
-                def no_descriptor_left(folder):
-                    raise OSError(errno.EMFILE, "Too many open files", folder)
+            def no_descriptor_left(folder):
+                raise OSError(errno.EMFILE, "Too many open files", folder)
 
-                monkeypatch.setattr(file_writes.os, "listdir", no_descriptor_left)
-        return datasets
+            monkeypatch.setattr(file_writes.os, "listdir", no_descriptor_left)
 
-    monkeypatch.setattr(BlendedMegatronDatasetBuilder, "_build_megatron_dataset_splits", then)
+    writes = once_the_last_corpus_is_written(monkeypatch, prefixes, then)
     config = make_config(blend=(prefixes, [1.0] * 3), split="100,0,0", path_to_cache=str(cache))
     built = BlendedMegatronDatasetBuilder(GPTDataset, [40, 0, 0], lambda: True, config).build()
     assert len(built[0]) >= 40 and len(writes) == 3
