@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 from collections.abc import Iterator
+from typing import TypeVar
 
 try:
     import resource
@@ -67,6 +68,17 @@ def limit_hint(error: BaseException, fewer: str | None = "--workers") -> str:
     if code in FULL:
         return "the disk (or the user's quota) is full; free space, or write elsewhere"
     return ""
+
+
+OwnError = TypeVar("OwnError", bound=OSError)
+
+
+def carrying_errno(error: OwnError, cause: OSError) -> OwnError:
+    """``error`` (a library's own, worded with the file and the limit) with the ``errno`` of
+    the ``cause`` it replaces: :func:`limit_hint` and callers that branch on it still see
+    which limit was met."""
+    error.errno = cause.errno
+    return error
 
 
 @contextlib.contextmanager

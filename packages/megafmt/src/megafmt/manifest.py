@@ -21,7 +21,7 @@ from typing import Any
 from megafmt.atomic import remove_quietly, write_atomically
 from megafmt.errors import FormatError, ReadError
 from megafmt.folders import make_folder
-from megafmt.limits import limit_hint
+from megafmt.limits import carrying_errno, limit_hint
 from megafmt.redaction import redact_value
 
 MANIFEST_FOLDER = ".mega"
@@ -82,8 +82,7 @@ def _read_manifest_file(path: str) -> dict[str, Any] | None:
             f"{path}: the corpus's manifest cannot be read ({error.strerror})"
             + (f": {hint}" if hint else "")
         )
-        unread.errno = error.errno
-        raise unread from error
+        raise carrying_errno(unread, error) from error
     except (ValueError, UnicodeDecodeError) as error:
         raise FormatError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:

@@ -51,7 +51,7 @@ from megafmt.atomic import (
 )
 from megafmt.fingerprint import checksum, file_identity, identity_of
 from megafmt.folders import make_folder
-from megafmt.limits import limit_hint
+from megafmt.limits import carrying_errno, limit_hint
 from megafmt.mapping import map_file
 from megafmt.redaction import redact
 from megaindex import distributed
@@ -140,8 +140,7 @@ def unreadable(path: str, error: OSError, what: str) -> MegaindexError:
             f"{path}: cannot be read ({error.strerror}): {limit_hint(error, fewer=None)}. The "
             "cached file is left as it is"
         )
-        refused.errno = error.errno  # the limit met, for limit_hint and callers
-        return refused
+        return carrying_errno(refused, error)
     return DamagedCacheError(f"{path}: {what} ({error})")
 
 
@@ -271,8 +270,7 @@ def load_table_and_identity(path: str, spec: TableSpec | None) -> tuple[numpy.nd
             data = map_file(path, stream.fileno(), size)
         except OSError as error:  # the process's mappings or memory, never the file's damage
             refused = CacheError(f"{error.strerror}; the cached file is left as it is")
-            refused.errno = error.errno
-            raise refused from error
+            raise carrying_errno(refused, error) from error
     return data[data_start:].view(dtype).reshape(shape), identity_of(status)
 
 
@@ -570,8 +568,7 @@ class IndexCache:
                 + (cause or "the corpus changed or went away while its index was built")
                 + ")"
             )
-            refused.errno = error.errno
-            return refused
+            return carrying_errno(refused, error)
 
         written = write_files(
             files,
@@ -655,8 +652,7 @@ def write_error(entry: CacheEntry, error: OSError) -> CacheError:
     else:
         advice = f"Where the folder is the cause, set {setting} to a writable directory"
     refused = CacheError(f"cannot write {what} to {entry.directory}: {error}. {advice}")
-    refused.errno = error.errno  # the cause, for limit_hint and callers
-    return refused
+    return carrying_errno(refused, error)
 
 
 #: the ``.npy`` header numpy writes for a dtype and shape, by the dtype and the number of

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from megafmt.errors import ReadError
-from megafmt.limits import soft_limit
+from megafmt.limits import carrying_errno, soft_limit
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,7 @@ def opened_with_room(open_file: Callable[[], int], path: str, what: str) -> int:
                 f"for {NO_DESCRIPTOR_FIRST_WAIT * (2**NO_DESCRIPTOR_RETRIES - 1):.2f} s. Raise "
                 "the limit, or close files elsewhere"
             )
-            refused.errno = error.errno  # the limit met, for limit_hint and callers
-            raise refused from error
+            raise carrying_errno(refused, error) from error
         limit = soft_limit("RLIMIT_NOFILE")
         free = None if limit is None else limit - fd - 1
         if free is not None and free < FEWEST_FREE and len(POOL) > 1:
