@@ -93,3 +93,22 @@ def test_without_multi_storage_client_the_error_names_the_extra(monkeypatch, tmp
     monkeypatch.setitem(sys.modules, "multistorageclient", None)  # import fails as if absent
     with pytest.raises(PluginError, match=r"pip install 'megafmt\[msc\]'"):
         IndexedDataset(url_of(str(tmp_path / "c")))
+
+
+def test_the_reader_says_which_versions_it_opened_as_the_fingerprint_words_them(tmp_path):
+    """What megaindex compares once a corpus's tables are built: the versions opened, keyed and
+    worded as the corpus's fingerprint records a URL's; a replacement since differs from them."""
+    from megafmt.fingerprint import corpus_fingerprint
+
+    local = write_corpus(str(tmp_path / "c"), documents=40, longest=100)
+    dataset = IndexedDataset(url_of(local))
+    assert dataset.opened_versions == corpus_fingerprint(url_of(local))
+    opened = dict(dataset.opened_versions)
+    replacement = write_corpus(str(tmp_path / "d"), documents=50, longest=100, seed=3)
+    for suffix in (".bin", ".idx"):
+        os.replace(replacement + suffix, local + suffix)
+    now = corpus_fingerprint(url_of(local))
+    assert now["idx_bytes"] != opened["idx_bytes"] and now["bin_hash"] != opened["bin_hash"]
+    assert dataset.opened_versions == opened  # what was opened, not what is there now
+    reader = open_bin_reader("msc", url_of(local) + ".bin")
+    assert reader.opened_versions is None  # its .idx not copied yet: nothing to say of it

@@ -7,6 +7,11 @@ object. Each ``read`` is one ranged request, as in megatron-core's
 is copied once into a local folder (``idx_cache_dir``, or the ``path_to_idx_cache`` of a
 megatron-core ``ObjectStorageConfig``) at ``<folder>/<PROFILE>/<KEY>``, the place megatron-core
 copies it to, and fetched again when the remote size or ETag changes. Needs ``megafmt[msc]``.
+
+multi-storage-client has no read bound to an object's version (fsspec's reader sends S3's
+``If-Match``): the reader says which versions it opened (:class:`~megafmt.readers.base.
+VersionReporting`), so a corpus replaced while its index tables build is not cached under the
+replacement's versions (megaindex compares them with the corpus's fingerprint once built).
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ from megafmt.errors import ReadError
 from megafmt.format import get_idx_path
 from megafmt.object_storage import MSC_PREFIX, import_msc
 from megafmt.readers.base import check_read_range
-from megafmt.remote import default_cache_dir, local_copy_is_current, store_local_copy
+from megafmt.remote import (
+    default_cache_dir,
+    etag_of,
+    local_copy_is_current,
+    store_local_copy,
+)
 from megafmt.retry import RetryPolicy
 
 
@@ -53,14 +63,28 @@ class MscBinReader:
         self._closed = False
         self._msc = import_msc(self.path)
         self._client, self._key = self._msc.resolve_storage_client(self.path)
-        self.nbytes = self._size(self._client, self._key, self.path)
-
-    def _size(self, client: Any, key: str, url: str) -> int:
-        """The size of the object (a missing one is a :class:`MissingFileError`)."""
-        return int(self._info(client, key, url).content_length)
+        info = self._info(self._client, self._key, self.path)  # a missing one: MissingFileError
+        self.nbytes = int(info.content_length)
+        self.version = object_version_of(info)
+        #: the size and version of the ``.idx`` as copied (None: not copied yet)
+        self.idx_version: tuple[int, str] | None = None
 
     def _info(self, client: Any, key: str, url: str) -> Any:
         return self.policy.call(url, client.info, key)
+
+    @property
+    def opened_versions(self) -> dict[str, int | str] | None:
+        """The ``.bin`` as opened and the ``.idx`` as copied, keyed and worded as
+        :func:`megafmt.fingerprint.corpus_fingerprint` records a URL's (None: the ``.idx`` was
+        not copied yet)."""
+        if self.idx_version is None:
+            return None
+        return {
+            "idx_bytes": self.idx_version[0],
+            "idx_hash": self.idx_version[1],
+            "bin_bytes": self.nbytes,
+            "bin_hash": self.version,
+        }
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """``count`` items of ``dtype`` at byte ``offset``: one ranged request."""
@@ -90,11 +114,11 @@ class MscBinReader:
         local = confined_path(self.idx_cache_dir or default_cache_dir(), *url_components(url)[1:])
         client, key = self._msc.resolve_storage_client(url)
         info = self._info(client, key, url)
-        # POSIX profiles report no ETag: the modification time stands for the version there
-        size, version = int(info.content_length), info.etag or str(info.last_modified)
+        size, version = int(info.content_length), object_version_of(info)
         if not local_copy_is_current(local, url, size, version):
             os.makedirs(os.path.dirname(local), exist_ok=True)
             store_local_copy(local, self.policy.call(url, client.read, key), url, size, version)
+        self.idx_version = (size, version)
         return local
 
     def close(self) -> None:
@@ -110,6 +134,14 @@ class MscBinReader:
 
     def __repr__(self) -> str:
         return f"MscBinReader({self.path!r})"
+
+
+def object_version_of(info: Any) -> str:
+    """The version of an object as multi-storage-client describes it (its ``ObjectMetadata``),
+    worded as :func:`megafmt.remote.etag_of` words fsspec's answer for the same object (what a
+    corpus's fingerprint records): the ETag unquoted, else the modification time (POSIX
+    profiles report no ETag)."""
+    return etag_of({"ETag": info.etag, "LastModified": info.last_modified}) or ""
 
 
 def msc_exists(url: str) -> bool:
