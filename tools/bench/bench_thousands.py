@@ -2,30 +2,35 @@
 many processes from a cache in object storage.
 
     .venv/bin/python tools/bench/bench_thousands.py [--corpora 2400] [--samples 200000]
-        [--nodes 8] [--per-node 8] [--warm-corpora 4] [--builder-threads 1] [--warm-only]
+        [--shapes small,pretraining] [--nodes 8] [--per-node 8]
+        [--warm-corpora 4] [--builder-threads 1] [--warm-only]
         [--blend-only] [--cache-root DIR] [--reference megatron-core] [--rows FILE]
 
-1. The blend: ``--corpora`` corpora whose document counts spread log-uniformly from 1 to 10,000
-   (four orders of magnitude), one-sequence documents of 1..199 uint16 tokens (an ``.idx`` and a
-   sparse ``.bin`` each), weighted by their token counts, ``--samples`` training samples of 4096
-   tokens. Each side (megaindex, the reference) builds it, on ``--builder-threads`` threads
-   (``num_dataset_builder_threads``), in a fresh process with an empty cache (cold build: twice
-   each, in the order theirs, ours, ours, theirs, the better of the two reported, since creating
-   files slows down for minutes after many were deleted; the runs start once two probes of
-   400 file creations in a row cost at most 100 us each, at most 2 minutes), then opens it again
-   in another (cache hit): seconds from the builder's start to the datasets in hand (imports
-   excluded), the process's peak RSS (whole, and above what it held once its imports were done:
-   torch's are most of it on both sides), and the most open file descriptors seen (sampled
-   every 5 ms from /proc/self/fd). megaindex's first cold build also
-   checks each corpus at its first open and notes those of more than 4,096 sequences (233 of
-   2,400; megafmt's notes, in a folder of the run's: ``MEGA_CACHE_DIR``; a smaller one is
-   checked at every open); a second cold build into an empty cache folder, the corpora checked
-   before, is the case of a new mix over corpora a machine has read already.
-   ``--cache-root`` puts the caches in another folder: on a tmpfs (``/dev/shm/...``) the
-   figures leave the disk's file creations out (this VM's ext4 swings them by 10x).
-   Then the blending indices alone (the blend's two tables), each side's helper in this
-   process: 2,400 and 20,000 corpora, weights spread as the blend's, and equal; and 2,400
-   corpora weighted by their sizes (every sample drawn once).
+1. The blends: ``--corpora`` corpora of each of ``--shapes`` (both by default), their document
+   counts spread log-uniformly, one-sequence documents of uint16 tokens (an ``.idx`` and a sparse
+   ``.bin`` each), weighted by their token counts. ``small``: 1 to 10,000 documents of 1..199
+   tokens, ``--samples`` training samples of 4096 tokens (3 epochs of the blend at the default
+   200,000; each corpus's own work is most of the build: the least favourable case).
+   ``pretraining``: a pretraining blend's shape scaled to this machine, 1 to 100,000 documents of
+   1..1,999 tokens (21 billion tokens), asked for 95 % of one epoch of the blend (each corpus
+   read about once). Each side (megaindex, the reference) builds each blend, on
+   ``--builder-threads`` threads (``num_dataset_builder_threads``), in a fresh process with an
+   empty cache (cold build: twice each, in the order theirs, ours, ours, theirs, the better of
+   the two reported, since creating files slows down for minutes after many were deleted; the
+   runs start once two probes of 400 file creations in a row cost at most 100 us each, at most 2
+   minutes), then opens it again in another (cache hit): seconds from the builder's start to the
+   datasets in hand (imports excluded), the process's peak RSS (whole, and above what it held
+   once its imports were done: torch's are most of it on both sides), and the most open file
+   descriptors seen (sampled every 5 ms from /proc/self/fd). megaindex's first cold build also
+   checks each corpus at its first open and notes those of more than 4,096 sequences (233 of the
+   small shape's 2,400; megafmt's notes, in a folder of the run's: ``MEGA_CACHE_DIR``; a smaller
+   one is checked at every open); a second cold build into an empty cache folder, the corpora
+   checked before, is the case of a new mix over corpora a machine has read already.
+   ``--cache-root`` puts the caches in another folder: on a tmpfs (``/dev/shm/...``) the figures
+   leave the disk's file creations out (this VM's ext4 swings them by 10x). Then the blending
+   indices alone (the blend's two tables), each side's helper in this process: 2,400 and 20,000
+   corpora, weights spread as the blend's, and equal; and 2,400 corpora weighted by their sizes
+   (every sample drawn once).
 2. The warm start (megaindex only: the references have no cache in object storage): the tables
    of a blend of ``--warm-corpora`` corpora (made as above) are put in S3 (moto's server in a
    process of its own, on loopback) by a cold start, then ``--nodes`` x ``--per-node``
@@ -46,6 +51,7 @@ import threading
 import time
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
@@ -62,23 +68,51 @@ from s3testing import free_port  # noqa: E402
 WORKDIR = ROOT / "build" / "bench_thousands"
 VOCAB = 50000
 SEQUENCE_LENGTH = 4096
-LARGEST = 10_000  # documents of the largest corpus
 FD_SAMPLE_SECONDS = 0.005
 WARM_START_TIMEOUT = 1800  # seconds a warm start's rank may take, from the launch
 
 
-def write_corpora(folder: Path, count: int) -> tuple[list[str], list[float]]:
-    """``count`` corpora of 1..LARGEST documents (log-uniform); their prefixes and token
-    counts (the blend's weights)."""
+@dataclass(frozen=True)
+class CorpusShape:
+    """The corpora of a blend: document counts spread log-uniformly from 1 to ``largest``,
+    documents of 1 to ``longest`` tokens (uniform)."""
+
+    name: str
+    largest: int
+    longest: int
+    what: str
+    """The shape in words, for the report."""
+
+
+#: ``small``: thousands of small corpora (the cost of each corpus's own work, the least
+#: favourable case); ``pretraining``: a pretraining blend's shape scaled to this machine (21
+#: billion tokens in 21 million documents of 1..1,999 tokens, 1 to 100,000 documents a corpus),
+#: asked for 95 % of one epoch of the blend: with megatron-core's 0.5 % surplus each corpus is
+#: read about once (the smallest, of a few documents, more often: a sample takes 4,097 tokens)
+SHAPES = {
+    "small": CorpusShape("small", 10_000, 199, "1..10,000 documents of 1..199 tokens"),
+    "pretraining": CorpusShape(
+        "pretraining", 100_000, 1_999, "1..100,000 documents of 1..1,999 tokens"
+    ),
+}
+PRETRAINING_EPOCH_SHARE = 0.95
+LARGEST = SHAPES["small"].largest  # documents of the small shape's largest corpus
+
+
+def write_corpora(
+    folder: Path, count: int, shape: CorpusShape = SHAPES["small"]
+) -> tuple[list[str], list[float]]:
+    """``count`` corpora of ``shape``; their prefixes and token counts (the blend's
+    weights)."""
     from megafmt import IndexWriter
 
     rng = numpy.random.default_rng(0)
-    documents = numpy.exp(rng.uniform(0, numpy.log(LARGEST), count)).astype(int).clip(1)
+    documents = numpy.exp(rng.uniform(0, numpy.log(shape.largest), count)).astype(int).clip(1)
     folder.mkdir(parents=True, exist_ok=True)
     prefixes, weights = [], []
     for number, size in enumerate(documents):
         prefix = str(folder / f"c{number:05d}")
-        lengths = rng.integers(1, 200, int(size), dtype=numpy.int32)
+        lengths = rng.integers(1, shape.longest + 1, int(size), dtype=numpy.int32)
         with open(prefix + ".idx", "wb") as stream:
             IndexWriter(numpy.uint16).write(stream, lengths, numpy.arange(int(size) + 1))
         tokens = int(lengths.sum(dtype=numpy.int64))
@@ -195,28 +229,44 @@ def child(side: str, blend_file: str, cache: str, samples: int, threads: int) ->
 
 
 def bench_blend(
-    report: benchreport.Report, corpora: int, samples: int, threads: int, cache_root: Path
+    report: benchreport.Report,
+    corpora: int,
+    samples: int | None,
+    threads: int,
+    cache_root: Path,
+    shape: CorpusShape,
 ) -> None:
+    """The cold builds and cache hits of a blend of ``corpora`` corpora of ``shape``, asked for
+    ``samples`` samples (None: :data:`PRETRAINING_EPOCH_SHARE` of one epoch)."""
     start = time.perf_counter()
-    prefixes, weights = write_corpora(WORKDIR / "corpora", corpora)
-    print(f"  {corpora} corpora written in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    blend_file = WORKDIR / "blend.json"
+    folder = WORKDIR / shape.name
+    prefixes, weights = write_corpora(folder / "corpora", corpora, shape)
+    print(
+        f"  {corpora} corpora ({shape.what}) written in {time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+    )
+    epoch = int(sum(weights)) // (SEQUENCE_LENGTH + 1)
+    if samples is None:
+        samples = int(epoch * PRETRAINING_EPOCH_SHARE)
+    blend_file = folder / "blend.json"
     blend_file.write_text(json.dumps([prefixes, weights]))
     os.sync()
-    creation_us = settle_file_system(cache_root / "probes")
+    creation_us = settle_file_system(cache_root / f"probes-{shape.name}")
     where = "" if cache_root == WORKDIR else f"; the caches in {cache_root}"
     conditions = (
-        f"{corpora} corpora of 1..{LARGEST} documents (log-uniform), {samples} samples of "
-        f"{SEQUENCE_LENGTH}, {threads} builder thread{'s' * (threads > 1)}; fresh process "
-        "each, imports excluded; cold builds: the better of two, run theirs, ours, ours, "
-        f"theirs; a file creation cost {creation_us:.0f} us before{where}"
+        f"{corpora} corpora of {shape.what} (log-uniform counts), {samples} samples of "
+        f"{SEQUENCE_LENGTH} ({samples / epoch:.2f} epochs of the blend), {threads} builder "
+        f"thread{'s' * (threads > 1)}; fresh process each, imports excluded; cold builds: the "
+        f"better of two, run theirs, ours, ours, theirs; a file creation cost {creation_us:.0f} "
+        f"us before{where}"
     )
+    blend = "the blend" if shape.name == "small" else f"the {shape.name} blend"
 
     def run(side: str, cache: str, notes: str = "notes-1") -> dict:
         # megafmt's notes of the corpora it checked at their first open (those above 4,096
         # sequences), in a folder of this run's: a cold build with new notes checks each
         # corpus (megatron-core checks none)
-        os.environ["MEGA_CACHE_DIR"] = str(WORKDIR / notes)
+        os.environ["MEGA_CACHE_DIR"] = str(folder / notes)
         # what the run before left to write back (the corpora, the other side's cache) is
         # written first, not during this one
         os.sync()
@@ -224,7 +274,7 @@ def bench_blend(
             __file__,
             side,
             blend_file,
-            str(cache_root / cache),
+            str(cache_root / f"{shape.name}-{cache}"),
             samples,
             threads,
             "--reference",
@@ -249,7 +299,7 @@ def bench_blend(
         run("megatron", "cache-megatron-1"),
     )
     print(
-        "  cold builds (s): megaindex "
+        f"  cold builds of {blend} (s): megaindex "
         + ", ".join(f"{answer['seconds']:.2f}" for answer in ours_runs)
         + "; megatron-core "
         + ", ".join(f"{answer['seconds']:.2f}" for answer in theirs_runs),
@@ -258,9 +308,9 @@ def bench_blend(
     if ours_cold["samples"] != theirs_cold["samples"]:
         raise RuntimeError(f"the blends differ in length: {ours_cold} vs {theirs_cold}")
     pairs = (
-        ("cold build of the blend", ours_cold, theirs_cold),
-        ("cold build of the blend, its corpora checked before", ours_cold_again, theirs_cold),
-        ("cache hit of the blend", ours_hit, theirs_hit),
+        (f"cold build of {blend}", ours_cold, theirs_cold),
+        (f"cold build of {blend}, its corpora checked before", ours_cold_again, theirs_cold),
+        (f"cache hit of {blend}", ours_hit, theirs_hit),
     )
     for label, ours, theirs in pairs:
         for side in (ours, theirs):
@@ -388,7 +438,12 @@ def main() -> None:
         return
     parser = benchreport.parser(__doc__)
     parser.add_argument("--corpora", type=int, default=2400)
-    parser.add_argument("--samples", type=int, default=200_000)
+    parser.add_argument("--samples", type=int, default=200_000, help="of the small corpora's blend")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        help="the blends' corpus shapes, among " + ", ".join(SHAPES),
+    )
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--per-node", type=int, default=8)
     parser.add_argument("--warm-corpora", type=int, default=4, help="corpora of the warm start")
@@ -411,7 +466,18 @@ def main() -> None:
         root.mkdir(parents=True)
     try:
         if not args.warm_only:
-            bench_blend(report, args.corpora, args.samples, args.builder_threads, args.cache_root)
+            for name in args.shapes.split(","):
+                if name not in SHAPES:
+                    parser.error(f"--shapes: {name!r} is none of {', '.join(SHAPES)}")
+                samples = args.samples if name == "small" else None
+                bench_blend(
+                    report,
+                    args.corpora,
+                    samples,
+                    args.builder_threads,
+                    args.cache_root,
+                    SHAPES[name],
+                )
             bench_blending(report)
         if not args.blend_only:
             bench_warm_start(
