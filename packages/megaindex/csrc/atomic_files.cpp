@@ -6,7 +6,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <memory>
 #include <stdexcept>
+
+#include "gpt_tables.hpp"
 
 namespace {
 
@@ -82,10 +86,82 @@ bool write_one(const FileStep& step, const std::string& bytes, FileIdentity& ide
   return true;
 }
 
+// Append `count` values of `table` to `data` (a .npy file's header): the file's bytes.
+template <typename T>
+void append_table(std::string& data, const T* table, size_t count) {
+  data.append(reinterpret_cast<const char*>(table), count * sizeof(T));
+}
+
+std::string hex_crc(const std::string& data, size_t header) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data.data()) + header;
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", megaindex::crc32(0, bytes, data.size() - header));
+  return text;
+}
+
+// Build `job`'s tables into the first three steps (each a .npy header so far), and put their
+// checksums (JSON, keyed as the fourth step's identities_of) in the fourth in place of
+// kChecksumsMark and in `checksums`. False when the walk is refused (the stream ends in an
+// empty document, or a document id is out of range).
+bool build_tables(const TablesJob& job, std::vector<FileStep>& steps, std::string* checksums) {
+  if (steps.size() < 4 || steps[3].identities_of.size() != 3) {
+    throw std::invalid_argument("a write that builds its tables writes them, then the sidecar");
+  }
+  const megaindex::GptTablesInput input{
+      job.sizes.data(), static_cast<int64_t>(job.sizes.size()),
+      job.documents.data(), static_cast<int64_t>(job.documents.size()),
+      job.num_epochs, job.separate_final_epoch, job.seed, job.sequence_length,
+      job.add_extra_token, job.num_samples, job.samples_first};
+  const size_t entries = job.documents.size() * static_cast<size_t>(job.num_epochs);
+  const size_t rows = static_cast<size_t>(job.num_samples) + 1;
+  std::unique_ptr<int32_t[]> document_index(new int32_t[entries]);
+  const size_t headers[3] = {steps[0].data.size(), steps[1].data.size(), steps[2].data.size()};
+  bool walked = false;
+  auto build = [&](auto sample_type, auto shuffle_type) {
+    using S = decltype(sample_type);
+    using U = decltype(shuffle_type);
+    std::unique_ptr<S[]> samples(new S[2 * rows]);
+    std::unique_ptr<U[]> order(new U[rows - 1]);
+    int64_t bad_position = -1;
+    auto status = megaindex::build_gpt_tables<S, U>(input, document_index.get(), samples.get(),
+                                                    order.get(), &bad_position);
+    walked = status == megaindex::SampleIndexStatus::kOk && samples[2 * rows - 1] >= 0;
+    if (!walked) return;
+    append_table(steps[0].data, document_index.get(), entries);
+    append_table(steps[1].data, samples.get(), 2 * rows);
+    append_table(steps[2].data, order.get(), rows - 1);
+  };
+  if (job.int64_sample_index) {
+    job.int64_shuffle_index ? build(int64_t{}, int64_t{}) : build(int64_t{}, uint32_t{});
+  } else {
+    job.int64_shuffle_index ? build(int32_t{}, int64_t{}) : build(int32_t{}, uint32_t{});
+  }
+  if (!walked) return false;
+  std::string text = "{";
+  for (size_t n = 0; n < 3; ++n) {
+    if (n) text += ", ";
+    text += steps[3].identities_of[n].first + ": \"" + hex_crc(steps[n].data, headers[n]) +
+            "\"";
+  }
+  *checksums = text + "}";
+  std::string& sidecar = steps[3].data;
+  const size_t mark = sidecar.find(kChecksumsMark);
+  if (mark == std::string::npos) {
+    throw std::invalid_argument(steps[3].path + ": a sidecar without the checksums' place");
+  }
+  sidecar.replace(mark, kChecksumsMark.size(), *checksums);
+  return true;
+}
+
 }  // namespace
 
-WriteOutcome write_files(const std::vector<FileStep>& steps) {
+WriteOutcome write_files(std::vector<FileStep>& steps, const TablesJob* job) {
   WriteOutcome outcome;
+  if (job != nullptr && !build_tables(*job, steps, &outcome.checksums)) {
+    outcome.error = kTablesRefused;
+    outcome.failed_path = steps[1].path;
+    return outcome;
+  }
   for (const FileStep& step : steps) {
     FileIdentity identity;
     bool written;
@@ -128,7 +204,7 @@ const WriteOutcome* PendingWrite::wait_for(double seconds) {
 void PendingWrite::run() {
   WriteOutcome outcome;
   try {
-    outcome = write_files(steps_);
+    outcome = write_files(steps_, job_ ? &*job_ : nullptr);
   } catch (const std::exception&) {  // out of memory building a file's bytes
     outcome.error = ENOMEM;
     outcome.failed_path = steps_.empty() ? std::string() : steps_.back().path;
@@ -162,11 +238,13 @@ FileWriterPool::~FileWriterPool() {
 }
 
 std::shared_ptr<PendingWrite> FileWriterPool::submit(std::vector<FileStep>& steps,
-                                                     double seconds) {
+                                                     double seconds,
+                                                     std::optional<TablesJob> job,
+                                                     size_t job_bytes) {
   if (::getpid() != owner_) {
     throw std::logic_error("this FileWriterPool belongs to the process this one was forked from");
   }
-  size_t bytes = 0;
+  size_t bytes = job_bytes;
   for (const FileStep& step : steps) bytes += step.data.size();
   std::shared_ptr<PendingWrite> pending;
   {
@@ -176,7 +254,7 @@ std::shared_ptr<PendingWrite> FileWriterPool::submit(std::vector<FileStep>& step
     });
     if (closing_) throw std::logic_error("this FileWriterPool is closed");
     if (!room) return nullptr;
-    pending = std::make_shared<PendingWrite>(std::move(steps));
+    pending = std::make_shared<PendingWrite>(std::move(steps), std::move(job));
     queue_.push_back({pending, bytes});
     queued_bytes_ += bytes;
   }

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sys/types.h>
 #include <string>
 #include <thread>
@@ -48,19 +49,49 @@ struct FileIdentity {
 
 // A write's outcome: each file's identity, in order, or the errno of the first failure and the
 // path it concerns (the files after it are not written; the failed one's partial is removed).
+// A write that built its tables (TablesJob) has their checksums too, as JSON.
 struct WriteOutcome {
   std::vector<FileIdentity> identities;
   int error = 0;
   std::string failed_path;
+  std::string checksums;
 };
 
-// Write the files one after the other, on the calling thread.
-WriteOutcome write_files(const std::vector<FileStep>& steps);
+// The error of a write whose tables' walk was refused (the stream ends in an empty document):
+// no errno has this value.
+constexpr int kTablesRefused = -1;
+
+// GPTDataset's three tables of a small split, built by the write itself (by a writer thread,
+// without the GIL) before its files are written: the write's first three files are the
+// document, sample and shuffle index (their .npy headers given, the tables' bytes appended),
+// and the fourth (the sidecar) holds kChecksumsMark, replaced by the tables' CRC-32s as a JSON
+// object keyed as its identities_of. The inputs are megaindex::GptTablesInput's, copied.
+struct TablesJob {
+  std::vector<int32_t> sizes;
+  std::vector<int32_t> documents;
+  int32_t num_epochs = 1;
+  bool separate_final_epoch = false;
+  uint32_t seed = 0;
+  int32_t sequence_length = 1;
+  int32_t add_extra_token = 1;
+  int64_t num_samples = 0;
+  int64_t samples_first = 0;
+  bool int64_sample_index = false;
+  bool int64_shuffle_index = false;
+};
+
+// What a TablesJob's sidecar holds where the checksums go (JSON text never holds a NUL).
+inline const std::string kChecksumsMark("\0checksums\0", 11);
+
+// Write the files one after the other, on the calling thread (with `job`: its tables built
+// first).
+WriteOutcome write_files(std::vector<FileStep>& steps, const TablesJob* job = nullptr);
 
 // A write submitted to a pool, finished some time later.
 class PendingWrite {
  public:
-  explicit PendingWrite(std::vector<FileStep> steps) : steps_(std::move(steps)) {}
+  explicit PendingWrite(std::vector<FileStep> steps, std::optional<TablesJob> job = std::nullopt)
+      : steps_(std::move(steps)), job_(std::move(job)) {}
   // Wait at most `seconds` for the write to finish: its outcome, or nullptr while unfinished
   // (the caller says what it waits for between waits, and takes its signals).
   const WriteOutcome* wait_for(double seconds);
@@ -68,6 +99,7 @@ class PendingWrite {
 
  private:
   std::vector<FileStep> steps_;
+  std::optional<TablesJob> job_;
   WriteOutcome outcome_;
   bool finished_ = false;
   std::mutex mutex_;
@@ -85,9 +117,12 @@ class FileWriterPool {
   ~FileWriterPool();
   FileWriterPool(const FileWriterPool&) = delete;
   FileWriterPool& operator=(const FileWriterPool&) = delete;
-  // Queue `steps` once there is room, waiting at most `seconds` for it: the write, or nullptr
-  // (and `steps` left as they were) when there was none.
-  std::shared_ptr<PendingWrite> submit(std::vector<FileStep>& steps, double seconds);
+  // Queue `steps` (with `job`, whose tables count as `job_bytes`) once there is room, waiting at
+  // most `seconds` for it: the write, or nullptr (and `steps` left as they were) when there was
+  // none.
+  std::shared_ptr<PendingWrite> submit(std::vector<FileStep>& steps, double seconds,
+                                       std::optional<TablesJob> job = std::nullopt,
+                                       size_t job_bytes = 0);
   // Finish what was submitted and stop the threads (submitting afterwards is an error).
   void close();
 

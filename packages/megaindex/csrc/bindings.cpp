@@ -586,7 +586,8 @@ std::vector<FileStep> file_steps(const std::vector<StepTuple>& given) {
   return steps;
 }
 
-// (identities as [size, mtime_ns, ctime_ns, inode, device] lists, errno (0: none), failed path)
+// (identities as [size, mtime_ns, ctime_ns, inode, device] lists, errno (0: none; kTablesRefused:
+// the tables' walk refused), failed path, the built tables' checksums as JSON ("": none))
 nb::tuple outcome_tuple(const WriteOutcome& outcome) {
   nb::list identities;
   for (const FileIdentity& identity : outcome.identities) {
@@ -599,7 +600,8 @@ nb::tuple outcome_tuple(const WriteOutcome& outcome) {
     identities.append(fields);
   }
   return nb::make_tuple(identities, outcome.error,
-                        nb::bytes(outcome.failed_path.data(), outcome.failed_path.size()));
+                        nb::bytes(outcome.failed_path.data(), outcome.failed_path.size()),
+                        outcome.checksums);
 }
 
 }  // namespace
@@ -677,7 +679,7 @@ NB_MODULE(_ext, m) {
           },
           "seconds"_a,
           "The outcome once written, waiting at most seconds: (identities, errno, failed "
-          "path), or None while unfinished.");
+          "path, checksums), or None while unfinished.");
   nb::class_<FileBytes>(m, "FileBytes",
                         "A file's bytes held by the extension; see "
                         "megaindex.file_writes.held_bytes.")
@@ -720,6 +722,55 @@ NB_MODULE(_ext, m) {
           "steps"_a, "seconds"_a,
           "Queue a write, waiting at most seconds while too many bytes wait: its "
           "PendingWrite, or None when it was not queued.")
+      .def(
+          "submit_tables",
+          [](FileWriterPool& pool, const std::vector<StepTuple>& given, double seconds,
+             Input<int32_t> sizes, Input<int32_t> documents, int32_t num_epochs,
+             bool separate_final_epoch, uint32_t seed, int32_t sequence_length,
+             int32_t add_extra_token, int64_t num_samples, int64_t samples_first,
+             bool int64_sample_index, bool int64_shuffle_index,
+             size_t table_bytes) -> std::optional<std::shared_ptr<PendingWrite>> {
+            int64_t entries = 0;
+            if (num_epochs < 1 || sequence_length < 1 ||
+                (add_extra_token != 0 && add_extra_token != 1) || num_samples < 0 ||
+                samples_first < 0 || samples_first > num_samples ||
+                (num_samples > 0 && documents.shape(0) == 0) ||
+                __builtin_mul_overflow(static_cast<int64_t>(documents.shape(0)),
+                                       static_cast<int64_t>(num_epochs), &entries)) {
+              throw nb::value_error("submit_tables: the tables' inputs are out of range");
+            }
+            std::vector<FileStep> steps = file_steps(given);
+            TablesJob job;
+            job.sizes.assign(sizes.data(), sizes.data() + sizes.shape(0));
+            job.documents.assign(documents.data(), documents.data() + documents.shape(0));
+            job.num_epochs = num_epochs;
+            job.separate_final_epoch = separate_final_epoch;
+            job.seed = seed;
+            job.sequence_length = sequence_length;
+            job.add_extra_token = add_extra_token;
+            job.num_samples = num_samples;
+            job.samples_first = samples_first;
+            job.int64_sample_index = int64_sample_index;
+            job.int64_shuffle_index = int64_shuffle_index;
+            std::shared_ptr<PendingWrite> pending;
+            {
+              nb::gil_scoped_release released;  // waits while the queue is full
+              pending = pool.submit(steps, seconds, std::move(job), table_bytes);
+            }
+            if (!pending) {
+              give_back(given, steps);
+              return std::nullopt;
+            }
+            return pending;
+          },
+          "steps"_a, "seconds"_a, "sizes"_a.noconvert(), "documents"_a.noconvert(),
+          "num_epochs"_a, "separate_final_epoch"_a, "seed"_a, "sequence_length"_a,
+          "add_extra_token"_a, "num_samples"_a, "samples_first"_a, "int64_sample_index"_a,
+          "int64_shuffle_index"_a, "table_bytes"_a,
+          "As submit, for a write whose first three files are GPTDataset's tables of a small "
+          "split, built by the writer thread from these inputs (see "
+          "megaindex.helpers.build_gpt_tables) after their .npy headers, and whose fourth (the "
+          "sidecar) takes their checksums; table_bytes counts among the bytes waiting.")
       .def(
           "close",
           [](FileWriterPool& pool) {

@@ -363,6 +363,7 @@ def test_the_typed_stub_ships_and_matches_the_module():
         "FileBytes.__bytes__",
         "FileWriterPool.__init__",
         "FileWriterPool.submit",
+        "FileWriterPool.submit_tables",
         "FileWriterPool.close",
         "PendingWrite.wait",
         "legacy_shuffle",

@@ -93,7 +93,7 @@ def test_a_failure_stops_the_write_and_names_the_file(tmp_path):
 def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     target = tmp_path / "target"
     os.symlink(target, tmp_path / "t.partial")
-    identities, error, path = _ext.write_files(
+    identities, error, path, checksums = _ext.write_files(
         [
             (
                 os.fsencode(tmp_path / "t.npy"),
@@ -106,7 +106,7 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
             )
         ]
     )
-    assert (identities, error, path) == ([], 17, os.fsencode(tmp_path / "t.npy"))  # EEXIST
+    assert (identities, error, path, checksums) == ([], 17, os.fsencode(tmp_path / "t.npy"), "")
     assert not target.exists() and not (tmp_path / "t.npy").exists()
 
 
@@ -318,7 +318,7 @@ def test_a_corpus_unread_for_want_of_descriptors_names_the_limit_not_a_change(
 
     prefix = write_corpus(str(tmp_path / "corpus"), 5)
 
-    def out_of_descriptors(files, on_done, on_error, background=True):
+    def out_of_descriptors(files, on_done, on_error, background=True, tables=None):
         on_done()
         error = OSError(errno.EMFILE, "Too many open files", prefix + ".idx")
         raise on_error(error) from error

@@ -249,7 +249,7 @@ def test_a_build_killed_between_files_is_repaired(make_config, tmp_path):
         from megaindex import BlendedMegatronDatasetBuilder, GPTDataset, GPTDatasetConfig
         from megaindex.tokenizer import IdentifiedTokenizer
         real = cache.write_files
-        def dying(files, on_done, on_error, background=True):
+        def dying(files, on_done, on_error, background=True, tables=None):
             tables = [f for f in files if f.path.endswith(".npy")]
             real(tables, lambda: None, on_error, background=False)
             os.kill(os.getpid(), signal.SIGKILL)  # the tables are written, the rest is not

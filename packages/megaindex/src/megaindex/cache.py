@@ -25,6 +25,7 @@ names, so either implementation loads what the other built. What this module add
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import io
@@ -57,9 +58,12 @@ from megafmt.redaction import redact
 from megaindex import distributed
 from megaindex.errors import CacheError, MegaindexError, StaleCacheError
 from megaindex.file_writes import (
+    CHECKSUMS_MARK,
     CorpusFiles,
     FileBytes,
     FileWrite,
+    TablesJob,
+    Written,
     current,
     held_bytes,
     write_files,
@@ -315,14 +319,15 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
         entry: CacheEntry,
         specs: Mapping[str, TableSpec],
         identities: Mapping[str, list[int]] | Callable[[], Mapping[str, list[int]]],
-        checksums: Mapping[str, str] | None,
+        checksums: Mapping[str, str] | Callable[[], Mapping[str, str]] | None,
     ) -> None:
         """``identities``: each table file's, or what gives them once the files are written
-        (a save in a build's background, :mod:`megaindex.file_writes`)."""
+        (a save in a build's background, :mod:`megaindex.file_writes`); ``checksums`` the
+        same (tables the writer built)."""
         self._entry = entry
         self._specs = dict(specs)
         self._identities = identities
-        self._checksums = dict(checksums or {})
+        self._checksums = checksums if callable(checksums) else dict(checksums or {})
         self._mapped: dict[str, numpy.ndarray] = {}
 
     def __getitem__(self, name: str) -> numpy.ndarray:
@@ -340,6 +345,8 @@ class MappedOnUse(Mapping[str, numpy.ndarray]):
                 self._identities = dict(self._identities())
             except OSError as error:
                 raise CacheError(f"{path}: the index cache was not written ({error})") from error
+            if callable(self._checksums):
+                self._checksums = dict(self._checksums())
         try:
             table, identity = load_table_and_identity(path, self._specs.get(name))
         except DamagedCacheError as error:  # gone, or another file: not what was loaded
@@ -480,14 +487,50 @@ class IndexCache:
         return MappedOnUse(entry, specs_from_sidecar(sidecar), now, sidecar.get("checksums"))
 
     def save(
-        self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
+        self,
+        tables: Mapping[str, numpy.ndarray],
+        sidecar: dict[str, Any] | None,
+        background: bool = True,
     ) -> Callable[[], dict[str, list[int]]]:
         """Write the tables, then the sidecar (if any), then the description (the commit mark);
         returns what gives the identity (:func:`~megafmt.fingerprint.file_identity`) of each
         table file. Small tables are written by :mod:`megaindex.file_writes`: in a build's
-        background (the identities wait for them), else at once."""
+        background where ``background`` (the identities wait for them), else at once."""
+        entry = self.entry
+        with self._saving() as hand_over:
+            if sum(tables[t].nbytes for t in entry.tables) >= SIDE_BY_SIDE_BYTES:
+                return self._write_large(tables, sidecar)
+            files = self._small_files([_npy_file(tables[t]) for t in entry.tables], sidecar)
+            hand_over()
+            written = self._write_small(files, background)
+        # the sidecar's and the description's identities follow the tables'
+        return lambda: dict(zip(entry.tables, written.identities(), strict=False))
+
+    def save_built_by_writer(
+        self,
+        job: TablesJob,
+        specs: Mapping[str, TableSpec],
+        sidecar: dict[str, Any],
+        mend: Callable[[OSError, Callable[[OSError], Exception]], Exception | None],
+    ) -> Written:
+        """Write the tables of ``specs`` that ``job`` builds, then ``sidecar`` with their
+        checksums, then the description, all in the build's background
+        (:class:`~megaindex.file_writes.TablesJob`: the tables are built by the writer). A
+        failure is ``mend(error, worded)``'s (None: mended), ``worded`` giving the cache's
+        own wording of it."""
+        heads = [_npy_header(numpy.dtype(specs[t].dtypes[0]), specs[t].shape) for t in specs]
+        with self._saving() as hand_over:
+            files = self._small_files(heads, {**sidecar, "checksums": CHECKSUMS_MARK})
+            hand_over()
+            return self._write_small(files, True, job, mend)
+
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[Callable[[], None]]:
+        """A save into the entry's folder (made, its leftovers of killed builds removed):
+        ended when the block ends, unless the block hands it over (the call it gives) to a
+        write that ends it once written. A write's OSError is worded by :func:`write_error`."""
         directory = self.entry.directory
-        handed_over = False  # whether write_files ends the save (when its write is finished)
+        handed_over = []  # whether a write ends the save (when it is finished)
         list_leftovers = _begin_save(directory)
         try:
             make_folder(directory, "the index cache folder")
@@ -496,11 +539,7 @@ class IndexCache:
             if list_leftovers:  # every entry's: those of entries not saved again stayed
                 for leftover in remove_stale_partials_in(directory):
                     logger.info("removed %s, left by a build that was killed", leftover)
-            if sum(tables[t].nbytes for t in self.entry.tables) >= SIDE_BY_SIDE_BYTES:
-                return self._write_large(tables, sidecar)
-            files = self._small_files(tables, sidecar)
-            handed_over = True
-            return self._write_small(files)
+            yield lambda: handed_over.append(True)
         except CacheError:  # an OSError too, worded already (a corpus changed meanwhile)
             raise
         except OSError as error:
@@ -510,24 +549,33 @@ class IndexCache:
                 _end_save(directory)
 
     def _small_files(
-        self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
+        self, tables: list[bytes | FileBytes], sidecar: dict[str, Any] | None
     ) -> list[FileWrite]:
-        """Small tables, each in one write of its bytes, then the sidecar (which records the
-        table files' identities, taken as they are written), then the description."""
+        """Small tables (each ``.npy`` file's bytes, in the entry's order), each in one write,
+        then the sidecar (which records the table files' identities, taken as they are
+        written; its ``checksums`` may be :data:`~megaindex.file_writes.CHECKSUMS_MARK`, for
+        the writer to fill), then the description."""
         entry = self.entry
-        files = [FileWrite(entry.table_path(t), _npy_file(tables[t])) for t in entry.tables]
+        pairs = zip(entry.tables, tables, strict=True)
+        files = [FileWrite(entry.table_path(t), data) for t, data in pairs]
         if sidecar is not None:
             # one line: json writes an indented text item by item in Python, a tenth of the
             # cold build of a blend of thousands of small corpora
             corpus = sidecar.get("corpus")
             in_write = isinstance(corpus, CorpusFiles)  # fingerprinted by the writer
-            if in_write:
-                sidecar = {key: value for key, value in sidecar.items() if key != "corpus"}
-            text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})
+            marked = sidecar.get("checksums") is CHECKSUMS_MARK  # taken by the writer
+            sidecar = {
+                key: value
+                for key, value in sidecar.items()
+                if not ((key == "corpus" and in_write) or (key == "checksums" and marked))
+            }
+            text = json.dumps({"format": SIDECAR_FORMAT, **sidecar})[:-1].encode()
+            if marked:
+                text += b', "checksums": ' + CHECKSUMS_MARK
             files.append(
                 FileWrite(
                     entry.sidecar_path,
-                    (text[:-1] + (', "corpus": ' if in_write else ', "table_files": ')).encode(),
+                    text + (b', "corpus": ' if in_write else b', "table_files": '),
                     tuple((json.dumps(t), n) for n, t in enumerate(entry.tables)),
                     "}",
                     corpus if in_write else None,
@@ -539,9 +587,16 @@ class IndexCache:
         )
         return files
 
-    def _write_small(self, files: list[FileWrite]) -> Callable[[], dict[str, list[int]]]:
-        """Write :meth:`_small_files` (in a build's background where there is one); ends the
-        save when they are written."""
+    def _write_small(
+        self,
+        files: list[FileWrite],
+        background: bool,
+        job: TablesJob | None = None,
+        mend: Callable[[OSError, Callable[[OSError], Exception]], Exception | None] | None = None,
+    ) -> Written:
+        """Write :meth:`_small_files` (in a build's background where there is one and
+        ``background``; ``job``: its tables built by the writer first, a failure ``mend``ed);
+        ends the save when they are written."""
         entry = self.entry
         directory = entry.directory
 
@@ -570,14 +625,14 @@ class IndexCache:
             )
             return carrying_errno(refused, error)
 
-        written = write_files(
+        return write_files(
             files,
             done,
-            error_of,
-            background=entry.remote is None,  # a shared store uploads the files right after
+            error_of if mend is None else lambda error: mend(error, error_of),
+            # a shared store uploads the files right after
+            background=background and entry.remote is None,
+            tables=job,
         )
-        # the sidecar's and the description's identities follow the tables'
-        return lambda: dict(zip(entry.tables, written.identities(), strict=False))
 
     def _write_large(
         self, tables: Mapping[str, numpy.ndarray], sidecar: dict[str, Any] | None
@@ -770,8 +825,11 @@ def load_or_build(
     build: Callable[[], dict[str, numpy.ndarray]],
     sidecar: Callable[[dict[str, numpy.ndarray]], dict[str, Any] | None],
     seconds: dict[str, float],
+    built_by_writer: Callable[[], Mapping[str, numpy.ndarray] | None] = lambda: None,
 ) -> tuple[Mapping[str, numpy.ndarray], str]:
     """The tables of ``cache``: loaded (``load`` checks them) or built, saved, and returned.
+    ``built_by_writer``: the tables handed to the build's background writes to build and save
+    (mapped when first read), where it can (else None: built here).
 
     Returns the tables (built ones as the files just saved, mapped when first read) and
     ``"cache"`` or ``"built"``. Only global rank 0 (or a process on its own) builds; other
@@ -802,6 +860,9 @@ def load_or_build(
             "global rank 0 builds it before the other ranks load it (do all ranks call the "
             "dataset builder?)"
         )
+    handed = built_by_writer()
+    if handed is not None:
+        return handed, "built"
     tables = build()
     if cache.entry.complete():  # another process finished the same cache meanwhile
         try:

@@ -26,14 +26,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy
 
 from megafmt.mapping import map_file, release_pages
 from megafmt.protocols import OpenedCorpus, OpenedRemoteCorpus, TokenSource, conforms
+from megaindex.backends import implementation
 from megaindex.build_progress import BuildProgress
 from megaindex.cache import TableSpec, dtype_name
 from megaindex.errors import EmptySplitError, IndexBuildError
+from megaindex.file_writes import TablesJob
 from megaindex.helpers import (
     SEED_MAX,
     build_gpt_tables,
@@ -44,7 +47,7 @@ from megaindex.helpers import (
     shuffle_index_dtype,
 )
 from megaindex.memory import table_bytes
-from megaindex.tables import BuiltTables
+from megaindex.tables import BuiltTables, WriterTables
 from megaindex.utils import index_array
 
 logger = logging.getLogger(__name__)
@@ -487,19 +490,69 @@ class GPTTableRecipe:
         except IndexBuildError as error:
             raise self._located(error) from None
         self.plan = tables.plan
-        notes = {
-            "plan": {
-                "num_epochs": tables.plan.num_epochs,
-                "separate_final_epoch": tables.plan.separate_final_epoch,
-                "tokens_per_epoch": tables.plan.tokens_per_epoch,
-            }
-        }
+        notes = self._notes(tables.plan)
         arrays = {
             "document_index": tables.document_index,
             "sample_index": tables.sample_index,
             "shuffle_index": tables.shuffle_index,
         }
         return BuiltTables(arrays, tables.seconds, notes)
+
+    def writer_job(self) -> WriterTables | None:
+        """The tables as a job for the build's background writes, built by a writer thread
+        beside this one (:class:`~megaindex.file_writes.TablesJob`), where they are small
+        enough to be built in one call (as :func:`build_gpt_index_tables` builds them), of a
+        split given as a range of the documents of a corpus of fewer than
+        :data:`ONE_CALL_BELOW` (their lengths are copied), by the C++ backend, with the last
+        partial sequence dropped (a build refused otherwise is this one's); else None."""
+        sizes = self.source.sequence_lengths
+        if not isinstance(self.indices, range) or not self.drop_last_partial_sequence:
+            return None
+        if len(sizes) >= ONE_CALL_BELOW:  # the job copies them: a small split of a vast corpus
+            return None
+        if sizes.dtype != numpy.int32 or not sizes.flags.c_contiguous:  # what the job takes
+            return None
+        if not _seed(self.random_seed) or implementation().__name__ != "megaindex._ext":
+            return None
+        plan = self.plan
+        total = expected_sample_count(
+            plan, self.sequence_length, self.drop_last_partial_sequence, self.add_extra_token
+        )
+        entries = plan.num_epochs * len(self.indices)
+        spills = self.spill_directory is not None and 4 * entries >= SPILL_MIN_BYTES
+        if max(total, entries) >= ONE_CALL_BELOW or spills or plan.tokens_per_epoch == 0:
+            return None
+        specs = self.expected_specs()
+        job = TablesJob(
+            sizes=sizes,
+            documents=index_array(self.indices),
+            num_epochs=plan.num_epochs,
+            separate_final_epoch=plan.separate_final_epoch,
+            seed=int(self.random_seed),
+            sequence_length=self.sequence_length,
+            add_extra_token=int(self.add_extra_token),
+            num_samples=total,
+            samples_first=(
+                plan.samples_before_final_epoch
+                if plan.separate_final_epoch and plan.num_epochs > 1
+                else total
+            ),
+            int64_sample_index=specs["sample_index"].dtypes[0] == "int64",
+            int64_shuffle_index=specs["shuffle_index"].dtypes[0] == "int64",
+            table_bytes=sum(table_bytes(specs).values()) + sizes.nbytes,
+        )
+        return WriterTables(job, self._notes(plan), specs)
+
+    @staticmethod
+    def _notes(plan: EpochPlan) -> dict[str, Any]:
+        """What the sidecar keeps of the build: the epoch plan."""
+        return {
+            "plan": {
+                "num_epochs": plan.num_epochs,
+                "separate_final_epoch": plan.separate_final_epoch,
+                "tokens_per_epoch": plan.tokens_per_epoch,
+            }
+        }
 
     def bytes_to_hold(self) -> dict[str, int]:
         return table_bytes(self.expected_specs())

@@ -25,6 +25,7 @@ same for both:
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ import numpy
 
 from megafmt.checked import one_checker
 from megafmt.fingerprint import corpus_fingerprint, corpus_stat, fingerprint_changes
+from megafmt.protocols import conforms
 from megafmt.readers import is_url
 from megafmt.redaction import redact
 from megaindex import distributed
@@ -49,6 +51,7 @@ from megaindex.cache import (
     check_checksums,
     load_or_build,
     specs_from_sidecar,
+    specs_of,
     table_checksums,
     table_specs,
 )
@@ -59,7 +62,8 @@ from megaindex.errors import (
     MissingCacheError,
     StaleCacheError,
 )
-from megaindex.file_writes import CorpusFiles
+from megaindex.file_writes import CorpusFiles, TablesJob, TablesRefused, Written, current
+from megaindex.helpers import ends_in_empty_document
 from megaindex.memory import reserving
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
 from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
@@ -93,6 +97,27 @@ class BuiltTables:
     tables: dict[str, numpy.ndarray]
     seconds: dict[str, float] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WriterTables:
+    """Tables handed to the build's background writes, to be built by a writer thread
+    (:class:`~megaindex.file_writes.TablesJob`): the job, the notes kept in the sidecar, and
+    the dtype and shape of each table."""
+
+    job: TablesJob
+    notes: dict[str, Any]
+    specs: dict[str, TableSpec]
+
+
+@runtime_checkable
+class WriterBuilt(Protocol):
+    """A recipe whose tables a writer thread of the build's background writes can build
+    (GPTDataset's small splits)."""
+
+    def writer_job(self) -> WriterTables | None:
+        """The tables as such a job, where these can be (else None: built by the recipe)."""
+        ...
 
 
 class TableRecipe(Protocol):
@@ -202,7 +227,12 @@ class CachedTables:
             self.source = TableSource("cache", entry)
             self._tables, self.source.kind = self._through_shared(
                 lambda: load_or_build(
-                    self._cache, self._load_checked, self._build, self._sidecar, self.source.seconds
+                    self._cache,
+                    self._load_checked,
+                    self._build,
+                    self._sidecar,
+                    self.source.seconds,
+                    self._built_by_writer,
                 ),
                 rebuilt=lambda result: result[1] == "built",
             )
@@ -317,6 +347,92 @@ class CachedTables:
         self._notes = built.notes
         return built.tables
 
+    def _built_by_writer(self) -> MappedOnUse | None:
+        """The tables handed to the build's background writes, built and saved by a writer
+        thread while this one goes on (:class:`WriterBuilt`): a local corpus's small split,
+        its files fingerprinted by the writer as the tables' are; mapped when first read. None
+        where the recipe builds them here (outside a build's background writes too)."""
+        recipe = self.recipe
+        corpus, settings = recipe.corpus, recipe.settings()
+        entry = self._cache.entry
+        if corpus is None or is_url(corpus) or settings is None or entry.remote is not None:
+            return None
+        if current() is None or not conforms(recipe, WriterBuilt):
+            return None
+        handed = recipe.writer_job()
+        if handed is None:
+            return None
+        files = CorpusFiles(corpus, recipe.opened_stat)
+        self._corpus_fingerprint, self._notes = files, handed.notes
+        sidecar = {
+            "corpus": files,
+            "corpus_stat": self._corpus_stat(),
+            "config": settings,
+            **handed.notes,
+            "tables": {
+                name: {"dtype": spec.dtypes[0], "shape": list(spec.shape)}
+                for name, spec in handed.specs.items()
+            },
+        }
+        start = time.perf_counter()
+        written = self._cache.save_built_by_writer(
+            handed.job,
+            handed.specs,
+            sidecar,
+            lambda error, worded: self._mended(error, worded, sidecar["tables"], written),
+        )
+        self.source.seconds["save"] = time.perf_counter() - start
+        return MappedOnUse(
+            entry,
+            handed.specs,
+            lambda: dict(zip(entry.tables, written.identities(), strict=False)),
+            written.checksums,
+        )
+
+    def _mended(
+        self,
+        error: OSError,
+        worded: Callable[[OSError], Exception],
+        specs: dict[str, Any],
+        written: Written,
+    ) -> Exception | None:
+        """The failure of tables a writer built (:meth:`_built_by_writer`) as the build raises
+        it; None where it is mended: an ``.idx`` only touched since it was opened (the
+        writer's fingerprint refused it) has the tables cut again here, which must equal the
+        writer's, and saved now with the files as they are."""
+        recipe = self.recipe
+        if isinstance(error, TablesRefused):
+            return IndexBuildError(f"{recipe.where}: {ends_in_empty_document()}")
+        files = CorpusFiles(recipe.corpus, recipe.opened_stat)
+        if error.errno != errno.ESTALE or files.opened is None:
+            return worded(error)
+        try:
+            now = self._corpus_now(files)
+            if not files.idx_written(now):  # another change: worded as the writer found it
+                return worded(error)
+            again = self._cut_again((specs, written.checksums()), files, now)
+            self._corpus_fingerprint = CorpusFiles(files.prefix, now)
+            record = self._sidecar(again.tables)
+            identities = self._cache.save(again.tables, record, background=False)
+        except CacheError as refused:  # the corpus changed, or the save failed
+            return refused
+        self._tables = MappedOnUse(
+            self._cache.entry, specs_of(again.tables), identities, record["checksums"]
+        )
+        return None
+
+    @staticmethod
+    def _corpus_now(files: CorpusFiles) -> dict[str, list[int]]:
+        """The corpus's files as they are now (:func:`megafmt.fingerprint.corpus_stat`); gone is
+        a :class:`~megaindex.errors.CacheError`."""
+        try:
+            return corpus_stat(files.prefix)
+        except OSError as error:
+            raise CacheError(
+                f"{files.prefix}: the corpus's files went away while its index tables were "
+                f"built ({error}); the tables are not cached"
+            ) from None
+
     def _cut_from_files_now(
         self, built: BuiltTables, files: CorpusFiles
     ) -> tuple[BuiltTables, CorpusFiles, bool]:
@@ -328,19 +444,26 @@ class CachedTables:
         tables, the files they were cut from, and whether they were cut again."""
         if files.opened is None:  # not known: not checked
             return built, files, False
-        try:
-            now = corpus_stat(files.prefix)
-        except OSError as error:
-            raise CacheError(
-                f"{files.prefix}: the corpus's files went away while its index tables were "
-                f"built ({error}); the tables are not cached"
-            ) from None
+        now = self._corpus_now(files)
         if not files.idx_written(now):
             return built, files, False
         # the first tables by their dtypes, shapes and checksums, let go of before the second
         # cut: held both, a large corpus's tables would take twice the memory reserved
         first = (table_specs(built.tables), table_checksums(built.tables))
         built.tables.clear()
+        again = self._cut_again(first, files, now)
+        return again, CorpusFiles(files.prefix, now), True
+
+    def _cut_again(
+        self,
+        first: tuple[dict[str, Any], dict[str, str]],
+        files: CorpusFiles,
+        now: dict[str, list[int]],
+    ) -> BuiltTables:
+        """The tables cut again from the corpus's ``.idx``, written in place since it was
+        opened (the files ``now``): they must equal those cut ``first`` (their dtypes and
+        shapes, and checksums), else the corpus changed under the build (a
+        :class:`~megaindex.errors.CacheError`)."""
         try:
             again = replace(self.recipe).build()  # a copy: nothing of the first read kept
         except (IndexBuildError, OSError) as error:
@@ -355,7 +478,7 @@ class CachedTables:
                 "cached. Build again once the corpus is complete"
             )
         self._cut_again_from = now
-        return again, CorpusFiles(files.prefix, now), True
+        return again
 
     def _sidecar(self, tables: Mapping[str, numpy.ndarray]) -> dict[str, Any] | None:
         settings = self.recipe.settings()
