@@ -6,8 +6,8 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
-#include <memory>
 #include <stdexcept>
 
 #include "gpt_tables.hpp"
@@ -86,10 +86,18 @@ bool write_one(const FileStep& step, const std::string& bytes, FileIdentity& ide
   return true;
 }
 
-// Append `count` values of `table` to `data` (a .npy file's header): the file's bytes.
+// Room for `count` values of T after `data` (a .npy file's header), where a table is built in
+// place: the file's bytes, with no copy of the table (numpy pads its headers to 64 bytes, so
+// the values are aligned).
 template <typename T>
-void append_table(std::string& data, const T* table, size_t count) {
-  data.append(reinterpret_cast<const char*>(table), count * sizeof(T));
+T* table_after(std::string& data, size_t count) {
+  const size_t header = data.size();
+  data.resize(header + count * sizeof(T));
+  char* table = data.data() + header;
+  if (reinterpret_cast<uintptr_t>(table) % alignof(T) != 0) {
+    throw std::invalid_argument("a table's .npy header leaves its values unaligned");
+  }
+  return reinterpret_cast<T*>(table);
 }
 
 std::string hex_crc(const std::string& data, size_t header) {
@@ -114,22 +122,18 @@ bool build_tables(const TablesJob& job, std::vector<FileStep>& steps, std::strin
       job.add_extra_token, job.num_samples, job.samples_first};
   const size_t entries = job.documents.size() * static_cast<size_t>(job.num_epochs);
   const size_t rows = static_cast<size_t>(job.num_samples) + 1;
-  std::unique_ptr<int32_t[]> document_index(new int32_t[entries]);
   const size_t headers[3] = {steps[0].data.size(), steps[1].data.size(), steps[2].data.size()};
+  int32_t* document_index = table_after<int32_t>(steps[0].data, entries);
   bool walked = false;
   auto build = [&](auto sample_type, auto shuffle_type) {
     using S = decltype(sample_type);
     using U = decltype(shuffle_type);
-    std::unique_ptr<S[]> samples(new S[2 * rows]);
-    std::unique_ptr<U[]> order(new U[rows - 1]);
+    S* samples = table_after<S>(steps[1].data, 2 * rows);
+    U* order = table_after<U>(steps[2].data, rows - 1);
     int64_t bad_position = -1;
-    auto status = megaindex::build_gpt_tables<S, U>(input, document_index.get(), samples.get(),
-                                                    order.get(), &bad_position);
+    auto status = megaindex::build_gpt_tables<S, U>(input, document_index, samples, order,
+                                                    &bad_position);
     walked = status == megaindex::SampleIndexStatus::kOk && samples[2 * rows - 1] >= 0;
-    if (!walked) return;
-    append_table(steps[0].data, document_index.get(), entries);
-    append_table(steps[1].data, samples.get(), 2 * rows);
-    append_table(steps[2].data, order.get(), rows - 1);
   };
   if (job.int64_sample_index) {
     job.int64_shuffle_index ? build(int64_t{}, int64_t{}) : build(int64_t{}, uint32_t{});
@@ -211,7 +215,8 @@ void PendingWrite::run() {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   outcome_ = std::move(outcome);
-  steps_.clear();  // the bytes are on disk: free them
+  steps_.clear();  // the bytes are on disk: free them, and the tables' inputs
+  job_.reset();
   finished_ = true;
   changed_.notify_all();
 }
