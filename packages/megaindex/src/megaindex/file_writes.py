@@ -54,6 +54,7 @@ from megafmt.fingerprint import (
     idx_modified_ns,
     sizes_and_inodes,
 )
+from megafmt.mapping import release_pages
 from megaindex import _ext
 from megaindex.errors import CacheError
 
@@ -361,6 +362,8 @@ class BackgroundWrites:
             submit,
             f"room among the build's writes in the background (for the files ending with {last})",
         )
+        if tables is not None:  # copied by the job: a mapped corpus's lengths need not stay
+            release_pages(tables.sizes)  # resident (as the builder's thread releases them)
         written = Written(None, pending, last)
         with self._lock:
             paths = tuple(f.path for f in files if not f.commit_mark)
