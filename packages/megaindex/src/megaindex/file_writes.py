@@ -261,8 +261,8 @@ TABLES_REFUSED = -1
 
 
 class TablesRefused(CacheError):
-    """A write's tables were not built: the walk was refused (the stream ends in an empty
-    document), and nothing was written."""
+    """A write's tables were not built, and nothing was written: the walk was refused (a
+    document id outside the corpus's lengths, or the stream ends in an empty document)."""
 
 
 class Written:
@@ -320,10 +320,6 @@ class Written:
             self._lock.release()
 
 
-def _mended(error: OSError) -> None:
-    """The ``on_error`` of a write whose failure was mended already."""
-
-
 @dataclass
 class _Submitted:
     written: Written
@@ -331,6 +327,8 @@ class _Submitted:
     on_error: Callable[[OSError], Exception | None]
     """The failure's exception, raised at the build's end (None: mended)."""
     paths: tuple[str, ...]
+    builds_tables: bool = False
+    """Whether the write builds its tables (:class:`TablesJob`): its failure may be mended."""
 
 
 class BackgroundWrites:
@@ -362,13 +360,15 @@ class BackgroundWrites:
             submit,
             f"room among the build's writes in the background (for the files ending with {last})",
         )
-        if tables is not None:  # copied by the job: a mapped corpus's lengths need not stay
-            release_pages(tables.sizes)  # resident (as the builder's thread releases them)
         written = Written(None, pending, last)
         with self._lock:
             paths = tuple(f.path for f in files if not f.commit_mark)
-            self._submitted.append(_Submitted(written, on_done, on_error, paths))
+            self._submitted.append(
+                _Submitted(written, on_done, on_error, paths, tables is not None)
+            )
             self._by_last_path.setdefault(files[-1].path, []).append(written)
+        if tables is not None:  # copied by the job: a mapped corpus's lengths need not stay
+            release_pages(tables.sizes)  # resident (as the builder's thread releases them)
         return written
 
     def wait_for(self, path: str) -> None:
@@ -383,7 +383,10 @@ class BackgroundWrites:
     def raise_failure(self) -> None:
         """Raise the first failure among the writes that have ended, in the order they were
         submitted, as :meth:`finish` would raise it (which still ends every write): a build
-        that can write no file stops at once, not after thousands of corpora."""
+        that can write no file stops at once, not after thousands of corpora. A write that
+        built its tables (:class:`TablesJob`) and found its corpus's files not as opened
+        stops the look without a word: it may be mended, which only :meth:`finish` does, once
+        every dataset of the build is made (a mend replaces its dataset's tables)."""
         with self._lock:
             while self._ended < len(self._submitted):
                 item = self._submitted[self._ended]
@@ -392,17 +395,18 @@ class BackgroundWrites:
                 try:
                     item.written.identities()
                 except OSError as error:
-                    failure = item.on_error(error)
-                    if failure is not None:
-                        raise failure from error
-                    item.on_error = _mended  # its failure mended: not again at the end
+                    if item.builds_tables and error.errno == errno.ESTALE:
+                        return  # may be mended: only finish mends
+                    raise item.on_error(error) from error
                 self._ended += 1
 
     def finish(self) -> None:
         """Wait for every write, stop the threads, and raise the first failure (as its
-        ``on_error`` words it, the ``OSError`` as its cause); a file written and gone by then
-        (its folder removed or emptied while the build ran) is such a failure: its tables
-        are mapped when first read, which would fail only then, maybe hours into a run."""
+        ``on_error`` words it, the ``OSError`` as its cause; a failure its ``on_error`` mends
+        is none); a file written and gone by then (its folder removed or emptied while the
+        build ran, a mended write's files included) is such a failure: its tables are mapped
+        when first read, which would fail only then, maybe hours into a run. Called once every
+        dataset of the build is made (the builder's threads are done)."""
         failure: tuple[Exception, OSError] | None = None
         with self._lock:
             submitted, self._submitted, self._ended = self._submitted, [], 0

@@ -512,6 +512,9 @@ class GPTTableRecipe:
             return None
         if sizes.dtype != numpy.int32 or not sizes.flags.c_contiguous:  # what the job takes
             return None
+        read = sizes[self.indices.start : self.indices.stop]
+        if len(read) and read.min() < 0:  # refused by the builder's thread, with its message
+            return None
         if not _seed(self.random_seed) or implementation().__name__ != "megaindex._ext":
             return None
         plan = self.plan

@@ -203,11 +203,11 @@ def build_sample_idx(
             )
             walked(int(sample_index[last - 1, 0]))
     if sample_index[-1, 1] < 0:
-        raise ends_in_empty_document()
+        raise _ends_in_empty_document()
     return sample_index
 
 
-def ends_in_empty_document() -> IndexBuildError:
+def _ends_in_empty_document() -> IndexBuildError:
     """What megatron-core's build fails an assert on: a last partial sample at offset -1."""
     return IndexBuildError(
         "the stream ends with an empty document, so the last partial sample would start at "
@@ -277,7 +277,7 @@ def build_gpt_tables(
         shuffle_index_dtype(num_samples) is numpy.int64,
     )
     if tables[1][-1, 1] < 0:
-        raise ends_in_empty_document()
+        raise _ends_in_empty_document()
     return tables
 
 

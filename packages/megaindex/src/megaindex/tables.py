@@ -63,7 +63,6 @@ from megaindex.errors import (
     StaleCacheError,
 )
 from megaindex.file_writes import CorpusFiles, TablesJob, TablesRefused, Written, current
-from megaindex.helpers import ends_in_empty_document
 from megaindex.memory import reserving
 from megaindex.shared_cache import SharedCacheConfig, SharedTableCache
 from megaindex.verified import NOTES, cache_identity, remember_verified, was_verified
@@ -375,12 +374,14 @@ class CachedTables:
             },
         }
         start = time.perf_counter()
+        handed_over: list[Written] = []  # the write, once submitted (a mend reads it)
         written = self._cache.save_built_by_writer(
             handed.job,
             handed.specs,
             sidecar,
-            lambda error, worded: self._mended(error, worded, sidecar["tables"], written),
+            lambda error, worded: self._mended(error, worded, sidecar["tables"], handed_over),
         )
+        handed_over.append(written)
         self.source.seconds["save"] = time.perf_counter() - start
         return MappedOnUse(
             entry,
@@ -394,15 +395,19 @@ class CachedTables:
         error: OSError,
         worded: Callable[[OSError], Exception],
         specs: dict[str, Any],
-        written: Written,
+        handed_over: list[Written],
     ) -> Exception | None:
         """The failure of tables a writer built (:meth:`_built_by_writer`) as the build raises
         it; None where it is mended: an ``.idx`` only touched since it was opened (the
         writer's fingerprint refused it) has the tables cut again here, which must equal the
-        writer's, and saved now with the files as they are."""
+        writer's (``handed_over[0]``'s checksums), and saved now with the files as they are.
+        That mend runs once the build's writes end, every dataset made."""
         recipe = self.recipe
         if isinstance(error, TablesRefused):
-            return IndexBuildError(f"{recipe.where}: {ends_in_empty_document()}")
+            return IndexBuildError(
+                f"{recipe.where}: the walk of the index tables was refused: a document id "
+                "outside the corpus's lengths, or the stream ends with an empty document"
+            )
         files = CorpusFiles(recipe.corpus, recipe.opened_stat)
         if error.errno != errno.ESTALE or files.opened is None:
             return worded(error)
@@ -410,7 +415,7 @@ class CachedTables:
             now = self._corpus_now(files)
             if not files.idx_written(now):  # another change: worded as the writer found it
                 return worded(error)
-            again = self._cut_again((specs, written.checksums()), files, now)
+            again = self._cut_again((specs, handed_over[0].checksums()), files, now)
             self._corpus_fingerprint = CorpusFiles(files.prefix, now)
             record = self._sidecar(again.tables)
             identities = self._cache.save(again.tables, record, background=False)
