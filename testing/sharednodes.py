@@ -181,6 +181,9 @@ def _worker(args: argparse.Namespace) -> None:
     }
     Path(args.workdir, f"report-{args.rank}.json").write_text(json.dumps(report))
     if args.world:
+        # every rank past the builder's last barrier before any leaves: rank 0 holds the
+        # group's store, and a rank still polling it there (the machine loaded) found it gone
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
