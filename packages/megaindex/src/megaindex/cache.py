@@ -518,7 +518,9 @@ class IndexCache:
         (:class:`~megaindex.file_writes.TablesJob`: the tables are built by the writer). A
         failure is ``mend(error, worded)``'s (None: mended), ``worded`` giving the cache's
         own wording of it."""
-        heads = [_npy_header(numpy.dtype(specs[t].dtypes[0]), specs[t].shape) for t in specs]
+        heads = [
+            _npy_header(numpy.dtype(specs[t].dtypes[0]), specs[t].shape) for t in self.entry.tables
+        ]
         with self._saving() as hand_over:
             files = self._small_files(heads, {**sidecar, "checksums": CHECKSUMS_MARK})
             hand_over()

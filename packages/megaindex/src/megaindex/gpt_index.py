@@ -503,8 +503,9 @@ class GPTTableRecipe:
         beside this one (:class:`~megaindex.file_writes.TablesJob`), where they are small
         enough to be built in one call (as :func:`build_gpt_index_tables` builds them), of a
         split given as a range of the documents of a corpus of fewer than
-        :data:`ONE_CALL_BELOW` (their lengths are copied), by the C++ backend, with the last
-        partial sequence dropped (a build refused otherwise is this one's); else None."""
+        :data:`ONE_CALL_BELOW` (their lengths are copied; none below 0 in the split), by the
+        C++ backend, with the last partial sequence dropped (a build refused otherwise is this
+        one's, with its message); else None."""
         sizes = self.source.sequence_lengths
         if not isinstance(self.indices, range) or not self.drop_last_partial_sequence:
             return None
