@@ -127,3 +127,19 @@ def check_read_range(path: str, nbytes: int, offset: int, count: int, itemsize: 
             f"{path}: reading {count} items of {itemsize} bytes at byte offset {offset} needs "
             f"{end} bytes, but the file has {nbytes} (the .bin is shorter than its index implies)"
         )
+
+
+def versions_opened(
+    idx_version: tuple[int, str] | None, bin_bytes: int, bin_version: str
+) -> dict[str, int | str] | None:
+    """What a :class:`VersionReporting` reader says it opened: the ``.idx`` as copied (its
+    size and version; None: not copied yet, and nothing is said) and the ``.bin`` as opened,
+    keyed as :func:`megafmt.fingerprint.corpus_fingerprint` keys a URL's."""
+    if idx_version is None:
+        return None
+    return {
+        "idx_bytes": idx_version[0],
+        "idx_hash": idx_version[1],
+        "bin_bytes": bin_bytes,
+        "bin_hash": bin_version,
+    }

@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy
 
 from megafmt.errors import ObjectChangedError, ReadError
-from megafmt.readers.base import check_read_range
+from megafmt.readers.base import check_read_range, versions_opened
 from megafmt.redaction import redact
 from megafmt.remote import (
     CONNECT_TIMEOUT,
@@ -208,14 +208,7 @@ class FsspecBinReader:
     @property
     def opened_versions(self) -> dict[str, int | str] | None:
         """The ``.bin`` as opened (every read is bound to it) and the ``.idx`` as copied."""
-        if self.idx_version is None:
-            return None
-        return {
-            "idx_bytes": self.idx_version[0],
-            "idx_hash": self.idx_version[1],
-            "bin_bytes": self.nbytes,
-            "bin_hash": str(self.version),
-        }
+        return versions_opened(self.idx_version, self.nbytes, str(self.version))
 
     @property
     def retries(self) -> int:

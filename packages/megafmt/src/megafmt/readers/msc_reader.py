@@ -25,7 +25,7 @@ from megafmt.confinement import confined_path, url_components
 from megafmt.errors import ReadError
 from megafmt.format import get_idx_path
 from megafmt.object_storage import MSC_PREFIX, import_msc
-from megafmt.readers.base import check_read_range
+from megafmt.readers.base import check_read_range, versions_opened
 from megafmt.remote import (
     default_cache_dir,
     etag_of,
@@ -77,14 +77,7 @@ class MscBinReader:
         """The ``.bin`` as opened and the ``.idx`` as copied, keyed and worded as
         :func:`megafmt.fingerprint.corpus_fingerprint` records a URL's (None: the ``.idx`` was
         not copied yet)."""
-        if self.idx_version is None:
-            return None
-        return {
-            "idx_bytes": self.idx_version[0],
-            "idx_hash": self.idx_version[1],
-            "bin_bytes": self.nbytes,
-            "bin_hash": self.version,
-        }
+        return versions_opened(self.idx_version, self.nbytes, self.version)
 
     def read(self, dtype: Any, count: int, offset: int) -> numpy.ndarray:
         """``count`` items of ``dtype`` at byte ``offset``: one ranged request."""
