@@ -758,8 +758,13 @@ def dtype_name(dtype: numpy.dtype | type) -> str:
 
 def table_specs(tables: Mapping[str, numpy.ndarray]) -> dict[str, dict[str, Any]]:
     """The dtype and shape of each table, as recorded in the sidecar."""
+    return recorded_specs(specs_of(tables))
+
+
+def recorded_specs(specs: Mapping[str, TableSpec]) -> dict[str, dict[str, Any]]:
+    """Table specs (one dtype each) as the sidecar records them."""
     return {
-        name: {"dtype": dtype_name(a.dtype), "shape": list(a.shape)} for name, a in tables.items()
+        name: {"dtype": spec.dtypes[0], "shape": list(spec.shape)} for name, spec in specs.items()
     }
 
 

@@ -32,7 +32,7 @@ import numpy
 
 from megafmt.mapping import map_file, release_pages
 from megafmt.protocols import OpenedCorpus, OpenedRemoteCorpus, TokenSource, conforms
-from megaindex.backends import implementation
+from megaindex.backends import backend
 from megaindex.build_progress import BuildProgress
 from megaindex.cache import TableSpec, dtype_name
 from megaindex.errors import EmptySplitError, IndexBuildError
@@ -230,10 +230,8 @@ def build_gpt_index_tables(
     )
     first = plan.samples_before_final_epoch if plan.separate_final_epoch else total
     entries = plan.num_epochs * len(indices)
-    smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
-    spills = spill_directory is not None and 4 * entries >= smallest
-    small = max(total, entries) < ONE_CALL_BELOW and not spills
-    if small and plan.tokens_per_epoch > 0 and _seed(random_seed):
+    spills = _spills(entries, spill_directory, spill_min_bytes)
+    if _in_one_call(plan, total, entries, spills, random_seed):
         return _tables_in_one_call(
             sequence_lengths,
             indices,
@@ -308,6 +306,25 @@ def _walked(
     given back, and the build's progress counts them."""
     release_pages(document_index[:position])
     progress.reach(entries + position)
+
+
+def _spills(entries: int, spill_directory: str | None, spill_min_bytes: int | None) -> bool:
+    """Whether a document index of ``entries`` is written to a file in ``spill_directory``
+    before the walk: from ``spill_min_bytes`` (None: :data:`SPILL_MIN_BYTES`)."""
+    smallest = SPILL_MIN_BYTES if spill_min_bytes is None else spill_min_bytes
+    return spill_directory is not None and 4 * entries >= smallest
+
+
+def _in_one_call(
+    plan: EpochPlan, total: int, entries: int, spills: bool, random_seed: object
+) -> bool:
+    """Whether a split of ``total`` samples and ``entries`` document-index entries is built in
+    one call of the backend (:func:`_tables_in_one_call`, or a writer thread's
+    :class:`~megaindex.file_writes.TablesJob`, the same draws): fewer than
+    :data:`ONE_CALL_BELOW` of each, its document index not ``spills``, tokens to cut, a seed
+    taken as it is."""
+    small = max(total, entries) < ONE_CALL_BELOW and not spills
+    return small and plan.tokens_per_epoch > 0 and _seed(random_seed)
 
 
 def _seed(value: object) -> bool:
@@ -516,15 +533,15 @@ class GPTTableRecipe:
         read = sizes[self.indices.start : self.indices.stop]
         if len(read) and read.min() < 0:  # refused by the builder's thread, with its message
             return None
-        if not _seed(self.random_seed) or implementation().__name__ != "megaindex._ext":
+        if backend() != "cpp":
             return None
         plan = self.plan
         total = expected_sample_count(
             plan, self.sequence_length, self.drop_last_partial_sequence, self.add_extra_token
         )
         entries = plan.num_epochs * len(self.indices)
-        spills = self.spill_directory is not None and 4 * entries >= SPILL_MIN_BYTES
-        if max(total, entries) >= ONE_CALL_BELOW or spills or plan.tokens_per_epoch == 0:
+        spills = _spills(entries, self.spill_directory, None)
+        if not _in_one_call(plan, total, entries, spills, self.random_seed):
             return None
         specs = self.expected_specs()
         job = TablesJob(

@@ -50,6 +50,7 @@ from megaindex.cache import (
     changed_tables,
     check_checksums,
     load_or_build,
+    recorded_specs,
     specs_from_sidecar,
     specs_of,
     table_checksums,
@@ -361,18 +362,9 @@ class CachedTables:
         handed = recipe.writer_job()
         if handed is None:
             return None
-        files = CorpusFiles(corpus, recipe.opened_stat)
-        self._corpus_fingerprint, self._notes = files, handed.notes
-        sidecar = {
-            "corpus": files,
-            "corpus_stat": self._corpus_stat(),
-            "config": settings,
-            **handed.notes,
-            "tables": {
-                name: {"dtype": spec.dtypes[0], "shape": list(spec.shape)}
-                for name, spec in handed.specs.items()
-            },
-        }
+        self._corpus_fingerprint = CorpusFiles(corpus, recipe.opened_stat)
+        self._notes = handed.notes
+        sidecar = self._record(recorded_specs(handed.specs), None)
         start = time.perf_counter()
         handed_over: list[Written] = []  # the write, once submitted (a mend reads it)
         written = self._cache.save_built_by_writer(
@@ -486,18 +478,27 @@ class CachedTables:
         return again
 
     def _sidecar(self, tables: Mapping[str, numpy.ndarray]) -> dict[str, Any] | None:
+        return self._record(table_specs(tables), table_checksums(tables))
+
+    def _record(
+        self, specs: dict[str, dict[str, Any]], checksums: dict[str, str] | None
+    ) -> dict[str, Any] | None:
+        """The sidecar of tables of ``specs`` (as recorded) and ``checksums`` (None: left out,
+        for the writer that builds the tables to add); None where the recipe keeps none."""
         settings = self.recipe.settings()
         if settings is None:
             return None
         corpus = self.recipe.corpus
-        return {
+        record = {
             "corpus": None if corpus is None else self._corpus_fingerprint,
             "corpus_stat": self._cut_again_from or self._corpus_stat(),
             "config": settings,
             **self._notes,
-            "tables": table_specs(tables),
-            "checksums": table_checksums(tables),
+            "tables": specs,
         }
+        if checksums is not None:
+            record["checksums"] = checksums
+        return record
 
     def _load_checked(self) -> Mapping[str, numpy.ndarray]:
         """The cached tables, after checking that they fit the inputs."""
